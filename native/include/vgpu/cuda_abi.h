@@ -1,0 +1,304 @@
+/*
+ * The slice of the CUDA driver ABI that jupyter-vgpu uses, declared from the public ABI
+ * (names, enum values, struct layouts) so that nothing here needs the CUDA toolkit.
+ *
+ * Both the interposer (native/interposer) and the simulated driver (native/sim) include this
+ * header; declarations that only one of them needs still live here so there is one copy.
+ * Names are the driver's exported symbol names (cuMemAlloc_v2, not the cuMemAlloc macro).
+ */
+#ifndef VGPU_CUDA_ABI_H
+#define VGPU_CUDA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_VERSION_SUPPORTED 12080 /* the driver API version the simulated driver reports */
+
+typedef int CUresult;
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_UNKNOWN = 999,
+};
+
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef uint64_t cuuint64_t;
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+/* Device attributes (CUdevice_attribute). */
+typedef int CUdevice_attribute;
+enum {
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+    CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY = 9,
+    CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+    CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK = 12,
+    CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20,
+    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+    CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+    CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+};
+
+/* cuGetProcAddress flags and symbol status. */
+enum {
+    CU_GET_PROC_ADDRESS_DEFAULT = 0,
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1,
+};
+typedef int CUdriverProcAddressQueryResult;
+enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+};
+
+/* Arrays. */
+typedef int CUarray_format;
+enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20,
+};
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+/* Virtual memory management (VMM). */
+typedef int CUmemLocationType;
+enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+typedef int CUmemAllocationType;
+enum { CU_MEM_ALLOCATION_TYPE_INVALID = 0, CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+typedef int CUmemAllocationHandleType;
+typedef int CUmemAllocationGranularity_flags;
+enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 };
+typedef int CUmemAccess_flags;
+enum { CU_MEM_ACCESS_FLAGS_PROT_NONE = 0, CU_MEM_ACCESS_FLAGS_PROT_READ = 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
+typedef struct CUmemLocation_st {
+    CUmemLocationType type;
+    int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    CUmemAllocationType type;
+    CUmemAllocationHandleType requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    CUmemAccess_flags flags;
+} CUmemAccessDesc;
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+enum { CU_MEM_ATTACH_GLOBAL = 0x1, CU_MEM_ATTACH_HOST = 0x2 };
+enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
+enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_BLOCKING_SYNC = 0x1, CU_EVENT_DISABLE_TIMING = 0x2 };
+typedef int CUstreamCaptureMode;
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1, CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+
+/* Launches. */
+typedef struct CUlaunchAttribute_st {
+    int id;
+    char pad[4];
+    char value[64];
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX;
+    unsigned int gridDimY;
+    unsigned int gridDimZ;
+    unsigned int blockDimX;
+    unsigned int blockDimY;
+    unsigned int blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* cuCtxCreate_v4 parameters (CUDA 12.5+); only the pointer is passed through. */
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+
+/*
+ * Entry points, one line each: VGPU_CUDA_API(return, name, (params)).
+ * A translation unit defines VGPU_CUDA_API before including this list to declare prototypes,
+ * typedefs of function-pointer types, or tables; by default it declares prototypes.
+ */
+#define VGPU_CUDA_ENTRY_POINTS(X) \
+    X(CUresult, cuInit, (unsigned int Flags)) \
+    X(CUresult, cuDriverGetVersion, (int *driverVersion)) \
+    X(CUresult, cuGetErrorString, (CUresult error, const char **pStr)) \
+    X(CUresult, cuGetErrorName, (CUresult error, const char **pStr)) \
+    X(CUresult, cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
+    X(CUresult, cuGetProcAddress_v2, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)) \
+    X(CUresult, cuDeviceGet, (CUdevice *device, int ordinal)) \
+    X(CUresult, cuDeviceGetCount, (int *count)) \
+    X(CUresult, cuDeviceGetName, (char *name, int len, CUdevice dev)) \
+    X(CUresult, cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev)) \
+    X(CUresult, cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev)) \
+    X(CUresult, cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev)) \
+    X(CUresult, cuDeviceComputeCapability, (int *major, int *minor, CUdevice dev)) \
+    X(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
+    X(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *pool_out, CUdevice dev)) \
+    X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
+    X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) \
+    X(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice dev)) \
+    X(CUresult, cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *flags, int *active)) \
+    X(CUresult, cuDevicePrimaryCtxSetFlags_v2, (CUdevice dev, unsigned int flags)) \
+    X(CUresult, cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
+    X(CUresult, cuCtxCreate_v4, (CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)) \
+    X(CUresult, cuCtxDestroy_v2, (CUcontext ctx)) \
+    X(CUresult, cuCtxSetCurrent, (CUcontext ctx)) \
+    X(CUresult, cuCtxGetCurrent, (CUcontext *pctx)) \
+    X(CUresult, cuCtxPushCurrent_v2, (CUcontext ctx)) \
+    X(CUresult, cuCtxPopCurrent_v2, (CUcontext *pctx)) \
+    X(CUresult, cuCtxGetDevice, (CUdevice *device)) \
+    X(CUresult, cuCtxSynchronize, (void)) \
+    X(CUresult, cuMemGetInfo_v2, (size_t *free, size_t *total)) \
+    X(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize)) \
+    X(CUresult, cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
+    X(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
+    X(CUresult, cuMemFree_v2, (CUdeviceptr dptr)) \
+    X(CUresult, cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream)) \
+    X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream)) \
+    X(CUresult, cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps)) \
+    X(CUresult, cuMemPoolDestroy, (CUmemoryPool pool)) \
+    X(CUresult, cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
+    X(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle)) \
+    X(CUresult, cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
+    X(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
+    X(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
+    X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size)) \
+    X(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)) \
+    X(CUresult, cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)) \
+    X(CUresult, cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
+    X(CUresult, cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)) \
+    X(CUresult, cuArrayDestroy, (CUarray hArray)) \
+    X(CUresult, cuMipmappedArrayCreate, (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels)) \
+    X(CUresult, cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray)) \
+    X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)) \
+    X(CUresult, cuMemcpyDtoH_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)) \
+    X(CUresult, cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned char uc, size_t N)) \
+    X(CUresult, cuStreamCreate, (CUstream *phStream, unsigned int Flags)) \
+    X(CUresult, cuStreamDestroy_v2, (CUstream hStream)) \
+    X(CUresult, cuStreamSynchronize, (CUstream hStream)) \
+    X(CUresult, cuStreamQuery, (CUstream hStream)) \
+    X(CUresult, cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode)) \
+    X(CUresult, cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph)) \
+    X(CUresult, cuEventCreate, (CUevent *phEvent, unsigned int Flags)) \
+    X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream)) \
+    X(CUresult, cuEventSynchronize, (CUevent hEvent)) \
+    X(CUresult, cuEventQuery, (CUevent hEvent)) \
+    X(CUresult, cuEventElapsedTime, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
+    X(CUresult, cuEventDestroy_v2, (CUevent hEvent)) \
+    X(CUresult, cuModuleLoadData, (CUmodule *module, const void *image)) \
+    X(CUresult, cuModuleUnload, (CUmodule hmod)) \
+    X(CUresult, cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
+    X(CUresult, cuLaunchKernel, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)) \
+    X(CUresult, cuLaunchKernel_ptsz, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)) \
+    X(CUresult, cuLaunchKernelEx, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(CUresult, cuLaunchKernelEx_ptsz, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(CUresult, cuLaunchCooperativeKernel, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
+    X(CUresult, cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
+    X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
+    X(CUresult, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(CUresult, cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \
+    X(CUresult, cuGraphDestroy, (CUgraph hGraph))
+
+#define VGPU_DECLARE_PROTOTYPE(ret, name, params) ret name params;
+VGPU_CUDA_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)
+#undef VGPU_DECLARE_PROTOTYPE
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* VGPU_CUDA_ABI_H */

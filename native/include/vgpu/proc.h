@@ -1,0 +1,55 @@
+/*
+ * Process identity, shared by the interposer and the simulated driver: both keep per-process
+ * slots in shared memory and must tell a live process from a dead one whose pid was reused.
+ * Header-only (static inline) so each library carries its own copy without exporting it.
+ */
+#ifndef VGPU_PROC_H
+#define VGPU_PROC_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Start time of a process in clock ticks since boot (field 22 of /proc/<pid>/stat), or 0 when
+ * the process does not exist. Parsed after the last ')' since the command name may hold any byte. */
+static inline uint64_t vgpu_proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    /* After ") " come fields 3.. ; the start time is field 22, i.e. the 20th after ')'. */
+    p++;
+    for (int field = 3; field < 22 && p; field++)
+        p = strchr(p + 1, ' ');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* Whether the process that owned a slot (pid + start time) still runs. A zombie still counts
+ * as alive until reaped by its parent, as the driver only frees its memory then. */
+static inline int vgpu_proc_alive(pid_t pid, uint64_t start_time)
+{
+    if (pid <= 0)
+        return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    uint64_t now_start = vgpu_proc_start_time(pid);
+    return now_start != 0 && now_start == start_time;
+}
+
+#endif /* VGPU_PROC_H */

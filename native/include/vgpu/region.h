@@ -1,0 +1,118 @@
+/*
+ * The slice region: one shared-memory file per slice, mapped by the server (Python, through
+ * cffi) and by every process of the slice (the interposer, C). This header is the only
+ * definition of the layout. Python feeds the text between the CDEF markers to cffi's cdef, so
+ * that part holds plain declarations only: fixed-width integers, #define'd integer constants,
+ * explicit padding, no attributes or expressions.
+ *
+ * Who writes what:
+ *   - the server (or `jupyter vgpu run`) creates the file and publishes limits;
+ *   - each process of the slice owns one proc slot and is the only writer of its counters;
+ *   - the controller (one process of the slice at a time, holding the lease) writes the
+ *     limiter fields and the measured utilisation.
+ *
+ * Publishing limits without torn reads: `limits` has two copies. A writer (serialised by an
+ * flock on the region file) fills the copy that is not active, bumping that copy's `sequence`
+ * to odd before and to even after, then stores the index of the copy in `active_limits`.
+ * A reader loads `active_limits`, reads the copy between two loads of its `sequence`, and
+ * retries when the sequence changed or is odd. A writer that dies mid-update leaves the active
+ * copy untouched. Each copy carries `check` = vgpu_limits_check(...) below so that a region
+ * scribbled over by something else is told apart from a valid one.
+ *
+ * Crash safety: a process's usage lives only in its own slot; the slice's usage is the sum of
+ * the live slots. A slot whose pid is gone (or reused: start_time differs) is reaped by any
+ * process of the slice or by the server, so a SIGKILLed process stops counting without anyone
+ * holding a lock it could die with.
+ */
+#ifndef VGPU_REGION_H
+#define VGPU_REGION_H
+
+#include <stdint.h>
+
+/* VGPU_REGION_CDEF_BEGIN */
+#define VGPU_REGION_MAGIC 0x55504756
+#define VGPU_REGION_VERSION 1
+#define VGPU_REGION_MAX_PROCS 128
+#define VGPU_DEVICE_UUID_SIZE 96
+
+#define VGPU_POLICY_HARD 0
+#define VGPU_POLICY_BURST 1
+
+#define VGPU_SM_SHARE_MIN 1
+#define VGPU_SM_SHARE_MAX 100
+
+/* One published copy of the slice's limits: 64 bytes. */
+struct vgpu_limits {
+    uint64_t sequence;     /* odd while a writer is filling this copy */
+    uint64_t memory_limit; /* bytes; 0 means no memory cap */
+    uint32_t sm_share;     /* percent of the device's SMs, 1..100 */
+    uint32_t policy;       /* VGPU_POLICY_HARD or VGPU_POLICY_BURST */
+    uint64_t check;        /* vgpu_limits_check(memory_limit, sm_share, policy) */
+    uint8_t reserved[32];
+};
+
+/* One process of the slice: 64 bytes, one cache line, written only by that process
+ * (except by a reaper once the process is gone). */
+struct vgpu_proc_slot {
+    int32_t pid;              /* 0: free; claimed with compare-and-swap */
+    uint32_t reserved0;
+    uint64_t start_time;      /* field 22 of /proc/<pid>/stat, tells a reused pid apart */
+    uint64_t allocated;       /* bytes held through the hooked allocation calls */
+    uint64_t driver_reserved; /* bytes the driver holds for this process beyond `allocated`
+                                 (contexts), from NVML's per-process figure */
+    uint64_t launches;        /* launches that went through the limiter */
+    uint64_t throttled_ns;    /* time spent waiting in the limiter */
+    uint32_t sm_util_permille;/* last measured SM utilisation of this process, per mille */
+    uint32_t oom_refusals;    /* allocations refused by the cap */
+    uint64_t reserved1;
+};
+
+struct vgpu_region {
+    /* Header, written once when the region is created: 128 bytes. */
+    uint32_t magic;
+    uint32_t version;
+    uint32_t region_size;     /* sizeof(struct vgpu_region) */
+    uint32_t max_procs;       /* VGPU_REGION_MAX_PROCS */
+    char device_uuid[VGPU_DEVICE_UUID_SIZE]; /* NVML UUID of the slice's device, NUL-terminated */
+    int32_t device_index;     /* NVML index of the slice's device */
+    uint32_t reserved0[3];
+
+    /* Limits, published as described above: 64 + 2 * 64 bytes. */
+    uint64_t active_limits;   /* 0 or 1: the copy readers use */
+    uint8_t reserved1[56];
+    struct vgpu_limits limits[2];
+
+    /* Limiter, shared by the processes of the slice: 64 bytes. */
+    int32_t controller_pid;   /* process running the controller; 0 when none */
+    uint32_t sm_util_permille;/* SM utilisation of the whole slice, last controller period */
+    uint64_t controller_heartbeat_ns; /* CLOCK_MONOTONIC of the controller's last period */
+    int64_t tokens;           /* launch budget the controller refills and launches draw from */
+    uint64_t tokens_per_second;/* refill rate the controller settled on */
+    uint32_t device_busy_permille; /* utilisation of the device by processes outside the slice */
+    uint32_t reserved2;
+    uint64_t reserved3[3];
+
+    /* Highest slot index ever claimed + 1, so that sums stop early. */
+    uint32_t procs_high_water;
+    uint8_t reserved4[60];
+
+    struct vgpu_proc_slot procs[VGPU_REGION_MAX_PROCS];
+};
+/* VGPU_REGION_CDEF_END */
+
+/* Mixes the limits with odd 64-bit constants (arithmetic modulo 2^64, as Python computes it
+ * with & 0xffffffffffffffff) so that zeroed or scribbled memory does not pass for a valid copy. */
+static inline uint64_t vgpu_limits_check(uint64_t memory_limit, uint32_t sm_share, uint32_t policy)
+{
+    return (memory_limit * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)sm_share * 0xc2b2ae3d27d4eb4fULL) ^
+           ((uint64_t)(policy + 1) * 0x165667b19e3779f9ULL) ^ (uint64_t)VGPU_REGION_MAGIC;
+}
+
+_Static_assert(sizeof(struct vgpu_limits) == 64, "vgpu_limits is one cache line");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 64, "a proc slot is one cache line");
+_Static_assert(__builtin_offsetof(struct vgpu_region, active_limits) == 128, "header is 128 bytes");
+_Static_assert(__builtin_offsetof(struct vgpu_region, limits) % 64 == 0, "limits are cache-line aligned");
+_Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) % 64 == 0, "limiter is cache-line aligned");
+_Static_assert(__builtin_offsetof(struct vgpu_region, procs) % 64 == 0, "slots are cache-line aligned");
+
+#endif /* VGPU_REGION_H */
