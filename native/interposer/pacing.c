@@ -1,0 +1,7 @@
+/* SM-share limiter. Placeholder until the limiter lands: admits every launch. */
+#include "internal.h"
+
+void vgpu_launch_admit(uint64_t cost)
+{
+    (void)cost;
+}
