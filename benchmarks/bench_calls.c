@@ -1,0 +1,118 @@
+/*
+ * Times driver calls as a program makes them; run once straight on the driver and once under
+ * libvgpu.so, the difference is the interposer's added cost per call.
+ *
+ *   bench_calls CALL ITERATIONS THREADS     prints "<nanoseconds per call>"
+ *   CALL: launch | alloc_free | mem_get_info | get_proc_address
+ *
+ * Works on the simulated GPU and on a real one (the kernel is a real, empty PTX kernel).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "vgpu/cuda_abi.h"
+
+static const char NOOP_PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
+                               ".visible .entry noop()\n{\n\tret;\n}\n";
+
+struct bench {
+    const char *call;
+    long iterations;
+    CUcontext context;
+    CUfunction noop;
+};
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            fprintf(stderr, "%s failed: %d\n", #call, r_);                                         \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void *run(void *arg)
+{
+    struct bench *b = arg;
+    CHECK(cuCtxSetCurrent(b->context));
+    CUstream stream;
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    if (strcmp(b->call, "launch") == 0) {
+        for (long i = 0; i < b->iterations; i++) {
+            CHECK(cuLaunchKernel(b->noop, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
+            if ((i & 255) == 255)
+                CHECK(cuStreamSynchronize(stream));
+        }
+    } else if (strcmp(b->call, "alloc_free") == 0) {
+        for (long i = 0; i < b->iterations; i++) {
+            CUdeviceptr p;
+            CHECK(cuMemAlloc_v2(&p, 1 << 20));
+            CHECK(cuMemFree_v2(p));
+        }
+    } else if (strcmp(b->call, "mem_get_info") == 0) {
+        for (long i = 0; i < b->iterations; i++) {
+            size_t free_bytes, total;
+            CHECK(cuMemGetInfo_v2(&free_bytes, &total));
+        }
+    } else if (strcmp(b->call, "get_proc_address") == 0) {
+        for (long i = 0; i < b->iterations; i++) {
+            void *fn;
+            CUdriverProcAddressQueryResult status;
+            CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &status));
+        }
+    } else {
+        fprintf(stderr, "unknown call %s\n", b->call);
+        exit(2);
+    }
+    CHECK(cuStreamSynchronize(stream));
+    CHECK(cuStreamDestroy_v2(stream));
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s CALL ITERATIONS THREADS\n", argv[0]);
+        return 2;
+    }
+    struct bench b = {.call = argv[1], .iterations = atol(argv[2])};
+    int threads = atoi(argv[3]);
+    if (b.iterations <= 0 || threads < 1 || threads > 64) {
+        fprintf(stderr, "ITERATIONS must be > 0 and THREADS 1..64\n");
+        return 2;
+    }
+    CUdevice device;
+    CUmodule module;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&b.context, device));
+    CHECK(cuCtxSetCurrent(b.context));
+    CHECK(cuModuleLoadData(&module, NOOP_PTX));
+    CHECK(cuModuleGetFunction(&b.noop, module, "noop"));
+
+    /* Warm up: first calls resolve symbols and attach the region. */
+    struct bench warm = b;
+    warm.iterations = b.iterations / 10 + 1;
+    run(&warm);
+
+    pthread_t ids[64];
+    double start = now_ns();
+    for (int t = 0; t < threads; t++)
+        pthread_create(&ids[t], NULL, run, &b);
+    for (int t = 0; t < threads; t++)
+        pthread_join(ids[t], NULL);
+    double elapsed = now_ns() - start;
+    /* Per call as each thread sees it: threads run side by side. */
+    printf("%.2f\n", elapsed / b.iterations);
+    return 0;
+}

@@ -1,0 +1,126 @@
+"""What libvgpu.so adds to each driver call, and how fast a resize reaches a running program.
+
+    python benchmarks/interposer_overhead.py            # full run (about a minute)
+    python benchmarks/interposer_overhead.py --smoke    # a few seconds, as CI runs it
+
+Runs the same program (benchmarks/bench_calls.c) straight on the simulated driver and under
+libvgpu.so, side by side and alternating, and reports the median of each. The simulated
+driver's kernels last 1 ns here so launch timings measure the call path, not the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jupyter_vgpu.region import Region  # noqa: E402
+
+GOALS_NS = {"launch": 10, "launch_limited": 30, "alloc_free": 150, "mem_get_info": 50, "get_proc_address": 200}
+HAMI_CORE_NS = {"launch": 21, "alloc_free": 665, "mem_get_info": 578, "get_proc_address": 2100}
+DEVICE = "name=bench GPU,memory=80GiB,sms=132,context_memory=0,block_ns=1"
+
+
+def build(workdir: Path) -> tuple[Path, Path, Path, Path]:
+    runpy.run_path(str(ROOT / "native" / "build.py"))["build"]()
+    native = ROOT / "jupyter_vgpu" / "_native"
+    programs = []
+    for name in ("bench_calls", "bench_resize"):
+        executable = workdir / name
+        subprocess.run(
+            [os.environ.get("CC", "cc"), "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
+             f"-I{ROOT / 'native' / 'include'}", "-o", str(executable), str(ROOT / "benchmarks" / f"{name}.c"),
+             f"-L{native / 'sim'}", "-l:libcuda.so.1", "-lpthread"],
+            check=True,
+        )
+        programs.append(executable)
+    return native / "libvgpu.so", native / "sim", programs[0], programs[1]
+
+
+def device_uuid(env: dict[str, str]) -> str:
+    code = "import pynvml as n; n.nvmlInit(); print(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(0)))"
+    return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="few iterations: proves the benchmark runs")
+    args = parser.parse_args()
+    iterations = {"launch": 200_000, "alloc_free": 100_000, "mem_get_info": 1_000_000, "get_proc_address": 200_000}
+    repeats, resizes = (7, 200)
+    if args.smoke:
+        iterations = {name: count // 100 for name, count in iterations.items()}
+        repeats, resizes = (1, 10)
+
+    with tempfile.TemporaryDirectory(prefix="vgpu-bench-") as tmp:
+        workdir = Path(tmp)
+        vgpu, sim_dir, bench_calls, bench_resize = build(workdir)
+        base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION", "CUDA_VISIBLE_DEVICES")}
+        base.update(LD_LIBRARY_PATH=str(sim_dir), VGPU_SIM_STATE=str(workdir / "sim.state"), VGPU_SIM_DEVICES=DEVICE)
+        uuid = device_uuid(base)
+
+        def slice_env(name: str, **limits) -> tuple[dict[str, str], Region]:
+            region = Region.create(workdir / f"{name}.region", device_uuid=uuid, device_index=0, **limits)
+            return {**base, "LD_PRELOAD": str(vgpu), "VGPU_REGION": str(region.path)}, region
+
+        unlimited, _ = slice_env("unlimited", memory_limit=0)
+        capped, _ = slice_env("capped", memory_limit=64 << 30)
+        limited, _ = slice_env("limited", memory_limit=64 << 30, sm_share=50)
+
+        def timed(env, call: str, threads: int) -> float:
+            out = subprocess.run([str(bench_calls), call, str(iterations[call]), str(threads)], env=env,
+                                 check=True, capture_output=True, text=True)
+            return float(out.stdout)
+
+        def compare(label: str, call: str, threads: int, env: dict[str, str], goal: str) -> tuple:
+            direct, interposed = [], []
+            for _ in range(repeats):  # alternate so drift in machine load hits both alike
+                direct.append(timed(base, call, threads))
+                interposed.append(timed(env, call, threads))
+            d, i = statistics.median(direct), statistics.median(interposed)
+            return label, d, i, i - d, GOALS_NS[goal], HAMI_CORE_NS.get(goal.replace("_limited", ""))
+
+        rows = [
+            compare("cuLaunchKernel, 1 thread, no SM limit", "launch", 1, capped, "launch"),
+            compare("cuLaunchKernel, 2 threads, no SM limit", "launch", 2, capped, "launch"),
+            compare("cuLaunchKernel, 1 thread, limiter on (50 %)", "launch", 1, limited, "launch_limited"),
+            compare("cuLaunchKernel, 2 threads, limiter on (50 %)", "launch", 2, limited, "launch_limited"),
+            compare("cuMemAlloc_v2 + cuMemFree_v2 (capped)", "alloc_free", 1, capped, "alloc_free"),
+            compare("cuMemGetInfo_v2 (capped)", "mem_get_info", 1, capped, "mem_get_info"),
+            compare("cuGetProcAddress_v2 (\"cuMemAlloc\")", "get_proc_address", 1, unlimited, "get_proc_address"),
+        ]
+        print(f"\n{'call':<46}{'direct ns':>11}{'vgpu ns':>10}{'added ns':>10}{'goal':>7}{'HAMi-core':>11}")
+        for label, d, i, added, goal, hami in rows:
+            print(f"{label:<46}{d:>11.1f}{i:>10.1f}{added:>10.1f}{goal:>7}{(str(hami) if hami else '-'):>11}")
+
+        # Resize latency: publish a new cap, see when a program polling cuMemGetInfo notices it.
+        env, region = slice_env("resize", memory_limit=1 << 30)
+        stop_total = (1 << 30) + resizes * (1 << 20)
+        child = subprocess.Popen([str(bench_resize), str(stop_total)], env=env, stdout=subprocess.PIPE, text=True)
+        child.stdout.readline()  # the initial cap: the program is attached and polling
+        latencies = []
+        for step in range(1, resizes + 1):
+            published = time.monotonic_ns()
+            region.set_limits(memory_limit=(1 << 30) + step * (1 << 20))
+            seen_ns, total = map(int, child.stdout.readline().split())
+            assert total == (1 << 30) + step * (1 << 20)
+            latencies.append((seen_ns - published) / 1000)
+        child.wait()
+        latencies.sort()
+        p50 = latencies[len(latencies) // 2]
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        print(f"\nresize latency (publish -> next cuMemGetInfo sees it), {resizes} resizes: "
+              f"p50 {p50:.1f} us, p99 {p99:.1f} us, max {latencies[-1]:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

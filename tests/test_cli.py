@@ -1,0 +1,112 @@
+"""`jupyter vgpu run | devices | doctor`, driven as a user types them, on the simulated GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JUPYTER = str(Path(sys.executable).with_name("jupyter"))
+TWO_DEVICES = "name=Sim Alpha,memory=8GiB,sms=50;name=Sim Beta,memory=24GiB,sms=132,uuid=GPU-bbbbbbbb-0000-4000-8000-000000000001"
+SEE_MEMORY = (
+    "import pynvml as n; n.nvmlInit(); "
+    "m = n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0)); print(m.total, m.free)"
+)
+
+
+@pytest.fixture
+def cli_env(sim_env):
+    """A user's environment: the simulated machine named, but nothing preloaded or on the path."""
+    env = dict(sim_env)
+    env.pop("LD_LIBRARY_PATH")
+    return env
+
+
+def vgpu(env, *args, timeout=120):
+    return subprocess.run([JUPYTER, "vgpu", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "flags, accepted",
+    [
+        (["--memory", "lots"], "512MiB, 4GiB, 4G or a bare number of MiB"),
+        (["--memory", "0"], "512MiB, 4GiB, 4G or a bare number of MiB"),
+        (["--cores", "130"], "whole percentage from 1 to 100"),
+        (["--policy", "soft"], "'hard' (never above the share) or 'burst'"),
+    ],
+)
+def test_run_refuses_bad_values_before_starting_anything(cli_env, tmp_path, flags, accepted):
+    marker = tmp_path / "started"
+    result = vgpu(cli_env, "run", "--simulate", *flags, "--", "touch", str(marker))
+    assert result.returncode == 2
+    assert accepted in result.stderr
+    assert not marker.exists()
+
+
+def test_run_without_a_command_says_how(cli_env):
+    result = vgpu(cli_env, "run", "--simulate", "--memory", "1GiB")
+    assert result.returncode == 2
+    assert "-- COMMAND" in result.stderr
+
+
+def test_run_returns_the_commands_exit_status(cli_env):
+    result = vgpu(cli_env, "run", "--simulate", "--", sys.executable, "-c", "raise SystemExit(7)")
+    assert result.returncode == 7
+
+
+def test_run_reports_a_command_that_does_not_exist(cli_env):
+    result = vgpu(cli_env, "run", "--simulate", "--", "no-such-program-vgpu")
+    assert result.returncode == 1
+    assert "no-such-program-vgpu" in result.stderr
+
+
+def test_program_in_a_run_slice_sees_its_cap(cli_env):
+    result = vgpu(cli_env, "run", "--simulate", "--memory", "1536MiB", "--", sys.executable, "-c", SEE_MEMORY)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(1536 << 20), str(1536 << 20)]
+
+
+def test_child_processes_of_a_run_are_in_the_same_slice(cli_env):
+    nested = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {SEE_MEMORY!r}], check=True)"
+    result = vgpu(cli_env, "run", "--simulate", "--memory", "2GiB", "--", sys.executable, "-c", nested)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(2 << 30), str(2 << 30)]
+
+
+def test_devices_lists_the_simulated_devices(cli_env):
+    cli_env["VGPU_SIM_DEVICES"] = TWO_DEVICES
+    result = vgpu(cli_env, "devices", "--simulate")
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()[1:]
+    assert len(rows) == 2
+    assert "Sim Alpha" in rows[0] and "8GiB" in rows[0] and rows[0].split()[-1] == "50"
+    assert "Sim Beta" in rows[1] and "GPU-bbbbbbbb-0000-4000-8000-000000000001" in rows[1] and rows[1].split()[-1] == "132"
+
+
+def test_run_places_the_slice_on_the_device_asked_for(cli_env):
+    cli_env["VGPU_SIM_DEVICES"] = TWO_DEVICES
+    code = (
+        "import ctypes; c = ctypes.CDLL('libcuda.so.1'); c.cuInit(0); n = ctypes.c_int(); "
+        "c.cuDeviceGetCount(ctypes.byref(n)); name = ctypes.create_string_buffer(64); "
+        "c.cuDeviceGetName(name, 64, 0); print(n.value, name.value.decode())"
+    )
+    for selector in ("1", "GPU-bbbbbbbb"):
+        result = vgpu(cli_env, "run", "--simulate", "--device", selector, "--", sys.executable, "-c", code)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "1 Sim Beta"
+
+
+def test_run_refuses_an_unknown_device(cli_env):
+    result = vgpu(cli_env, "run", "--simulate", "--device", "7", "--", "true")
+    assert result.returncode == 1
+    assert "matches no single GPU" in result.stderr and "0 (GPU-" in result.stderr
+
+
+def test_doctor_passes_on_the_simulated_gpu(cli_env):
+    result = vgpu(cli_env, "doctor", "--simulate")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[ok] slice: a process in a 256MiB slice sees a 256MiB GPU" in result.stdout
+    assert "no problems found" in result.stdout

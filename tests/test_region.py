@@ -1,0 +1,82 @@
+"""The region file from Python's side: creation, validation, publishing limits."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_vgpu.region import Limits, Region, RegionError, constants
+
+
+@pytest.fixture
+def region(native_libs, tmp_path):
+    created = Region.create(
+        tmp_path / "r.region", memory_limit=4 << 30, sm_share=30, policy="burst", device_uuid="GPU-test", device_index=2
+    )
+    yield created
+    created.close()
+
+
+def test_created_region_carries_header_and_limits(region):
+    reopened = Region.open(region.path)
+    assert reopened.raw.magic == constants()["VGPU_REGION_MAGIC"]
+    assert reopened.limits == Limits(4 << 30, 30, "burst")
+    assert reopened.device_uuid == "GPU-test"
+    assert reopened.device_index == 2
+    reopened.close()
+
+
+def test_set_limits_changes_only_what_is_given(region):
+    region.set_limits(sm_share=50)
+    assert Region.open(region.path).limits == Limits(4 << 30, 50, "burst")
+    region.set_limits(memory_limit=1 << 30, policy="hard")
+    assert Region.open(region.path).limits == Limits(1 << 30, 50, "hard")
+
+
+def test_limits_alternate_between_the_two_copies(region):
+    first = region.raw.active_limits
+    region.set_limits(sm_share=10)
+    assert region.raw.active_limits == first ^ 1
+    region.set_limits(sm_share=20)
+    assert region.raw.active_limits == first
+
+
+def test_missing_region_is_reported(tmp_path, native_libs):
+    with pytest.raises(RegionError, match="does not exist"):
+        Region.open(tmp_path / "absent.region")
+
+
+def test_region_of_another_version_is_refused(region):
+    region.raw.version = 99
+    with pytest.raises(RegionError, match="version 99"):
+        Region.open(region.path)
+
+
+def test_scribbled_limits_are_detected(region):
+    region.raw.limits[region.raw.active_limits].memory_limit = 123
+    with pytest.raises(RegionError, match="corrupt"):
+        Region.open(region.path)
+
+
+def test_foreign_file_is_not_a_region(tmp_path, native_libs):
+    path = tmp_path / "foreign.region"
+    path.write_bytes(os.urandom(16384))
+    with pytest.raises(RegionError, match="not a jupyter-vgpu region"):
+        Region.open(path)
+
+
+def test_processes_lists_only_live_owners(region):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start_time = int(open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        slot = region.raw.procs[0]
+        slot.pid, slot.start_time, slot.allocated = child.pid, start_time, 1000
+        region.raw.procs_high_water = 1
+        assert [p.pid for p in region.processes()] == [child.pid]
+        assert region.used_bytes() == 1000
+    finally:
+        child.kill()
+        child.wait()
+    assert region.processes() == []
+    assert region.used_bytes() == 0

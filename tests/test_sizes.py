@@ -1,0 +1,56 @@
+import pytest
+
+from jupyter_vgpu.sizes import (
+    SliceValueError,
+    format_size,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("512MiB", 512 << 20),
+        ("4GiB", 4 << 30),
+        ("4G", 4 << 30),
+        ("4gb", 4 << 30),
+        ("1.5GiB", 3 << 29),
+        ("4096", 4096 << 20),
+        (4096, 4096 << 20),
+        (" 2 TiB ", 2 << 40),
+        ("1024KiB", 1 << 20),
+    ],
+)
+def test_sizes_accept_units_and_bare_mib(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "4 GiBs", "-1G", "0", "0MiB", "1e3", "GiB", True])
+def test_bad_sizes_are_refused_with_what_is_accepted(text):
+    with pytest.raises(SliceValueError, match="512MiB, 4GiB, 4G or a bare number of MiB"):
+        parse_size(text)
+
+
+def test_format_size_reads_back():
+    for size in (512 << 20, 4 << 30, 3 << 29, 80 << 30):
+        assert parse_size(format_size(size)) == size
+
+
+@pytest.mark.parametrize("text, expected", [("30", 30), (30, 30), ("1", 1), ("100%", 100), (" 45 % ", 45)])
+def test_sm_share_accepts_whole_percentages(text, expected):
+    assert parse_sm_share(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "101", "-5", "12.5", "half", "", True])
+def test_bad_sm_shares_are_refused(text):
+    with pytest.raises(SliceValueError, match="whole percentage from 1 to 100"):
+        parse_sm_share(text)
+
+
+def test_policies():
+    assert parse_policy("Burst") == "burst"
+    assert parse_policy("hard") == "hard"
+    with pytest.raises(SliceValueError, match="'hard' .* or 'burst'"):
+        parse_policy("soft")
