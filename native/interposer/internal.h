@@ -86,6 +86,14 @@ int vgpu_reap_dead_slots(void);
  * share. `cost` is the launch's work in warps (blocks x ceil(threads per block / 32)). */
 void vgpu_launch_admit(uint64_t cost);
 
+/* Prices of graph executables, kept by pacing.c: launch.c prices a graph's kernels when it is
+ * instantiated (where the driver can list them) and a graph launch is admitted at that price.
+ * An executable without a price is charged a nominal one; the controller's measured cost per
+ * token turns that into the right rate all the same. */
+void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost);
+uint64_t vgpu_graph_exec_cost(CUgraphExec exec);
+void vgpu_graph_exec_forget(CUgraphExec exec);
+
 /* ---- log.c -------------------------------------------------------------------------- */
 
 enum vgpu_log_level { VGPU_LOG_OFF = 0, VGPU_LOG_ERROR, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };

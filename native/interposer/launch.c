@@ -2,6 +2,8 @@
  * Launch hooks: each computes what the launch costs and asks the limiter (pacing.c) to admit
  * it before forwarding. Kept thin and alike; the pacing logic lives in one place.
  */
+#include <stdlib.h>
+
 #include "internal.h"
 
 static uint64_t launch_cost(unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
@@ -47,20 +49,113 @@ COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz)
 LAUNCH_EX_HOOK(cuLaunchKernelEx)
 LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
 
-/* Graphs: pacing.c owns their cost (TODO agent: replace these pass-throughs). */
+/*
+ * Graphs. A graph launch runs many kernels at once, so it is paced at their price: at
+ * instantiation the graph's kernel nodes are priced like launches (child graphs included),
+ * through the driver's introspection calls when it has them. A graph that cannot be priced
+ * (no such calls, or a conditional node whose body runs a data-dependent number of times) is
+ * charged pacing.c's nominal price, which the controller calibrates from measurements.
+ */
+#define VGPU_DECLARE_OPTIONAL_PFN(ret, name, params) typedef ret(*vgpu_pfn_##name) params;
+VGPU_CUDA_OPTIONAL_ENTRY_POINTS(VGPU_DECLARE_OPTIONAL_PFN)
+#undef VGPU_DECLARE_OPTIONAL_PFN
+
+#define GRAPH_PRICE_UNKNOWN UINT64_MAX
+#define GRAPH_NESTING_LIMIT 8
+
+struct graph_inspector {
+    vgpu_pfn_cuGraphGetNodes get_nodes;
+    vgpu_pfn_cuGraphNodeGetType node_type;
+    vgpu_pfn_cuGraphKernelNodeGetParams_v2 kernel_params;
+    vgpu_pfn_cuGraphChildGraphNodeGetGraph child_graph;
+};
+
+static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, int depth);
+
+static uint64_t graph_price(const struct graph_inspector *api, CUgraph graph, int depth)
+{
+    size_t count = 0;
+    if (depth > GRAPH_NESTING_LIMIT || api->get_nodes(graph, NULL, &count) != CUDA_SUCCESS)
+        return GRAPH_PRICE_UNKNOWN;
+    if (count == 0)
+        return 0;
+    CUgraphNode *nodes = malloc(count * sizeof *nodes);
+    if (!nodes)
+        return GRAPH_PRICE_UNKNOWN;
+    uint64_t total = GRAPH_PRICE_UNKNOWN;
+    if (api->get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
+        total = 0;
+        for (size_t i = 0; i < count && total != GRAPH_PRICE_UNKNOWN; i++) {
+            uint64_t price = node_price(api, nodes[i], depth);
+            total = price == GRAPH_PRICE_UNKNOWN ? price : total + price;
+        }
+    }
+    free(nodes);
+    return total;
+}
+
+static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, int depth)
+{
+    CUgraphNodeType type;
+    if (api->node_type(node, &type) != CUDA_SUCCESS)
+        return GRAPH_PRICE_UNKNOWN;
+    switch (type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+        CUDA_KERNEL_NODE_PARAMS p;
+        if (api->kernel_params(node, &p) != CUDA_SUCCESS)
+            return GRAPH_PRICE_UNKNOWN;
+        return launch_cost(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH: {
+        CUgraph child;
+        if (api->child_graph(node, &child) != CUDA_SUCCESS)
+            return GRAPH_PRICE_UNKNOWN;
+        return graph_price(api, child, depth + 1);
+    }
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+        return GRAPH_PRICE_UNKNOWN;
+    default:
+        return 0; /* copies, memsets, host calls, events: no SM work worth pacing */
+    }
+}
+
+static void price_graph_exec(CUgraphExec exec, CUgraph graph)
+{
+    struct graph_inspector api = {
+        (vgpu_pfn_cuGraphGetNodes)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphGetNodes"),
+        (vgpu_pfn_cuGraphNodeGetType)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphNodeGetType"),
+        (vgpu_pfn_cuGraphKernelNodeGetParams_v2)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphKernelNodeGetParams_v2"),
+        (vgpu_pfn_cuGraphChildGraphNodeGetGraph)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphChildGraphNodeGetGraph"),
+    };
+    if (!api.get_nodes || !api.node_type || !api.kernel_params || !api.child_graph)
+        return;
+    uint64_t price = graph_price(&api, graph, 0);
+    if (price != GRAPH_PRICE_UNKNOWN)
+        vgpu_graph_exec_priced(exec, price);
+}
+
 VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
 {
-    VGPU_FORWARD_CUDA(cuGraphInstantiateWithFlags, exec, graph, flags);
+    vgpu_pfn_cuGraphInstantiateWithFlags real = VGPU_REAL(cuGraphInstantiateWithFlags);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(exec, graph, flags);
+    if (result == CUDA_SUCCESS && exec)
+        price_graph_exec(*exec, graph);
+    return result;
 }
-VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
-{
-    VGPU_FORWARD_CUDA(cuGraphLaunch, exec, stream);
-}
-VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
-{
-    VGPU_FORWARD_CUDA(cuGraphLaunch_ptsz, exec, stream);
-}
+
+#define GRAPH_LAUNCH_HOOK(name)                                                                    \
+    VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                   \
+    {                                                                                              \
+        vgpu_launch_admit(vgpu_graph_exec_cost(exec));                                             \
+        VGPU_FORWARD_CUDA(name, exec, stream);                                                     \
+    }
+GRAPH_LAUNCH_HOOK(cuGraphLaunch)
+GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)
+
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
+    vgpu_graph_exec_forget(exec);
     VGPU_FORWARD_CUDA(cuGraphExecDestroy, exec);
 }

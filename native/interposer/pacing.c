@@ -1,7 +1,760 @@
-/* SM-share limiter. Placeholder until the limiter lands: admits every launch. */
+/*
+ * The SM-share limiter: paces kernel launches so that the slice's measured SM utilisation
+ * follows its share.
+ *
+ * How it works, and why this shape:
+ *  - Launches draw from a token bucket in the region (`tokens`); launch.c prices a launch in
+ *    warps. Each thread keeps a small cache of tokens, so admitting a launch is a thread-local
+ *    subtraction; an empty cache takes a batch from the shared pool with one atomic; an empty
+ *    pool parks the thread on a futex on the pool word until the next refill (no spinning).
+ *  - One process of the slice holds the controller lease (`controller_pid` + heartbeat) and
+ *    runs a thread that refills the pool every tick. Every control period it reads the real
+ *    NVML's per-process SM utilisation, learns what a token costs in device time (a ratio of
+ *    decayed sums: utilisation-seconds over tokens drawn) and sets the refill rate to
+ *    share / cost. That is feed-forward from a measured quantity, so no gain depends on the
+ *    device's SM count or the kernels' shapes; a small integral term removes what the
+ *    estimate misses (queueing, rounding).
+ *  - hard: the rate always applies. burst: the pool stays open while no process outside the
+ *    slice uses the device, and closes to the share within one control period after one
+ *    starts.
+ *  - sm_share 100 turns the limiter off: a launch then costs one limits read and a
+ *    thread-local count.
+ */
+#include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "internal.h"
+
+#define MS 1000000ULL
+#define TICK_NS (5 * MS)              /* refill and heartbeat */
+#define CONTROL_PERIOD_NS (25 * MS)   /* measure utilisation, set the rate */
+#define LEASE_SUSPECT_NS (50 * MS)    /* heartbeat this old: check whether the holder lives */
+#define LEASE_STALE_NS (200 * MS)     /* heartbeat this old: take the lease over */
+#define THREAD_BATCH_NS (1 * MS)      /* a thread caches about this much of the refill rate */
+#define WAIT_SLICE_NS (5 * MS)        /* longest park before re-checking limits and lease */
+#define LAUNCH_FLUSH_EVERY 256        /* thread-local launch counts fold into the slot this often */
+#define OTHERS_BUSY_PERMILLE 20       /* burst: the device is busy above this outside the slice */
+#define OTHERS_BUSY_HOLD_NS (100 * MS)/* burst: stay at the share this long after others idle */
+#define ESTIMATE_DECAY 0.8            /* per control period: about 125 ms of memory */
+#define INTEGRAL_GAIN 0.2             /* per control period, on the utilisation error */
+#define NO_SAMPLE_PATIENCE_US 500000ULL /* wait this long for NVML to sample fresh launches */
+#define MAX_LAUNCH_COST (UINT64_C(1) << 48)
+
+/* An open pool: far above anything a period draws, far below overflow. Levels above the
+ * floor mean "open" even after threads drew from it. */
+#define POOL_OPEN (INT64_C(1) << 62)
+#define POOL_OPEN_FLOOR (INT64_C(1) << 61)
+
+/* Price of a graph launch whose kernels are unknown (the driver cannot list them, or a
+ * conditional node runs a data-dependent number of times). The unit is arbitrary: the
+ * controller learns device time per token from what it measures, so a fixed price per graph
+ * launch still yields the right rate for a program that launches such graphs. */
+#define GRAPH_NOMINAL_COST (UINT64_C(1) << 16)
+#define GRAPH_TABLE_SIZE 1024 /* power of two */
+#define GRAPH_SLOT_EMPTY ((uintptr_t)0)
+#define GRAPH_SLOT_FREED ((uintptr_t)1)
+
+enum pool_mode {
+    POOL_OFF,     /* sm_share 100: launches do not draw; the controller only measures */
+    POOL_OPEN_UP, /* burst on an idle device, or the token cost is not learned yet */
+    POOL_LIMITED, /* refilled at the rate that meets the share */
+};
+
+/* Per-thread launch state: only its own thread touches it, so the hot path shares no cache
+ * line with another thread. initial-exec: a %fs-relative access, no __tls_get_addr call. */
+struct thread_cache {
+    uint64_t tokens;             /* drawn from the pool, not yet spent */
+    uint64_t launches_unflushed; /* launches not yet added to the slot's counter */
+    uint64_t flush_at;           /* 0 until the thread's first launch registered its exit flush */
+};
+static __thread struct thread_cache thread_cache __attribute__((tls_model("initial-exec")));
+
+/* State of the controller thread; only that thread touches it (apart from resets while no
+ * controller thread runs). */
+struct controller {
+    /* NVML, resolved once per process (kept across lease changes). */
+    int nvml_state; /* 0 not tried, 1 ready, -1 unavailable */
+    nvmlDevice_t device;
+    vgpu_pfn_nvmlDeviceGetProcessUtilization process_utilization;
+    nvmlProcessUtilizationSample_t *samples;
+    unsigned int sample_capacity;
+    unsigned long long last_seen_us; /* NVML's lastSeenTimeStamp: end of the last window */
+
+    /* Pool bookkeeping since the last measurement. */
+    int pool_known;
+    int64_t pool_after_refill;
+    uint64_t spent;   /* tokens drawn since the last measurement */
+    int drained;      /* the pool ran dry at some tick: launches were held back */
+    int window_clean; /* launches drew tokens throughout the window (no POOL_OFF tick) */
+    double carry;     /* fraction of a token owed by the last refill */
+
+    /* The cost estimate: utilisation-seconds per token = util_seconds / token_count. */
+    double util_seconds;
+    double token_count;
+    double integral; /* correction to the target utilisation (fraction of the device) */
+    uint32_t share;  /* the share `integral` was learned for */
+    unsigned limited_periods;
+    uint64_t others_busy_until_ns;
+
+    enum pool_mode mode;
+    double rate; /* tokens per second while limited */
+    uint64_t last_tick_ns;
+    uint64_t last_control_ns;
+};
+
+/* Atomic entries of the table of graph executables' prices. */
+struct graph_price {
+    _Atomic uintptr_t exec;
+    _Atomic uint64_t cost_plus_one; /* 0 while the entry is being filled */
+};
+
+/* The limiter's part of the process state (internal.h keeps the rest in vgpu_state). */
+static struct limiter {
+    pthread_once_t once;
+    pthread_key_t thread_exit_key; /* its destructor folds an exiting thread's launch count */
+    pid_t pid;                     /* cached: getpid() is a system call */
+    atomic_int controller_running;
+    pthread_mutex_t lock; /* guards `stopping`; `wake` ends the controller's tick sleep */
+    pthread_cond_t wake;
+    int stopping;
+    struct controller controller;
+    struct graph_price graphs[GRAPH_TABLE_SIZE];
+} limiter = {
+    .once = PTHREAD_ONCE_INIT,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .wake = PTHREAD_COND_INITIALIZER,
+};
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static unsigned long long realtime_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+/* The futex word of the pool: the low half of `tokens`, which changes whenever the pool does. */
+static uint32_t *pool_futex_word(struct vgpu_region *region)
+{
+    return (uint32_t *)(void *)&region->tokens + (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__);
+}
+
+static void pool_wait(struct vgpu_region *region, int64_t seen_level)
+{
+    struct timespec timeout = {0, (long)WAIT_SLICE_NS};
+    /* Not FUTEX_PRIVATE: waiters and the refilling controller may be different processes. */
+    syscall(SYS_futex, pool_futex_word(region), FUTEX_WAIT, (uint32_t)seen_level, &timeout, NULL, 0);
+}
+
+static void pool_wake_all(struct vgpu_region *region)
+{
+    syscall(SYS_futex, pool_futex_word(region), FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+static int process_exists(pid_t pid)
+{
+    return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+/* ---- per-process setup, fork, exit --------------------------------------------------- */
+
+static void fold_launches(struct thread_cache *cache)
+{
+    if (cache->launches_unflushed == 0)
+        return;
+    struct vgpu_proc_slot *slot = vgpu_self_slot();
+    if (slot)
+        __atomic_fetch_add(&slot->launches, cache->launches_unflushed, __ATOMIC_RELAXED);
+    cache->launches_unflushed = 0;
+}
+
+static void thread_exit_flush(void *cache)
+{
+    fold_launches(cache);
+}
+
+static void after_fork_child(void)
+{
+    /* The child is a new process of the slice: it counts from zero, holds no lease and has no
+     * controller thread (threads do not survive fork). */
+    limiter.pid = getpid();
+    atomic_store(&limiter.controller_running, 0);
+    pthread_mutex_init(&limiter.lock, NULL);
+    pthread_cond_init(&limiter.wake, NULL);
+    limiter.stopping = 0;
+    memset(&thread_cache, 0, sizeof thread_cache);
+}
+
+static void limiter_init(void)
+{
+    limiter.pid = getpid();
+    pthread_key_create(&limiter.thread_exit_key, thread_exit_flush);
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+static void release_lease(struct vgpu_region *region)
+{
+    int32_t self = limiter.pid;
+    __atomic_compare_exchange_n(&region->controller_pid, &self, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+__attribute__((destructor)) static void limiter_exit(void)
+{
+    fold_launches(&thread_cache);
+    pthread_mutex_lock(&limiter.lock);
+    limiter.stopping = 1;
+    pthread_cond_broadcast(&limiter.wake);
+    /* Let the controller finish its tick so it is not inside NVML while libraries unload. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_nsec += 100 * 1000 * 1000;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    while (atomic_load(&limiter.controller_running) &&
+           pthread_cond_clockwait(&limiter.wake, &limiter.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    }
+    pthread_mutex_unlock(&limiter.lock);
+    /* Hand the lease back so another process of the slice takes over at once. */
+    struct vgpu_region *region = limiter.pid ? vgpu_region() : NULL;
+    if (region)
+        release_lease(region);
+}
+
+/* ---- the controller ------------------------------------------------------------------ */
+
+static void nvml_open(struct controller *c, struct vgpu_region *region)
+{
+    if (c->nvml_state != 0)
+        return;
+    c->nvml_state = -1;
+    vgpu_pfn_nvmlInit_v2 init = (vgpu_pfn_nvmlInit_v2)vgpu_real_symbol(VGPU_LIB_NVML, "nvmlInit_v2");
+    vgpu_pfn_nvmlDeviceGetHandleByUUID by_uuid =
+        (vgpu_pfn_nvmlDeviceGetHandleByUUID)vgpu_real_symbol(VGPU_LIB_NVML, "nvmlDeviceGetHandleByUUID");
+    vgpu_pfn_nvmlDeviceGetHandleByIndex_v2 by_index =
+        (vgpu_pfn_nvmlDeviceGetHandleByIndex_v2)vgpu_real_symbol(VGPU_LIB_NVML, "nvmlDeviceGetHandleByIndex_v2");
+    c->process_utilization = (vgpu_pfn_nvmlDeviceGetProcessUtilization)vgpu_real_symbol(
+        VGPU_LIB_NVML, "nvmlDeviceGetProcessUtilization");
+    const char *why = NULL;
+    nvmlReturn_t result = NVML_SUCCESS;
+    char uuid[VGPU_DEVICE_UUID_SIZE];
+    memcpy(uuid, region->device_uuid, sizeof uuid);
+    uuid[sizeof uuid - 1] = '\0';
+    if (!init || !by_index || !c->process_utilization)
+        why = "NVML (libnvidia-ml.so.1) or its per-process utilisation is missing";
+    else if ((result = init()) != NVML_SUCCESS)
+        why = "nvmlInit_v2 failed";
+    else if (uuid[0] && by_uuid && (result = by_uuid(uuid, &c->device)) == NVML_SUCCESS)
+        c->nvml_state = 1;
+    else if ((result = by_index((unsigned int)region->device_index, &c->device)) == NVML_SUCCESS)
+        c->nvml_state = 1;
+    else
+        why = "NVML does not know the slice's device";
+    if (c->nvml_state < 0)
+        vgpu_log(VGPU_LOG_WARN, "SM share not enforced: %s (NVML result %d)", why, result);
+}
+
+struct utilisation {
+    uint32_t slice_permille;  /* the slice's processes together */
+    uint32_t others_permille; /* every other process on the device */
+    double window_s;
+};
+
+/* Average smUtil (percent) of one pid over the samples (NVML may return several per pid). */
+static double pid_utilisation(const nvmlProcessUtilizationSample_t *samples, unsigned int count, unsigned int pid)
+{
+    double sum = 0;
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < count; i++) {
+        if (samples[i].pid == pid) {
+            sum += samples[i].smUtil;
+            n++;
+        }
+    }
+    return n ? sum / n : 0;
+}
+
+static uint32_t permille(double percent)
+{
+    double value = percent * 10.0 + 0.5;
+    return value >= 1000.0 ? 1000u : (uint32_t)value;
+}
+
+/* Reads utilisation since the last window. Returns 1 with a fresh window, 0 when NVML has no
+ * sample of recent launches yet (try again next period), -1 when NVML fails. Writes the
+ * slice's and each slot's sm_util_permille and device_busy_permille. */
+static int measure(struct controller *c, struct vgpu_region *region, struct utilisation *out)
+{
+    unsigned long long now_us = realtime_us();
+    unsigned int count = c->sample_capacity;
+    nvmlReturn_t result = c->process_utilization(c->device, c->samples, &count, c->last_seen_us);
+    if (result == NVML_ERROR_INSUFFICIENT_SIZE) {
+        unsigned int capacity = count + count / 2 + 16;
+        nvmlProcessUtilizationSample_t *grown = realloc(c->samples, capacity * sizeof *grown);
+        if (!grown)
+            return -1;
+        c->samples = grown;
+        c->sample_capacity = capacity;
+        count = capacity;
+        result = c->process_utilization(c->device, c->samples, &count, c->last_seen_us);
+    }
+    if (result == NVML_ERROR_NOT_FOUND)
+        count = 0;
+    else if (result != NVML_SUCCESS)
+        return -1;
+    /* Tokens were drawn but NVML has nothing yet: the launches have not run, or a real
+     * driver has not taken its next sample. Keep the window open rather than read it as idle. */
+    if (count == 0 && c->spent > 0 && now_us - c->last_seen_us < NO_SAMPLE_PATIENCE_US)
+        return 0;
+
+    unsigned long long end_us = now_us;
+    double total_percent = 0;
+    for (unsigned int i = 0; i < count; i++) {
+        if (c->samples[i].timeStamp > end_us)
+            end_us = c->samples[i].timeStamp;
+        int first = 1;
+        for (unsigned int j = 0; j < i && first; j++)
+            first = c->samples[j].pid != c->samples[i].pid;
+        if (first)
+            total_percent += pid_utilisation(c->samples, count, c->samples[i].pid);
+    }
+
+    double slice_percent = 0;
+    uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_ACQUIRE);
+    if (high_water > VGPU_REGION_MAX_PROCS)
+        high_water = VGPU_REGION_MAX_PROCS;
+    for (uint32_t i = 0; i < high_water; i++) {
+        struct vgpu_proc_slot *slot = &region->procs[i];
+        int32_t pid = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
+        double percent = pid > 0 ? pid_utilisation(c->samples, count, (unsigned int)pid) : 0;
+        slice_percent += percent;
+        __atomic_store_n(&slot->sm_util_permille, permille(percent), __ATOMIC_RELAXED);
+    }
+    double others_percent = total_percent > slice_percent ? total_percent - slice_percent : 0;
+
+    unsigned long long window_us = end_us > c->last_seen_us ? end_us - c->last_seen_us : 0;
+    if (window_us > 1000000ULL)
+        window_us = 1000000ULL; /* NVML looks back one second at most */
+    c->last_seen_us = end_us;
+
+    out->slice_permille = permille(slice_percent);
+    out->others_permille = permille(others_percent);
+    out->window_s = (double)window_us / 1e6;
+    __atomic_store_n(&region->sm_util_permille, out->slice_permille, __ATOMIC_RELAXED);
+    __atomic_store_n(&region->device_busy_permille, out->others_permille, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* Utilisation-seconds per token, or 0 while unknown. */
+static double token_cost(const struct controller *c)
+{
+    return c->token_count > 0 && c->util_seconds > 0 ? c->util_seconds / c->token_count : 0;
+}
+
+static void learn(struct controller *c, const struct utilisation *u)
+{
+    if (!c->window_clean)
+        return;
+    double util_seconds = u->slice_permille / 1000.0 * u->window_s;
+    if (c->spent == 0 && util_seconds == 0)
+        return; /* nothing happened: keep the estimate as it is */
+    c->util_seconds = c->util_seconds * ESTIMATE_DECAY + util_seconds;
+    c->token_count = c->token_count * ESTIMATE_DECAY + (double)c->spent;
+}
+
+/* Integral action on what the feed-forward misses. It winds up only when launches were held
+ * back (a slice that launches less than its share must not bank a correction), and always
+ * winds down when the slice is over its share. */
+static void integrate(struct controller *c, const struct utilisation *u, uint32_t share)
+{
+    double error = share / 100.0 - u->slice_permille / 1000.0;
+    if (error > 0 && !c->drained)
+        return;
+    double bound = share / 100.0 * 0.5;
+    c->integral += INTEGRAL_GAIN * error;
+    if (c->integral > bound)
+        c->integral = bound;
+    if (c->integral < -bound)
+        c->integral = -bound;
+}
+
+static void decide(struct controller *c, const struct vgpu_limits_snapshot *limits, uint64_t now_ns)
+{
+    double cost = token_cost(c);
+    enum pool_mode mode;
+    if (limits->sm_share >= VGPU_SM_SHARE_MAX)
+        mode = POOL_OFF;
+    else if (limits->policy == VGPU_POLICY_BURST && now_ns >= c->others_busy_until_ns)
+        mode = POOL_OPEN_UP; /* nobody else wants the device */
+    else if (cost <= 0)
+        mode = POOL_OPEN_UP; /* one period open to learn what a token costs */
+    else
+        mode = POOL_LIMITED;
+    if (mode == POOL_LIMITED) {
+        double share = limits->sm_share / 100.0;
+        double target = share + c->integral;
+        if (target < share * 0.25)
+            target = share * 0.25;
+        c->rate = target / cost;
+        c->limited_periods++;
+    } else {
+        c->limited_periods = 0;
+    }
+    if (mode == POOL_OFF)
+        c->window_clean = 0; /* launches stop drawing: tokens no longer say what ran */
+    if (mode != c->mode)
+        vgpu_log(VGPU_LOG_DEBUG, "pacing: share %u%% %s, mode %d -> %d, %.0f tokens/s", limits->sm_share,
+                 limits->policy == VGPU_POLICY_BURST ? "burst" : "hard", c->mode, mode, c->rate);
+    c->mode = mode;
+}
+
+static void control(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
+{
+    struct vgpu_limits_snapshot limits;
+    if (vgpu_read_limits(&limits) != 0)
+        return;
+    if (c->share && limits.sm_share != c->share)
+        c->integral *= (double)limits.sm_share / c->share; /* a resize keeps the relative correction */
+    c->share = limits.sm_share;
+
+    struct utilisation u;
+    if (c->nvml_state > 0 && measure(c, region, &u) > 0) {
+        if (u.others_permille >= OTHERS_BUSY_PERMILLE)
+            c->others_busy_until_ns = now_ns + OTHERS_BUSY_HOLD_NS;
+        learn(c, &u);
+        /* Only a window governed throughout by the limited rate says how far off it is. */
+        if (c->mode == POOL_LIMITED && c->limited_periods >= 2)
+            integrate(c, &u, limits.sm_share);
+        c->spent = 0;
+        c->drained = 0;
+        c->window_clean = 1;
+    }
+    decide(c, &limits, now_ns);
+}
+
+static void refill(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
+{
+    uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
+    if (elapsed > CONTROL_PERIOD_NS)
+        elapsed = CONTROL_PERIOD_NS; /* after a stall, no flood */
+    c->last_tick_ns = now_ns;
+
+    int limited = c->mode == POOL_LIMITED;
+    double owed = 0, cap_tokens = 0;
+    if (limited) {
+        owed = c->rate * (double)elapsed / 1e9 + c->carry;
+        cap_tokens = c->rate * (double)CONTROL_PERIOD_NS / 1e9; /* a small burst: one period */
+        if (cap_tokens < 1)
+            cap_tokens = 1;
+        if (cap_tokens > (double)(POOL_OPEN_FLOOR / 4))
+            cap_tokens = (double)(POOL_OPEN_FLOOR / 4);
+        if (owed > cap_tokens)
+            owed = cap_tokens;
+    }
+    int64_t whole = (int64_t)owed, cap = (int64_t)cap_tokens;
+    int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
+    int64_t next;
+    do {
+        if (!limited) {
+            next = POOL_OPEN;
+        } else {
+            int64_t base = level >= POOL_OPEN_FLOOR ? 0 : level; /* closing an open pool */
+            next = base + whole < cap ? base + whole : cap;
+        }
+    } while (!__atomic_compare_exchange_n(&region->tokens, &level, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+
+    if (c->pool_known && c->pool_after_refill > level)
+        c->spent += (uint64_t)(c->pool_after_refill - level);
+    if (limited && level <= 0)
+        c->drained = 1;
+    c->pool_known = 1;
+    c->pool_after_refill = next;
+    c->carry = limited && next < cap ? owed - (double)whole : 0;
+    if (level <= 0 && next > 0)
+        pool_wake_all(region);
+
+    double cost = token_cost(c);
+    uint64_t per_second = limited ? (uint64_t)c->rate : cost > 0 ? (uint64_t)(1.0 / cost) : 0;
+    __atomic_store_n(&region->tokens_per_second, per_second, __ATOMIC_RELAXED);
+}
+
+/* A new lease holder starts from what the last one published, so a takeover does not open the
+ * pool while it relearns the cost. */
+static void controller_reset(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
+{
+    struct controller kept = *c;
+    memset(c, 0, sizeof *c);
+    c->nvml_state = kept.nvml_state;
+    c->device = kept.device;
+    c->process_utilization = kept.process_utilization;
+    c->samples = kept.samples;
+    c->sample_capacity = kept.sample_capacity;
+    c->last_seen_us = realtime_us();
+    c->last_tick_ns = now_ns;
+    c->last_control_ns = now_ns;
+    c->window_clean = 1;
+    c->mode = POOL_OPEN_UP;
+
+    struct vgpu_limits_snapshot limits;
+    if (vgpu_read_limits(&limits) != 0)
+        return;
+    c->share = limits.sm_share;
+    uint64_t per_second = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED);
+    int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_RELAXED);
+    if (per_second > 0) {
+        /* An open pool published the rate of a full device; a limited one the share's. */
+        double cost = level >= POOL_OPEN_FLOOR ? 1.0 / (double)per_second
+                                               : (limits.sm_share / 100.0) / (double)per_second;
+        c->token_count = (double)per_second * (double)CONTROL_PERIOD_NS / 1e9;
+        c->util_seconds = cost * c->token_count;
+    }
+    decide(c, &limits, now_ns);
+}
+
+/* Sleeps until `deadline_ns` (CLOCK_MONOTONIC); returns nonzero when the process is exiting. */
+static int controller_sleep(uint64_t deadline_ns)
+{
+    struct timespec deadline = {(time_t)(deadline_ns / 1000000000ULL), (long)(deadline_ns % 1000000000ULL)};
+    pthread_mutex_lock(&limiter.lock);
+    while (!limiter.stopping &&
+           pthread_cond_clockwait(&limiter.wake, &limiter.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    }
+    int stopping = limiter.stopping;
+    pthread_mutex_unlock(&limiter.lock);
+    return stopping;
+}
+
+static void *controller_main(void *arg)
+{
+    struct vgpu_region *region = arg;
+    struct controller *c = &limiter.controller;
+    pthread_setname_np(pthread_self(), "vgpu-pacer");
+    nvml_open(c, region);
+    uint64_t now = vgpu_now_ns();
+    controller_reset(c, region, now);
+    uint64_t next_tick = now;
+    vgpu_log(VGPU_LOG_INFO, "pacing: controller of the slice runs in this process");
+    for (;;) {
+        /* Another process took the lease (this one stalled past the stale limit): stand down. */
+        if (__atomic_load_n(&region->controller_pid, __ATOMIC_ACQUIRE) != limiter.pid)
+            break;
+        now = vgpu_now_ns();
+        __atomic_store_n(&region->controller_heartbeat_ns, now, __ATOMIC_RELEASE);
+        if (now - c->last_control_ns + TICK_NS / 2 >= CONTROL_PERIOD_NS) {
+            control(c, region, now);
+            c->last_control_ns = now;
+        }
+        refill(c, region, now);
+        next_tick += TICK_NS;
+        if (next_tick <= now)
+            next_tick = now + TICK_NS;
+        if (controller_sleep(next_tick))
+            break;
+    }
+    pthread_mutex_lock(&limiter.lock);
+    atomic_store(&limiter.controller_running, 0);
+    pthread_cond_broadcast(&limiter.wake);
+    pthread_mutex_unlock(&limiter.lock);
+    return NULL;
+}
+
+static void start_controller(struct vgpu_region *region)
+{
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&limiter.controller_running, &expected, 1))
+        return;
+    pthread_mutex_lock(&limiter.lock);
+    int stopping = limiter.stopping;
+    pthread_mutex_unlock(&limiter.lock);
+    int result = -1;
+    if (!stopping) {
+        pthread_attr_t attr;
+        pthread_t thread;
+        sigset_t all, old;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* The program's signals stay with the program's threads. */
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        result = pthread_create(&thread, &attr, controller_main, region);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+        if (result != 0)
+            vgpu_log(VGPU_LOG_WARN, "pacing: cannot start the controller thread (error %d)", result);
+    }
+    if (result != 0) {
+        atomic_store(&limiter.controller_running, 0);
+        release_lease(region);
+    }
+}
+
+/* Makes sure some live process of the slice runs the controller: this one when nobody holds
+ * the lease, or when the holder's heartbeat is stale or the holder is gone. */
+static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
+{
+    int32_t holder = __atomic_load_n(&region->controller_pid, __ATOMIC_ACQUIRE);
+    if (holder == limiter.pid) {
+        if (!atomic_load_explicit(&limiter.controller_running, memory_order_acquire))
+            start_controller(region);
+        return;
+    }
+    if (holder != 0) {
+        uint64_t beat = __atomic_load_n(&region->controller_heartbeat_ns, __ATOMIC_ACQUIRE);
+        uint64_t age = now_ns > beat ? now_ns - beat : 0;
+        if (age < LEASE_SUSPECT_NS)
+            return;
+        if (age < LEASE_STALE_NS && process_exists(holder))
+            return;
+    }
+    if (__atomic_compare_exchange_n(&region->controller_pid, &holder, limiter.pid, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
+        __atomic_store_n(&region->controller_heartbeat_ns, now_ns, __ATOMIC_RELEASE);
+        start_controller(region);
+    }
+}
+
+/* ---- the launch path ----------------------------------------------------------------- */
+
+/* A thread's first launch, and every LAUNCH_FLUSH_EVERY-th: fold the launch count into the
+ * slot, and see that the slice has a controller (it also reports utilisation when the
+ * limiter is off). */
+static __attribute__((noinline)) void flush_launches(struct thread_cache *cache)
+{
+    pthread_once(&limiter.once, limiter_init);
+    if (cache->flush_at == 0)
+        pthread_setspecific(limiter.thread_exit_key, cache);
+    cache->flush_at = LAUNCH_FLUSH_EVERY;
+    fold_launches(cache);
+    struct vgpu_region *region = vgpu_region();
+    if (region)
+        keep_controller_alive(region, vgpu_now_ns());
+}
+
+/* The thread's cache cannot pay for the launch: take a batch from the slice's pool, waiting
+ * for the controller's next refill while the pool is empty. */
+static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, uint64_t cost)
+{
+    struct vgpu_region *region = vgpu_region();
+    if (!region)
+        return;
+    pthread_once(&limiter.once, limiter_init);
+    if (cost > MAX_LAUNCH_COST)
+        cost = MAX_LAUNCH_COST;
+    uint64_t now = vgpu_now_ns(), wait_started = 0;
+    keep_controller_alive(region, now);
+    uint64_t need = cost - cache->tokens;
+    for (;;) {
+        int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
+        if (level > 0) {
+            uint64_t batch = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED) /
+                             (1000000000ULL / THREAD_BATCH_NS);
+            uint64_t take = need > batch ? need : batch;
+            if (take > MAX_LAUNCH_COST)
+                take = MAX_LAUNCH_COST;
+            /* May overdraw: the debt is repaid by later refills, so the rate still holds. */
+            __atomic_fetch_sub(&region->tokens, (int64_t)take, __ATOMIC_ACQ_REL);
+            cache->tokens = cache->tokens + take - cost;
+            break;
+        }
+        /* A resize to 100 % lifts the limiter for launches already waiting. */
+        struct vgpu_limits_snapshot limits;
+        if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
+            break;
+        if (wait_started) {
+            now = vgpu_now_ns();
+            keep_controller_alive(region, now);
+        } else {
+            wait_started = now;
+        }
+        pool_wait(region, level);
+    }
+    if (wait_started) {
+        struct vgpu_proc_slot *slot = vgpu_self_slot();
+        if (slot)
+            __atomic_fetch_add(&slot->throttled_ns, vgpu_now_ns() - wait_started, __ATOMIC_RELAXED);
+    }
+}
 
 void vgpu_launch_admit(uint64_t cost)
 {
-    (void)cost;
+    struct thread_cache *cache = &thread_cache;
+    if (__builtin_expect(++cache->launches_unflushed >= cache->flush_at, 0))
+        flush_launches(cache);
+    struct vgpu_limits_snapshot limits;
+    if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
+        return;
+    if (__builtin_expect(cache->tokens >= cost, 1)) {
+        cache->tokens -= cost;
+        return;
+    }
+    draw_tokens(cache, cost);
+}
+
+/* ---- graph executables' prices ------------------------------------------------------- */
+
+static struct graph_price *graph_slot(uintptr_t exec, size_t probe)
+{
+    size_t home = (size_t)((exec >> 4) * 0x9e3779b97f4a7c15ULL >> 32);
+    return &limiter.graphs[(home + probe) & (GRAPH_TABLE_SIZE - 1)];
+}
+
+void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
+{
+    uintptr_t key = (uintptr_t)exec;
+    if (key <= GRAPH_SLOT_FREED)
+        return;
+    for (size_t probe = 0; probe < GRAPH_TABLE_SIZE; probe++) {
+        struct graph_price *entry = graph_slot(key, probe);
+        uintptr_t seen = atomic_load(&entry->exec);
+        if (seen == key ||
+            ((seen == GRAPH_SLOT_EMPTY || seen == GRAPH_SLOT_FREED) &&
+             atomic_compare_exchange_strong(&entry->exec, &seen, key))) {
+            atomic_store(&entry->cost_plus_one, cost + 1);
+            return;
+        }
+    }
+    /* Table full: this executable is charged the nominal price. */
+}
+
+uint64_t vgpu_graph_exec_cost(CUgraphExec exec)
+{
+    uintptr_t key = (uintptr_t)exec;
+    for (size_t probe = 0; probe < GRAPH_TABLE_SIZE; probe++) {
+        struct graph_price *entry = graph_slot(key, probe);
+        uintptr_t seen = atomic_load_explicit(&entry->exec, memory_order_acquire);
+        if (seen == key) {
+            uint64_t cost_plus_one = atomic_load_explicit(&entry->cost_plus_one, memory_order_relaxed);
+            return cost_plus_one ? cost_plus_one - 1 : GRAPH_NOMINAL_COST;
+        }
+        if (seen == GRAPH_SLOT_EMPTY)
+            break;
+    }
+    return GRAPH_NOMINAL_COST;
+}
+
+void vgpu_graph_exec_forget(CUgraphExec exec)
+{
+    uintptr_t key = (uintptr_t)exec;
+    for (size_t probe = 0; probe < GRAPH_TABLE_SIZE; probe++) {
+        struct graph_price *entry = graph_slot(key, probe);
+        uintptr_t seen = atomic_load(&entry->exec);
+        if (seen == key) {
+            atomic_store(&entry->cost_plus_one, 0);
+            atomic_store(&entry->exec, GRAPH_SLOT_FREED);
+            return;
+        }
+        if (seen == GRAPH_SLOT_EMPTY)
+            return;
+    }
 }

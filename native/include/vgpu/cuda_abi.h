@@ -200,6 +200,35 @@ typedef struct CUlaunchConfig_st {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* Graph introspection: how the interposer prices a graph's kernels (values and layout as
+ * in CUDA 12's cuda.h; CUDA_KERNEL_NODE_PARAMS is the _v2 layout that
+ * cuGraphKernelNodeGetParams_v2 fills). */
+typedef struct CUkern_st *CUkernel;
+typedef int CUgraphNodeType;
+enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+    CU_GRAPH_NODE_TYPE_MEMSET = 2,
+    CU_GRAPH_NODE_TYPE_HOST = 3,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_CONDITIONAL = 13,
+};
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUfunction func;
+    unsigned int gridDimX;
+    unsigned int gridDimY;
+    unsigned int gridDimZ;
+    unsigned int blockDimX;
+    unsigned int blockDimY;
+    unsigned int blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+
 /* cuCtxCreate_v4 parameters (CUDA 12.5+); only the pointer is passed through. */
 typedef struct CUctxCreateParams_st CUctxCreateParams;
 
@@ -294,8 +323,20 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \
     X(CUresult, cuGraphDestroy, (CUgraph hGraph))
 
+/*
+ * Entry points the interposer calls only when the installed driver has them, looked up by name
+ * (vgpu_real_symbol); without them it falls back to an estimate. Every real driver since CUDA
+ * 12.0 exports them; the simulated driver need not. Same form as the list above.
+ */
+#define VGPU_CUDA_OPTIONAL_ENTRY_POINTS(X) \
+    X(CUresult, cuGraphGetNodes, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \
+    X(CUresult, cuGraphNodeGetType, (CUgraphNode hNode, CUgraphNodeType *type)) \
+    X(CUresult, cuGraphKernelNodeGetParams_v2, (CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)) \
+    X(CUresult, cuGraphChildGraphNodeGetGraph, (CUgraphNode hNode, CUgraph *phGraph))
+
 #define VGPU_DECLARE_PROTOTYPE(ret, name, params) ret name params;
 VGPU_CUDA_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)
+VGPU_CUDA_OPTIONAL_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)
 #undef VGPU_DECLARE_PROTOTYPE
 
 #ifdef __cplusplus
