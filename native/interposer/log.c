@@ -1,0 +1,102 @@
+/*
+ * Logging. libvgpu.so lives inside other people's programs: it never writes to stdout (tools
+ * parse it) and writes to stderr only the out-of-memory line, the fail-closed reason, and
+ * whatever VGPU_LOG_LEVEL asks for. Lines go out with one write(2) each, so hooks never take
+ * stdio's stream locks (a hook may run inside a signal-unsafe spot of the program, or while
+ * another thread holds stderr's lock).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+void vgpu_write_stderr(const char *text, size_t length)
+{
+    while (length > 0) {
+        ssize_t written = write(STDERR_FILENO, text, length);
+        if (written < 0) {
+            if (errno == EINTR)
+                continue;
+            return; /* nowhere left to complain */
+        }
+        text += written;
+        length -= (size_t)written;
+    }
+}
+
+enum vgpu_log_level vgpu_parse_log_level(const char *value)
+{
+    static const char *const names[] = {"off", "error", "warn", "info", "debug"};
+    if (!value)
+        return VGPU_LOG_OFF;
+    for (size_t level = 0; level < sizeof names / sizeof names[0]; level++)
+        if (strcasecmp(value, names[level]) == 0)
+            return (enum vgpu_log_level)level;
+    return VGPU_LOG_OFF;
+}
+
+void vgpu_log(enum vgpu_log_level level, const char *format, ...)
+{
+    if (level == VGPU_LOG_OFF || level > vgpu_state.process.log_level)
+        return;
+    char line[1024];
+    int prefix = snprintf(line, sizeof line, "jupyter-vgpu[%d]: ", (int)getpid());
+    va_list args;
+    va_start(args, format);
+    int body = vsnprintf(line + prefix, sizeof line - (size_t)prefix - 1, format, args);
+    va_end(args);
+    size_t length = (size_t)prefix + (body < 0 ? 0 : (size_t)body);
+    if (length > sizeof line - 2)
+        length = sizeof line - 2; /* truncated: keep the newline */
+    line[length++] = '\n';
+    vgpu_write_stderr(line, length);
+}
+
+/* "1.5 GiB": one decimal, binary units, as nvidia-smi users read sizes. */
+static void format_size(char *out, size_t size, uint64_t bytes)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (bytes < 1024) {
+        snprintf(out, size, "%llu bytes", (unsigned long long)bytes);
+        return;
+    }
+    size_t unit = 0;
+    double value = (double)bytes;
+    while (value >= 1024.0 && unit + 1 < sizeof units / sizeof units[0]) {
+        value /= 1024.0;
+        unit++;
+    }
+    snprintf(out, size, "%.1f %s", value, units[unit]);
+}
+
+/* A cap that would have fitted the request, in the form `jupyter vgpu resize` takes: whole
+ * GiB above 1 GiB, else whole MiB. */
+static void format_suggested_cap(char *out, size_t size, uint64_t needed)
+{
+    const uint64_t mib = 1ULL << 20, gib = 1ULL << 30;
+    if (needed > gib)
+        snprintf(out, size, "%lluGiB", (unsigned long long)((needed + gib - 1) / gib));
+    else
+        snprintf(out, size, "%lluMiB", (unsigned long long)((needed + mib - 1) / mib));
+}
+
+void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_t limit)
+{
+    char asked[32], used[32], cap[32], suggested[32], line[512];
+    format_size(asked, sizeof asked, request);
+    format_size(used, sizeof used, usage);
+    format_size(cap, sizeof cap, limit);
+    uint64_t needed = usage + request < usage ? UINT64_MAX : usage + request;
+    format_suggested_cap(suggested, sizeof suggested, needed);
+    int length = snprintf(line, sizeof line,
+                          "jupyter-vgpu: out of GPU memory in this slice: %s asked for %s, the slice uses "
+                          "%s of its %s cap. Resize it with `jupyter vgpu resize <kernel> --memory %s` or "
+                          "`%%vgpu resize --memory %s`.\n",
+                          call, asked, used, cap, suggested, suggested);
+    if (length > 0)
+        vgpu_write_stderr(line, (size_t)length < sizeof line ? (size_t)length : sizeof line - 1);
+}

@@ -1,0 +1,281 @@
+/*
+ * Symbol resolution: how a program reaches our hooks, and how hooks reach the real driver.
+ *
+ * Three ways in, one hook per name (hooks.def):
+ *   - direct linking: the dynamic linker binds the program's cuMemAlloc_v2 to our export;
+ *   - dlopen + dlsym: our `dlsym` (dlsym_entry.S) asks vgpu_dlsym_filter below;
+ *   - cuGetProcAddress(_v2): we call the real one, then swap a real entry point of a hooked
+ *     function for its hook.
+ * Real entry points are looked up lazily, by exact name, from the real library's handle, and
+ * cached per hook with acquire/release atomics.
+ */
+#include <dlfcn.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define R (vgpu_state.resolve)
+
+typedef void *(*vgpu_dlsym_fn)(void *handle, const char *symbol);
+
+struct vgpu_hook_info {
+    const char *name;
+    enum vgpu_library library;
+    void *hook;
+};
+
+static const struct vgpu_hook_info hook_table[VGPU_HOOK_COUNT] = {
+#define VGPU_CUDA_HOOK(symbol) [VGPU_HOOK_##symbol] = {#symbol, VGPU_LIB_CUDA, (void *)symbol},
+#define VGPU_NVML_HOOK(symbol) [VGPU_HOOK_##symbol] = {#symbol, VGPU_LIB_NVML, (void *)symbol},
+#include "hooks.def"
+};
+
+static const char *const library_names[VGPU_LIB_COUNT] = {
+    [VGPU_LIB_CUDA] = "libcuda.so.1",
+    [VGPU_LIB_NVML] = "libnvidia-ml.so.1",
+};
+
+_Static_assert(VGPU_HOOK_COUNT * 2 < VGPU_NAME_TABLE_SIZE, "name table keeps probing short");
+_Static_assert(VGPU_HOOK_COUNT * 2 < VGPU_REVERSE_TABLE_SIZE, "reverse table keeps probing short");
+_Static_assert(VGPU_HOOK_COUNT < 255, "hook ids + 1 fit the uint8_t name table");
+
+/* ---- the real dlsym ------------------------------------------------------------------ */
+
+static vgpu_dlsym_fn real_dlsym(void)
+{
+    void *found = atomic_load_explicit(&R.real_dlsym, memory_order_acquire);
+    if (found)
+        return (vgpu_dlsym_fn)found;
+    /* RTLD_NEXT from here: the libc after us. GLIBC_2.34 is where dlsym moved into libc;
+     * older glibc (and the compat symbol) carry the architecture's base version. */
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    for (size_t i = 0; !found && i < sizeof versions / sizeof versions[0]; i++)
+        found = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    if (found)
+        atomic_store_explicit(&R.real_dlsym, found, memory_order_release);
+    return (vgpu_dlsym_fn)found;
+}
+
+/* ---- the real libraries and their entry points ---------------------------------------- */
+
+/* The real library's handle; with `may_load`, loads it (LD_LIBRARY_PATH decides which, so the
+ * simulated GPU is found the same way the program finds it). Only a found handle is cached:
+ * a library not loaded now may be loaded later. */
+static void *library_handle(enum vgpu_library library, int may_load)
+{
+    void *handle = atomic_load_explicit(&R.library_handle[library], memory_order_acquire);
+    if (handle)
+        return handle;
+    handle = dlopen(library_names[library], RTLD_LAZY | RTLD_NOLOAD);
+    if (!handle && may_load)
+        handle = dlopen(library_names[library], RTLD_LAZY);
+    if (!handle)
+        return NULL;
+    void *expected = NULL;
+    if (!atomic_compare_exchange_strong_explicit(&R.library_handle[library], &expected, handle,
+                                                 memory_order_acq_rel, memory_order_acquire)) {
+        dlclose(handle); /* another thread won; drop our extra reference */
+        handle = expected;
+    }
+    return handle;
+}
+
+enum { REAL_UNRESOLVED = 0, REAL_MISSING = 1 };
+
+/* Looks `name` up in the real library once and caches the answer in `cache`; a miss is cached
+ * only when the library is loaded (and thus really lacks it). `hook` is ours, never an answer. */
+static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library, const char *name,
+                            const void *hook, int may_load)
+{
+    uintptr_t cached = atomic_load_explicit(cache, memory_order_acquire);
+    if (cached > REAL_MISSING)
+        return (void *)cached;
+    if (cached == REAL_MISSING)
+        return NULL;
+    void *handle = library_handle(library, may_load);
+    vgpu_dlsym_fn lookup = real_dlsym();
+    if (!handle || !lookup)
+        return NULL;
+    void *real = lookup(handle, name);
+    if (real == hook)
+        real = NULL; /* never forward a hook to itself */
+    atomic_store_explicit(cache, real ? (uintptr_t)real : REAL_MISSING, memory_order_release);
+    vgpu_log(VGPU_LOG_DEBUG, "%s -> %s %p", name, library_names[library], real);
+    return real;
+}
+
+static void *resolve_real(enum vgpu_hook_id id, int may_load)
+{
+    return resolve_cached(&R.real_entry[id], hook_table[id].library, hook_table[id].name, hook_table[id].hook,
+                          may_load);
+}
+
+void *vgpu_real(enum vgpu_hook_id id)
+{
+    return resolve_real(id, 1);
+}
+
+static const struct vgpu_called_info {
+    const char *name;
+    enum vgpu_library library;
+} called_table[VGPU_CALLED_COUNT] = {
+#define VGPU_CALLED_INFO(library, name) [VGPU_CALLED_##name] = {#name, library},
+    VGPU_CALLED_ENTRY_POINTS(VGPU_CALLED_INFO)
+#undef VGPU_CALLED_INFO
+};
+
+void *vgpu_real_called(enum vgpu_called_id id)
+{
+    return resolve_cached(&R.called_entry[id], called_table[id].library, called_table[id].name, NULL, 1);
+}
+
+void *vgpu_real_symbol(enum vgpu_library library, const char *symbol)
+{
+    void *handle = library_handle(library, 1);
+    vgpu_dlsym_fn lookup = real_dlsym();
+    return handle && lookup ? lookup(handle, symbol) : NULL;
+}
+
+/* ---- hook names ------------------------------------------------------------------------ */
+
+static uint32_t name_hash(const char *name)
+{
+    uint32_t hash = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        hash = (hash ^ *p) * 16777619u;
+    return hash;
+}
+
+void vgpu_resolve_init(void)
+{
+    if (atomic_load_explicit(&R.names_ready, memory_order_acquire))
+        return;
+    for (int id = 0; id < VGPU_HOOK_COUNT; id++) {
+        uint32_t slot = name_hash(hook_table[id].name) & (VGPU_NAME_TABLE_SIZE - 1);
+        while (R.name_slots[slot])
+            slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1);
+        R.name_slots[slot] = (uint8_t)(id + 1);
+    }
+    atomic_store_explicit(&R.names_ready, 1, memory_order_release);
+}
+
+/* The hook id of `name`, or -1. Every dlsym of the process comes through here, so names that
+ * cannot be ours (not cu* / nvml*) leave after two byte compares. */
+static int hook_by_name(const char *name)
+{
+    if (!((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && strncmp(name, "nvml", 4) == 0)))
+        return -1;
+    if (!atomic_load_explicit(&R.names_ready, memory_order_acquire)) {
+        /* Asked before our constructor ran (another library's constructor): scan. */
+        for (int id = 0; id < VGPU_HOOK_COUNT; id++)
+            if (strcmp(hook_table[id].name, name) == 0)
+                return id;
+        return -1;
+    }
+    uint32_t slot = name_hash(name) & (VGPU_NAME_TABLE_SIZE - 1);
+    for (uint8_t entry; (entry = R.name_slots[slot]) != 0; slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1))
+        if (strcmp(hook_table[entry - 1].name, name) == 0)
+            return entry - 1;
+    return -1;
+}
+
+/* ---- dlsym ------------------------------------------------------------------------------ */
+
+struct vgpu_dlsym_decision {
+    void *result;     /* what dlsym returns, when forward_to is NULL */
+    void *forward_to; /* the real dlsym, to be tail-called with the caller's arguments */
+};
+
+struct vgpu_dlsym_decision vgpu_dlsym_filter(void *handle, const char *name);
+
+struct vgpu_dlsym_decision vgpu_dlsym_filter(void *handle, const char *name)
+{
+    vgpu_dlsym_fn lookup = real_dlsym();
+    int id = name ? hook_by_name(name) : -1;
+    if (id < 0)
+        return (struct vgpu_dlsym_decision){NULL, (void *)lookup};
+    void *hook = hook_table[id].hook;
+    /* Only what the program could see anyway: a lookup never loads the driver (NOLOAD), and
+     * a hook is handed out only when the real library has its entry point, else NULL as the
+     * real dlsym would answer (never a hook that would have nothing to call). */
+    if (handle == RTLD_NEXT || handle == RTLD_DEFAULT)
+        return (struct vgpu_dlsym_decision){resolve_real(id, 0) ? hook : NULL, NULL};
+    if (!lookup)
+        return (struct vgpu_dlsym_decision){NULL, NULL};
+    /* An explicit handle: the driver's, NVML's, one whose dependencies include them, or the
+     * global scope (dlopen(NULL)), which finds our export first. */
+    void *found = lookup(handle, name);
+    if (found == hook)
+        return (struct vgpu_dlsym_decision){resolve_real(id, 0) ? hook : NULL, NULL};
+    if (found && found == resolve_real(id, 0))
+        return (struct vgpu_dlsym_decision){hook, NULL};
+    return (struct vgpu_dlsym_decision){found, NULL};
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------- */
+
+static uint32_t pointer_hash(uintptr_t pointer)
+{
+    uint64_t mixed = (uint64_t)pointer * 0x9e3779b97f4a7c15ULL;
+    return (uint32_t)(mixed >> 40);
+}
+
+static void build_reverse_table(void)
+{
+    for (int id = 0; id < VGPU_HOOK_COUNT; id++) {
+        if (hook_table[id].library != VGPU_LIB_CUDA)
+            continue;
+        uintptr_t real = (uintptr_t)vgpu_real((enum vgpu_hook_id)id);
+        if (!real)
+            continue;
+        uint32_t slot = pointer_hash(real) & (VGPU_REVERSE_TABLE_SIZE - 1);
+        /* Two hooks sharing one real function (a driver may alias _ptsz variants) forward to
+         * the same place, so the first one serves both. */
+        while (R.reverse_hook[slot] && R.reverse_real[slot] != real)
+            slot = (slot + 1) & (VGPU_REVERSE_TABLE_SIZE - 1);
+        if (!R.reverse_hook[slot]) {
+            R.reverse_real[slot] = real;
+            R.reverse_hook[slot] = (uint16_t)(id + 1);
+        }
+    }
+}
+
+/* Our hook for a real entry point the driver handed out, or the pointer itself. */
+static void *hook_for_real_entry(void *entry)
+{
+    if (!entry)
+        return entry;
+    pthread_once(&R.reverse_once, build_reverse_table);
+    uintptr_t real = (uintptr_t)entry;
+    uint32_t slot = pointer_hash(real) & (VGPU_REVERSE_TABLE_SIZE - 1);
+    for (uint16_t hook; (hook = R.reverse_hook[slot]) != 0; slot = (slot + 1) & (VGPU_REVERSE_TABLE_SIZE - 1))
+        if (R.reverse_real[slot] == real)
+            return hook_table[hook - 1].hook;
+    return entry;
+}
+
+/* The real driver answers first (a missing entry point stays missing, with its status);
+ * then a real entry point of a hooked function is swapped for the hook. A request for
+ * cuGetProcAddress itself thereby returns our hook too. */
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus)
+{
+    vgpu_pfn_cuGetProcAddress_v2 real = VGPU_REAL(cuGetProcAddress_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (result == CUDA_SUCCESS && pfn)
+        *pfn = hook_for_real_entry(*pfn);
+    return result;
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    vgpu_pfn_cuGetProcAddress real = VGPU_REAL(cuGetProcAddress);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(symbol, pfn, cudaVersion, flags);
+    if (result == CUDA_SUCCESS && pfn)
+        *pfn = hook_for_real_entry(*pfn);
+    return result;
+}
