@@ -80,7 +80,7 @@ class ProcessUsage:
         return self.allocated + self.driver_reserved
 
 
-def _process_start_time(pid: int) -> int:
+def process_start_time(pid: int) -> int:
     """Field 22 of /proc/<pid>/stat, or 0 when the process is gone (as vgpu/proc.h)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
@@ -276,7 +276,7 @@ class Region:
                 oom_refusals=slot.oom_refusals,
             )
             for slot in self._slots()
-            if slot.pid > 0 and _process_start_time(slot.pid) == slot.start_time
+            if slot.pid > 0 and process_start_time(slot.pid) == slot.start_time
         ]
 
     def used_bytes(self) -> int:

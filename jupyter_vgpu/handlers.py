@@ -1,0 +1,200 @@
+"""REST API under /api/vgpu/: devices, slices, kernel starts with a chosen slice, live resize,
+Prometheus metrics. Every handler is authenticated and authorised as jupyter_server does it, and
+answers bad input with a JSON ``{"message": ...}`` 4xx, never a 500."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from tornado import web
+
+from .ledger import Allocation, CapacityError, UnknownSlice
+from .provisioner import PROVISIONER_NAME, SliceAdmissionError
+from .sizes import SliceValueError
+from .slices import SliceManager, SliceStatus
+
+AUTH_RESOURCE = "vgpu"
+SLICE_FIELDS = {"memory", "cores", "policy"}
+KERNEL_FIELDS = SLICE_FIELDS | {"name", "device", "path"}
+
+
+def device_model(usage) -> dict[str, Any]:
+    device = usage.device
+    return {
+        "index": device.index,
+        "uuid": device.uuid,
+        "name": device.name,
+        "memory_total": device.memory_total,
+        "sm_count": device.sm_count,
+        "memory_capacity": usage.memory_capacity,
+        "memory_allocated": usage.memory_allocated,
+        "memory_free": usage.memory_free,
+        "sm_share_allocated": usage.total_share,
+        "sm_share_hard_allocated": usage.hard_share,
+        "sm_share_capacity": usage.share_capacity,
+        "slices": usage.slices,
+    }
+
+
+def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str, Any]:
+    allocation = status.allocation
+    return {
+        "kernel_id": allocation.kernel_id,
+        "kernelspec": allocation.metadata.get("kernelspec", ""),
+        "path": session_paths.get(allocation.kernel_id, ""),
+        "device": {"index": allocation.device_index, "uuid": allocation.device_uuid},
+        "limits": {"memory": allocation.memory_limit, "cores": allocation.sm_share, "policy": allocation.policy},
+        "usage": {
+            "memory": status.memory_used,
+            "sm_util": status.sm_util_percent,
+            "processes": [
+                {"pid": p.pid, "memory": p.used, "sm_util": p.sm_util_permille / 10, "oom_refusals": p.oom_refusals}
+                for p in status.processes
+            ],
+        },
+        "owner": allocation.owner,
+        "state": status.state,
+    }
+
+
+class VGPUHandler(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def slices(self) -> SliceManager:
+        return self.settings["vgpu_slice_manager"]
+
+    def json_body(self, allowed: set[str]) -> dict[str, Any]:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise web.HTTPError(400, "the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "the request body must be a JSON object")
+        unknown = set(body) - allowed
+        if unknown:
+            raise web.HTTPError(400, f"unknown field(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(allowed))}")
+        return body
+
+    async def session_paths(self) -> dict[str, str]:
+        sessions = await self.session_manager.list_sessions()
+        return {session["kernel"]["id"]: session.get("path", "") for session in sessions if session.get("kernel")}
+
+
+class DevicesHandler(VGPUHandler):
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.finish(json.dumps([device_model(usage) for usage in self.slices.ledger.devices_usage()]))
+
+
+class SlicesHandler(VGPUHandler):
+    @web.authenticated
+    @authorized
+    async def get(self):
+        paths = await self.session_paths()
+        self.finish(json.dumps([slice_model(status, paths) for status in self.slices.statuses()]))
+
+
+class SliceHandler(VGPUHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str):
+        try:
+            status = self.slices.status(self.slices.get(kernel_id))
+        except UnknownSlice as error:
+            raise web.HTTPError(404, str(error)) from None
+        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+
+    @web.authenticated
+    @authorized
+    async def patch(self, kernel_id: str):
+        body = self.json_body(SLICE_FIELDS)
+        if not body:
+            raise web.HTTPError(400, "nothing to change; send memory, cores and/or policy")
+        try:
+            self.slices.resize(
+                kernel_id, memory_limit=body.get("memory"), sm_share=body.get("cores"), policy=body.get("policy")
+            )
+        except UnknownSlice as error:
+            raise web.HTTPError(404, str(error)) from None
+        except SliceValueError as error:
+            raise web.HTTPError(400, str(error)) from None
+        except CapacityError as error:
+            raise web.HTTPError(409, str(error)) from None
+        status = self.slices.status(self.slices.get(kernel_id))
+        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+
+
+class KernelsHandler(VGPUHandler):
+    """Start a kernel with a chosen slice: the standard POST /api/kernels carries only a name."""
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        body = self.json_body(KERNEL_FIELDS)
+        name = body.get("name") or self.kernel_manager.default_kernel_name
+        try:
+            spec = self.kernel_spec_manager.get_kernel_spec(name)
+        except Exception:
+            raise web.HTTPError(404, f"no kernelspec named {name!r}") from None
+        provisioner = spec.metadata.get("kernel_provisioner", {}).get("provisioner_name")
+        if provisioner != PROVISIONER_NAME:
+            raise web.HTTPError(400, f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec")
+        requested = {key: str(body[key]) for key in ("memory", "cores", "policy", "device") if key in body}
+        requested["owner"] = getattr(self.current_user, "username", "")
+        try:
+            kernel_id = await self.kernel_manager.start_kernel(kernel_name=name, path=body.get("path"), vgpu_slice=requested)
+        except SliceAdmissionError as error:
+            raise web.HTTPError(error.status_code, error.message) from None
+        model = self.kernel_manager.kernel_model(kernel_id)
+        status = self.slices.status(self.slices.get(kernel_id))
+        self.set_status(201)
+        self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
+        self.finish(json.dumps({"kernel": model, "slice": slice_model(status, {})}, default=str))
+
+
+class MetricsHandler(VGPUHandler):
+    @web.authenticated
+    @authorized
+    async def get(self):
+        registry = CollectorRegistry()
+        device_labels = ["device", "uuid"]
+        capacity = Gauge("vgpu_device_memory_capacity_bytes", "Device memory slices may hold", device_labels, registry=registry)
+        allocated = Gauge("vgpu_device_memory_allocated_bytes", "Device memory promised to slices", device_labels, registry=registry)
+        shares = Gauge("vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry)
+        for usage in self.slices.ledger.devices_usage():
+            labels = (str(usage.device.index), usage.device.uuid)
+            capacity.labels(*labels).set(usage.memory_capacity)
+            allocated.labels(*labels).set(usage.memory_allocated)
+            shares.labels(*labels).set(usage.total_share)
+        slice_labels = ["kernel_id", "device", "policy"]
+        limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
+        used = Gauge("vgpu_slice_memory_used_bytes", "Memory a slice's processes hold", slice_labels, registry=registry)
+        share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
+        util = Gauge("vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry)
+        for status in self.slices.statuses():
+            allocation: Allocation = status.allocation
+            labels = (allocation.kernel_id, str(allocation.device_index), allocation.policy)
+            limit.labels(*labels).set(allocation.memory_limit)
+            used.labels(*labels).set(status.memory_used)
+            share.labels(*labels).set(allocation.sm_share)
+            util.labels(*labels).set(status.sm_util_percent)
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(registry))
+
+
+_KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
+HANDLERS = [
+    (r"/api/vgpu/devices", DevicesHandler),
+    (r"/api/vgpu/slices", SlicesHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
+    (r"/api/vgpu/kernels", KernelsHandler),
+    (r"/api/vgpu/metrics", MetricsHandler),
+]
