@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Unicode
@@ -22,6 +26,10 @@ class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2, nothing started."""
 
 
+class ServerRefused(Exception):
+    """The server answered with an error (or could not be reached): exit status 1."""
+
+
 class _VGPUSubcommand(JupyterApp):
     version = __version__
     simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
@@ -33,7 +41,7 @@ class _VGPUSubcommand(JupyterApp):
         except UsageError as error:
             print(f"jupyter vgpu {self.name.split('-')[-1]}: {error}", file=sys.stderr)
             self.exit(2)
-        except (DeviceError, NativeLibraryMissing, FileNotFoundError) as error:
+        except (DeviceError, NativeLibraryMissing, FileNotFoundError, ServerRefused) as error:
             print(f"jupyter vgpu {self.name.split('-')[-1]}: {error}", file=sys.stderr)
             self.exit(1)
 
@@ -189,6 +197,152 @@ class DoctorApp(_VGPUSubcommand):
         return 0 if problems == 0 else 1
 
 
+class _ServerClient(_VGPUSubcommand):
+    """A subcommand that talks to the running Jupyter server's /api/vgpu, with its token."""
+
+    server = Unicode("", config=True, help="URL of the Jupyter server. Empty: the one found in Jupyter's runtime files.")
+
+    def request(self, method: str, path: str, body: dict | None = None):
+        from jupyter_server.serverapp import list_running_servers
+
+        if self.server:
+            url, token = self.server.rstrip("/") + "/", os.environ.get("JUPYTER_TOKEN", "")
+        else:
+            servers = list(list_running_servers())
+            if not servers:
+                raise UsageError("no running Jupyter server found; start one (jupyter lab) or pass --server URL")
+            url, token = servers[-1]["url"], servers[-1].get("token", "")
+        request = urllib.request.Request(
+            url + "api/vgpu/" + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            try:
+                message = json.loads(error.read()).get("message", error.reason)
+            except ValueError:
+                message = error.reason
+            raise ServerRefused(f"{message} (HTTP {error.code})") from None
+        except urllib.error.URLError as error:
+            raise ServerRefused(f"cannot reach the Jupyter server at {url}: {error.reason}") from None
+
+
+class StatusApp(_ServerClient):
+    name = "jupyter-vgpu-status"
+    description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
+    aliases = {"server": "StatusApp.server"}
+
+    def run(self) -> int:
+        slices = self.request("GET", "slices")
+        print(f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE")
+        for item in slices:
+            limits, usage = item["limits"], item["usage"]
+            memory = f"{format_size(usage['memory']) if usage['memory'] else '0'} / {format_size(limits['memory'])}"
+            sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
+            print(
+                f"{item['kernel_id'][:8]:<10}{(item['path'] or '-')[-27:]:<28}{item['device']['index']:>4}"
+                f"{memory:>22}{sm:>15}{limits['policy']:>8}  {item['state']}"
+            )
+        if not slices:
+            print("(no slices)")
+        return 0
+
+
+class ResizeApp(_ServerClient):
+    name = "jupyter-vgpu-resize"
+    description = "Resize a running kernel's slice: jupyter vgpu resize KERNEL_ID [--memory] [--cores] [--policy]."
+    memory = Unicode("", config=True, help="New memory cap: 512MiB, 4GiB, 4G or MiB.")
+    cores = Unicode("", config=True, help="New SM share in percent, 1..100.")
+    policy = Unicode("", config=True, help="New policy: hard or burst.")
+    aliases = {
+        "memory": "ResizeApp.memory",
+        "cores": "ResizeApp.cores",
+        "policy": "ResizeApp.policy",
+        "server": "ResizeApp.server",
+    }
+
+    def run(self) -> int:
+        if len(self.extra_args) != 1:
+            raise UsageError("usage: jupyter vgpu resize KERNEL_ID [--memory SIZE] [--cores PCT] [--policy hard|burst]")
+        change = {}
+        try:
+            if self.memory:
+                change["memory"] = str(parse_size(self.memory))
+            if self.cores:
+                change["cores"] = parse_sm_share(self.cores)
+            if self.policy:
+                change["policy"] = parse_policy(self.policy)
+        except SliceValueError as error:
+            raise UsageError(error) from None
+        if not change:
+            raise UsageError("nothing to change; give --memory, --cores and/or --policy")
+        wanted = self.extra_args[0]
+        matches = [item["kernel_id"] for item in self.request("GET", "slices") if item["kernel_id"].startswith(wanted)]
+        if len(matches) != 1:
+            raise UsageError(f"{wanted!r} matches {len(matches)} sliced kernels; give more of the kernel id")
+        item = self.request("PATCH", f"slices/{matches[0]}", change)
+        limits = item["limits"]
+        print(f"resized {matches[0][:8]}: memory {format_size(limits['memory'])}, cores {limits['cores']} %, policy {limits['policy']}")
+        return 0
+
+
+class KernelspecInstallApp(_VGPUSubcommand):
+    name = "jupyter-vgpu-kernelspec-install"
+    description = "Install a kernelspec whose kernels start in GPU slices of a given size."
+    memory = Unicode("4GiB", config=True, help="Memory cap of each kernel's slice.")
+    cores = Unicode("100", config=True, help="SM share of each kernel's slice in percent.")
+    policy = Unicode("hard", config=True, help="hard or burst.")
+    kernel_name = Unicode("", config=True, help="Kernelspec name (letters, digits, '-', '_', '.'). Default: python3-vgpu-<memory>-<cores>.")
+    display_name = Unicode("", config=True, help="Name shown in the launcher. Default: Python 3 (GPU <memory>, <cores>% SM).")
+    user = Bool(False, config=True, help="Install for this user only.")
+    aliases = {
+        "memory": "KernelspecInstallApp.memory",
+        "cores": "KernelspecInstallApp.cores",
+        "policy": "KernelspecInstallApp.policy",
+        "name": "KernelspecInstallApp.kernel_name",
+        "display-name": "KernelspecInstallApp.display_name",
+    }
+    flags = {"user": ({"KernelspecInstallApp": {"user": True}}, user.help)}
+
+    def run(self) -> int:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        try:
+            memory, cores, policy = format_size(parse_size(self.memory)), parse_sm_share(self.cores), parse_policy(self.policy)
+        except SliceValueError as error:
+            raise UsageError(error) from None
+        name = self.kernel_name or f"python3-vgpu-{memory.lower()}-{cores}"
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+            raise UsageError(f"kernelspec name {name!r} may hold only letters, digits, '-', '_' and '.'")
+        spec = {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": self.display_name or f"Python 3 (GPU {memory}, {cores}% SM)",
+            "language": "python",
+            "metadata": {
+                "kernel_provisioner": {
+                    "provisioner_name": "vgpu-provisioner",
+                    "config": {"memory": memory, "cores": str(cores), "policy": policy},
+                }
+            },
+        }
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "kernel.json"), "w") as file:
+                json.dump(spec, file, indent=2)
+            path = KernelSpecManager().install_kernel_spec(folder, name, user=self.user, replace=True)
+        print(f"installed kernelspec {name} in {path}")
+        return 0
+
+
+class KernelspecApp(JupyterApp):
+    name = "jupyter-vgpu-kernelspec"
+    description = "Manage vGPU kernelspecs."
+    subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}
+
+
 class VGPUCommand(JupyterApp):
     name = "jupyter-vgpu"
     version = __version__
@@ -197,6 +351,9 @@ class VGPUCommand(JupyterApp):
         "run": (RunApp, RunApp.description.splitlines()[0]),
         "devices": (DevicesApp, DevicesApp.description),
         "doctor": (DoctorApp, DoctorApp.description),
+        "status": (StatusApp, StatusApp.description),
+        "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
+        "kernelspec": (KernelspecApp, KernelspecApp.description),
     }
 
     def start(self) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 SIM_DEVICE_DEFAULT = "name=jupyter-vgpu test GPU,memory=16GiB,sms=100,context_memory=0"

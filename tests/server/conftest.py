@@ -1,0 +1,102 @@
+"""A real Jupyter server (pytest-jupyter) with the jupyter_vgpu extension on the simulated GPU,
+and a kernelspec whose kernels start in slices."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+# The in-process server loads the simulated driver into the test process; it reads its device
+# list and state file once, so every server test shares one simulated machine.
+SERVER_SIM_DEVICES = "name=Sim Small,memory=8GiB,sms=50,context_memory=0;name=Sim Large,memory=16GiB,sms=100,context_memory=0"
+KERNEL_NAME = "vgpu-test"
+
+
+@pytest.fixture(scope="session")
+def server_sim_state(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("server-sim") / "sim.state")
+
+
+@pytest.fixture
+def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
+    monkeypatch.setenv("VGPU_SIM_STATE", server_sim_state)
+    monkeypatch.setenv("VGPU_SIM_DEVICES", SERVER_SIM_DEVICES)
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}},
+        "VGPUApp": {
+            "simulate": True,
+            "ledger_path": str(tmp_path / "ledger.sqlite"),
+            "region_dir": str(tmp_path / "regions"),
+        },
+    }
+
+
+@pytest.fixture
+def vgpu_kernelspec(jp_data_dir):
+    """A vGPU kernelspec in the test's Jupyter data dir (installed specs are hidden from tests)."""
+    folder = jp_data_dir / "kernels" / KERNEL_NAME
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (GPU slice, test)",
+                "language": "python",
+                "metadata": {
+                    "kernel_provisioner": {
+                        "provisioner_name": "vgpu-provisioner",
+                        "config": {"memory": "1GiB", "cores": "50", "policy": "hard"},
+                    }
+                },
+            }
+        )
+    )
+    return KERNEL_NAME
+
+
+@pytest.fixture
+def run_in_kernel(jp_serverapp):
+    """run_in_kernel(kernel_id, code) -> the kernel's stdout for that code."""
+    clients = []
+
+    async def run(kernel_id: str, code: str) -> str:
+        client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
+        client.start_channels()
+        clients.append(client)
+        await client.wait_for_ready(timeout=60)
+        chunks = []
+
+        def collect(message):
+            if message["msg_type"] == "stream":
+                chunks.append(message["content"]["text"])
+            elif message["msg_type"] == "error":
+                chunks.append("\n".join(message["content"]["traceback"]))
+
+        reply = await client.execute_interactive(code, output_hook=collect, timeout=60)
+        assert reply["content"]["status"] == "ok", "".join(chunks)
+        return "".join(chunks)
+
+    yield run
+    for client in clients:
+        client.stop_channels()
+
+
+CUDA_MEMORY = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+device, context = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuDeviceGet(ctypes.byref(device), 0)
+cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+cuda.cuCtxSetCurrent(context)
+def memory():
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+    return free.value, total.value
+def allocate(size):
+    pointer = ctypes.c_uint64()
+    return cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size))
+"""

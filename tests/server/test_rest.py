@@ -1,0 +1,213 @@
+"""The REST API of a real Jupyter server with real kernels in slices on the simulated GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import pytest
+import tornado.httpclient
+from jupyter_server.auth import Authorizer
+
+from .conftest import CUDA_MEMORY
+
+GIB = 1 << 30
+
+
+async def fetch_json(jp_fetch, *path, method="GET", body=None):
+    response = await jp_fetch(*path, method=method, body=None if body is None else json.dumps(body))
+    return json.loads(response.body)
+
+
+async def error_of(jp_fetch, *path, method="GET", body=None, raw=None):
+    with pytest.raises(tornado.httpclient.HTTPClientError) as caught:
+        await jp_fetch(*path, method=method, body=raw if raw is not None else (None if body is None else json.dumps(body)))
+    return caught.value.code, json.loads(caught.value.response.body)["message"]
+
+
+async def start_sliced(jp_fetch, kernelspec, **fields):
+    reply = await fetch_json(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": kernelspec, **fields})
+    return reply["kernel"]["id"], reply["slice"]
+
+
+async def test_devices_report_capacity_and_what_slices_hold(jp_fetch, vgpu_kernelspec):
+    devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
+    assert [(d["index"], d["name"], d["memory_total"], d["sm_count"]) for d in devices] == [
+        (0, "Sim Small", 8 * GIB, 50),
+        (1, "Sim Large", 16 * GIB, 100),
+    ]
+    assert all(d["memory_free"] == d["memory_capacity"] == d["memory_total"] for d in devices)
+    await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", cores=40, device=1)
+    large = (await fetch_json(jp_fetch, "api", "vgpu", "devices"))[1]
+    assert (large["memory_allocated"], large["memory_free"], large["sm_share_allocated"]) == (3 * GIB, 13 * GIB, 40)
+
+
+async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernelspec, run_in_kernel):
+    kernel_id, sliced = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", cores=30, policy="burst")
+    assert sliced["limits"] == {"memory": 2 * GIB, "cores": 30, "policy": "burst"}
+    out = await run_in_kernel(kernel_id, CUDA_MEMORY + "print(memory()[1]); print(allocate(512 << 20))")
+    assert out.split() == [str(2 * GIB), "0"]
+    (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
+    assert listed["kernel_id"] == kernel_id and listed["state"] == "running"
+    assert listed["usage"]["memory"] == 512 << 20
+    assert [p["memory"] for p in listed["usage"]["processes"]] == [512 << 20]
+
+
+async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_kernelspec, run_in_kernel):
+    reply = await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": vgpu_kernelspec})
+    out = await run_in_kernel(reply["id"], CUDA_MEMORY + "print(memory()[1])")
+    assert out.strip() == str(1 * GIB)
+    (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
+    assert listed["limits"] == {"memory": GIB, "cores": 50, "policy": "hard"}
+
+
+async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(jp_fetch, vgpu_kernelspec, run_in_kernel):
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
+    await run_in_kernel(kernel_id, CUDA_MEMORY)
+    resized = await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "3GiB", "cores": 20})
+    assert resized["limits"]["memory"] == 3 * GIB and resized["limits"]["cores"] == 20
+    assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(3 * GIB)
+    await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "512MiB"})
+    assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(512 << 20)
+
+
+async def test_resize_beyond_the_device_is_refused_with_the_reason(jp_fetch, vgpu_kernelspec):
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="4GiB", device=0)
+    await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", device=0)
+    code, message = await error_of(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "6GiB"})
+    assert code == 409
+    assert "memory" in message and "5GiB" in message
+
+
+async def test_a_kernel_that_does_not_fit_fails_to_start_with_what_is_free(jp_fetch, vgpu_kernelspec):
+    code, message = await error_of(
+        jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, "memory": "20GiB"}
+    )
+    assert code == 409
+    assert "16GiB" in message and "8GiB" in message  # what each device has free
+
+
+@pytest.mark.parametrize(
+    "body, accepted",
+    [
+        ({"memory": "lots"}, "512MiB, 4GiB, 4G or a bare number of MiB"),
+        ({"cores": 0}, "whole percentage from 1 to 100"),
+        ({"cores": "half"}, "whole percentage from 1 to 100"),
+        ({"policy": "soft"}, "'hard' (never above the share) or 'burst'"),
+        ({"device": "9"}, "matches no single GPU"),
+        ({"colour": "red"}, "unknown field(s) colour"),
+    ],
+)
+async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch, vgpu_kernelspec, body, accepted):
+    code, message = await error_of(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, **body})
+    assert code == 400
+    assert accepted in message
+    assert await fetch_json(jp_fetch, "api", "vgpu", "slices") == []
+
+
+@pytest.mark.parametrize(
+    "raw, accepted",
+    [
+        ('{"memory": "1TiB-ish"}', "512MiB, 4GiB"),
+        ('{"cores": 101}', "1 to 100"),
+        ('{"policy": 3}', "'hard'"),
+        ("[1, 2]", "must be a JSON object"),
+        ("{not json", "not JSON"),
+        ("{}", "nothing to change"),
+    ],
+)
+async def test_bad_resize_fields_get_400(jp_fetch, vgpu_kernelspec, raw, accepted):
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec)
+    code, message = await error_of(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", raw=raw)
+    assert code == 400
+    assert accepted in message
+
+
+async def test_unknown_kernels_get_404(jp_fetch):
+    code, message = await error_of(jp_fetch, "api", "vgpu", "slices", "no-such-kernel", method="PATCH", body={"cores": 10})
+    assert code == 404 and "no-such-kernel" in message
+    code, _ = await error_of(jp_fetch, "api", "vgpu", "slices", "no-such-kernel")
+    assert code == 404
+
+
+async def test_kernelspec_without_the_vgpu_provisioner_is_refused(jp_fetch, vgpu_kernelspec):
+    code, message = await error_of(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": "python3"})
+    assert code == 400 and "does not start kernels in GPU slices" in message
+
+
+async def test_twenty_concurrent_starts_against_room_for_ten_admit_exactly_ten(jp_fetch, vgpu_kernelspec):
+    # Room: 8 GiB + 16 GiB = 24 slices of 1 GiB by memory, but SM shares of 20 % allow 5 + 5.
+    async def attempt():
+        try:
+            await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", cores=20)
+            return "admitted"
+        except tornado.httpclient.HTTPClientError as error:
+            assert error.code == 409, error.response.body
+            return json.loads(error.response.body)["message"]
+
+    outcomes = await asyncio.gather(*(attempt() for _ in range(20)))
+    admitted = [outcome for outcome in outcomes if outcome == "admitted"]
+    refused = [outcome for outcome in outcomes if outcome != "admitted"]
+    assert len(admitted) == 10 and len(refused) == 10
+    assert all("20% of its SMs free" in message for message in refused)
+    devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
+    assert [d["sm_share_allocated"] for d in devices] == [100, 100]
+
+
+async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel):
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB")
+    await run_in_kernel(kernel_id, CUDA_MEMORY + "print(allocate(1 << 30))")
+    (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
+    assert listed["usage"]["memory"] == 1 << 30
+    kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    kernel.autorestart = False
+    os.kill(kernel.provisioner.pid, signal.SIGKILL)
+    await kernel.provisioner.wait()
+    (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
+    assert listed["usage"]["memory"] == 0 and listed["state"] == "idle"
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert await fetch_json(jp_fetch, "api", "vgpu", "slices") == []
+    devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
+    assert all(d["memory_free"] == d["memory_capacity"] for d in devices)
+
+
+async def test_metrics_expose_devices_and_slices(jp_fetch, vgpu_kernelspec):
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", cores=25, device=0)
+    response = await jp_fetch("api", "vgpu", "metrics")
+    text = response.body.decode()
+    assert response.headers["Content-Type"].startswith("text/plain")
+    assert 'vgpu_device_memory_allocated_bytes{device="0",uuid=' in text
+    assert f'vgpu_slice_memory_limit_bytes{{device="0",kernel_id="{kernel_id}",policy="hard"}} 1.073741824e+09' in text
+    assert f'vgpu_slice_sm_share_percent{{device="0",kernel_id="{kernel_id}",policy="hard"}} 25.0' in text
+
+
+class DenyVGPU(Authorizer):
+    """Lets everything through but the vgpu resource, so each handler must check for itself."""
+
+    def is_authorized(self, handler, user, action, resource):
+        return resource != "vgpu"
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("GET", "devices", None),
+        ("GET", "slices", None),
+        ("GET", "slices/some-kernel", None),
+        ("PATCH", "slices/some-kernel", '{"cores": 10}'),
+        ("POST", "kernels", '{"name": "vgpu-test"}'),
+        ("GET", "metrics", None),
+    ],
+)
+async def test_every_handler_refuses_unauthorised_and_unauthenticated_requests(
+    jp_serverapp, jp_fetch, http_server_client, jp_base_url, method, path, body
+):
+    url = f"{jp_base_url}api/vgpu/{path}"
+    anonymous = await http_server_client.fetch(url, method=method, body=body, raise_error=False, follow_redirects=False)
+    assert anonymous.code == 403
+    jp_serverapp.web_app.settings["authorizer"] = DenyVGPU(parent=jp_serverapp, identity_provider=jp_serverapp.identity_provider)
+    with pytest.raises(tornado.httpclient.HTTPClientError) as caught:
+        await jp_fetch("api", "vgpu", *path.split("/"), method=method, body=body)
+    assert caught.value.code == 403
