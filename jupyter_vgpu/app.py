@@ -9,10 +9,10 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
-from .devices import DeviceError, list_devices, select_device, use_simulator
+from .devices import DeviceError, list_devices, use_simulator
 from .handlers import HANDLERS
 from .ledger import DeviceCapacity, Ledger, SliceRequest
-from .sizes import SliceValueError, parse_policy, parse_size, parse_sm_share
+from .sizes import SliceValueError, parse_policy, parse_size, parse_sm_share, select_device
 from .slices import SliceManager
 
 
@@ -86,7 +86,7 @@ class VGPUApp(ExtensionApp):
         try:
             found = list_devices()
             chosen = [select_device(found, selector) for selector in self.devices] if self.devices else found
-        except DeviceError as error:
+        except (DeviceError, SliceValueError) as error:
             raise SystemExit(f"jupyter_vgpu: {error}") from None
         max_slice = None
         if self.max_memory.strip():

@@ -16,10 +16,10 @@ from jupyter_core.application import JupyterApp
 from traitlets import Bool, Unicode
 
 from ._version import __version__
-from .devices import DeviceError, list_devices, select_device, use_simulator
+from .devices import DeviceError, list_devices, use_simulator
 from .native import NativeLibraryMissing, interposer_path, simulator_dir
 from .sandbox import SliceSpec, create_region, region_directory, run_in_slice, slice_environment
-from .sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
+from .sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
 
 class UsageError(Exception):
@@ -93,7 +93,10 @@ class RunApp(_VGPUSubcommand):
         spec = self.spec()  # refuse bad values before anything starts
         if not self.extra_args:
             raise UsageError("no command given; usage: jupyter vgpu run [options] -- COMMAND ARGS...")
-        device = select_device(self.devices(), self.device)
+        try:
+            device = select_device(self.devices(), self.device)
+        except SliceValueError as error:
+            raise UsageError(error) from None
         return run_in_slice(self.extra_args, spec, device, simulate=self.simulate)
 
 

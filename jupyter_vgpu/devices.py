@@ -114,20 +114,3 @@ def list_devices() -> list[Device]:
         return devices
     finally:
         pynvml.nvmlShutdown()
-
-
-def select_device(devices: list[Device], selector: str | int) -> Device:
-    """The device named by an index (``0``) or a UUID (``GPU-...``, a unique prefix is enough)."""
-    text = str(selector).strip()
-    if not devices:
-        raise DeviceError("no GPU found")
-    if text.isdigit():
-        for device in devices:
-            if device.index == int(text):
-                return device
-    else:
-        matches = [device for device in devices if device.uuid.lower().startswith(text.lower())]
-        if len(matches) == 1:
-            return matches[0]
-    choices = ", ".join(f"{device.index} ({device.uuid})" for device in devices)
-    raise DeviceError(f"device {selector!r} matches no single GPU; use an index or UUID of: {choices}")

@@ -19,10 +19,10 @@ from jupyter_client.provisioning import LocalProvisioner
 from tornado.web import HTTPError
 from traitlets import Bool, Unicode
 
-from .devices import list_devices, select_device, use_simulator
+from .devices import list_devices, use_simulator
 from .ledger import CapacityError, SliceRequest
 from .sandbox import SliceSpec, create_region, slice_environment
-from .sizes import SliceValueError
+from .sizes import SliceValueError, select_device
 from .slices import SliceManager
 
 PROVISIONER_NAME = "vgpu-provisioner"

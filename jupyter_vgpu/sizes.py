@@ -83,3 +83,19 @@ def parse_policy(value: str) -> str:
     if policy not in POLICIES:
         raise SliceValueError(f"policy {value!r} is not {POLICY_HELP}")
     return policy
+
+
+def select_device(devices, selector: str | int):
+    """The device named by an index (``0``) or a UUID (``GPU-...``; a unique prefix is enough).
+
+    ``devices`` are any objects with ``index`` and ``uuid`` (NVML devices, ledger capacities).
+    """
+    text = str(selector).strip()
+    if isinstance(selector, int) or text.isdigit():
+        matches = [device for device in devices if device.index == int(text)]
+    else:
+        matches = [device for device in devices if text and device.uuid.lower().startswith(text.lower())]
+    if len(matches) == 1:
+        return matches[0]
+    choices = ", ".join(f"{device.index} ({device.uuid})" for device in devices) or "none"
+    raise SliceValueError(f"device {selector!r} matches no single GPU; use an index or UUID of: {choices}")

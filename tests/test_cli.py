@@ -101,7 +101,7 @@ def test_run_places_the_slice_on_the_device_asked_for(cli_env):
 
 def test_run_refuses_an_unknown_device(cli_env):
     result = vgpu(cli_env, "run", "--simulate", "--device", "7", "--", "true")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "matches no single GPU" in result.stderr and "0 (GPU-" in result.stderr
 
 
