@@ -24,6 +24,7 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -36,6 +37,9 @@ enum {
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
+
+/* nvmlTemperatureSensors_t */
+enum { NVML_TEMPERATURE_GPU = 0 };
 
 typedef struct nvmlMemory_st {
     unsigned long long total;

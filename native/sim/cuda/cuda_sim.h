@@ -1,0 +1,278 @@
+/*
+ * What the files of the simulated libcuda.so.1 share. One concern per file:
+ *   driver.c   the library's state, cuInit, fork and exit, versions, error strings,
+ *              cuGetProcAddress, device queries
+ *   context.c  contexts (primary and created), the per-thread context stack, charging device
+ *              memory to this process's slot
+ *   memory.c   every allocation family, the address arena, copies into device memory
+ *   exec.c     streams, events, modules, launches, graphs: the front of the engine (engine.c)
+ *   map.c      a sorted map, for allocations and handles
+ * Handles the program passes back (CUcontext, CUstream, ...) point to the structs below; the
+ * driver's opaque types are completed here.
+ */
+#ifndef VGPU_SIM_CUDA_H
+#define VGPU_SIM_CUDA_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* Declared with default visibility so that their definitions are exported; the build hides
+ * everything else and exports.map lists exactly these names. */
+#pragma GCC visibility push(default)
+#include "vgpu/cuda_abi.h"
+#pragma GCC visibility pop
+/* The optional graph-introspection entry points are exported too: with them the interposer
+ * prices a graph exactly instead of estimating. */
+
+#include "../common/sim.h"
+
+#define SIM_CTX_MAGIC 0x43545831u
+#define SIM_STREAM_MAGIC 0x53545231u
+#define SIM_EVENT_MAGIC 0x45564e31u
+#define SIM_MODULE_MAGIC 0x4d4f4431u
+#define SIM_FUNCTION_MAGIC 0x46554e31u
+#define SIM_GRAPH_MAGIC 0x47524631u
+#define SIM_GRAPH_EXEC_MAGIC 0x47455831u
+#define SIM_GRAPH_NODE_MAGIC 0x474e4431u
+#define SIM_DEAD_MAGIC 0xdeadu
+
+#define SIM_PUSH_BUFFER 1024 /* launches a stream queues before the next one waits, as a GPU's push buffer */
+#define SIM_CTX_STACK_DEPTH 64
+#define SIM_VMM_GRANULARITY (2ull << 20)
+#define SIM_PITCH_ALIGNMENT 512
+#define SIM_REAP_INTERVAL_NS 100000000ull /* how often calls that report free memory look for the dead */
+
+/* ---- map.c ------------------------------------------------------------------------------ */
+
+struct sim_map_entry {
+    uint64_t key;
+    uintptr_t value;
+};
+struct sim_map {
+    struct sim_map_entry *entries; /* sorted by key */
+    size_t count, capacity;
+};
+/* Index of the first entry whose key is >= key (count if none). */
+size_t sim_map_lower_bound(const struct sim_map *map, uint64_t key);
+int sim_map_put(struct sim_map *map, uint64_t key, uintptr_t value); /* 0, or -1 out of memory */
+int sim_map_get(const struct sim_map *map, uint64_t key, uintptr_t *value);
+int sim_map_take(struct sim_map *map, uint64_t key, uintptr_t *value);
+/* The entry with the greatest key <= key, or NULL. */
+const struct sim_map_entry *sim_map_floor(const struct sim_map *map, uint64_t key);
+
+/* ---- objects ---------------------------------------------------------------------------- */
+
+/* A device as this process uses it. */
+struct sim_cuda_device {
+    CUdevice ordinal;
+    struct sim_device_view *view;
+    _Atomic int slot;  /* this process's slot in the state file; -1 until it first holds something */
+    uint64_t tag_base; /* slot and generation bits of this process's interval records */
+    struct CUctx_st *primary;
+    struct CUmemPoolHandle_st *default_pool;
+    _Atomic uint64_t next_reap_ns;
+};
+
+struct CUctx_st {
+    uint32_t magic;
+    struct sim_cuda_device *device;
+    int is_primary;
+    _Atomic int active;  /* 0 once destroyed (or, for a primary context, released or reset) */
+    unsigned int flags;
+    int retains;         /* primary: cuDevicePrimaryCtxRetain count; under the lock */
+    struct CUstream_st *null_stream;
+    struct CUstream_st *streams; /* created streams; under the lock */
+};
+
+struct CUstream_st {
+    uint32_t magic;
+    unsigned int flags;
+    struct CUctx_st *ctx;
+    _Atomic uint64_t tail_ns;  /* when the last kernel queued on it ends */
+    _Atomic uint64_t launches; /* kernels ever queued on it */
+    _Atomic uint64_t ends[SIM_PUSH_BUFFER]; /* end of launch n at [n % SIM_PUSH_BUFFER] */
+    struct CUgraph_st *capture; /* the graph being captured instead of executing, or NULL */
+    struct CUstream_st *next;   /* in its context's list, or in the free list */
+};
+
+struct CUevent_st {
+    uint32_t magic;
+    unsigned int flags;
+    _Atomic uint64_t time_ns; /* when the work before its record completes */
+    _Atomic int recorded;
+    struct CUevent_st *next_free;
+};
+
+struct CUfunc_st {
+    uint32_t magic;
+    struct CUmod_st *module;
+    struct CUfunc_st *next;
+    char name[];
+};
+
+struct CUmod_st {
+    uint32_t magic;
+    struct CUfunc_st *functions;
+};
+
+struct sim_launch {
+    struct CUfunc_st *function;
+    unsigned int grid[3];
+    unsigned int block[3];
+    unsigned int shared_bytes;
+    int cooperative;
+};
+
+/* Captured graphs hold kernel nodes only (a graph launched into a capture is inlined). */
+struct CUgraphNode_st {
+    uint32_t magic;
+    struct sim_launch launch;
+    struct CUctx_st *ctx;
+};
+
+struct CUgraph_st {
+    uint32_t magic;
+    size_t count, capacity;
+    struct CUgraphNode_st **nodes;
+};
+
+struct CUgraphExec_st {
+    uint32_t magic;
+    size_t count;
+    struct sim_launch launches[];
+};
+
+enum sim_handle_kind { SIM_HANDLE_ARRAY = 1, SIM_HANDLE_MIPMAPPED_ARRAY, SIM_HANDLE_POOL, SIM_HANDLE_VMM };
+
+struct CUmemPoolHandle_st {
+    struct sim_cuda_device *device;
+    int is_default;
+    int destroyed;        /* freed when its last allocation is */
+    uint64_t outstanding; /* allocations not yet freed */
+};
+
+/* Arrays and mipmapped arrays: memory on a device with no address of their own. */
+struct sim_array {
+    struct sim_cuda_device *device;
+    struct CUctx_st *ctx;
+    uint64_t bytes;
+};
+struct CUarray_st {
+    struct sim_array array;
+};
+struct CUmipmappedArray_st {
+    struct sim_array array;
+};
+
+/* Physical memory of cuMemCreate: a memfd, so one handle can be mapped at several addresses. */
+struct sim_vmm_handle {
+    struct sim_cuda_device *device;
+    uint64_t size;
+    int fd;
+    int mappings;
+    int released;
+};
+
+enum sim_allocation_kind { SIM_ALLOCATION_LINEAR, SIM_ALLOCATION_MAPPING };
+
+/* A range of device addresses: a linear allocation or a VMM mapping. Device addresses are
+ * host addresses kept PROT_NONE until a copy first writes them, so a program that dereferences
+ * a device pointer on the host faults, as it would with a real GPU. */
+struct sim_allocation {
+    uint64_t base, size;
+    uint64_t span; /* address space taken: size rounded up to pages */
+    enum sim_allocation_kind kind;
+    struct sim_cuda_device *device;
+    struct CUctx_st *ctx;              /* linear: freed with this context */
+    struct CUmemPoolHandle_st *pool;   /* linear from a pool, or NULL */
+    struct sim_vmm_handle *handle;     /* mapping: the memory behind it */
+    int in_arena;
+    int host_access; /* pages readable and writable by copies */
+};
+
+/* Address space for linear allocations: one PROT_NONE reservation handed out first-fit, so
+ * an allocation costs no system call until a copy touches it. */
+struct sim_arena {
+    uintptr_t base;
+    size_t size, top;            /* bytes below top have been handed out at least once */
+    struct sim_map free_ranges;  /* offset -> length of free ranges below top, coalesced */
+};
+
+enum sim_cuda_state { SIM_UNINITIALISED, SIM_READY, SIM_INIT_FAILED, SIM_DEINITIALISED };
+
+/* The library's one piece of process state (per-thread state: struct sim_thread). */
+struct sim_cuda {
+    _Atomic int state;
+    CUresult init_result;
+    pthread_mutex_t lock; /* guards everything below that is not atomic; never taken by launches */
+    struct sim_machine machine;
+    uint64_t identity; /* this process in the state file's slots */
+    int device_count;  /* visible through CUDA_VISIBLE_DEVICES */
+    struct sim_cuda_device devices[SIM_MAX_DEVICES]; /* by ordinal */
+    struct sim_arena arena;
+    struct sim_map allocations;  /* base address -> struct sim_allocation * */
+    struct sim_map reservations; /* cuMemAddressReserve base -> size */
+    struct sim_map handles;      /* array, pool and VMM handles -> enum sim_handle_kind */
+    struct CUstream_st *free_streams;
+    struct CUevent_st *free_events;
+    int fork_handler_installed;
+};
+extern struct sim_cuda sim_cuda;
+
+struct sim_thread {
+    struct CUctx_st *stack[SIM_CTX_STACK_DEPTH];
+    int depth;
+};
+extern _Thread_local struct sim_thread sim_thread;
+
+/* ---- driver.c --------------------------------------------------------------------------- */
+
+static inline CUresult sim_ready(void)
+{
+    int state = atomic_load_explicit(&sim_cuda.state, memory_order_acquire);
+    if (__builtin_expect(state == SIM_READY, 1))
+        return CUDA_SUCCESS;
+    return state == SIM_DEINITIALISED ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* The device of an ordinal, after the ready check; NULL if there is none. */
+struct sim_cuda_device *sim_device(CUdevice ordinal);
+
+/* Frees dead processes' memory on a device, at most every SIM_REAP_INTERVAL_NS. */
+void sim_reap_now_and_then(struct sim_cuda_device *device);
+
+/* ---- context.c -------------------------------------------------------------------------- */
+
+static inline struct CUctx_st *sim_current(void)
+{
+    return sim_thread.depth > 0 ? sim_thread.stack[sim_thread.depth - 1] : NULL;
+}
+
+/* The current context after the ready check, or an error: INVALID_CONTEXT if there is none. */
+CUresult sim_current_context(struct CUctx_st **ctx);
+
+/* Claims this process's slot on a device; the _locked variant for callers holding the lock. */
+CUresult sim_attach(struct sim_cuda_device *device);
+CUresult sim_attach_locked(struct sim_cuda_device *device);
+/* Device memory held by this process: charged against the device's capacity, across processes.
+ * Attaches first if needed, so never call it with the lock held before the device is attached. */
+CUresult sim_charge(struct sim_cuda_device *device, uint64_t bytes);
+void sim_uncharge(struct sim_cuda_device *device, uint64_t bytes);
+
+/* ---- memory.c --------------------------------------------------------------------------- */
+
+/* Frees what a context owns (its linear allocations and arrays); the lock is held. */
+void sim_free_context_memory(struct CUctx_st *ctx);
+
+/* ---- exec.c ----------------------------------------------------------------------------- */
+
+struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags); /* lock held */
+void sim_stream_retire(struct CUstream_st *stream);                            /* lock held */
+/* The stream a handle names (NULL and the special handles: the current context's default
+ * stream), after the ready check. */
+CUresult sim_stream_resolve(CUstream handle, struct CUstream_st **stream);
+/* When every kernel queued in a context so far ends (takes the lock). */
+uint64_t sim_context_tail(struct CUctx_st *ctx);
+
+#endif /* VGPU_SIM_CUDA_H */

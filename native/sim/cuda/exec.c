@@ -1,0 +1,636 @@
+/*
+ * Streams, events, modules, launches and graphs: the program-facing side of the execution
+ * engine (common/engine.c). A launch validates like the driver, prices the grid
+ * (sim_kernel_cost), then takes its interval on the device timeline; nothing runs on the host.
+ * Times a program can observe (events, synchronisation, queries) come from that timeline.
+ *
+ * The launch path takes no lock and makes no system call except clock_gettime (vDSO): the
+ * stream's counters and the device timeline are atomics. It only sleeps when the stream already
+ * holds SIM_PUSH_BUFFER queued launches, as a launch blocks on a full push buffer on a GPU, so a
+ * launch loop cannot queue unbounded future work.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_sim.h"
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags)
+{
+    struct CUstream_st *stream = sim_cuda.free_streams;
+    if (stream)
+        sim_cuda.free_streams = stream->next;
+    else if (!(stream = malloc(sizeof *stream)))
+        return NULL;
+    memset(stream, 0, sizeof *stream);
+    stream->magic = SIM_STREAM_MAGIC;
+    stream->flags = flags;
+    stream->ctx = ctx;
+    return stream;
+}
+
+static void free_graph(struct CUgraph_st *graph)
+{
+    graph->magic = SIM_DEAD_MAGIC;
+    for (size_t i = 0; i < graph->count; i++) {
+        graph->nodes[i]->magic = SIM_DEAD_MAGIC;
+        free(graph->nodes[i]);
+    }
+    free(graph->nodes);
+    free(graph);
+}
+
+/* Streams are recycled, never freed: a handle used after destroy finds a dead magic (or a
+ * newer stream), not freed memory. */
+void sim_stream_retire(struct CUstream_st *stream)
+{
+    if (stream->capture)
+        free_graph(stream->capture);
+    stream->capture = NULL;
+    stream->magic = SIM_DEAD_MAGIC;
+    stream->next = sim_cuda.free_streams;
+    sim_cuda.free_streams = stream;
+}
+
+CUresult sim_stream_resolve(CUstream handle, struct CUstream_st **stream)
+{
+    CUresult result = sim_ready();
+    if (__builtin_expect(result != CUDA_SUCCESS, 0))
+        return result;
+    if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+        /* The per-thread default stream behaves as the legacy one: the device is serial anyway. */
+        struct CUctx_st *ctx = sim_current();
+        if (!ctx || !atomic_load_explicit(&ctx->active, memory_order_relaxed))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *stream = ctx->null_stream;
+        return CUDA_SUCCESS;
+    }
+    if (handle->magic != SIM_STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!atomic_load_explicit(&handle->ctx->active, memory_order_relaxed))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *stream = handle;
+    return CUDA_SUCCESS;
+}
+
+uint64_t sim_context_tail(struct CUctx_st *ctx)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    uint64_t tail = ctx->null_stream ? atomic_load(&ctx->null_stream->tail_ns) : 0;
+    for (struct CUstream_st *stream = ctx->streams; stream; stream = stream->next) {
+        uint64_t end = atomic_load(&stream->tail_ns);
+        tail = end > tail ? end : tail;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return tail;
+}
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!phStream || (Flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUstream_st *stream = sim_stream_new(ctx, Flags);
+    if (stream) {
+        stream->next = ctx->streams;
+        ctx->streams = stream;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (!stream)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *phStream = stream;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD ||
+        hStream->magic != SIM_STREAM_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUstream_st **link = &hStream->ctx->streams;
+    while (*link && *link != hStream)
+        link = &(*link)->next;
+    if (*link) {
+        *link = hStream->next;
+        sim_stream_retire(hStream); /* its queued work still runs out on the device */
+    } else {
+        result = CUDA_ERROR_INVALID_HANDLE;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (stream->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    sim_sleep_until(atomic_load(&stream->tail_ns));
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream hStream)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    return atomic_load(&stream->tail_ns) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static int valid_event(CUevent event)
+{
+    return event && event->magic == SIM_EVENT_MAGIC;
+}
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx);
+    if (result != CUDA_SUCCESS)
+        return result;
+    unsigned int known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (!phEvent || (Flags & ~known) ||
+        ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUevent_st *event = sim_cuda.free_events;
+    if (event)
+        sim_cuda.free_events = event->next_free;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (!event && !(event = malloc(sizeof *event)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(event, 0, sizeof *event);
+    event->magic = SIM_EVENT_MAGIC;
+    event->flags = Flags;
+    *phEvent = event;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_event(hEvent))
+        return CUDA_ERROR_INVALID_HANDLE;
+    hEvent->magic = SIM_DEAD_MAGIC;
+    pthread_mutex_lock(&sim_cuda.lock);
+    hEvent->next_free = sim_cuda.free_events;
+    sim_cuda.free_events = hEvent;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return CUDA_SUCCESS;
+}
+
+/* An event completes when the work queued before it on its stream does (at once on an idle
+ * stream). Recording into a capturing stream adds nothing to the graph: not modelled. */
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_event(hEvent))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (stream->capture)
+        return CUDA_SUCCESS;
+    uint64_t now = sim_now_ns(), tail = atomic_load(&stream->tail_ns);
+    atomic_store(&hEvent->time_ns, tail > now ? tail : now);
+    atomic_store(&hEvent->recorded, 1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventQuery(CUevent hEvent)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_event(hEvent))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!atomic_load(&hEvent->recorded))
+        return CUDA_SUCCESS; /* as the driver: an event never recorded has nothing to wait for */
+    return atomic_load(&hEvent->time_ns) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_event(hEvent))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (atomic_load(&hEvent->recorded))
+        sim_sleep_until(atomic_load(&hEvent->time_ns));
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_event(hStart) || !valid_event(hEnd) || !atomic_load(&hStart->recorded) ||
+        !atomic_load(&hEnd->recorded) || ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t start = atomic_load(&hStart->time_ns), end = atomic_load(&hEnd->time_ns), now = sim_now_ns();
+    if (start > now || end > now)
+        return CUDA_ERROR_NOT_READY;
+    *pMilliseconds = (float)(((double)end - (double)start) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules ------------------------------------------------------------------------------ */
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Any image loads: the simulator never runs the code, only prices launches of it. */
+    struct CUmod_st *loaded = calloc(1, sizeof *loaded);
+    if (!loaded)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    loaded->magic = SIM_MODULE_MAGIC;
+    *module = loaded;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hmod || hmod->magic != SIM_MODULE_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    hmod->magic = SIM_DEAD_MAGIC;
+    for (struct CUfunc_st *function = hmod->functions, *next; function; function = next) {
+        next = function->next;
+        function->magic = SIM_DEAD_MAGIC;
+        free(function);
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    free(hmod);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!hmod || hmod->magic != SIM_MODULE_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUfunc_st *function = hmod->functions;
+    while (function && strcmp(function->name, name) != 0)
+        function = function->next;
+    if (!function && (function = malloc(sizeof *function + strlen(name) + 1))) {
+        function->magic = SIM_FUNCTION_MAGIC;
+        function->module = hmod;
+        strcpy(function->name, name);
+        function->next = hmod->functions;
+        hmod->functions = function;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (!function)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *hfunc = function;
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches ------------------------------------------------------------------------------ */
+
+/* Validates a launch as the driver does and prices it on a device. */
+static CUresult price(const struct sim_launch *launch, const struct sim_device_spec *spec, struct sim_kernel_cost *cost)
+{
+    const unsigned int *grid = launch->grid, *block = launch->block;
+    if (!grid[0] || !grid[1] || !grid[2] || !block[0] || !block[1] || !block[2] || block[0] > 1024 ||
+        block[1] > 1024 || block[2] > 64 || grid[0] > INT_MAX || grid[1] > 65535 || grid[2] > 65535 ||
+        launch->shared_bytes > SIM_MAX_SHARED_MEMORY_OPTIN)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t threads = (uint64_t)block[0] * block[1] * block[2];
+    if (threads > SIM_MAX_THREADS_PER_BLOCK)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
+    sim_kernel_cost(spec, blocks, (uint32_t)threads, cost);
+    if (launch->cooperative && blocks > cost->wave_blocks)
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE; /* every block must be resident at once */
+    return CUDA_SUCCESS;
+}
+
+/* Queues a priced kernel on a stream: one interval on the device timeline. */
+static void execute(struct CUstream_st *stream, const struct sim_kernel_cost *cost)
+{
+    struct sim_cuda_device *device = stream->ctx->device;
+    uint64_t n = atomic_fetch_add_explicit(&stream->launches, 1, memory_order_relaxed);
+    _Atomic uint64_t *pushed = &stream->ends[n % SIM_PUSH_BUFFER];
+    uint64_t now = sim_now_ns();
+    if (n >= SIM_PUSH_BUFFER) {
+        /* The slot holds the end of the launch SIM_PUSH_BUFFER before this one. */
+        uint64_t oldest_end = atomic_load_explicit(pushed, memory_order_relaxed);
+        if (oldest_end > now) {
+            sim_sleep_until(oldest_end);
+            now = sim_now_ns();
+        }
+    }
+    uint64_t start;
+    uint64_t end = sim_device_execute(device->view, device->tag_base | cost->weight, now, cost->duration_ns, &start);
+    atomic_store_explicit(pushed, end, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&stream->tail_ns, memory_order_relaxed);
+    while (tail < end && !atomic_compare_exchange_weak_explicit(&stream->tail_ns, &tail, end, memory_order_release,
+                                                                memory_order_relaxed)) {
+    }
+}
+
+/* A launch into a capturing stream becomes a node of the graph instead of running. */
+static CUresult capture(struct CUstream_st *stream, const struct sim_launch *launch)
+{
+    struct CUgraphNode_st *node = malloc(sizeof *node);
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *node = (struct CUgraphNode_st){.magic = SIM_GRAPH_NODE_MAGIC, .launch = *launch, .ctx = stream->ctx};
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUgraph_st *graph = stream->capture;
+    if (graph->count == graph->capacity) {
+        size_t capacity = graph->capacity ? graph->capacity * 2 : 16;
+        struct CUgraphNode_st **nodes = realloc(graph->nodes, capacity * sizeof *nodes);
+        if (nodes) {
+            graph->nodes = nodes;
+            graph->capacity = capacity;
+        }
+    }
+    int stored = graph->count < graph->capacity;
+    if (stored)
+        graph->nodes[graph->count++] = node;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (!stored)
+        free(node);
+    return stored ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult launch(CUfunction f, const struct sim_launch *launch, CUstream hStream, void **kernelParams,
+                       void **extra)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (__builtin_expect(result != CUDA_SUCCESS, 0))
+        return result;
+    if (!f || f->magic != SIM_FUNCTION_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (kernelParams && extra)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_kernel_cost cost;
+    result = price(launch, stream->ctx->device->view->spec, &cost);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (__builtin_expect(stream->capture != NULL, 0))
+        return capture(stream, launch);
+    execute(stream, &cost);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                        unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    struct sim_launch shape = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, sharedMemBytes, 0};
+    return launch(f, &shape, hStream, kernelParams, extra);
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                          kernelParams, extra);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    if (!config)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    struct sim_launch shape = {f,
+                               {config->gridDimX, config->gridDimY, config->gridDimZ},
+                               {config->blockDimX, config->blockDimY, config->blockDimZ},
+                               config->sharedMemBytes,
+                               0};
+    return launch(f, &shape, config->hStream, kernelParams, extra);
+}
+
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    return cuLaunchKernelEx(config, f, kernelParams, extra);
+}
+
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)
+{
+    struct sim_launch shape = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, sharedMemBytes, 1};
+    return launch(f, &shape, hStream, kernelParams, NULL);
+}
+
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams)
+{
+    return cuLaunchCooperativeKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                                     hStream, kernelParams);
+}
+
+/* ---- graphs ------------------------------------------------------------------------------- */
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : sim_ready();
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (stream->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    struct CUgraph_st *graph = calloc(1, sizeof *graph);
+    if (!graph)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    graph->magic = SIM_GRAPH_MAGIC;
+    stream->capture = graph;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!stream->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    *phGraph = stream->capture;
+    stream->capture = NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    (void)flags; /* upload, auto-free and priority change nothing in the simulator */
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!phGraphExec || !hGraph || hGraph->magic != SIM_GRAPH_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
+    if (!exec)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    exec->magic = SIM_GRAPH_EXEC_MAGIC;
+    exec->count = hGraph->count;
+    for (size_t i = 0; i < hGraph->count; i++)
+        exec->launches[i] = hGraph->nodes[i]->launch;
+    *phGraphExec = exec;
+    return CUDA_SUCCESS;
+}
+
+/* Every kernel of the graph runs on the stream, one after another, through the same engine as
+ * individual launches (the graph's dependencies cannot shorten a serial device's work). */
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hGraphExec || hGraphExec->magic != SIM_GRAPH_EXEC_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < hGraphExec->count && result == CUDA_SUCCESS; i++) {
+        struct sim_kernel_cost cost;
+        result = price(&hGraphExec->launches[i], stream->ctx->device->view->spec, &cost);
+        if (result == CUDA_SUCCESS && stream->capture)
+            result = capture(stream, &hGraphExec->launches[i]);
+        else if (result == CUDA_SUCCESS)
+            execute(stream, &cost);
+    }
+    return result;
+}
+
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    return cuGraphLaunch(hGraphExec, hStream);
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hGraphExec || hGraphExec->magic != SIM_GRAPH_EXEC_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    hGraphExec->magic = SIM_DEAD_MAGIC;
+    free(hGraphExec);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hGraph || hGraph->magic != SIM_GRAPH_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    free_graph(hGraph);
+    return CUDA_SUCCESS;
+}
+
+/* ---- graph introspection (optional entry points) ------------------------------------------ */
+
+static int valid_node(CUgraphNode node)
+{
+    return node && node->magic == SIM_GRAPH_NODE_MAGIC;
+}
+
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hGraph || hGraph->magic != SIM_GRAPH_MAGIC || !numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    if (nodes) {
+        size_t filled = *numNodes < hGraph->count ? *numNodes : hGraph->count;
+        for (size_t i = 0; i < *numNodes; i++)
+            nodes[i] = i < filled ? hGraph->nodes[i] : NULL;
+        *numNodes = filled;
+    } else {
+        *numNodes = hGraph->count;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_node(hNode) || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = CU_GRAPH_NODE_TYPE_KERNEL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_node(hNode) || !nodeParams)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sim_launch *launch = &hNode->launch;
+    *nodeParams = (CUDA_KERNEL_NODE_PARAMS){
+        .func = launch->function,
+        .gridDimX = launch->grid[0], .gridDimY = launch->grid[1], .gridDimZ = launch->grid[2],
+        .blockDimX = launch->block[0], .blockDimY = launch->block[1], .blockDimZ = launch->block[2],
+        .sharedMemBytes = launch->shared_bytes,
+        .ctx = hNode->ctx,
+    };
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!valid_node(hNode) || !phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Every node here is a kernel node: none is a child graph. */
+    return CUDA_ERROR_INVALID_VALUE;
+}

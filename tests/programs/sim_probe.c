@@ -1,0 +1,435 @@
+/*
+ * Single-process checks of the simulated driver, written against the driver API exactly as a
+ * program would use a real GPU. Each command prints "key value" lines for tests/sim to read:
+ *
+ *   sim_probe init                  what cuInit and NVML see: devices, names, UUIDs, sizes
+ *   sim_probe sizes                 bytes each allocation family charges (pitch, VMM, arrays, ...)
+ *   sim_probe memory                copies, memset, frees of unknown pointers
+ *   sim_probe duration GX GY GZ BX BY BZ   a kernel's duration measured with events
+ *   sim_probe launches              launch validation, cooperative limits, graphs
+ *   sim_probe push-buffer N         wall time of a loop queuing N launches without waiting
+ *   sim_probe proc-address          cuGetProcAddress resolution
+ *   sim_probe contexts              context memory, primary retain/release, cuCtxCreate/Destroy
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "vgpu/cuda_abi.h"
+#include "vgpu/nvml_abi.h"
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult check_ = (call);                                                                  \
+        if (check_ != CUDA_SUCCESS) {                                                              \
+            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, check_);          \
+            exit(3);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static const char PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry k()\n{\n\tret;\n}\n";
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static CUcontext primary(void)
+{
+    CUdevice device;
+    CUcontext ctx;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
+    CHECK(cuCtxSetCurrent(ctx));
+    return ctx;
+}
+
+static CUfunction kernel(void)
+{
+    CUmodule module;
+    CUfunction function;
+    CHECK(cuModuleLoadData(&module, PTX));
+    CHECK(cuModuleGetFunction(&function, module, "k"));
+    return function;
+}
+
+static long long used_bytes(void)
+{
+    size_t free_bytes, total;
+    CHECK(cuMemGetInfo_v2(&free_bytes, &total));
+    return (long long)(total - free_bytes);
+}
+
+static int command_init(void)
+{
+    CUresult init = cuInit(0);
+    printf("cuInit %d\n", init);
+    if (init == CUDA_SUCCESS) {
+        int count;
+        CHECK(cuDeviceGetCount(&count));
+        printf("count %d\n", count);
+        for (int i = 0; i < count; i++) {
+            CUdevice device;
+            char name[128];
+            CUuuid uuid;
+            size_t total;
+            int sms, major, minor, warp, threads, threads_sm, blocks_sm, bus;
+            CHECK(cuDeviceGet(&device, i));
+            CHECK(cuDeviceGetName(name, sizeof name, device));
+            CHECK(cuDeviceGetUuid_v2(&uuid, device));
+            CHECK(cuDeviceTotalMem_v2(&total, device));
+            CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+            CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device));
+            CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device));
+            CHECK(cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, device));
+            CHECK(cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, device));
+            CHECK(cuDeviceGetAttribute(&threads_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, device));
+            CHECK(cuDeviceGetAttribute(&blocks_sm, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, device));
+            CHECK(cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, device));
+            const unsigned char *b = (const unsigned char *)uuid.bytes;
+            printf("name_%d %s\n", i, name);
+            printf("uuid_%d GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", i, b[0], b[1],
+                   b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+            printf("memory_%d %zu\nsms_%d %d\ncc_%d %d.%d\nwarp_%d %d\n", i, total, i, sms, i, major, minor, i, warp);
+            printf("threads_per_block_%d %d\nthreads_per_sm_%d %d\nblocks_per_sm_%d %d\nbus_%d %d\n", i, threads, i,
+                   threads_sm, i, blocks_sm, i, bus);
+        }
+    }
+    nvmlReturn_t nvml = nvmlInit_v2();
+    printf("nvmlInit %d\n", nvml);
+    if (nvml == NVML_SUCCESS) {
+        unsigned int count;
+        nvmlDeviceGetCount_v2(&count);
+        printf("nvml_count %u\n", count);
+        for (unsigned int i = 0; i < count; i++) {
+            nvmlDevice_t device;
+            char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+            nvmlPciInfo_t pci;
+            nvmlDeviceGetHandleByIndex_v2(i, &device);
+            nvmlDeviceGetUUID(device, uuid, sizeof uuid);
+            nvmlDeviceGetPciInfo_v3(device, &pci);
+            printf("nvml_uuid_%u %s\nnvml_bus_%u %u\n", i, uuid, i, pci.bus);
+        }
+        nvmlShutdown();
+    }
+    return 0;
+}
+
+static int command_sizes(void)
+{
+    primary();
+    long long base = used_bytes();
+    CUdeviceptr p;
+    size_t pitch;
+
+    CHECK(cuMemAllocPitch_v2(&p, &pitch, 1000, 3, 4));
+    printf("pitch %zu\npitch_charged %lld\n", pitch, used_bytes() - base);
+    CHECK(cuMemFree_v2(p));
+
+    CHECK(cuMemAlloc_v2(&p, 12345));
+    printf("alloc_charged %lld\n", used_bytes() - base);
+    CHECK(cuMemFree_v2(p));
+
+    CHECK(cuMemAllocManaged(&p, 1 << 20, CU_MEM_ATTACH_GLOBAL));
+    printf("managed_charged %lld\n", used_bytes() - base);
+    CHECK(cuMemFree_v2(p));
+
+    CHECK(cuMemAllocAsync(&p, 3 << 20, NULL));
+    printf("async_charged %lld\n", used_bytes() - base);
+    CHECK(cuMemFreeAsync(p, NULL));
+    printf("async_freed %lld\n", used_bytes() - base);
+
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+    CUmemoryPool pool, default_pool;
+    CHECK(cuMemPoolCreate(&pool, &props));
+    CHECK(cuMemAllocFromPoolAsync(&p, 5 << 20, pool, NULL));
+    printf("pool_charged %lld\n", used_bytes() - base);
+    CHECK(cuMemPoolDestroy(pool)); /* outstanding allocations stay valid */
+    CHECK(cuMemFreeAsync(p, NULL));
+    printf("pool_freed %lld\n", used_bytes() - base);
+    CHECK(cuDeviceGetDefaultMemPool(&default_pool, 0));
+    printf("default_pool_destroy %d\n", cuMemPoolDestroy(default_pool));
+
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+    size_t granularity;
+    CUmemGenericAllocationHandle handle;
+    CHECK(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    printf("vmm_granularity %zu\n", granularity);
+    printf("vmm_unaligned %d\n", cuMemCreate(&handle, granularity + 4096, &prop, 0));
+    CHECK(cuMemCreate(&handle, 2 * granularity, &prop, 0));
+    printf("vmm_charged %lld\n", used_bytes() - base);
+    CUdeviceptr va;
+    CHECK(cuMemAddressReserve(&va, 4 * granularity, 0, 0, 0));
+    CHECK(cuMemMap(va + granularity, 2 * granularity, 0, handle, 0));
+    printf("vmm_copy_before_access %d\n", cuMemcpyHtoD_v2(va + granularity, "x", 1));
+    CUmemAccessDesc access = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK(cuMemSetAccess(va + granularity, 2 * granularity, &access, 1));
+    /* A copy that straddles the middle of the mapping, and one that leaves it. */
+    char out[8] = {0};
+    CHECK(cuMemcpyHtoD_v2(va + 2 * granularity - 3, "vmmdata", 7));
+    CHECK(cuMemcpyDtoH_v2(out, va + 2 * granularity - 3, 7));
+    printf("vmm_roundtrip %s\n", out);
+    printf("vmm_copy_outside %d\n", cuMemcpyHtoD_v2(va + 3 * granularity - 2, "abcd", 4));
+    CHECK(cuMemRelease(handle)); /* still mapped: the memory stays */
+    printf("vmm_released_mapped %lld\n", used_bytes() - base);
+    CHECK(cuMemUnmap(va + granularity, 2 * granularity));
+    printf("vmm_unmapped %lld\n", used_bytes() - base);
+    printf("vmm_release_again %d\n", cuMemRelease(handle));
+    CHECK(cuMemAddressFree(va, 4 * granularity));
+
+    CUarray array;
+    CUDA_ARRAY_DESCRIPTOR a2 = {.Width = 100, .Height = 10, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+    CHECK(cuArrayCreate_v2(&array, &a2));
+    printf("array2d_charged %lld\n", used_bytes() - base);
+    CHECK(cuArrayDestroy(array));
+    CUDA_ARRAY_DESCRIPTOR a1 = {.Width = 1000, .Height = 0, .Format = CU_AD_FORMAT_HALF, .NumChannels = 2};
+    CHECK(cuArrayCreate_v2(&array, &a1));
+    printf("array1d_charged %lld\n", used_bytes() - base);
+    CHECK(cuArrayDestroy(array));
+    CUDA_ARRAY3D_DESCRIPTOR a3 = {.Width = 64, .Height = 32, .Depth = 16, .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+    CHECK(cuArray3DCreate_v2(&array, &a3));
+    printf("array3d_charged %lld\n", used_bytes() - base);
+    CHECK(cuArrayDestroy(array));
+    printf("array_destroy_twice %d\n", cuArrayDestroy(array));
+    CUmipmappedArray mipmap;
+    CUDA_ARRAY3D_DESCRIPTOR m = {.Width = 64, .Height = 32, .Depth = 0, .Format = CU_AD_FORMAT_UNSIGNED_INT16, .NumChannels = 1};
+    CHECK(cuMipmappedArrayCreate(&mipmap, &m, 3));
+    printf("mipmap_charged %lld\n", used_bytes() - base);
+    CHECK(cuMipmappedArrayDestroy(mipmap));
+    printf("mipmap_too_many_levels %d\n", cuMipmappedArrayCreate(&mipmap, &m, 8));
+    printf("final_charged %lld\n", used_bytes() - base);
+    return 0;
+}
+
+static int command_memory(void)
+{
+    primary();
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, 10ull << 30)); /* 10 GiB costs no RAM until touched */
+    CHECK(cuMemsetD8_v2(p + 4096, 0x5a, 100));
+    CHECK(cuMemcpyHtoD_v2(p + 4096 + 10, "hello", 5));
+    unsigned char out[100];
+    CHECK(cuMemcpyDtoH_v2(out, p + 4096, sizeof out));
+    printf("roundtrip %s\n", memcmp(out + 10, "hello", 5) == 0 && out[0] == 0x5a && out[99] == 0x5a ? "ok" : "bad");
+    printf("copy_past_end %d\n", cuMemcpyHtoD_v2(p + (10ull << 30) - 2, "abcd", 4));
+    printf("copy_unknown %d\n", cuMemcpyHtoD_v2(0x1000, "abcd", 4));
+    printf("free_unknown %d\n", cuMemFree_v2(0xdead0000));
+    printf("free_interior %d\n", cuMemFree_v2(p + 4096));
+    printf("free_zero %d\n", cuMemFree_v2(0));
+    printf("free_ok %d\n", cuMemFree_v2(p));
+    printf("free_twice %d\n", cuMemFree_v2(p));
+    printf("free_async_unknown %d\n", cuMemFreeAsync(0xdead0000, NULL));
+    printf("alloc_zero %d\n", cuMemAlloc_v2(&p, 0));
+    printf("alloc_too_big %d\n", cuMemAlloc_v2(&p, 1ull << 50));
+    return 0;
+}
+
+static int command_duration(char **argv)
+{
+    primary();
+    CUfunction function = kernel();
+    unsigned int g[3], b[3];
+    for (int i = 0; i < 3; i++) {
+        g[i] = (unsigned int)strtoul(argv[i], NULL, 10);
+        b[i] = (unsigned int)strtoul(argv[i + 3], NULL, 10);
+    }
+    CUstream stream;
+    CUevent start, end;
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    CHECK(cuEventCreate(&end, CU_EVENT_DEFAULT));
+    /* A kernel first, so both events sit between kernels on a busy stream: no host time in between. */
+    CHECK(cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+    CHECK(cuEventRecord(start, stream));
+    CHECK(cuLaunchKernel(function, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, NULL, NULL));
+    CHECK(cuEventRecord(end, stream));
+    printf("query_before %d\n", cuEventQuery(end));
+    float ms;
+    printf("elapsed_before %d\n", cuEventElapsedTime(&ms, start, end));
+    CHECK(cuEventSynchronize(end));
+    CHECK(cuEventElapsedTime(&ms, start, end));
+    printf("query_after %d\n", cuEventQuery(end));
+    printf("elapsed_ns %.0f\n", (double)ms * 1e6);
+    return 0;
+}
+
+static int command_launches(void)
+{
+    primary();
+    CUfunction f = kernel();
+    printf("zero_grid %d\n", cuLaunchKernel(f, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    printf("zero_block %d\n", cuLaunchKernel(f, 1, 1, 1, 32, 0, 1, 0, NULL, NULL, NULL));
+    printf("block_1025 %d\n", cuLaunchKernel(f, 1, 1, 1, 1025, 1, 1, 0, NULL, NULL, NULL));
+    printf("block_2d_too_many %d\n", cuLaunchKernel(f, 1, 1, 1, 64, 32, 1, 0, NULL, NULL, NULL));
+    printf("block_z_65 %d\n", cuLaunchKernel(f, 1, 1, 1, 1, 1, 65, 0, NULL, NULL, NULL));
+    printf("grid_y_65536 %d\n", cuLaunchKernel(f, 1, 65536, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    printf("block_1024 %d\n", cuLaunchKernel(f, 1, 1, 1, 1024, 1, 1, 0, NULL, NULL, NULL));
+    void *params[1] = {NULL}, *extra[1] = {NULL};
+    printf("params_and_extra %d\n", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, extra));
+    printf("null_function %d\n", cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    int sms;
+    CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+    /* 1024-thread blocks: 2 per SM, so one wave holds 2 * sms blocks. */
+    printf("cooperative_fits %d\n", cuLaunchCooperativeKernel(f, (unsigned)(2 * sms), 1, 1, 1024, 1, 1, 0, NULL, NULL));
+    printf("cooperative_too_large %d\n",
+           cuLaunchCooperativeKernel(f, (unsigned)(2 * sms + 1), 1, 1, 1024, 1, 1, 0, NULL, NULL));
+    CUlaunchConfig config = {.gridDimX = 4, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1};
+    printf("launch_ex %d\n", cuLaunchKernelEx(&config, f, NULL, NULL));
+    config.blockDimX = 2048;
+    printf("launch_ex_invalid %d\n", cuLaunchKernelEx(&config, f, NULL, NULL));
+    CHECK(cuCtxSynchronize());
+
+    /* Graphs: a capture records, it does not run; each launch of the exec runs every kernel. */
+    CUstream stream;
+    CUgraph graph;
+    CUgraphExec exec;
+    CUevent before, after;
+    CHECK(cuStreamCreate(&stream, 0));
+    CHECK(cuEventCreate(&before, 0));
+    CHECK(cuEventCreate(&after, 0));
+    printf("capture_null_stream %d\n", cuStreamBeginCapture_v2(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < 5; i++)
+        CHECK(cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 0, stream, NULL, NULL));
+    CHECK(cuStreamEndCapture(stream, &graph));
+    printf("capture_ran %d\n", cuStreamQuery(stream) == CUDA_ERROR_NOT_READY);
+    size_t nodes = 0;
+    CHECK(cuGraphGetNodes(graph, NULL, &nodes));
+    printf("graph_nodes %zu\n", nodes);
+    CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+    CHECK(cuEventRecord(before, stream));
+    CHECK(cuGraphLaunch(exec, stream));
+    CHECK(cuEventRecord(after, stream));
+    printf("graph_query %d\n", cuStreamQuery(stream));
+    CHECK(cuStreamSynchronize(stream));
+    float ms;
+    CHECK(cuEventElapsedTime(&ms, before, after));
+    printf("graph_elapsed_ns %.0f\n", (double)ms * 1e6);
+    CHECK(cuGraphExecDestroy(exec));
+    CHECK(cuGraphDestroy(graph));
+    printf("graph_destroy_twice %d\n", cuGraphExecDestroy(exec) != CUDA_SUCCESS);
+    return 0;
+}
+
+static int command_push_buffer(long launches)
+{
+    primary();
+    CUfunction f = kernel();
+    CUstream stream;
+    CHECK(cuStreamCreate(&stream, 0));
+    long long start = now_ns();
+    for (long i = 0; i < launches; i++)
+        CHECK(cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 0, stream, NULL, NULL));
+    long long loop = now_ns() - start;
+    CHECK(cuStreamSynchronize(stream));
+    printf("loop_ns %lld\ntotal_ns %lld\n", loop, now_ns() - start);
+    return 0;
+}
+
+static int command_proc_address(void)
+{
+    void *fn;
+    CUdriverProcAddressQueryResult status;
+    printf("before_init %d\n", cuGetProcAddress_v2("cuInit", &fn, 12000, 0, &status));
+    printf("cuInit %d\n", fn == (void *)cuInit);
+    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &status));
+    printf("cuMemAlloc %d\n", fn == (void *)cuMemAlloc_v2);
+    CHECK(cuGetProcAddress_v2("cuCtxCreate", &fn, 12080, 0, &status));
+    printf("cuCtxCreate_12080 %d\n", fn == (void *)cuCtxCreate_v4);
+    CHECK(cuGetProcAddress_v2("cuCtxCreate", &fn, 12000, 0, &status));
+    printf("cuCtxCreate_12000 %d\n", fn == (void *)cuCtxCreate_v2);
+    CHECK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+    printf("cuLaunchKernel_ptds %d\n", fn == (void *)cuLaunchKernel_ptsz);
+    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
+    printf("cuMemAlloc_ptds %d\n", fn == (void *)cuMemAlloc_v2);
+    CHECK(cuGetProcAddress_v2("cuGetProcAddress", &fn, 12000, 0, &status));
+    printf("cuGetProcAddress %d\n", fn == (void *)cuGetProcAddress_v2);
+    CHECK(cuGetProcAddress_v2("cuDeviceGetUuid", &fn, 11000, 0, &status));
+    printf("cuDeviceGetUuid_11000 %d\n", fn == (void *)cuDeviceGetUuid);
+    printf("unknown %d\n", cuGetProcAddress_v2("cuNoSuchCall", &fn, 12000, 0, &status));
+    printf("unknown_status %d\nunknown_fn %d\n", status, fn == NULL);
+    printf("too_new %d\n", cuGetProcAddress_v2("cuCtxCreate", &fn, 3000, 0, &status));
+    printf("too_new_status %d\n", status);
+    const char *text;
+    CHECK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &text));
+    printf("error_name %s\n", text);
+    CHECK(cuGetErrorString(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, &text));
+    printf("error_string %s\n", text);
+    printf("error_unknown %d\n", cuGetErrorName((CUresult)12345, &text));
+    return 0;
+}
+
+static int command_contexts(void)
+{
+    CUdevice device;
+    CUcontext primary_ctx, created, current;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    size_t free_bytes, total;
+    printf("no_context %d\n", cuMemGetInfo_v2(&free_bytes, &total));
+    CHECK(cuDevicePrimaryCtxRetain(&primary_ctx, device));
+    CHECK(cuCtxSetCurrent(primary_ctx));
+    printf("after_primary %lld\n", used_bytes());
+    CUcontext again;
+    CHECK(cuDevicePrimaryCtxRetain(&again, device));
+    printf("primary_same %d\nafter_second_retain %lld\n", again == primary_ctx, used_bytes());
+    CHECK(cuCtxCreate_v2(&created, 0, device));
+    CHECK(cuCtxGetCurrent(&current));
+    printf("created_is_current %d\nafter_create %lld\n", current == created, used_bytes());
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, 1 << 20));
+    printf("after_alloc_in_created %lld\n", used_bytes());
+    CHECK(cuCtxDestroy_v2(created)); /* frees what it allocated, too */
+    CHECK(cuCtxGetCurrent(&current));
+    printf("popped_to_primary %d\n", current == primary_ctx);
+    printf("after_destroy %lld\n", used_bytes());
+    printf("destroy_twice %d\n", cuCtxDestroy_v2(created));
+    printf("use_destroyed %d\n", cuCtxSetCurrent(created));
+    int active;
+    unsigned int flags;
+    CHECK(cuDevicePrimaryCtxRelease_v2(device));
+    CHECK(cuDevicePrimaryCtxGetState(device, &flags, &active));
+    printf("active_after_one_release %d\n", active);
+    CHECK(cuDevicePrimaryCtxRelease_v2(device));
+    CHECK(cuDevicePrimaryCtxGetState(device, &flags, &active));
+    printf("active_after_last_release %d\n", active);
+    printf("release_unretained %d\n", cuDevicePrimaryCtxRelease_v2(device));
+    printf("alloc_in_released %d\n", cuMemAlloc_v2(&p, 1 << 20));
+    CHECK(cuDevicePrimaryCtxRetain(&primary_ctx, device));
+    CHECK(cuCtxSetCurrent(primary_ctx));
+    CHECK(cuMemAlloc_v2(&p, 1 << 20));
+    printf("before_reset %lld\n", used_bytes());
+    CHECK(cuDevicePrimaryCtxReset_v2(device));
+    CHECK(cuDevicePrimaryCtxRetain(&primary_ctx, device));
+    CHECK(cuCtxSetCurrent(primary_ctx));
+    printf("after_reset %lld\n", used_bytes());
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 2 && strcmp(argv[1], "init") == 0)
+        return command_init();
+    if (argc >= 2 && strcmp(argv[1], "sizes") == 0)
+        return command_sizes();
+    if (argc >= 2 && strcmp(argv[1], "memory") == 0)
+        return command_memory();
+    if (argc == 8 && strcmp(argv[1], "duration") == 0)
+        return command_duration(argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "launches") == 0)
+        return command_launches();
+    if (argc == 3 && strcmp(argv[1], "push-buffer") == 0)
+        return command_push_buffer(atol(argv[2]));
+    if (argc >= 2 && strcmp(argv[1], "proc-address") == 0)
+        return command_proc_address();
+    if (argc >= 2 && strcmp(argv[1], "contexts") == 0)
+        return command_contexts();
+    fprintf(stderr, "usage: see the comment at the top of sim_probe.c\n");
+    return 2;
+}
