@@ -159,23 +159,25 @@ class Region:
         except BaseException:
             os.close(fd)
             raise
-        raw = region.raw
-        if raw.magic != consts["VGPU_REGION_MAGIC"]:
+        magic, version, region_size = region.raw.magic, region.raw.version, region.raw.region_size
+        try:
+            if magic != consts["VGPU_REGION_MAGIC"]:
+                raise RegionError(f"slice region {path} is not a jupyter-vgpu region (bad magic)")
+            if version != consts["VGPU_REGION_VERSION"] or region_size != size:
+                raise RegionError(
+                    f"slice region {path} is version {version}, this jupyter-vgpu reads version "
+                    f"{consts['VGPU_REGION_VERSION']}"
+                )
+            region.limits  # noqa: B018 - validates the published limits
+        except RegionError:
             region.close()
-            raise RegionError(f"slice region {path} is not a jupyter-vgpu region (bad magic)")
-        if raw.version != consts["VGPU_REGION_VERSION"] or raw.region_size != size:
-            version = raw.version
-            region.close()
-            raise RegionError(
-                f"slice region {path} is version {version}, this jupyter-vgpu reads version "
-                f"{consts['VGPU_REGION_VERSION']}"
-            )
-        region.limits  # noqa: B018 - validates the published limits
+            raise
         return region
 
     def close(self) -> None:
         if self._fd < 0:
             return
+        _ffi()[0].release(self.raw)
         self.raw = None
         self._mmap.close()
         os.close(self._fd)
