@@ -111,6 +111,10 @@ struct vgpu_proc_slot *vgpu_self_slot(void);
 /* This process's slot if it claimed one already (never claims); NULL otherwise. */
 struct vgpu_proc_slot *vgpu_claimed_slot(void);
 
+/* Whether this process gave its slot back (it is exiting): what it does from then on is no
+ * longer counted, and not refused either. */
+int vgpu_slot_released(void);
+
 /* Whether `uuid` (NVML form, "GPU-..." or "MIG-...") names the slice's device. An empty region
  * UUID matches every device: the slice then covers whatever device the process uses. */
 int vgpu_is_slice_uuid(const char *uuid);

@@ -205,9 +205,13 @@ static CUresult charge(struct charge *charge_out, const char *call, uint64_t byt
 {
     struct vgpu_limits_snapshot limits;
     struct vgpu_proc_slot *slot = NULL;
-    if (vgpu_read_limits(&limits) != 0 || !(slot = vgpu_self_slot())) {
+    if (vgpu_read_limits(&limits) != 0 || (!(slot = vgpu_self_slot()) && !vgpu_slot_released())) {
         vgpu_report_fail_closed();
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (!slot) { /* exiting, slot given back: the driver frees everything in a moment */
+        *charge_out = (struct charge){NULL, 0};
+        return CUDA_SUCCESS;
     }
     if (limits.memory_limit && bytes > limits.memory_limit)
         return refuse(slot, call, bytes, vgpu_slice_usage(), limits.memory_limit);
@@ -278,17 +282,33 @@ static void settle_release(int known, const struct vgpu_alloc_entry *entry, CUre
 
 /* ---- allocation hooks ------------------------------------------------------------------ */
 
+/* Set while this thread is inside the driver's allocation or free: a driver that implements
+ * one entry point by calling another exported one (cuMemAllocFromPoolAsync_ptsz calling
+ * cuMemAllocFromPoolAsync) reaches our hook again through the dynamic linker, and that inner
+ * call must pass straight through or the request would be charged twice. Thread-local by
+ * nature, so it lives outside vgpu_state. */
+static __thread int inside_driver __attribute__((tls_model("initial-exec")));
+
+#define CALL_DRIVER(result, call)                                                                  \
+    do {                                                                                           \
+        inside_driver = 1;                                                                         \
+        (result) = (call);                                                                         \
+        inside_driver = 0;                                                                         \
+    } while (0)
+
 /* An allocation that returns a device pointer through `dptr` and takes `bytes`. */
 #define CHARGED_DEVICE_ALLOCATION(name, family, bytes, ...)                                        \
     do {                                                                                           \
         vgpu_pfn_##name real = VGPU_REAL(name);                                                    \
         if (!real)                                                                                 \
             return CUDA_ERROR_NOT_FOUND;                                                           \
+        if (inside_driver)                                                                         \
+            return real(__VA_ARGS__);                                                              \
         struct charge c;                                                                           \
         CUresult result = charge(&c, #name, (bytes));                                              \
         if (result != CUDA_SUCCESS)                                                                \
             return result;                                                                         \
-        result = real(__VA_ARGS__);                                                                \
+        CALL_DRIVER(result, real(__VA_ARGS__));                                                    \
         return settle_charge(&c, result, KIND_DEVICE_POINTER, result == CUDA_SUCCESS ? *dptr : 0, family); \
     } while (0)
 
@@ -298,9 +318,12 @@ static void settle_release(int known, const struct vgpu_alloc_entry *entry, CUre
         vgpu_pfn_##name real = VGPU_REAL(name);                                                    \
         if (!real)                                                                                 \
             return CUDA_ERROR_NOT_FOUND;                                                           \
+        if (inside_driver)                                                                         \
+            return real(__VA_ARGS__);                                                              \
         struct vgpu_alloc_entry entry;                                                             \
         int known = table_take((kind), (uint64_t)(key), &entry);                                   \
-        CUresult result = real(__VA_ARGS__);                                                       \
+        CUresult result;                                                                           \
+        CALL_DRIVER(result, real(__VA_ARGS__));                                                    \
         settle_release(known, &entry, result);                                                     \
         return result;                                                                             \
     } while (0)
@@ -352,6 +375,8 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
     vgpu_pfn_cuMemAllocPitch_v2 real = VGPU_REAL(cuMemAllocPitch_v2);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
+    if (inside_driver)
+        return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     uint64_t pitch_estimate = WidthInBytes > UINT64_MAX - PITCH_ALIGNMENT
                                   ? UINT64_MAX
                                   : (WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
@@ -359,14 +384,14 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
     CUresult result = charge(&c, "cuMemAllocPitch_v2", saturating_multiply(pitch_estimate, Height));
     if (result != CUDA_SUCCESS)
         return result;
-    result = real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    CALL_DRIVER(result, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
     if (result == CUDA_SUCCESS && pPitch) {
         CUresult recharged = recharge(&c, "cuMemAllocPitch_v2", saturating_multiply(*pPitch, Height));
         if (recharged != CUDA_SUCCESS) {
             /* The driver's pitch pushed the slice over its cap: undo the allocation. */
             vgpu_pfn_cuMemFree_v2 release = VGPU_REAL(cuMemFree_v2);
             if (release)
-                release(*dptr);
+                CALL_DRIVER(result, release(*dptr));
             slot_subtract(c.slot, c.bytes);
             return recharged;
         }
@@ -397,13 +422,14 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     vgpu_pfn_cuMemCreate real = VGPU_REAL(cuMemCreate);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
-    if (prop && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE && prop->location.type != CU_MEM_LOCATION_TYPE_INVALID)
+    if (inside_driver ||
+        (prop && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE && prop->location.type != CU_MEM_LOCATION_TYPE_INVALID))
         return real(handle, size, prop, flags);
     struct charge c;
     CUresult result = charge(&c, "cuMemCreate", size);
     if (result != CUDA_SUCCESS)
         return result;
-    result = real(handle, size, prop, flags);
+    CALL_DRIVER(result, real(handle, size, prop, flags));
     return settle_charge(&c, result, KIND_VMM_HANDLE, result == CUDA_SUCCESS ? *handle : 0, FAMILY_VMM);
 }
 
@@ -486,14 +512,14 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIP
     vgpu_pfn_cuArrayCreate_v2 real = VGPU_REAL(cuArrayCreate_v2);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
-    if (!pAllocateArray)
+    if (inside_driver || !pAllocateArray)
         return real(pHandle, pAllocateArray);
     const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
     struct charge c;
     CUresult result = charge(&c, "cuArrayCreate_v2", array_bytes(d->Width, d->Height, 0, 0, d->Format, d->NumChannels, 1));
     if (result != CUDA_SUCCESS)
         return result;
-    result = real(pHandle, pAllocateArray);
+    CALL_DRIVER(result, real(pHandle, pAllocateArray));
     return settle_charge(&c, result, KIND_ARRAY, result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
                          FAMILY_ARRAY);
 }
@@ -503,7 +529,7 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DES
     vgpu_pfn_cuArray3DCreate_v2 real = VGPU_REAL(cuArray3DCreate_v2);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
-    if (!pAllocateArray)
+    if (inside_driver || !pAllocateArray)
         return real(pHandle, pAllocateArray);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
     struct charge c;
@@ -511,7 +537,7 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DES
                              array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, 1));
     if (result != CUDA_SUCCESS)
         return result;
-    result = real(pHandle, pAllocateArray);
+    CALL_DRIVER(result, real(pHandle, pAllocateArray));
     return settle_charge(&c, result, KIND_ARRAY, result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
                          FAMILY_ARRAY);
 }
@@ -527,7 +553,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUD
     vgpu_pfn_cuMipmappedArrayCreate real = VGPU_REAL(cuMipmappedArrayCreate);
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
-    if (!pMipmappedArrayDesc)
+    if (inside_driver || !pMipmappedArrayDesc)
         return real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
     struct charge c;
@@ -536,7 +562,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUD
                                          numMipmapLevels));
     if (result != CUDA_SUCCESS)
         return result;
-    result = real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    CALL_DRIVER(result, real(pHandle, pMipmappedArrayDesc, numMipmapLevels));
     return settle_charge(&c, result, KIND_MIPMAPPED_ARRAY,
                          result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, FAMILY_MIPMAPPED_ARRAY);
 }

@@ -195,16 +195,19 @@ struct vgpu_dlsym_decision vgpu_dlsym_filter(void *handle, const char *name)
     if (id < 0)
         return (struct vgpu_dlsym_decision){NULL, (void *)lookup};
     void *hook = hook_table[id].hook;
-    /* Only what the program could see anyway: a lookup never loads the driver (NOLOAD), and
-     * a hook is handed out only when the real library has its entry point, else NULL as the
-     * real dlsym would answer (never a hook that would have nothing to call). */
-    if (handle == RTLD_NEXT || handle == RTLD_DEFAULT)
-        return (struct vgpu_dlsym_decision){resolve_real(id, 0) ? hook : NULL, NULL};
     if (!lookup)
         return (struct vgpu_dlsym_decision){NULL, NULL};
+    /* Only what the program could see anyway: a hook is handed out only where the real
+     * library's entry point would have been found, else what the real dlsym answers (NULL when
+     * the driver lacks the name: never a hook that would have nothing to call), and a lookup
+     * never loads the driver. For the global scope (RTLD_DEFAULT, RTLD_NEXT from the program
+     * or a library before us), RTLD_NEXT asked from here sees it without our own exports. */
+    int global_scope = handle == RTLD_NEXT || handle == RTLD_DEFAULT;
+    void *found = lookup(global_scope ? RTLD_NEXT : handle, name);
+    if (global_scope)
+        return (struct vgpu_dlsym_decision){found && resolve_real(id, 0) ? hook : found, NULL};
     /* An explicit handle: the driver's, NVML's, one whose dependencies include them, or the
      * global scope (dlopen(NULL)), which finds our export first. */
-    void *found = lookup(handle, name);
     if (found == hook)
         return (struct vgpu_dlsym_decision){resolve_real(id, 0) ? hook : NULL, NULL};
     if (found && found == resolve_real(id, 0))

@@ -52,6 +52,7 @@ struct vgpu_state vgpu_state = {
 #define SLOT_FREE 0
 #define SLOT_NONE (-1)
 #define SLOT_CLAIMING (-2)
+#define SLOT_RELEASED (-3) /* given back at exit: later calls are no longer counted */
 
 uint64_t vgpu_now_ns(void)
 {
@@ -275,7 +276,10 @@ static int claim_slot(struct vgpu_region *region)
 {
     int32_t pid = (int32_t)getpid();
     uint64_t start_time = vgpu_proc_start_time(pid);
-    for (int pass = 0; pass < 2; pass++) {
+    /* Processes of the slice that died since anyone last looked stop counting before this
+     * one's first allocation is checked against the cap. */
+    vgpu_reap_dead_slots();
+    {
         for (int index = 0; index < VGPU_REGION_MAX_PROCS; index++) {
             struct vgpu_proc_slot *slot = &region->procs[index];
             int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
@@ -296,8 +300,6 @@ static int claim_slot(struct vgpu_region *region)
             __atomic_store_n(&slot->pid, pid, __ATOMIC_SEQ_CST);
             return index;
         }
-        if (pass == 0 && vgpu_reap_dead_slots() == 0)
-            break;
     }
     return -1;
 }
@@ -368,6 +370,8 @@ struct vgpu_proc_slot *vgpu_self_slot(void)
     int index = atomic_load_explicit(&P.slot_index, memory_order_acquire);
     if (index >= 0)
         return &region->procs[index];
+    if (index == SLOT_RELEASED)
+        return NULL;
     int expected = SLOT_NONE;
     if (atomic_compare_exchange_strong_explicit(&P.slot_index, &expected, SLOT_CLAIMING, memory_order_acq_rel,
                                                 memory_order_acquire)) {
@@ -384,11 +388,32 @@ struct vgpu_proc_slot *vgpu_self_slot(void)
     /* Another thread is claiming: a few microseconds. */
     while ((index = atomic_load_explicit(&P.slot_index, memory_order_acquire)) == SLOT_CLAIMING)
         sched_yield();
+    if (index == SLOT_RELEASED)
+        return NULL;
     if (index < 0) {
         fail(VGPU_FAIL_NO_SLOT);
         return NULL;
     }
     return &region->procs[index];
+}
+
+int vgpu_slot_released(void)
+{
+    return atomic_load_explicit(&P.slot_index, memory_order_acquire) == SLOT_RELEASED;
+}
+
+/* A process that exits normally gives its slot back itself: its memory goes with it, and the
+ * slice should not wait for a reaper to notice. Runs after the program's exit handlers and the
+ * driver's own teardown (libvgpu.so is loaded first, so finalised last; priority 101 puts it
+ * after this library's other destructors), so their frees find the slot still there. */
+__attribute__((destructor(101))) static void release_slot_at_exit(void)
+{
+    struct vgpu_region *region = P.region;
+    int index = atomic_exchange_explicit(&P.slot_index, SLOT_RELEASED, memory_order_acq_rel);
+    if (!region || index < 0)
+        return;
+    int32_t self = (int32_t)getpid();
+    __atomic_compare_exchange_n(&region->procs[index].pid, &self, SLOT_FREE, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
 }
 
 /* ---- monitor thread ---------------------------------------------------------------------- */

@@ -1,0 +1,97 @@
+"""A process whose slice region is unusable fails closed: every allocation is refused with
+CUDA_ERROR_OUT_OF_MEMORY and the reason is printed once on stderr; processes that never
+allocate stay silent."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from jupyter_vgpu.region import constants, limits_check
+
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB
+
+COMMANDS = ("init", "alloc:1M", "vmm:2M", "managed:1M", "info", "total")
+
+
+def assert_failed_closed(run, reason: str):
+    assert run.returncode == 0, run.stderr
+    assert [run.rc(index) for index in (1, 2, 3)] == [CUDA_ERROR_OUT_OF_MEMORY] * 3
+    assert run.values(4)[:2] == [CUDA_SUCCESS, 0]  # no free memory shown
+    assert run.values(5)[1] > 0  # the total is the device's, never 0
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr  # once, not once per refusal
+    assert reason in lines[0]
+    assert "allocations are refused" in lines[0]
+
+
+def test_unset_region_fails_closed(probe, sim_env, native_libs):
+    env = dict(sim_env, LD_PRELOAD=str(native_libs.vgpu))
+    assert_failed_closed(probe(env, *COMMANDS), "VGPU_REGION is not set")
+
+
+def test_missing_region_fails_closed(probe, sim_env, native_libs, tmp_path):
+    env = dict(sim_env, LD_PRELOAD=str(native_libs.vgpu), VGPU_REGION=str(tmp_path / "gone.region"))
+    assert_failed_closed(probe(env, *COMMANDS), f"slice region {tmp_path / 'gone.region'} cannot be opened")
+
+
+def test_region_of_another_version_fails_closed(probe, sim_env, make_slice):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    region.raw.version = 7
+    version = constants()["VGPU_REGION_VERSION"]
+    run = probe(env, *COMMANDS)
+    assert_failed_closed(
+        run, f"slice region {env['VGPU_REGION']} is version 7, this libvgpu.so reads version {version}"
+    )
+    assert "restart the kernel from a matching jupyter-vgpu" in run.stderr
+
+
+def test_file_that_is_not_a_region_fails_closed(probe, sim_env, native_libs, tmp_path):
+    bogus = tmp_path / "bogus.region"
+    bogus.write_bytes(b"not a region at all" * 1000)
+    env = dict(sim_env, LD_PRELOAD=str(native_libs.vgpu), VGPU_REGION=str(bogus))
+    assert_failed_closed(probe(env, *COMMANDS), "is not a jupyter-vgpu slice region")
+
+
+@pytest.mark.parametrize(
+    "scribble",
+    [
+        pytest.param(lambda raw: setattr(raw.limits[raw.active_limits], "check", 12345), id="check"),
+        pytest.param(lambda raw: setattr(raw.limits[raw.active_limits], "memory_limit", 7), id="limit-without-check"),
+        pytest.param(lambda raw: setattr(raw, "active_limits", 5), id="active-index"),
+        pytest.param(lambda raw: setattr(raw, "region_size", 64), id="region-size"),
+    ],
+)
+def test_corrupt_region_fails_closed(probe, sim_env, make_slice, scribble):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    scribble(region.raw)
+    assert_failed_closed(probe(env, *COMMANDS), "is corrupt")
+
+
+def test_out_of_range_limits_with_a_valid_check_fail_closed(probe, sim_env, make_slice):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    copy = region.raw.limits[region.raw.active_limits]
+    copy.sm_share = 0
+    copy.check = limits_check(copy.memory_limit, 0, copy.policy)
+    assert_failed_closed(probe(env, *COMMANDS), "is corrupt")
+
+
+def test_repaired_region_is_honoured_on_the_next_call(probe, sim_env, make_slice, interactive):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    good_check = region.raw.limits[region.raw.active_limits].check
+    region.raw.limits[region.raw.active_limits].check = 1
+    program = interactive([probe.executable, "init", "alloc:1M", "wait", "alloc:1M"], env)
+    lines = program.read_until("wait")
+    assert lines[1][:2] == ["alloc", str(CUDA_ERROR_OUT_OF_MEMORY)]
+    region.raw.limits[region.raw.active_limits].check = good_check
+    program.send()
+    lines = program.read_until("alloc")
+    assert lines[0][:2] == ["alloc", "0"]
+    assert program.finish() == 0
+
+
+def test_process_that_never_allocates_prints_nothing(sim_env, native_libs, tmp_path):
+    env = dict(sim_env, LD_PRELOAD=str(native_libs.vgpu), VGPU_REGION=str(tmp_path / "gone.region"))
+    result = subprocess.run(["sh", "-c", "echo hello"], env=env, capture_output=True, text=True)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "hello\n", "")

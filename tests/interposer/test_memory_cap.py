@@ -1,0 +1,159 @@
+"""The memory cap holds for every allocation family on every way a program reaches the driver
+(direct linking, dlopen + dlsym, cuGetProcAddress with and without the per-thread-stream flag),
+frees give back exactly what was charged, and a refusal says so in one line on stderr."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, live_slots
+
+PATHS = ["direct", "dlsym", "procaddr", "procaddr_ptsz"]
+
+# family command -> the driver entry point it reaches on each path (named in the OOM line)
+FAMILY_CALLS = {
+    "alloc": "cuMemAlloc_v2",
+    "managed": "cuMemAllocManaged",
+    "async": "cuMemAllocAsync",
+    "pool": "cuMemAllocFromPoolAsync",
+    "vmm": "cuMemCreate",
+}
+PER_THREAD_STREAM_VARIANTS = {"async", "pool"}
+
+
+def expected_call(family: str, path: str) -> str:
+    call = FAMILY_CALLS[family]
+    return f"{call}_ptsz" if path == "procaddr_ptsz" and family in PER_THREAD_STREAM_VARIANTS else call
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("family", list(FAMILY_CALLS))
+def test_cap_refuses_over_the_cap_and_frees_give_back_on_every_path(probe, sim_env, make_slice, family, path):
+    env, _ = make_slice(sim_env, memory_limit=256 * MIB)
+    run = probe(
+        env,
+        "init",
+        f"{family}:192M",  # fits
+        f"{family}:128M",  # 320 MiB > 256 MiB: refused
+        f"{family}:64M",  # exactly the cap: fits
+        "info",
+        "free:0",
+        f"{family}:128M",  # 192 MiB given back, so it fits now
+        "info",
+        path=path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.rc(0) == CUDA_SUCCESS
+    assert [run.rc(1), run.rc(2), run.rc(3)] == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+    assert run.values(4) == [CUDA_SUCCESS, 0, 256 * MIB]
+    assert run.rc(5) == CUDA_SUCCESS
+    assert run.rc(6) == CUDA_SUCCESS
+    assert run.values(7) == [CUDA_SUCCESS, 64 * MIB, 256 * MIB]
+    oom_lines = [line for line in run.stderr.splitlines() if "out of GPU memory" in line]
+    assert len(oom_lines) == 1, run.stderr
+    assert f": {expected_call(family, path)} asked for 128.0 MiB," in oom_lines[0]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_per_thread_stream_flag_gets_the_ptsz_hooks_only_when_asked(probe, sim_env, make_slice, path):
+    env, _ = make_slice(sim_env, memory_limit=GIB)
+    run = probe(env, "init", "ptsz-variant", path=path)
+    assert run.returncode == 0, run.stderr
+    expected = ["1", "1"] if path == "procaddr_ptsz" else ["0", "0"]
+    assert run.line(1)[1:] == expected
+
+
+def test_pitched_allocation_is_charged_pitch_times_height(probe, sim_env, make_slice):
+    env, _ = make_slice(sim_env, memory_limit=256 * MIB)
+    run = probe(env, "init", "pitch:1000:1000", "info", "pitch:8192:40000", "info", "free:0", "info")
+    assert run.returncode == 0, run.stderr
+    rc, index, pitch = run.values(1)
+    assert rc == CUDA_SUCCESS and pitch >= 1000
+    free, total = run.values(2)[1:]
+    assert total - free == pitch * 1000
+    assert run.rc(3) == CUDA_ERROR_OUT_OF_MEMORY  # at least 8192 x 40000 = 312.5 MiB
+    assert run.values(4)[1:] == [free, total]
+    assert run.values(6) == [CUDA_SUCCESS, 256 * MIB, 256 * MIB]
+
+
+@pytest.mark.parametrize(
+    "command, charged",
+    [
+        ("array:4096:1024", 4096 * 1024 * 4),
+        ("array3d:256:256:64", 256 * 256 * 64 * 4),
+        # 11 levels of a 1024 x 1024 float mipmap: 1024^2 + 512^2 + ... + 1 texels of 4 bytes
+        ("mipmap:1024:1024:11", 4 * sum((1024 >> level) ** 2 for level in range(11))),
+    ],
+)
+def test_arrays_are_charged_their_texels_and_capped(probe, sim_env, make_slice, command, charged):
+    env, _ = make_slice(sim_env, memory_limit=charged + MIB)
+    kind = command.split(":")[0]
+    run = probe(env, "init", command, "info", command, "free:0", "info")
+    assert run.returncode == 0, run.stderr
+    assert run.rc(1) == CUDA_SUCCESS
+    free, total = run.values(2)[1:]
+    assert (total, total - free) == (charged + MIB, charged)
+    assert run.line(3)[:2] == [kind, str(CUDA_ERROR_OUT_OF_MEMORY)]
+    assert run.rc(4) == CUDA_SUCCESS
+    assert run.values(5) == [CUDA_SUCCESS, charged + MIB, charged + MIB]
+
+
+def test_free_of_a_pointer_nobody_allocated_gets_the_drivers_own_answer(probe, sim_env, make_slice):
+    without = probe(sim_env, "init", "free-unknown")
+    env, _ = make_slice(sim_env, memory_limit=GIB)
+    within = probe(env, "init", "free-unknown", "alloc:1M", "info")
+    assert without.returncode == 0 and within.returncode == 0, within.stderr
+    assert within.rc(1) == without.rc(1)
+    assert within.values(3) == [CUDA_SUCCESS, GIB - MIB, GIB]  # accounting untouched by the stray free
+
+
+def test_context_creation_and_allocations_count_without_a_cap(probe, sim_env, make_slice, interactive):
+    env, region = make_slice(sim_env, memory_limit=0)
+    program = interactive([probe.executable, "--path=direct", "init", "ctx", "alloc:300M", "vmm:100M", "wait"], env)
+    program.read_until("wait")
+    (slot,) = live_slots(region)
+    assert slot.pid == program.process.pid
+    assert slot.allocated == 400 * MIB
+    program.send()
+    assert program.finish() == 0
+
+
+def test_oom_line_names_call_request_usage_cap_and_how_to_resize(probe, sim_env, make_slice, interactive, tmp_path):
+    env, region = make_slice(sim_env, memory_limit=4 * GIB)
+    stderr_path = tmp_path / "stderr"
+    program = interactive(
+        [probe.executable, "--path=direct", "init", "alloc:3584M", "alloc:1G", "wait"], env, stderr_path=stderr_path
+    )
+    lines = program.read_until("wait")
+    assert [line[:2] for line in lines[:3]] == [["init", "0"], ["alloc", "0"], ["alloc", str(CUDA_ERROR_OUT_OF_MEMORY)]]
+    (slot,) = live_slots(region)
+    assert slot.oom_refusals == 1
+    assert slot.allocated == 3584 * MIB
+    program.send()
+    assert program.finish() == 0
+    stderr = stderr_path.read_text()
+    assert stderr == (
+        "jupyter-vgpu: out of GPU memory in this slice: cuMemAlloc_v2 asked for 1.0 GiB, the slice uses "
+        "3.5 GiB of its 4.0 GiB cap. Resize it with `jupyter vgpu resize <kernel> --memory 5GiB` or "
+        "`%vgpu resize --memory 5GiB`.\n"
+    )
+
+
+def test_request_larger_than_the_cap_is_refused_without_touching_usage(probe, sim_env, make_slice):
+    env, _ = make_slice(sim_env, memory_limit=GIB)
+    run = probe(env, "init", "alloc:18446744073709551615", "alloc:2G", "info")
+    assert run.returncode == 0, run.stderr
+    assert [run.rc(1), run.rc(2)] == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY]
+    assert run.values(3) == [CUDA_SUCCESS, GIB, GIB]
+    assert re.search(r"asked for 16777216\.0 TiB|asked for 16\.0 EiB|asked for \d+\.\d PiB", run.stderr)
+
+
+def test_library_writes_nothing_to_stdout_even_when_logging(probe, sim_env, make_slice):
+    env, _ = make_slice(sim_env, memory_limit=64 * MIB)
+    env["VGPU_LOG_LEVEL"] = "debug"
+    run = probe(env, "init", "alloc:32M", "alloc:64M", "info", path="dlsym")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == f"init 0\nalloc 0 0\nalloc 2 -1\ninfo 0 {32 * MIB} {64 * MIB}\n"
+    assert "jupyter-vgpu[" in run.stderr  # debug logging went to stderr

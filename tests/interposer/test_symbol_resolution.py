@@ -1,0 +1,61 @@
+"""The interposer's dlsym keeps the program's own RTLD_NEXT lookups (and another preloaded
+library's) resolving relative to their real caller, at -O0 and -O2, on every call; a hooked
+name whose real entry point the driver lacks is reported missing on every path, as the driver
+alone would report it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB
+
+
+@pytest.mark.parametrize("optimisation", ["-O0", "-O2"])
+def test_program_rtld_next_lookups_find_the_next_library(compile_c, sim_env, make_slice, optimisation):
+    env, _ = make_slice(sim_env, memory_limit=GIB)
+    result = subprocess.run([compile_c("rtld_next", optimisation)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["hello through the wrapper"] * 3
+    assert lines[3:] == ["puts-next OK", "getpid-next OK", "hook-next-before-load OK", "hook-next 1", "wrapper absent"]
+
+
+@pytest.mark.parametrize("order", ["vgpu-first", "wrapper-first"])
+@pytest.mark.parametrize("optimisation", ["-O0", "-O2"])
+def test_other_preloaded_librarys_rtld_next_lookups_still_work(
+    compile_c, build_shared, sim_env, make_slice, native_libs, optimisation, order
+):
+    env, _ = make_slice(sim_env, memory_limit=GIB)
+    wrapper = build_shared("rtld_wrapper", "librtld_wrapper.so")
+    libraries = [str(native_libs.vgpu), str(wrapper)]
+    env["LD_PRELOAD"] = ":".join(libraries if order == "vgpu-first" else libraries[::-1])
+    result = subprocess.run([compile_c("rtld_next", optimisation)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[3:] == ["puts-next OK", "getpid-next OK", "hook-next-before-load OK", "hook-next 1", "wrapper OK"]
+
+
+def test_hooked_name_the_driver_lacks_is_missing_on_every_path(
+    compile_c, build_shared, sim_env, make_slice, native_libs
+):
+    fake = build_shared("driver_without_vmm", "libcuda.so.1")
+    driver_env = dict(sim_env, LD_LIBRARY_PATH=f"{fake.parent}{os.pathsep}{sim_env['LD_LIBRARY_PATH']}")
+    env, _ = make_slice(sim_env, memory_limit=GIB)
+    env["LD_LIBRARY_PATH"] = driver_env["LD_LIBRARY_PATH"]
+    names = ["cuMemCreate", "cuMemRelease", "cuMemAlloc_v2"]
+    program = compile_c("missing_entry")
+
+    def run(environment):
+        result = subprocess.run([program, *names], env=environment, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    driver_alone, interposed = run(driver_env), run(env)
+    # name, dlsym(driver), dlsym(RTLD_DEFAULT), dlsym(RTLD_NEXT), cuGetProcAddress rc:status:found
+    assert driver_alone[:3] == ["cuMemCreate 0 0 0 500:1:0", "cuMemRelease 0 0 0 500:1:0", "cuMemAlloc_v2 1 1 1 0:0:1"]
+    assert interposed[:3] == driver_alone[:3]
+    assert driver_alone[3:] == [f"alloc-dlsym {CUDA_SUCCESS}", f"alloc-procaddr {CUDA_SUCCESS}"]
+    # ... and what was found of the driver is our hook: 2 GiB is over the 1 GiB slice
+    assert interposed[3:] == [f"alloc-dlsym {CUDA_ERROR_OUT_OF_MEMORY}", f"alloc-procaddr {CUDA_ERROR_OUT_OF_MEMORY}"]

@@ -1,0 +1,62 @@
+/*
+ * A tiny stand-in libcuda.so.1 that lacks the VMM entry points (cuMemCreate, cuMemRelease),
+ * as an older driver does. Built as a shared library (soname libcuda.so.1) by the tests, to
+ * prove that libvgpu.so reports a hooked name the driver lacks as missing on every path.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "vgpu/cuda_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static unsigned long long next_pointer = 0x100000000ULL;
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    if (!dptr || !bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = __atomic_fetch_add(&next_pointer, (bytesize + 0xfffff) & ~0xfffffULL, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    (void)dptr;
+    return CUDA_SUCCESS;
+}
+
+/* By base name, as the real driver: the newest variant of each. */
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *symbolStatus)
+{
+    (void)cudaVersion;
+    (void)flags;
+    static const struct {
+        const char *base;
+        void *entry;
+    } table[] = {
+        {"cuInit", (void *)cuInit},
+        {"cuMemAlloc", (void *)cuMemAlloc_v2},
+        {"cuMemFree", (void *)cuMemFree_v2},
+        {"cuGetProcAddress", (void *)cuGetProcAddress_v2},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcmp(table[i].base, symbol) == 0) {
+            *pfn = table[i].entry;
+            if (symbolStatus)
+                *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pfn = NULL;
+    if (symbolStatus)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
