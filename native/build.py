@@ -75,6 +75,7 @@ def build_library(library: Library, output_dir: Path) -> Path:
     target = output_dir / library.output
     target.parent.mkdir(parents=True, exist_ok=True)
     soname = Path(library.output).name
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     command = [
         *compiler(),
         *COMMON_FLAGS,
@@ -83,11 +84,14 @@ def build_library(library: Library, output_dir: Path) -> Path:
         f"-Wl,--version-script={NATIVE / library.exports}",
         "-Wl,-z,now",
         "-o",
-        str(target),
+        str(staging),
         *map(str, sources),
         *library.libraries,
     ]
     subprocess.run(command, check=True)
+    # Renamed into place: a process starting meanwhile (another test session, a running
+    # kernel) maps either the old library or the new one, never a half-written file.
+    os.replace(staging, target)
     return target
 
 
