@@ -55,7 +55,9 @@ void *vgpu_real_symbol(enum vgpu_library library, const char *symbol);
 /* Entry points libvgpu.so calls but does not hook, resolved and cached like the hooks' real
  * ones: X(library, name). */
 #define VGPU_CALLED_ENTRY_POINTS(X)                                                              \
+    X(VGPU_LIB_CUDA, cuCtxGetCurrent)                                                            \
     X(VGPU_LIB_CUDA, cuCtxGetDevice)                                                             \
+    X(VGPU_LIB_CUDA, cuDevicePrimaryCtxGetState)                                                 \
     X(VGPU_LIB_CUDA, cuDeviceGetCount)                                                           \
     X(VGPU_LIB_CUDA, cuDeviceGetUuid)                                                            \
     X(VGPU_LIB_CUDA, cuDeviceGetUuid_v2)                                                         \
@@ -200,6 +202,7 @@ struct vgpu_resolve_state {
 struct vgpu_alloc_entry {
     uint64_t key;  /* device pointer, VMM handle or array handle */
     uint64_t size; /* bytes charged to the slot */
+    uint64_t context; /* CUcontext that owns it (the driver frees it with the context); 0: none */
     uint8_t kind;  /* enum vgpu_alloc_kind (memory.c); 0: empty slot, 0xff: deleted */
     uint8_t family;/* enum vgpu_alloc_family (memory.c), for logs */
 };
@@ -218,6 +221,8 @@ struct vgpu_memory_state {
     _Atomic uint64_t accounting_changes;
     /* Per CUDA device ordinal: 0 unknown, 1 the slice's device, 2 another device. */
     _Atomic uint8_t cuda_device_verdict[VGPU_CUDA_DEVICE_CACHE];
+    /* Per CUDA device ordinal: its primary context, as cuDevicePrimaryCtxRetain returned it. */
+    _Atomic(CUcontext) primary_context[VGPU_CUDA_DEVICE_CACHE];
     /* Visible CUDA devices (0: not asked yet, -1: unknown); with one, no need to ask which
      * device the current context is on. */
     atomic_int cuda_device_count;

@@ -138,6 +138,26 @@ static int64_t table_insert(const struct vgpu_alloc_entry *new_entry)
     return replaced;
 }
 
+/* Takes every entry owned by `context` out of the table; returns the bytes they held. */
+static uint64_t table_take_context(uint64_t context)
+{
+    uint64_t bytes = 0;
+    for (int index = 0; index < VGPU_ALLOC_SHARDS; index++) {
+        struct vgpu_alloc_shard *shard = &M.shards[index];
+        pthread_mutex_lock(&shard->lock);
+        for (uint32_t slot = 0; slot < shard->capacity; slot++) {
+            struct vgpu_alloc_entry *entry = &shard->entries[slot];
+            if (entry->kind != KIND_EMPTY && entry->kind != KIND_DELETED && entry->context == context) {
+                bytes += entry->size;
+                entry->kind = KIND_DELETED;
+                shard->live--;
+            }
+        }
+        pthread_mutex_unlock(&shard->lock);
+    }
+    return bytes;
+}
+
 /* Takes (kind, key) out of the table; returns 1 and the entry if it was there. Taken out
  * before the driver frees it, so that an allocation reusing the address right after the free
  * can never be mistaken for the old one. */
@@ -244,9 +264,21 @@ static CUresult recharge(struct charge *c, const char *call, uint64_t actual)
     return CUDA_SUCCESS;
 }
 
+/* The context an allocation made now belongs to. VMM memory belongs to no context: it lives
+ * until cuMemRelease. */
+static uint64_t owning_context(uint8_t kind)
+{
+    vgpu_pfn_cuCtxGetCurrent get_current = VGPU_CALLED(cuCtxGetCurrent);
+    CUcontext context = NULL;
+    if (kind == KIND_VMM_HANDLE || !get_current || get_current(&context) != CUDA_SUCCESS)
+        return 0;
+    return (uint64_t)(uintptr_t)context;
+}
+
 static void record(const struct charge *c, uint8_t kind, uint64_t key, uint8_t family)
 {
-    struct vgpu_alloc_entry entry = {.key = key, .size = c->bytes, .kind = kind, .family = family};
+    struct vgpu_alloc_entry entry = {
+        .key = key, .size = c->bytes, .context = owning_context(kind), .kind = kind, .family = family};
     int64_t replaced = table_insert(&entry);
     if (replaced > 0) {
         vgpu_log(VGPU_LOG_DEBUG, "allocation %#llx was freed behind our back; its %lld bytes are given back",
@@ -660,6 +692,28 @@ static CUresult after_context(CUresult result)
     return result;
 }
 
+/* A context that goes takes its allocations (and arrays) with it, without a free for each:
+ * they stop counting, and so does the driver memory of the context itself. */
+static void context_gone(CUcontext context)
+{
+    if (!context)
+        return;
+    uint64_t bytes = table_take_context((uint64_t)(uintptr_t)context);
+    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
+    slot_subtract(slot, bytes);
+    if (slot)
+        vgpu_refresh_driver_reserved();
+    vgpu_log(VGPU_LOG_INFO, "context %p is gone with %llu bytes of allocations", (void *)context,
+             (unsigned long long)bytes);
+}
+
+static CUcontext primary_context_of(CUdevice dev)
+{
+    return dev >= 0 && dev < VGPU_CUDA_DEVICE_CACHE
+               ? atomic_load_explicit(&M.primary_context[dev], memory_order_acquire)
+               : NULL;
+}
+
 VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     vgpu_pfn_cuCtxCreate_v2 real = VGPU_REAL(cuCtxCreate_v2);
@@ -676,7 +730,49 @@ VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreat
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     vgpu_pfn_cuDevicePrimaryCtxRetain real = VGPU_REAL(cuDevicePrimaryCtxRetain);
-    return real ? after_context(real(pctx, dev)) : CUDA_ERROR_NOT_FOUND;
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(pctx, dev);
+    if (result == CUDA_SUCCESS && dev >= 0 && dev < VGPU_CUDA_DEVICE_CACHE)
+        atomic_store_explicit(&M.primary_context[dev], *pctx, memory_order_release);
+    return after_context(result);
+}
+
+VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    vgpu_pfn_cuCtxDestroy_v2 real = VGPU_REAL(cuCtxDestroy_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(ctx);
+    if (result == CUDA_SUCCESS)
+        context_gone(ctx);
+    return result;
+}
+
+/* The primary context goes when its last retain is released. */
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    vgpu_pfn_cuDevicePrimaryCtxRelease_v2 real = VGPU_REAL(cuDevicePrimaryCtxRelease_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(dev);
+    vgpu_pfn_cuDevicePrimaryCtxGetState get_state = VGPU_CALLED(cuDevicePrimaryCtxGetState);
+    unsigned int flags;
+    int active = 1;
+    if (result == CUDA_SUCCESS && get_state && get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)
+        context_gone(primary_context_of(dev));
+    return result;
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    vgpu_pfn_cuDevicePrimaryCtxReset_v2 real = VGPU_REAL(cuDevicePrimaryCtxReset_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult result = real(dev);
+    if (result == CUDA_SUCCESS)
+        context_gone(primary_context_of(dev));
+    return result;
 }
 
 /* ---- what the program sees --------------------------------------------------------------- */

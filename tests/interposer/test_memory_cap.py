@@ -157,3 +157,27 @@ def test_library_writes_nothing_to_stdout_even_when_logging(probe, sim_env, make
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"init 0\nalloc 0 0\nalloc 2 -1\ninfo 0 {32 * MIB} {64 * MIB}\n"
     assert "jupyter-vgpu[" in run.stderr  # debug logging went to stderr
+
+
+def test_allocations_stop_counting_when_their_context_goes(probe, sim_env, make_slice, interactive):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    program = interactive(
+        [probe.executable, "init", "alloc:64M", "ctx", "alloc:100M", "array:1024:1024", "async:8M", "vmm:32M",
+         "ctx-destroy", "info", "wait", "primary-reset", "info", "wait"],
+        env,
+    )
+    lines = program.read_until("wait")
+    assert [line[:2] for line in lines[:8]] == [[command, "0"] for command in
+                                                ("init", "alloc", "ctx", "alloc", "array", "async", "vmm", "ctx-destroy")]
+    # the created context took its 100 MiB, its 4 MiB array and its 8 MiB with it; VMM memory
+    # belongs to no context and stays
+    assert lines[8] == ["info", "0", str(GIB - 96 * MIB), str(GIB)]
+    (slot,) = live_slots(region)
+    assert slot.allocated == 96 * MIB
+    program.send()
+    lines = program.read_until("wait")
+    assert lines[0] == ["primary-reset", "0"]
+    assert lines[1] == ["info", "0", str(GIB - 32 * MIB), str(GIB)]
+    assert slot.allocated == 32 * MIB
+    program.send()
+    assert program.finish() == 0

@@ -12,6 +12,9 @@
  * Commands (BYTES takes K/M/G suffixes, binary):
  *   init                  cuInit, primary context of device 0, made current  -> "init RC"
  *   ctx                   cuCtxCreate_v2 on device 0, made current           -> "ctx RC"
+ *   ctx-destroy           cuCtxDestroy_v2 of that context, primary made current -> "ctx-destroy RC"
+ *   primary-reset         cuDevicePrimaryCtxReset_v2 of device 0, then retained and made current
+ *                                                                            -> "primary-reset RC"
  *   alloc:BYTES managed:BYTES async:BYTES pool:BYTES vmm:BYTES
  *   pitch:WIDTH:HEIGHT array:WIDTH:HEIGHT array3d:WIDTH:HEIGHT:DEPTH mipmap:WIDTH:HEIGHT:LEVELS
  *                         allocate; -> "KIND RC INDEX" (INDEX names it for free:, -1 if refused)
@@ -67,6 +70,7 @@ struct held {
 };
 static struct held held[4096];
 static int held_count;
+static CUcontext created_context;
 
 static void *driver_handle(void)
 {
@@ -179,11 +183,26 @@ static void run(const char *command)
             result = cuCtxSetCurrent(context);
         printf("init %d\n", result);
     } else if (strcmp(command, "ctx") == 0) {
-        CUcontext context;
-        CUresult result = cuCtxCreate_v2(&context, 0, 0);
+        CUresult result = cuCtxCreate_v2(&created_context, 0, 0);
         if (result == CUDA_SUCCESS)
-            result = cuCtxSetCurrent(context);
+            result = cuCtxSetCurrent(created_context);
         printf("ctx %d\n", result);
+    } else if (strcmp(command, "ctx-destroy") == 0) {
+        CUcontext primary;
+        CUresult result = cuCtxDestroy_v2(created_context);
+        if (result == CUDA_SUCCESS)
+            result = cuDevicePrimaryCtxRetain(&primary, 0);
+        if (result == CUDA_SUCCESS)
+            result = cuCtxSetCurrent(primary);
+        printf("ctx-destroy %d\n", result);
+    } else if (strcmp(command, "primary-reset") == 0) {
+        CUcontext primary;
+        CUresult result = cuDevicePrimaryCtxReset_v2(0);
+        if (result == CUDA_SUCCESS)
+            result = cuDevicePrimaryCtxRetain(&primary, 0);
+        if (result == CUDA_SUCCESS)
+            result = cuCtxSetCurrent(primary);
+        printf("primary-reset %d\n", result);
     } else if (STARTS(command, "alloc")) {
         CUdeviceptr p = 0;
         CUresult result = api.cuMemAlloc_v2(&p, f[0]);
