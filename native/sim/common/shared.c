@@ -18,8 +18,8 @@
  * fall out of step when a process dies between two updates. A charge adds to its own slot
  * first, then sums all slots; if the sum exceeds the capacity it takes its bytes back. Of two
  * processes charging at once, the later adder always sees the earlier one (sequentially
- * consistent atomics), so together they never exceed the capacity; a charge that failed only
- * because of another one in flight retries.
+ * consistent atomics), so together they never exceed the capacity. A charge that failed only
+ * because of others in flight sees the room once they settle, and tries again.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -327,19 +327,29 @@ int sim_memory_charge(struct sim_device_view *device, int slot, uint64_t bytes)
     if (bytes > capacity)
         return -1;
     _Atomic uint64_t *mine = &device->shared->slots[slot].memory;
+    int reaped = 0;
     for (int attempt = 0; attempt < 64; attempt++) {
         atomic_fetch_add(mine, bytes);
         if (sim_device_used(device) <= capacity)
             return 0;
         atomic_fetch_sub(mine, bytes);
-        if (attempt == 0 && sim_reap_dead(device) > 0)
-            continue;
-        /* Without ours the request would fit only if another charge in flight made us fail;
-         * let it settle and try again. Otherwise the device is really full. */
-        if (sim_device_used(device) + bytes > capacity)
+        /* Over capacity: truly, or only because other charges in flight added their bytes
+         * before checking (a failing one takes them back within nanoseconds). Only a shortfall
+         * that persists over a few looks, a few hundred microseconds apart in all, is real; the
+         * memory of dead processes is freed before the first look counts. */
+        int room = 0;
+        for (int look = 0; look < 5 && !room; look++) {
+            if (!reaped++ && sim_reap_dead(device) > 0)
+                room = 1;
+            else if (sim_device_used(device) + bytes <= capacity)
+                room = 1;
+            else {
+                struct timespec pause = {0, 20000L * (look + 1) + 1000L * ((getpid() + attempt) % 17)};
+                nanosleep(&pause, NULL);
+            }
+        }
+        if (!room)
             return -1;
-        struct timespec pause = {0, 1000L * (1 + (attempt * 7 + getpid()) % 50)};
-        nanosleep(&pause, NULL);
     }
     return -1;
 }

@@ -1,0 +1,154 @@
+"""Device memory of the simulated GPU: what each allocation family charges, copies, contexts, and
+capacity shared by every process of the machine, including processes that die."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from sim_helpers import GIB, MIB, nvml_snapshot, probe, wait_until, with_devices
+
+CUDA_SUCCESS = "0"
+CUDA_ERROR_INVALID_VALUE = "1"
+CUDA_ERROR_OUT_OF_MEMORY = "2"
+CUDA_ERROR_INVALID_CONTEXT = "201"
+CUDA_ERROR_INVALID_HANDLE = "400"
+
+
+def test_plain_managed_and_stream_ordered_allocations_charge_what_they_ask(programs, env):
+    seen = probe(programs, env, "sizes")
+    assert seen["alloc_charged"] == "12345"
+    assert seen["managed_charged"] == str(MIB)
+    assert seen["async_charged"] == str(3 * MIB)
+    assert seen["async_freed"] == "0"
+    assert seen["pool_charged"] == str(5 * MIB)
+    assert seen["pool_freed"] == "0"  # freed after its pool was destroyed: still valid until then
+    assert seen["default_pool_destroy"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["final_charged"] == "0"
+
+
+def test_pitched_allocation_rounds_the_pitch_up_to_512_bytes(programs, env):
+    seen = probe(programs, env, "sizes")
+    assert seen["pitch"] == "1024"  # 1000-byte rows
+    assert seen["pitch_charged"] == str(1024 * 3)
+
+
+def test_vmm_charges_whole_granules_and_maps_them_like_the_driver(programs, env):
+    seen = probe(programs, env, "sizes")
+    assert seen["vmm_granularity"] == str(2 * MIB)
+    assert seen["vmm_unaligned"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["vmm_charged"] == str(4 * MIB)
+    assert seen["vmm_copy_before_access"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["vmm_roundtrip"] == "vmmdata"
+    assert seen["vmm_copy_outside"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["vmm_released_mapped"] == str(4 * MIB)  # released but mapped: still held
+    assert seen["vmm_unmapped"] == "0"
+    assert seen["vmm_release_again"] == CUDA_ERROR_INVALID_VALUE
+
+
+def test_arrays_charge_width_height_depth_channels_and_format_bytes(programs, env):
+    seen = probe(programs, env, "sizes")
+    assert seen["array2d_charged"] == str(100 * 10 * 4 * 4)  # float4
+    assert seen["array1d_charged"] == str(1000 * 1 * 2 * 2)  # half2, height 0
+    assert seen["array3d_charged"] == str(64 * 32 * 16)  # uchar
+    assert seen["array_destroy_twice"] == CUDA_ERROR_INVALID_HANDLE
+    assert seen["mipmap_charged"] == str((64 * 32 + 32 * 16 + 16 * 8) * 2)  # three levels of ushort
+    assert seen["mipmap_too_many_levels"] == CUDA_ERROR_INVALID_VALUE
+
+
+def test_copies_round_trip_through_a_10_gib_allocation_and_stay_inside_it(programs, env):
+    seen = probe(programs, env, "memory")
+    assert seen["roundtrip"] == "ok"
+    assert seen["copy_past_end"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["copy_unknown"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["alloc_zero"] == CUDA_ERROR_INVALID_VALUE
+    assert seen["alloc_too_big"] == CUDA_ERROR_OUT_OF_MEMORY
+
+
+def test_frees_of_unknown_pointers_return_invalid_value(programs, env):
+    seen = probe(programs, env, "memory")
+    for key in ("free_unknown", "free_interior", "free_zero", "free_twice", "free_async_unknown"):
+        assert seen[key] == CUDA_ERROR_INVALID_VALUE, key
+    assert seen["free_ok"] == CUDA_SUCCESS
+
+
+def test_each_context_charges_context_memory_once(programs, env):
+    seen = probe(programs, with_devices(env, "memory=4GiB,context_memory=256MiB"), "contexts")
+    assert seen["no_context"] == CUDA_ERROR_INVALID_CONTEXT
+    assert seen["after_primary"] == str(256 * MIB)
+    assert seen["primary_same"] == "1"
+    assert seen["after_second_retain"] == str(256 * MIB)  # one primary context, however often retained
+    assert seen["after_create"] == str(512 * MIB)
+    assert seen["after_alloc_in_created"] == str(512 * MIB + MIB)
+    assert seen["after_destroy"] == str(256 * MIB)  # the context and what it allocated
+    assert seen["popped_to_primary"] == "1"
+    assert seen["destroy_twice"] == CUDA_ERROR_INVALID_CONTEXT
+    assert seen["use_destroyed"] == CUDA_ERROR_INVALID_CONTEXT
+    assert seen["active_after_one_release"] == "1"
+    assert seen["active_after_last_release"] == "0"
+    assert seen["release_unretained"] == CUDA_ERROR_INVALID_CONTEXT
+    assert seen["alloc_in_released"] == CUDA_ERROR_INVALID_CONTEXT
+    assert seen["before_reset"] == str(256 * MIB + MIB)
+    assert seen["after_reset"] == str(256 * MIB)
+
+
+def test_capacity_is_enforced_across_processes(programs, env, workloads):
+    env = with_devices(env, "memory=1GiB")
+    first = workloads(env, "hold", str(700 * MIB))
+    first.wait_for("ready")
+    assert first.lines["alloc"] == f"{700 * MIB} {CUDA_SUCCESS}"
+    second = workloads(env, "hold", str(400 * MIB), str(324 * MIB), str(1))
+    second.wait_for("ready")
+    snapshot = nvml_snapshot(env)
+    lines = second.finish()
+    first.finish()
+    # The second process sees the first one's memory: 400 MiB does not fit, the exact rest does.
+    assert lines["alloc"] == f"{400 * MIB} {CUDA_ERROR_OUT_OF_MEMORY}"
+    assert snapshot["used"] == 1 * GIB
+    assert snapshot["processes"] == {str(first.pid): 700 * MIB, str(second.pid): 324 * MIB}
+    assert nvml_snapshot(env)["used"] == 0  # both exited: their memory went with them
+
+
+def test_capacity_holds_when_processes_race_for_the_last_bytes(programs, env, workloads):
+    env = with_devices(env, "memory=1GiB")
+    for _ in range(3):
+        start_at = time.monotonic_ns() + 300_000_000  # the same instant for all of them
+        racers = [workloads(env, "race", str(start_at), str(4 * MIB), "128") for _ in range(4)]
+        granted = sum(int(racer.wait_for("granted")) for racer in racers)
+        snapshot = nvml_snapshot(env)
+        for racer in racers:
+            racer.finish()
+        # 512 requests of 4 MiB race for room for 256: exactly 256 are granted, never more or fewer.
+        assert granted == 256
+        assert snapshot["used"] == 1 * GIB
+
+
+def test_memory_of_a_sigkilled_process_returns_within_two_seconds(programs, env, workloads):
+    env = with_devices(env, "memory=1GiB")
+    holder = workloads(env, "hold", str(600 * MIB))
+    holder.wait_for("ready")
+    assert nvml_snapshot(env)["used"] == 600 * MIB
+    holder.process.send_signal(signal.SIGKILL)
+    holder.process.wait()  # a zombie still holds its memory, as with the real driver
+    _, took = wait_until(lambda: nvml_snapshot(env)["used"] == 0, timeout=2.0)
+    assert took < 2.0
+    taker = workloads(env, "hold", str(1 * GIB))
+    taker.wait_for("ready")
+    assert taker.lines["alloc"] == f"{GIB} {CUDA_SUCCESS}"
+
+
+def test_processes_killed_mid_call_never_wedge_the_others(programs, env, workloads):
+    env = with_devices(env, "memory=2GiB,block_ns=1000")
+    for _ in range(3):
+        churners = [workloads(env, "churn") for _ in range(3)]
+        for churner in churners:
+            churner.wait_for("running")
+        for churner in churners:
+            churner.process.send_signal(signal.SIGKILL)
+            churner.process.wait()
+    # Every byte the killed processes held comes back, and nothing they left blocks a newcomer.
+    taker = workloads(env, "hold", str(2 * GIB))
+    taker.wait_for("ready", timeout=10)
+    assert taker.lines["alloc"] == f"{2 * GIB} {CUDA_SUCCESS}"
+    taker.finish()
+    assert nvml_snapshot(env)["used"] == 0
