@@ -219,6 +219,27 @@ static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t r
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Adds `bytes` to the slot and checks the slice against the cap; over it, takes them back and
+ * refuses. `request` is the whole allocation the OOM line names (more than `bytes` when part
+ * of it was charged before). */
+static CUresult add_within_cap(struct vgpu_proc_slot *slot, const char *call, uint64_t bytes, uint64_t request,
+                               uint64_t limit)
+{
+    if (limit && bytes > limit) {
+        uint64_t usage = vgpu_slice_usage(), charged_before = request - bytes;
+        return refuse(slot, call, request, usage > charged_before ? usage - charged_before : 0, limit);
+    }
+    slot_add(slot, bytes);
+    if (limit) {
+        uint64_t usage = vgpu_slice_usage();
+        if (usage > limit) {
+            slot_subtract(slot, bytes);
+            return refuse(slot, call, request, usage > request ? usage - request : 0, limit);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
 /* Charges `bytes` to this process's slot if the slice has room for them (see the top of the
  * file). On CUDA_SUCCESS the caller calls the driver and then settle_charge(). */
 static CUresult charge(struct charge *charge_out, const char *call, uint64_t bytes)
@@ -233,32 +254,24 @@ static CUresult charge(struct charge *charge_out, const char *call, uint64_t byt
         *charge_out = (struct charge){NULL, 0};
         return CUDA_SUCCESS;
     }
-    if (limits.memory_limit && bytes > limits.memory_limit)
-        return refuse(slot, call, bytes, vgpu_slice_usage(), limits.memory_limit);
-    slot_add(slot, bytes);
-    if (limits.memory_limit) {
-        uint64_t usage = vgpu_slice_usage();
-        if (usage > limits.memory_limit) {
-            slot_subtract(slot, bytes);
-            return refuse(slot, call, bytes, usage - bytes, limits.memory_limit);
-        }
-    }
-    charge_out->slot = slot;
-    charge_out->bytes = bytes;
-    return CUDA_SUCCESS;
+    CUresult result = add_within_cap(slot, call, bytes, bytes, limits.memory_limit);
+    if (result == CUDA_SUCCESS)
+        *charge_out = (struct charge){slot, bytes};
+    return result;
 }
 
 /* Moves a charge to `actual` bytes once the driver said what it really took. Growing it is
- * checked against the cap like a new request. */
+ * checked against the cap (the limits of this instant) like a new request. */
 static CUresult recharge(struct charge *c, const char *call, uint64_t actual)
 {
-    if (actual < c->bytes) {
-        slot_subtract(c->slot, c->bytes - actual);
-    } else if (actual > c->bytes) {
-        struct charge extra;
-        CUresult result = charge(&extra, call, actual - c->bytes);
+    if (actual > c->bytes && c->slot) {
+        struct vgpu_limits_snapshot limits;
+        uint64_t limit = vgpu_read_limits(&limits) == 0 ? limits.memory_limit : 0;
+        CUresult result = add_within_cap(c->slot, call, actual - c->bytes, actual, limit);
         if (result != CUDA_SUCCESS)
             return result;
+    } else if (actual < c->bytes) {
+        slot_subtract(c->slot, c->bytes - actual);
     }
     c->bytes = actual;
     return CUDA_SUCCESS;

@@ -65,9 +65,10 @@ def test_per_thread_stream_flag_gets_the_ptsz_hooks_only_when_asked(probe, sim_e
     assert run.line(1)[1:] == expected
 
 
-def test_pitched_allocation_is_charged_pitch_times_height(probe, sim_env, make_slice):
+@pytest.mark.parametrize("path", PATHS)
+def test_pitched_allocation_is_charged_pitch_times_height(probe, sim_env, make_slice, path):
     env, _ = make_slice(sim_env, memory_limit=256 * MIB)
-    run = probe(env, "init", "pitch:1000:1000", "info", "pitch:8192:40000", "info", "free:0", "info")
+    run = probe(env, "init", "pitch:1000:1000", "info", "pitch:8192:40000", "info", "free:0", "info", path=path)
     assert run.returncode == 0, run.stderr
     rc, index, pitch = run.values(1)
     assert rc == CUDA_SUCCESS and pitch >= 1000
@@ -87,10 +88,11 @@ def test_pitched_allocation_is_charged_pitch_times_height(probe, sim_env, make_s
         ("mipmap:1024:1024:11", 4 * sum((1024 >> level) ** 2 for level in range(11))),
     ],
 )
-def test_arrays_are_charged_their_texels_and_capped(probe, sim_env, make_slice, command, charged):
+@pytest.mark.parametrize("path", PATHS)
+def test_arrays_are_charged_their_texels_and_capped(probe, sim_env, make_slice, command, charged, path):
     env, _ = make_slice(sim_env, memory_limit=charged + MIB)
     kind = command.split(":")[0]
-    run = probe(env, "init", command, "info", command, "free:0", "info")
+    run = probe(env, "init", command, "info", command, "free:0", "info", path=path)
     assert run.returncode == 0, run.stderr
     assert run.rc(1) == CUDA_SUCCESS
     free, total = run.values(2)[1:]
@@ -181,3 +183,26 @@ def test_allocations_stop_counting_when_their_context_goes(probe, sim_env, make_
     assert slot.allocated == 32 * MIB
     program.send()
     assert program.finish() == 0
+
+
+def test_pitch_wider_than_expected_is_charged_as_the_driver_chose_it(
+    probe, build_shared, sim_env, make_slice, interactive, tmp_path
+):
+    fake = build_shared("driver_without_vmm", "libcuda.so.1")  # pitch aligned to 4 KiB
+    env, region = make_slice(sim_env, memory_limit=2 * MIB)
+    env["LD_LIBRARY_PATH"] = f"{fake.parent}:{env['LD_LIBRARY_PATH']}"
+    # 1000 x 1000 is 1000 KiB at a 1 KiB pitch, but 4000 KiB at the driver's 4 KiB one: over
+    # the cap, so refused (and given back to the driver); 1000 x 400 at 4 KiB fits.
+    program = interactive(
+        [probe.executable, "pitch:1000:1000", "pitch:1000:400", "wait"], env, stderr_path=tmp_path / "stderr"
+    )
+    lines = program.read_until("wait")
+    assert lines[0][:2] == ["pitch", str(CUDA_ERROR_OUT_OF_MEMORY)]
+    assert lines[1] == ["pitch", "0", "0", "4096"]
+    (slot,) = live_slots(region)
+    assert slot.allocated == 4096 * 400
+    program.send()
+    assert program.finish() == 0
+    assert "cuMemAllocPitch_v2 asked for 3.9 MiB, the slice uses 0 bytes of its 2.0 MiB cap" in (
+        tmp_path / "stderr"
+    ).read_text()

@@ -1,7 +1,9 @@
 /*
  * A tiny stand-in libcuda.so.1 that lacks the VMM entry points (cuMemCreate, cuMemRelease),
  * as an older driver does. Built as a shared library (soname libcuda.so.1) by the tests, to
- * prove that libvgpu.so reports a hooked name the driver lacks as missing on every path.
+ * prove that libvgpu.so reports a hooked name the driver lacks as missing on every path. Its
+ * pitched allocations use a 4 KiB pitch alignment, wider than any the interposer expects, to
+ * prove that a pitch is charged as the driver chose it.
  */
 #include <stdint.h>
 #include <string.h>
@@ -24,6 +26,18 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return CUDA_ERROR_INVALID_VALUE;
     *dptr = __atomic_fetch_add(&next_pointer, (bytesize + 0xfffff) & ~0xfffffULL, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
+}
+
+#define PITCH_ALIGNMENT 4096u
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                   unsigned int ElementSizeBytes)
+{
+    (void)ElementSizeBytes;
+    if (!pPitch || !WidthInBytes || !Height)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pPitch = (WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    return cuMemAlloc_v2(dptr, *pPitch * Height);
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
