@@ -123,6 +123,20 @@ static int attach_region(const char *path)
     return 0;
 }
 
+/* A slot that already holds this pid belongs to the image this process ran before an exec
+ * (this image has claimed none yet): the exec released its GPU memory, so it stops counting. */
+static void release_slots_of_previous_image(struct vgpu_region *region)
+{
+    int32_t pid = (int32_t)getpid();
+    uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_ACQUIRE);
+    for (uint32_t index = 0; index < high_water && index < VGPU_REGION_MAX_PROCS; index++) {
+        int32_t owner = pid;
+        if (__atomic_compare_exchange_n(&region->procs[index].pid, &owner, SLOT_FREE, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_RELAXED))
+            vgpu_log(VGPU_LOG_INFO, "gave back slot %u of this process's image before exec", index);
+    }
+}
+
 static void after_fork_in_child(void);
 static void before_fork(void);
 static void after_fork_in_parent(void);
@@ -141,9 +155,10 @@ static void initialise(void)
              "jupyter-vgpu: slice region %s has no free process slot (all %d are held by running "
              "processes): allocations of this process are refused",
              P.region_path, VGPU_REGION_MAX_PROCS);
-    if (attach_region(path) == 0)
+    if (attach_region(path) == 0) {
         vgpu_log(VGPU_LOG_INFO, "attached to slice region %s", P.region_path);
-    else
+        release_slots_of_previous_image(P.region);
+    } else
         vgpu_log(VGPU_LOG_WARN, "%s", P.attach_failure);
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }
@@ -270,8 +285,7 @@ static uint32_t slot_limit(const struct vgpu_region *region)
     return high_water < VGPU_REGION_MAX_PROCS ? high_water : VGPU_REGION_MAX_PROCS;
 }
 
-/* Takes a free slot (or a stale one of this very pid: the image before an exec, whose GPU
- * memory the exec released) and publishes it zeroed. Returns its index or -1. */
+/* Takes a free slot and publishes it zeroed. Returns its index or -1. */
 static int claim_slot(struct vgpu_region *region)
 {
     int32_t pid = (int32_t)getpid();
@@ -283,8 +297,7 @@ static int claim_slot(struct vgpu_region *region)
         for (int index = 0; index < VGPU_REGION_MAX_PROCS; index++) {
             struct vgpu_proc_slot *slot = &region->procs[index];
             int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
-            int stale_self = owner == pid && __atomic_load_n(&slot->start_time, __ATOMIC_RELAXED) == start_time;
-            if (owner != SLOT_FREE && !stale_self)
+            if (owner != SLOT_FREE)
                 continue;
             if (!__atomic_compare_exchange_n(&slot->pid, &owner, -pid, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
                 continue;

@@ -140,3 +140,19 @@ def test_forked_child_counts_separately_from_zero(compile_c, sim_env, make_slice
     assert by_pid == {parent_pid: 64 * MIB, child_pid: 32 * MIB}
     program.send()
     assert program.finish() == 0
+
+
+def test_exec_gives_back_what_the_previous_image_held(probe, sim_env, make_slice, interactive):
+    env, region = make_slice(sim_env, memory_limit=CAP)
+    program = interactive([probe.executable, "init", "alloc:64M", "wait", "exec", "wait", "init", "alloc:16M", "wait"], env)
+    program.read_until("wait")
+    assert [(slot.pid, slot.allocated) for slot in live_slots(region)] == [(program.process.pid, 64 * MIB)]
+    program.send()
+    program.read_until("wait")  # the new image runs, and has not used the GPU yet
+    assert live_slots(region) == []
+    program.send()
+    lines = program.read_until("wait")
+    assert lines[1][:2] == ["alloc", "0"]
+    assert [(slot.pid, slot.allocated) for slot in live_slots(region)] == [(program.process.pid, 16 * MIB)]
+    program.send()
+    assert program.finish() == 0

@@ -26,11 +26,14 @@
  *   ptsz-variant          whether cuMemAllocAsync/cuMemFreeAsync obtained are the _ptsz hooks
  *                                                                            -> "ptsz-variant A F"
  *   wait                  prints "wait", then reads one line from stdin
+ *   exec                  replaces this program with a fresh one running the remaining commands
+ *                         (same pid, new image)                              -> "exec"
  */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vgpu/cuda_abi.h"
 
@@ -296,7 +299,23 @@ int main(int argc, char **argv)
     }
     PROBED_ENTRY_POINTS(REQUIRE)
 #undef REQUIRE
-    for (int i = first; i < argc; i++)
+    for (int i = first; i < argc; i++) {
+        if (strcmp(argv[i], "exec") == 0) {
+            printf("exec\n");
+            fflush(stdout);
+            char path_option[64];
+            snprintf(path_option, sizeof path_option, "--path=%s", path);
+            char *next[argc + 2];
+            int count = 0;
+            next[count++] = argv[0];
+            next[count++] = path_option;
+            for (int j = i + 1; j < argc; j++)
+                next[count++] = argv[j];
+            next[count] = NULL;
+            execv("/proc/self/exe", next);
+            return 5;
+        }
         run(argv[i]);
+    }
     return 0;
 }
