@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import queue
 
+import jupyter_client
 import pytest
-
 from slice_helpers import GIB, MIB
-
-jupyter_client = pytest.importorskip("jupyter_client")
 
 CODE = r"""
 import ctypes, json
