@@ -293,26 +293,24 @@ static int claim_slot(struct vgpu_region *region)
     /* Processes of the slice that died since anyone last looked stop counting before this
      * one's first allocation is checked against the cap. */
     vgpu_reap_dead_slots();
-    {
-        for (int index = 0; index < VGPU_REGION_MAX_PROCS; index++) {
-            struct vgpu_proc_slot *slot = &region->procs[index];
-            int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
-            if (owner != SLOT_FREE)
-                continue;
-            if (!__atomic_compare_exchange_n(&slot->pid, &owner, -pid, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-                continue;
-            __atomic_store_n(&slot->start_time, start_time, __ATOMIC_RELAXED);
-            __atomic_store_n(&slot->allocated, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&slot->driver_reserved, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&slot->launches, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&slot->throttled_ns, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&slot->sm_util_permille, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&slot->oom_refusals, 0, __ATOMIC_RELAXED);
-            /* High water first: once the pid is public, every summer must reach this slot. */
-            raise_high_water(region, (uint32_t)index + 1);
-            __atomic_store_n(&slot->pid, pid, __ATOMIC_SEQ_CST);
-            return index;
-        }
+    for (int index = 0; index < VGPU_REGION_MAX_PROCS; index++) {
+        struct vgpu_proc_slot *slot = &region->procs[index];
+        int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
+        if (owner != SLOT_FREE)
+            continue;
+        if (!__atomic_compare_exchange_n(&slot->pid, &owner, -pid, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+            continue;
+        __atomic_store_n(&slot->start_time, start_time, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->allocated, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->driver_reserved, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->launches, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->throttled_ns, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->sm_util_permille, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->oom_refusals, 0, __ATOMIC_RELAXED);
+        /* High water first: once the pid is public, every summer must reach this slot. */
+        raise_high_water(region, (uint32_t)index + 1);
+        __atomic_store_n(&slot->pid, pid, __ATOMIC_SEQ_CST);
+        return index;
     }
     return -1;
 }

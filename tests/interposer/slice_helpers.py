@@ -51,6 +51,13 @@ def wait_for(condition, timeout: float, interval: float = 0.02, message: str = "
     return value
 
 
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat, as the interposer records it in a slot."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        text = stat.read()
+    return int(text[text.rindex(b")") + 2 :].split()[19])
+
+
 def live_slots(region) -> list:
     """Slots the interposer counts (pid > 0), straight from the shared memory."""
     raw = region.raw

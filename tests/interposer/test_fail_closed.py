@@ -4,13 +4,14 @@ allocate stay silent."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
 
 from jupyter_vgpu.region import constants, limits_check
 
-from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, process_start_time
 
 COMMANDS = ("init", "alloc:1M", "vmm:2M", "managed:1M", "info", "total")
 
@@ -95,3 +96,20 @@ def test_process_that_never_allocates_prints_nothing(sim_env, native_libs, tmp_p
     env = dict(sim_env, LD_PRELOAD=str(native_libs.vgpu), VGPU_REGION=str(tmp_path / "gone.region"))
     result = subprocess.run(["sh", "-c", "echo hello"], env=env, capture_output=True, text=True)
     assert (result.returncode, result.stdout, result.stderr) == (0, "hello\n", "")
+
+
+def test_region_with_every_slot_held_by_a_live_process_refuses_and_says_why(probe, sim_env, make_slice):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    raw = region.raw
+    for index in range(raw.max_procs):  # all held by this (live) test process
+        raw.procs[index].pid = os.getpid()
+        raw.procs[index].start_time = process_start_time(os.getpid())
+    raw.procs_high_water = raw.max_procs
+    run = probe(env, "init", "alloc:1M", "alloc:1M")
+    assert run.returncode == 0, run.stderr
+    assert [run.rc(1), run.rc(2)] == [CUDA_ERROR_OUT_OF_MEMORY] * 2
+    assert run.stderr.count("\n") == 1
+    assert f"slice region {env['VGPU_REGION']} has no free process slot (all 128 are held" in run.stderr
+    raw.procs[5].pid = 0  # one frees up: the next process gets it
+    run = probe(env, "init", "alloc:1M")
+    assert run.rc(1) == 0, run.stderr
