@@ -42,6 +42,14 @@ enum vgpu_alloc_family {
     FAMILY_MIPMAPPED_ARRAY,
 };
 
+/* For debug logs: which kind of allocation an entry came from. */
+static const char *const family_names[] = {
+    [FAMILY_ALLOC] = "cuMemAlloc",          [FAMILY_PITCH] = "cuMemAllocPitch",
+    [FAMILY_MANAGED] = "cuMemAllocManaged", [FAMILY_ASYNC] = "cuMemAllocAsync",
+    [FAMILY_POOL] = "cuMemAllocFromPoolAsync", [FAMILY_VMM] = "cuMemCreate",
+    [FAMILY_ARRAY] = "cuArrayCreate",       [FAMILY_MIPMAPPED_ARRAY] = "cuMipmappedArrayCreate",
+};
+
 /* ---- the allocation table ------------------------------------------------------------- */
 
 #define TABLE_MIN_CAPACITY 64
@@ -293,6 +301,8 @@ static void record(const struct charge *c, uint8_t kind, uint64_t key, uint8_t f
     struct vgpu_alloc_entry entry = {
         .key = key, .size = c->bytes, .context = owning_context(kind), .kind = kind, .family = family};
     int64_t replaced = table_insert(&entry);
+    vgpu_log(VGPU_LOG_DEBUG, "%s %#llx: %llu bytes charged", family_names[family], (unsigned long long)key,
+             (unsigned long long)c->bytes);
     if (replaced > 0) {
         vgpu_log(VGPU_LOG_DEBUG, "allocation %#llx was freed behind our back; its %lld bytes are given back",
                  (unsigned long long)key, (long long)replaced);
@@ -319,6 +329,9 @@ static void settle_release(int known, const struct vgpu_alloc_entry *entry, CUre
 {
     if (!known)
         return;
+    vgpu_log(VGPU_LOG_DEBUG, "%s %#llx freed (%d): %llu bytes %s", family_names[entry->family],
+             (unsigned long long)entry->key, result, (unsigned long long)entry->size,
+             result == CUDA_SUCCESS ? "given back" : "still held");
     if (result == CUDA_SUCCESS)
         slot_subtract(vgpu_claimed_slot(), entry->size);
     else

@@ -204,3 +204,19 @@ def test_pitch_wider_than_expected_is_charged_as_the_driver_chose_it(
     assert "cuMemAllocPitch_v2 asked for 3.9 MiB, the slice uses 0 bytes of its 2.0 MiB cap" in (
         tmp_path / "stderr"
     ).read_text()
+
+
+def test_driver_memory_of_contexts_counts_against_the_cap(probe, sim_env, make_slice, interactive):
+    sim_env["VGPU_SIM_DEVICES"] = "name=context GPU,memory=16GiB,sms=100,context_memory=300MiB"
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    program = interactive([probe.executable, "init", "info", "alloc:700M", "alloc:100M", "ctx", "info", "wait"], env)
+    lines = program.read_until("wait")
+    assert lines[1] == ["info", "0", str(GIB - 300 * MIB), str(GIB)]  # counted as soon as the context exists
+    assert lines[2][:2] == ["alloc", "0"]  # 300 + 700 MiB fit in 1 GiB
+    assert lines[3][:2] == ["alloc", str(CUDA_ERROR_OUT_OF_MEMORY)]
+    assert lines[4] == ["ctx", "0"]  # a second context: 300 MiB more, over the cap (the driver decides)
+    assert lines[5] == ["info", "0", "0", str(GIB)]
+    (slot,) = live_slots(region)
+    assert (slot.allocated, slot.driver_reserved) == (700 * MIB, 600 * MIB)
+    program.send()
+    assert program.finish() == 0
