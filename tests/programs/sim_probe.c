@@ -242,11 +242,20 @@ static int command_duration(char **argv)
     CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
     CHECK(cuEventCreate(&end, CU_EVENT_DEFAULT));
-    /* A kernel first, so both events sit between kernels on a busy stream: no host time in between. */
-    CHECK(cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
-    CHECK(cuEventRecord(start, stream));
-    CHECK(cuLaunchKernel(function, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, NULL, NULL));
-    CHECK(cuEventRecord(end, stream));
+    /* Both events must sit between kernels on a busy stream, so no host time falls between
+     * them: queue work first, and check the start event had not completed when the measured
+     * kernel was queued (a descheduled probe tries again). */
+    int attempts = 0, busy = 0;
+    while (!busy && attempts++ < 100) {
+        CHECK(cuStreamSynchronize(stream));
+        for (int i = 0; i < 20; i++)
+            CHECK(cuLaunchKernel(function, 1, 1, 1, 1024, 1, 1, 0, stream, NULL, NULL));
+        CHECK(cuEventRecord(start, stream));
+        CHECK(cuLaunchKernel(function, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, NULL, NULL));
+        CHECK(cuEventRecord(end, stream));
+        busy = cuEventQuery(start) == CUDA_ERROR_NOT_READY;
+    }
+    printf("stream_was_busy %d\n", busy);
     printf("query_before %d\n", cuEventQuery(end));
     float ms;
     printf("elapsed_before %d\n", cuEventElapsedTime(&ms, start, end));
@@ -301,10 +310,17 @@ static int command_launches(void)
     CHECK(cuGraphGetNodes(graph, NULL, &nodes));
     printf("graph_nodes %zu\n", nodes);
     CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
-    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
-    CHECK(cuEventRecord(before, stream));
-    CHECK(cuGraphLaunch(exec, stream));
-    CHECK(cuEventRecord(after, stream));
+    int attempts = 0, busy = 0;
+    while (!busy && attempts++ < 100) { /* as in command_duration: events between kernels only */
+        CHECK(cuStreamSynchronize(stream));
+        for (int i = 0; i < 20; i++)
+            CHECK(cuLaunchKernel(f, 1, 1, 1, 1024, 1, 1, 0, stream, NULL, NULL));
+        CHECK(cuEventRecord(before, stream));
+        CHECK(cuGraphLaunch(exec, stream));
+        CHECK(cuEventRecord(after, stream));
+        busy = cuEventQuery(before) == CUDA_ERROR_NOT_READY;
+    }
+    printf("graph_stream_was_busy %d\n", busy);
     printf("graph_query %d\n", cuStreamQuery(stream));
     CHECK(cuStreamSynchronize(stream));
     float ms;

@@ -26,6 +26,7 @@ SMS, BLOCK_NS = 100, 10_000
 def test_kernel_duration_follows_the_documented_formula(programs, env, grid, block):
     env = with_devices(env, f"sms={SMS},block_ns={BLOCK_NS}")
     seen = probe(programs, env, "duration", *map(str, grid), *map(str, block))
+    assert seen["stream_was_busy"] == "1"
     blocks, threads = grid[0] * grid[1] * grid[2], block[0] * block[1] * block[2]
     expected = kernel_duration_ns(SMS, BLOCK_NS, blocks, threads)
     # Events on a busy stream read the virtual timeline exactly; float milliseconds round a little.
@@ -89,6 +90,7 @@ def test_a_captured_graph_runs_every_kernel_at_each_launch(programs, env):
     assert seen["capture_ran"] == "0"  # capturing records, it does not execute
     assert seen["graph_nodes"] == "5"
     assert seen["graph_query"] == "600"
+    assert seen["graph_stream_was_busy"] == "1"
     assert float(seen["graph_elapsed_ns"]) == pytest.approx(5 * kernel_duration_ns(SMS, BLOCK_NS, 1, 256), abs=50)
     assert seen["graph_destroy_twice"] == "1"
 

@@ -217,6 +217,13 @@ struct sim_cuda {
     struct CUstream_st *free_streams;
     struct CUevent_st *free_events;
     int fork_handler_installed;
+    /* cuGetProcAddress's view of the exported symbols, derived once (driver.c). */
+    pthread_once_t symbols_once;
+    struct sim_symbol_key {
+        uint16_t base_length; /* "cuMemAlloc" of "cuMemAlloc_v2" */
+        uint8_t per_thread;   /* a _ptsz / _ptds variant */
+        int version;          /* driver API version that introduced this variant */
+    } symbol_keys[128];
 };
 extern struct sim_cuda sim_cuda;
 

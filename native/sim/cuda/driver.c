@@ -12,7 +12,7 @@
 
 #include "cuda_sim.h"
 
-struct sim_cuda sim_cuda = {.lock = PTHREAD_MUTEX_INITIALIZER};
+struct sim_cuda sim_cuda = {.lock = PTHREAD_MUTEX_INITIALIZER, .symbols_once = PTHREAD_ONCE_INIT};
 _Thread_local struct sim_thread sim_thread;
 
 /* ---- initialisation, fork, exit ------------------------------------------------------------ */
@@ -68,6 +68,7 @@ static void forget_parent_after_fork(void)
     int handler_installed = sim_cuda.fork_handler_installed;
     memset(&sim_cuda, 0, sizeof sim_cuda);
     pthread_mutex_init(&sim_cuda.lock, NULL);
+    sim_cuda.symbols_once = (pthread_once_t)PTHREAD_ONCE_INIT;
     sim_cuda.fork_handler_installed = handler_installed;
     sim_thread.depth = 0;
 }
@@ -340,33 +341,46 @@ static size_t base_length(const char *name, int *per_thread)
     return length;
 }
 
+#define SYMBOL_COUNT (sizeof symbols / sizeof symbols[0])
+_Static_assert(SYMBOL_COUNT <= sizeof sim_cuda.symbol_keys / sizeof sim_cuda.symbol_keys[0], "room for every symbol");
+
+static void derive_symbol_keys(void)
+{
+    for (size_t i = 0; i < SYMBOL_COUNT; i++) {
+        int per_thread;
+        sim_cuda.symbol_keys[i].base_length = (uint16_t)base_length(symbols[i].name, &per_thread);
+        sim_cuda.symbol_keys[i].per_thread = (uint8_t)per_thread;
+        sim_cuda.symbol_keys[i].version = introduced_in(symbols[i].name);
+    }
+}
+
 static CUresult get_proc_address(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                  CUdriverProcAddressQueryResult *status)
 {
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&sim_cuda.symbols_once, derive_symbol_keys);
     *pfn = NULL;
     size_t length = strlen(symbol);
     int want_per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     int found = -1, found_version = -1, too_new = 0;
+    /* With the per-thread flag, a _ptsz variant wins where there is one. */
     for (int pass = want_per_thread; pass >= 0 && found < 0; pass--) {
-        for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-            int per_thread;
-            if (base_length(symbols[i].name, &per_thread) != length || per_thread != pass ||
-                strncmp(symbols[i].name, symbol, length) != 0)
+        for (size_t i = 0; i < SYMBOL_COUNT; i++) {
+            const struct sim_symbol_key *key = &sim_cuda.symbol_keys[i];
+            if (key->base_length != length || key->per_thread != pass || memcmp(symbols[i].name, symbol, length) != 0)
                 continue;
-            int version = introduced_in(symbols[i].name);
-            if (version > cudaVersion) {
+            if (key->version > cudaVersion) {
                 too_new = 1;
                 continue;
             }
-            if (version > found_version) {
+            if (key->version > found_version) {
                 found = (int)i;
-                found_version = version;
+                found_version = key->version;
             }
         }
     }
-    for (size_t i = 0; found < 0 && !too_new && i < sizeof symbols / sizeof symbols[0]; i++)
+    for (size_t i = 0; found < 0 && !too_new && i < SYMBOL_COUNT; i++)
         if (strcmp(symbols[i].name, symbol) == 0) /* asked by its exported name ("cuMemAlloc_v2") */
             found = (int)i;
     if (found < 0) {
