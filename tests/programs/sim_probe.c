@@ -10,11 +10,15 @@
  *   sim_probe push-buffer N         wall time of a loop queuing N launches without waiting
  *   sim_probe proc-address          cuGetProcAddress resolution
  *   sim_probe contexts              context memory, primary retain/release, cuCtxCreate/Destroy
+ *   sim_probe fork                  a forked child starts with no driver state and holds its own memory
+ *   sim_probe exec                  allocate, then exec this program again ("after-exec" reports)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "vgpu/cuda_abi.h"
 #include "vgpu/nvml_abi.h"
@@ -427,6 +431,37 @@ static int command_contexts(void)
     return 0;
 }
 
+static int command_fork(void)
+{
+    primary();
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, 64 << 20));
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr q;
+        printf("child_before_init %d\n", cuMemAlloc_v2(&q, 1 << 20));
+        primary();
+        CHECK(cuMemAlloc_v2(&q, 32 << 20));
+        printf("child_sees %lld\n", used_bytes());
+        exit(0); /* as a normal exit: its memory goes back */
+    }
+    int status;
+    waitpid(child, &status, 0);
+    printf("child_status %d\nparent_after_child %lld\n", status, used_bytes());
+    return 0;
+}
+
+static int command_exec(const char *self)
+{
+    primary();
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, 100 << 20));
+    printf("before_exec %lld\n", used_bytes());
+    fflush(stdout);
+    execl(self, self, "after-exec", (char *)NULL);
+    return 4;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -446,6 +481,15 @@ int main(int argc, char **argv)
         return command_proc_address();
     if (argc >= 2 && strcmp(argv[1], "contexts") == 0)
         return command_contexts();
+    if (argc >= 2 && strcmp(argv[1], "fork") == 0)
+        return command_fork();
+    if (argc >= 2 && strcmp(argv[1], "exec") == 0)
+        return command_exec("/proc/self/exe");
+    if (argc >= 2 && strcmp(argv[1], "after-exec") == 0) {
+        primary(); /* same pid and start time as before the exec: what that image held is gone */
+        printf("after_exec %lld\n", used_bytes());
+        return 0;
+    }
     fprintf(stderr, "usage: see the comment at the top of sim_probe.c\n");
     return 2;
 }

@@ -92,6 +92,20 @@ def test_each_context_charges_context_memory_once(programs, env):
     assert seen["after_reset"] == str(256 * MIB)
 
 
+def test_a_forked_child_starts_afresh_and_its_memory_is_its_own(programs, env):
+    seen = probe(programs, env, "fork")
+    assert seen["child_before_init"] == "3"  # CUDA_ERROR_NOT_INITIALIZED: the parent's state is not the child's
+    assert seen["child_sees"] == str(96 * MIB)  # the parent's 64 MiB and its own 32 MiB
+    assert seen["child_status"] == "0"
+    assert seen["parent_after_child"] == str(64 * MIB)
+
+
+def test_memory_held_before_an_exec_is_gone_after_it(programs, env):
+    seen = probe(programs, env, "exec")
+    assert seen["before_exec"] == str(100 * MIB)
+    assert seen["after_exec"] == "0"
+
+
 def test_capacity_is_enforced_across_processes(programs, env, workloads):
     env = with_devices(env, "memory=1GiB")
     first = workloads(env, "hold", str(700 * MIB))

@@ -143,7 +143,16 @@ struct CUgraphExec_st {
     struct sim_launch launches[];
 };
 
-enum sim_handle_kind { SIM_HANDLE_ARRAY = 1, SIM_HANDLE_MIPMAPPED_ARRAY, SIM_HANDLE_POOL, SIM_HANDLE_VMM };
+/* Handles checked by lookup, never by reading through them: they are freed when destroyed, so a
+ * second destroy (or any use after it) must not touch their memory. */
+enum sim_handle_kind {
+    SIM_HANDLE_ARRAY = 1,
+    SIM_HANDLE_MIPMAPPED_ARRAY,
+    SIM_HANDLE_POOL,
+    SIM_HANDLE_VMM,
+    SIM_HANDLE_GRAPH,
+    SIM_HANDLE_GRAPH_EXEC,
+};
 
 struct CUmemPoolHandle_st {
     struct sim_cuda_device *device;
@@ -213,7 +222,7 @@ struct sim_cuda {
     struct sim_arena arena;
     struct sim_map allocations;  /* base address -> struct sim_allocation * */
     struct sim_map reservations; /* cuMemAddressReserve base -> size */
-    struct sim_map handles;      /* array, pool and VMM handles -> enum sim_handle_kind */
+    struct sim_map handles;      /* handles of enum sim_handle_kind -> their kind */
     struct CUstream_st *free_streams;
     struct CUevent_st *free_events;
     int fork_handler_installed;

@@ -31,8 +31,24 @@ struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags)
     return stream;
 }
 
+static int registered(const void *handle, enum sim_handle_kind kind)
+{
+    uintptr_t found;
+    return handle && sim_map_get(&sim_cuda.handles, (uintptr_t)handle, &found) == 0 && found == (uintptr_t)kind;
+}
+
+static int register_handle(const void *handle, enum sim_handle_kind kind)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    int stored = sim_map_put(&sim_cuda.handles, (uintptr_t)handle, kind) == 0;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return stored;
+}
+
+/* Frees a graph (lock held): its registration, nodes and memory. */
 static void free_graph(struct CUgraph_st *graph)
 {
+    sim_map_take(&sim_cuda.handles, (uintptr_t)graph, NULL);
     graph->magic = SIM_DEAD_MAGIC;
     for (size_t i = 0; i < graph->count; i++) {
         graph->nodes[i]->magic = SIM_DEAD_MAGIC;
@@ -275,23 +291,23 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     return CUDA_SUCCESS;
 }
 
+/* Unloaded modules and their functions keep their memory, marked dead, so a stale handle is
+ * refused (INVALID_HANDLE) instead of read after free. They are few and small. */
 CUresult cuModuleUnload(CUmodule hmod)
 {
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
-    if (!hmod || hmod->magic != SIM_MODULE_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&sim_cuda.lock);
-    hmod->magic = SIM_DEAD_MAGIC;
-    for (struct CUfunc_st *function = hmod->functions, *next; function; function = next) {
-        next = function->next;
-        function->magic = SIM_DEAD_MAGIC;
-        free(function);
+    if (hmod && hmod->magic == SIM_MODULE_MAGIC) {
+        hmod->magic = SIM_DEAD_MAGIC;
+        for (struct CUfunc_st *function = hmod->functions; function; function = function->next)
+            function->magic = SIM_DEAD_MAGIC;
+    } else {
+        result = CUDA_ERROR_INVALID_HANDLE;
     }
     pthread_mutex_unlock(&sim_cuda.lock);
-    free(hmod);
-    return CUDA_SUCCESS;
+    return result;
 }
 
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
@@ -481,6 +497,10 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
     if (!graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
     graph->magic = SIM_GRAPH_MAGIC;
+    if (!register_handle(graph, SIM_HANDLE_GRAPH)) {
+        free(graph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     stream->capture = graph;
     return CUDA_SUCCESS;
 }
@@ -506,15 +526,28 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
-    if (!phGraphExec || !hGraph || hGraph->magic != SIM_GRAPH_MAGIC)
+    if (!phGraphExec)
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUgraphExec_st *exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
-    if (!exec)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    exec->magic = SIM_GRAPH_EXEC_MAGIC;
-    exec->count = hGraph->count;
-    for (size_t i = 0; i < hGraph->count; i++)
-        exec->launches[i] = hGraph->nodes[i]->launch;
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUgraphExec_st *exec = NULL;
+    result = CUDA_ERROR_INVALID_VALUE;
+    if (registered(hGraph, SIM_HANDLE_GRAPH)) {
+        exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+        if (exec) {
+            exec->magic = SIM_GRAPH_EXEC_MAGIC;
+            exec->count = hGraph->count;
+            for (size_t i = 0; i < hGraph->count; i++)
+                exec->launches[i] = hGraph->nodes[i]->launch;
+            if (sim_map_put(&sim_cuda.handles, (uintptr_t)exec, SIM_HANDLE_GRAPH_EXEC) == 0)
+                result = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (result != CUDA_SUCCESS) {
+        free(exec);
+        return result;
+    }
     *phGraphExec = exec;
     return CUDA_SUCCESS;
 }
@@ -527,7 +560,10 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     CUresult result = sim_stream_resolve(hStream, &stream);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!hGraphExec || hGraphExec->magic != SIM_GRAPH_EXEC_MAGIC)
+    pthread_mutex_lock(&sim_cuda.lock);
+    int known = registered(hGraphExec, SIM_HANDLE_GRAPH_EXEC);
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (!known)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < hGraphExec->count && result == CUDA_SUCCESS; i++) {
         struct sim_kernel_cost cost;
@@ -550,7 +586,10 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
-    if (!hGraphExec || hGraphExec->magic != SIM_GRAPH_EXEC_MAGIC)
+    pthread_mutex_lock(&sim_cuda.lock);
+    int known = sim_map_take(&sim_cuda.handles, (uintptr_t)hGraphExec, NULL) == 0;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (!known)
         return CUDA_ERROR_INVALID_VALUE;
     hGraphExec->magic = SIM_DEAD_MAGIC;
     free(hGraphExec);
@@ -562,10 +601,12 @@ CUresult cuGraphDestroy(CUgraph hGraph)
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
-    if (!hGraph || hGraph->magic != SIM_GRAPH_MAGIC)
-        return CUDA_ERROR_INVALID_VALUE;
-    free_graph(hGraph);
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&sim_cuda.lock);
+    int known = registered(hGraph, SIM_HANDLE_GRAPH);
+    if (known)
+        free_graph(hGraph);
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- graph introspection (optional entry points) ------------------------------------------ */
@@ -580,10 +621,12 @@ CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
-    if (!hGraph || hGraph->magic != SIM_GRAPH_MAGIC || !numNodes)
+    if (!numNodes)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_cuda.lock);
-    if (nodes) {
+    if (!registered(hGraph, SIM_HANDLE_GRAPH)) {
+        result = CUDA_ERROR_INVALID_VALUE;
+    } else if (nodes) {
         size_t filled = *numNodes < hGraph->count ? *numNodes : hGraph->count;
         for (size_t i = 0; i < *numNodes; i++)
             nodes[i] = i < filled ? hGraph->nodes[i] : NULL;
@@ -592,7 +635,7 @@ CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
         *numNodes = hGraph->count;
     }
     pthread_mutex_unlock(&sim_cuda.lock);
-    return CUDA_SUCCESS;
+    return result;
 }
 
 CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
