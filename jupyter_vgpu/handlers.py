@@ -5,6 +5,7 @@ answers bad input with a JSON ``{"message": ...}`` 4xx, never a 500."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
+from .errors import VGPUHTTPError
 from .ledger import Allocation, CapacityError, UnknownSlice
 from .provisioner import PROVISIONER_NAME, SliceAdmissionError
 from .sizes import SliceValueError
@@ -74,12 +76,12 @@ class VGPUHandler(APIHandler):
         try:
             body = json.loads(self.request.body or b"{}")
         except ValueError:
-            raise web.HTTPError(400, "the request body is not JSON") from None
+            raise VGPUHTTPError(400, "the request body is not JSON") from None
         if not isinstance(body, dict):
-            raise web.HTTPError(400, "the request body must be a JSON object")
+            raise VGPUHTTPError(400, "the request body must be a JSON object")
         unknown = set(body) - allowed
         if unknown:
-            raise web.HTTPError(400, f"unknown field(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(allowed))}")
+            raise VGPUHTTPError(400, f"unknown field(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(allowed))}")
         return body
 
     async def session_paths(self) -> dict[str, str]:
@@ -109,7 +111,7 @@ class SliceHandler(VGPUHandler):
         try:
             status = self.slices.status(self.slices.get(kernel_id))
         except UnknownSlice as error:
-            raise web.HTTPError(404, str(error)) from None
+            raise VGPUHTTPError(404, str(error)) from None
         self.finish(json.dumps(slice_model(status, await self.session_paths())))
 
     @web.authenticated
@@ -117,17 +119,17 @@ class SliceHandler(VGPUHandler):
     async def patch(self, kernel_id: str):
         body = self.json_body(SLICE_FIELDS)
         if not body:
-            raise web.HTTPError(400, "nothing to change; send memory, cores and/or policy")
+            raise VGPUHTTPError(400, "nothing to change; send memory, cores and/or policy")
         try:
             self.slices.resize(
                 kernel_id, memory_limit=body.get("memory"), sm_share=body.get("cores"), policy=body.get("policy")
             )
         except UnknownSlice as error:
-            raise web.HTTPError(404, str(error)) from None
+            raise VGPUHTTPError(404, str(error)) from None
         except SliceValueError as error:
-            raise web.HTTPError(400, str(error)) from None
+            raise VGPUHTTPError(400, str(error)) from None
         except CapacityError as error:
-            raise web.HTTPError(409, str(error)) from None
+            raise VGPUHTTPError(409, str(error)) from None
         status = self.slices.status(self.slices.get(kernel_id))
         self.finish(json.dumps(slice_model(status, await self.session_paths())))
 
@@ -143,16 +145,22 @@ class KernelsHandler(VGPUHandler):
         try:
             spec = self.kernel_spec_manager.get_kernel_spec(name)
         except Exception:
-            raise web.HTTPError(404, f"no kernelspec named {name!r}") from None
+            raise VGPUHTTPError(404, f"no kernelspec named {name!r}") from None
         provisioner = spec.metadata.get("kernel_provisioner", {}).get("provisioner_name")
         if provisioner != PROVISIONER_NAME:
-            raise web.HTTPError(400, f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec")
+            raise VGPUHTTPError(400, f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec")
         requested = {key: str(body[key]) for key in ("memory", "cores", "policy", "device") if key in body}
         requested["owner"] = getattr(self.current_user, "username", "")
+        kernel_id = str(uuid.uuid4())
         try:
-            kernel_id = await self.kernel_manager.start_kernel(kernel_name=name, path=body.get("path"), vgpu_slice=requested)
-        except SliceAdmissionError as error:
-            raise web.HTTPError(error.status_code, error.message) from None
+            await self.kernel_manager.start_kernel(
+                kernel_id=kernel_id, kernel_name=name, path=body.get("path"), vgpu_slice=requested
+            )
+        except SliceAdmissionError:
+            # jupyter_client keeps a kernel whose start failed among its pending kernels, where
+            # it lingers and breaks shutdown_all; it never started, so forget it.
+            self.kernel_manager._pending_kernels.pop(kernel_id, None)
+            raise
         model = self.kernel_manager.kernel_model(kernel_id)
         status = self.slices.status(self.slices.get(kernel_id))
         self.set_status(201)
@@ -186,8 +194,7 @@ class MetricsHandler(VGPUHandler):
             used.labels(*labels).set(status.memory_used)
             share.labels(*labels).set(allocation.sm_share)
             util.labels(*labels).set(status.sm_util_percent)
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(registry))
+        self.finish(generate_latest(registry), set_content_type=CONTENT_TYPE_LATEST)
 
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
-from tornado.web import HTTPError
 from traitlets import Bool, Unicode
 
+from .errors import VGPUHTTPError
 from .devices import list_devices, use_simulator
 from .ledger import CapacityError, SliceRequest
 from .sandbox import SliceSpec, create_region, slice_environment
@@ -28,16 +28,9 @@ from .slices import SliceManager
 PROVISIONER_NAME = "vgpu-provisioner"
 
 
-class SliceAdmissionError(HTTPError):
-    """A kernel that cannot be admitted. An HTTPError so that jupyter_server answers the kernel
+class SliceAdmissionError(VGPUHTTPError):
+    """A kernel that cannot be admitted. An HTTP error so that jupyter_server answers the kernel
     start with 409 (or 400) and the message, which JupyterLab shows in its error dialog."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(status, message, reason=message.split(":")[0][:80])
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class VGPUProvisioner(LocalProvisioner):

@@ -84,7 +84,13 @@ def run_in_kernel(jp_serverapp):
         client.stop_channels()
 
 
-CUDA_MEMORY = """
+@pytest.fixture
+def cuda_prelude() -> str:
+    """Kernel code defining memory() and allocate(size) over the CUDA driver, via ctypes."""
+    return CUDA_PRELUDE
+
+
+CUDA_PRELUDE = """
 import ctypes
 cuda = ctypes.CDLL("libcuda.so.1")
 assert cuda.cuInit(0) == 0

@@ -11,8 +11,6 @@ import pytest
 import tornado.httpclient
 from jupyter_server.auth import Authorizer
 
-from .conftest import CUDA_MEMORY
-
 GIB = 1 << 30
 
 
@@ -44,10 +42,10 @@ async def test_devices_report_capacity_and_what_slices_hold(jp_fetch, vgpu_kerne
     assert (large["memory_allocated"], large["memory_free"], large["sm_share_allocated"]) == (3 * GIB, 13 * GIB, 40)
 
 
-async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernelspec, run_in_kernel):
+async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     kernel_id, sliced = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", cores=30, policy="burst")
     assert sliced["limits"] == {"memory": 2 * GIB, "cores": 30, "policy": "burst"}
-    out = await run_in_kernel(kernel_id, CUDA_MEMORY + "print(memory()[1]); print(allocate(512 << 20))")
+    out = await run_in_kernel(kernel_id, cuda_prelude + "print(memory()[1]); print(allocate(512 << 20))")
     assert out.split() == [str(2 * GIB), "0"]
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
     assert listed["kernel_id"] == kernel_id and listed["state"] == "running"
@@ -55,17 +53,17 @@ async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernels
     assert [p["memory"] for p in listed["usage"]["processes"]] == [512 << 20]
 
 
-async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_kernelspec, run_in_kernel):
+async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     reply = await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": vgpu_kernelspec})
-    out = await run_in_kernel(reply["id"], CUDA_MEMORY + "print(memory()[1])")
+    out = await run_in_kernel(reply["id"], cuda_prelude + "print(memory()[1])")
     assert out.strip() == str(1 * GIB)
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
     assert listed["limits"] == {"memory": GIB, "cores": 50, "policy": "hard"}
 
 
-async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(jp_fetch, vgpu_kernelspec, run_in_kernel):
+async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
-    await run_in_kernel(kernel_id, CUDA_MEMORY)
+    await run_in_kernel(kernel_id, cuda_prelude)
     resized = await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "3GiB", "cores": 20})
     assert resized["limits"]["memory"] == 3 * GIB and resized["limits"]["cores"] == 20
     assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(3 * GIB)
@@ -156,9 +154,9 @@ async def test_twenty_concurrent_starts_against_room_for_ten_admit_exactly_ten(j
     assert [d["sm_share_allocated"] for d in devices] == [100, 100]
 
 
-async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel):
+async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB")
-    await run_in_kernel(kernel_id, CUDA_MEMORY + "print(allocate(1 << 30))")
+    await run_in_kernel(kernel_id, cuda_prelude + "print(allocate(1 << 30))")
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
     assert listed["usage"]["memory"] == 1 << 30
     kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
