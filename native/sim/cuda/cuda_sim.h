@@ -32,8 +32,6 @@
 #define SIM_EVENT_MAGIC 0x45564e31u
 #define SIM_MODULE_MAGIC 0x4d4f4431u
 #define SIM_FUNCTION_MAGIC 0x46554e31u
-#define SIM_GRAPH_MAGIC 0x47524631u
-#define SIM_GRAPH_EXEC_MAGIC 0x47455831u
 #define SIM_GRAPH_NODE_MAGIC 0x474e4431u
 #define SIM_DEAD_MAGIC 0xdeadu
 
@@ -132,13 +130,11 @@ struct CUgraphNode_st {
 };
 
 struct CUgraph_st {
-    uint32_t magic;
     size_t count, capacity;
     struct CUgraphNode_st **nodes;
 };
 
 struct CUgraphExec_st {
-    uint32_t magic;
     size_t count;
     struct sim_launch launches[];
 };

@@ -49,7 +49,6 @@ static int register_handle(const void *handle, enum sim_handle_kind kind)
 static void free_graph(struct CUgraph_st *graph)
 {
     sim_map_take(&sim_cuda.handles, (uintptr_t)graph, NULL);
-    graph->magic = SIM_DEAD_MAGIC;
     for (size_t i = 0; i < graph->count; i++) {
         graph->nodes[i]->magic = SIM_DEAD_MAGIC;
         free(graph->nodes[i]);
@@ -496,7 +495,6 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
     struct CUgraph_st *graph = calloc(1, sizeof *graph);
     if (!graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    graph->magic = SIM_GRAPH_MAGIC;
     if (!register_handle(graph, SIM_HANDLE_GRAPH)) {
         free(graph);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -535,7 +533,6 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
         exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
         result = CUDA_ERROR_OUT_OF_MEMORY;
         if (exec) {
-            exec->magic = SIM_GRAPH_EXEC_MAGIC;
             exec->count = hGraph->count;
             for (size_t i = 0; i < hGraph->count; i++)
                 exec->launches[i] = hGraph->nodes[i]->launch;
@@ -591,7 +588,6 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     pthread_mutex_unlock(&sim_cuda.lock);
     if (!known)
         return CUDA_ERROR_INVALID_VALUE;
-    hGraphExec->magic = SIM_DEAD_MAGIC;
     free(hGraphExec);
     return CUDA_SUCCESS;
 }
