@@ -1,0 +1,710 @@
+"""The GPU ledger: which kernel slices each device holds, and whether one more fits.
+
+Every decision (admit, resize, release, reconcile) is one SQLite ``BEGIN IMMEDIATE`` transaction
+on a file, so concurrent kernel starts in many threads and processes never over-commit a device,
+and a server killed with SIGKILL finds every slice again when it reopens the file. The ledger
+knows nothing of kernels, provisioners or regions: the server extension tells it which devices
+exist (:meth:`Ledger.set_devices`) and which kernels are alive (:meth:`Ledger.reconcile`), and
+carries out its decisions.
+
+Capacity of a device: its memory less ``reserve``; SM shares in percent, where the ``hard``
+shares add up to at most 100 and all shares (``hard`` and ``burst``) to at most
+``100 * burst_oversubscription``. Burst slices may run above their share when the GPU is idle,
+so promising more than 100% of them is safe; hard slices are a guarantee, so it is not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from . import sizes
+from ._version import __version__
+from .sizes import SliceValueError, format_size
+
+SCHEMA_VERSION = 1
+PLACEMENTS = ("binpack", "spread")
+FULL_SHARE = 100
+# Long enough to wait out a burst of concurrent kernel starts (a decision holds the write lock for
+# well under a millisecond), short enough that a wedged peer is reported rather than waited on.
+BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = (
+    """CREATE TABLE allocations (
+        kernel_id    TEXT PRIMARY KEY,
+        device_uuid  TEXT NOT NULL,
+        device_index INTEGER NOT NULL,
+        memory_limit INTEGER NOT NULL CHECK (memory_limit > 0),
+        sm_share     INTEGER NOT NULL CHECK (sm_share BETWEEN 1 AND 100),
+        policy       TEXT NOT NULL CHECK (policy IN ('hard', 'burst')),
+        owner        TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        metadata     TEXT NOT NULL
+    )""",
+    "CREATE INDEX allocations_by_device ON allocations (device_uuid)",
+)
+_COLUMNS = "kernel_id, device_uuid, device_index, memory_limit, sm_share, policy, owner, created_at, metadata"
+
+log = logging.getLogger(__name__)
+
+
+class LedgerFileError(RuntimeError):
+    """A ledger file this version cannot use: not a database, or of an unknown schema version."""
+
+
+class CapacityError(Exception):
+    """A slice that does not fit; the message says what is free and what to ask for instead.
+
+    ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
+    ``slices`` (this server's limits), ``devices`` (none to place on). ``requested`` and
+    ``available`` are in that resource's unit (bytes, percent, slices).
+    """
+
+    def __init__(self, message: str, *, resource: str, requested: int, available: int):
+        super().__init__(message)
+        self.resource = resource
+        self.requested = requested
+        self.available = available
+
+
+class _MessageKeyError(KeyError):
+    # KeyError's str() is the repr of its argument; these carry sentences for people.
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnknownSlice(_MessageKeyError):
+    """No slice is held for this kernel id."""
+
+
+class SliceExists(_MessageKeyError):
+    """A slice is already held for this kernel id."""
+
+
+@dataclass(frozen=True)
+class DeviceCapacity:
+    uuid: str
+    index: int
+    name: str
+    memory_total: int
+    sm_count: int
+
+
+def _memory_bytes(value: int | str) -> int:
+    """Bytes from an int (already bytes) or a size string (parsed the way every entry point does)."""
+    if isinstance(value, str):
+        return sizes.parse_size(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SliceValueError(f"memory size {value!r} must be more than zero bytes, or {sizes.SIZE_HELP}")
+    return value
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """What a kernel asks for. ``memory_limit`` is bytes (a size string like ``4GiB`` is accepted)."""
+
+    memory_limit: int
+    sm_share: int = FULL_SHARE
+    policy: str = "hard"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory_limit", _memory_bytes(self.memory_limit))
+        object.__setattr__(self, "sm_share", sizes.parse_sm_share(self.sm_share))
+        object.__setattr__(self, "policy", sizes.parse_policy(self.policy))
+
+    @property
+    def hard_share(self) -> int:
+        """The share this slice holds against the 100% that hard slices may add up to."""
+        return self.sm_share if self.policy == "hard" else 0
+
+
+@dataclass(frozen=True)
+class Allocation:
+    kernel_id: str
+    device_uuid: str
+    device_index: int
+    memory_limit: int
+    sm_share: int
+    policy: str
+    owner: str
+    created_at: float
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def request(self) -> SliceRequest:
+        return SliceRequest(self.memory_limit, self.sm_share, self.policy)
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst)."""
+
+    device: DeviceCapacity
+    memory_capacity: int
+    memory_allocated: int
+    memory_free: int
+    hard_share: int
+    total_share: int
+    share_capacity: int
+    slices: int
+
+    def share_free(self, policy: str) -> int:
+        """The largest share one more slice of this policy could have."""
+        total_free = self.share_capacity - self.total_share
+        if policy == "hard":
+            return max(0, min(FULL_SHARE - self.hard_share, total_free))
+        return max(0, total_free)
+
+    def fits(self, request: SliceRequest) -> bool:
+        return self.memory_free >= request.memory_limit and self.share_free(request.policy) >= request.sm_share
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Sums over a set of allocations, per device and over the whole server."""
+
+    by_device: dict[str, tuple[int, int, int, int]]  # uuid -> (memory, hard share, total share, slices)
+    memory: int
+    slices: int
+
+
+def _allocation(row: tuple) -> Allocation:
+    *columns, metadata = row
+    return Allocation(*columns, metadata=json.loads(metadata))
+
+
+def _gpu(device: DeviceCapacity) -> str:
+    return f"GPU {device.index}"
+
+
+def _enter_wal_mode(connection: sqlite3.Connection) -> None:
+    """Switch a new file to WAL, waiting for other processes that open it at the same moment.
+
+    SQLite gives up on this switch at once when another connection holds a lock, without calling
+    the busy handler, so the waiting that busy_timeout does everywhere else is done here.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        # WAL: readers never wait for a decision. synchronous=NORMAL: a commit survives the
+        # process being killed (what restarts are about); only a power cut may lose the last few,
+        # and after a power cut no kernel is alive to hold them anyway.
+        _enter_wal_mode(connection)
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                for statement in _SCHEMA:
+                    connection.execute(statement)
+                connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+    except sqlite3.DatabaseError as error:
+        connection.close()
+        # OperationalError (locked, unreadable, ...) is a DatabaseError too but says nothing about
+        # what the file holds; only the base class means "not an SQLite database".
+        if type(error) is not sqlite3.DatabaseError:
+            raise
+        raise LedgerFileError(
+            f"ledger file {path} is not a jupyter-vgpu ledger ({error}); move it away to start an empty ledger"
+        ) from None
+    if version not in (0, SCHEMA_VERSION):
+        connection.close()
+        raise LedgerFileError(
+            f"ledger file {path} has schema version {version}, but jupyter-vgpu {__version__} reads version "
+            f"{SCHEMA_VERSION}; run the jupyter-vgpu that wrote it, or move the file away to start an empty "
+            "ledger (slices of running kernels are then not counted until they restart)"
+        )
+    return connection
+
+
+class Ledger:
+    """Slices per device, persisted in an SQLite file shared by every thread and process using it.
+
+    Open one ``Ledger`` per process; its methods may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        devices: list[DeviceCapacity],
+        *,
+        reserve: int = 0,
+        burst_oversubscription: float = 1.0,
+        placement: str = "binpack",
+        max_slice: SliceRequest | None = None,
+        server_memory_limit: int | None = None,
+        server_slice_limit: int | None = None,
+    ):
+        if reserve < 0:
+            raise ValueError(f"reserve must be zero or more bytes, not {reserve!r}")
+        if burst_oversubscription < 1.0:
+            raise ValueError(f"burst_oversubscription must be 1.0 or more, not {burst_oversubscription!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+        self.path = Path(path)
+        self.reserve = reserve
+        self.share_capacity = int(FULL_SHARE * burst_oversubscription)
+        self.placement = placement
+        self.max_slice = max_slice
+        self.server_memory_limit = server_memory_limit
+        self.server_slice_limit = server_slice_limit
+        # One connection per Ledger: threads of this process take turns through the lock (cheaper
+        # than each waiting on SQLite's file lock), other processes wait in SQLite's busy handler.
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._connection = _open(self.path)
+        self._devices: list[DeviceCapacity] = []
+        self.set_devices(devices)
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- devices ---------------------------------------------------------------------------
+
+    @property
+    def devices(self) -> list[DeviceCapacity]:
+        return list(self._devices)
+
+    def set_devices(self, devices: list[DeviceCapacity]) -> list[Allocation]:
+        """Take the devices of this machine now; returns allocations stranded on vanished ones.
+
+        Stranded allocations are kept (their kernels may still run, and the device may come back)
+        but count on no device; :meth:`reconcile` releases them once their kernels are gone. A
+        device that is still here under another index keeps its slices and their index follows it.
+        """
+        uuids = [device.uuid for device in devices]
+        indexes = [device.index for device in devices]
+        if len(set(uuids)) != len(uuids) or len(set(indexes)) != len(indexes):
+            raise ValueError(f"devices must have distinct UUIDs and indexes: {devices!r}")
+        with self._decision() as db:
+            for device in devices:
+                db.execute(
+                    "UPDATE allocations SET device_index = ? WHERE device_uuid = ? AND device_index != ?",
+                    (device.index, device.uuid, device.index),
+                )
+            self._devices = sorted(devices, key=lambda device: device.index)
+        stranded = self.stranded_allocations()
+        for allocation in stranded:
+            log.warning(
+                "kernel %s holds a %s slice on GPU %s (%s), which is no longer on this machine; it stays "
+                "in the ledger until the kernel is gone",
+                allocation.kernel_id,
+                format_size(allocation.memory_limit),
+                allocation.device_index,
+                allocation.device_uuid,
+            )
+        return stranded
+
+    def stranded_allocations(self) -> list[Allocation]:
+        """Allocations on devices that are not in the current device list."""
+        uuids = {device.uuid for device in self._devices}
+        return [allocation for allocation in self.allocations() if allocation.device_uuid not in uuids]
+
+    def _select_device(self, selector: str | int) -> DeviceCapacity:
+        """The device named by an index (``0``, ``"0"``) or a UUID (a unique prefix is enough)."""
+        text = str(selector).strip()
+        if isinstance(selector, int) or text.isdigit():
+            matches = [device for device in self._devices if device.index == int(text)]
+        else:
+            matches = [device for device in self._devices if device.uuid.lower().startswith(text.lower())]
+        if len(matches) == 1 and text:
+            return matches[0]
+        choices = ", ".join(f"{device.index} ({device.uuid})" for device in self._devices) or "none"
+        raise SliceValueError(f"device {selector!r} matches no single GPU; use an index or UUID of: {choices}")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, kernel_id: str) -> Allocation | None:
+        with self._lock:
+            row = self._connection.execute(
+                f"SELECT {_COLUMNS} FROM allocations WHERE kernel_id = ?", (kernel_id,)
+            ).fetchone()
+        return None if row is None else _allocation(row)
+
+    def allocations(self) -> list[Allocation]:
+        """Every allocation, oldest first."""
+        with self._lock:
+            rows = self._connection.execute(
+                f"SELECT {_COLUMNS} FROM allocations ORDER BY created_at, kernel_id"
+            ).fetchall()
+        return [_allocation(row) for row in rows]
+
+    def devices_usage(self) -> list[DeviceUsage]:
+        with self._lock:
+            held = self._held(self._connection)
+        return self._usages(held)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def admit(
+        self,
+        kernel_id: str,
+        request: SliceRequest,
+        *,
+        owner: str = "",
+        device: str | int | None = None,
+        metadata: dict | None = None,
+    ) -> Allocation:
+        """Place a slice for a kernel on ``device`` or where the placement policy puts it."""
+        self._check_max_slice(request)
+        named = None if device is None else self._select_device(device)
+        metadata_text = json.dumps(metadata or {})
+        with self._decision() as db:
+            existing = self._get(db, kernel_id)
+            if existing is not None:
+                raise SliceExists(
+                    f"a slice for kernel {kernel_id!r} already exists ({format_size(existing.memory_limit)} on "
+                    f"GPU {existing.device_index}); resize or release it instead"
+                )
+            held = self._held(db)
+            self._check_server_slices(held.slices)
+            self._check_server_memory(held.memory, request.memory_limit)
+            usages = self._usages(held)
+            if named is not None:
+                usages = [usage for usage in usages if usage.device.uuid == named.uuid]
+            chosen = self._place(request, usages, named=named is not None)
+            allocation = Allocation(
+                kernel_id=kernel_id,
+                device_uuid=chosen.uuid,
+                device_index=chosen.index,
+                memory_limit=request.memory_limit,
+                sm_share=request.sm_share,
+                policy=request.policy,
+                owner=owner,
+                created_at=time.time(),
+                metadata=json.loads(metadata_text),  # what get() will return: JSON, not the caller's objects
+            )
+            db.execute(
+                f"INSERT INTO allocations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    allocation.kernel_id,
+                    allocation.device_uuid,
+                    allocation.device_index,
+                    allocation.memory_limit,
+                    allocation.sm_share,
+                    allocation.policy,
+                    allocation.owner,
+                    allocation.created_at,
+                    metadata_text,
+                ),
+            )
+        return allocation
+
+    def resize(
+        self,
+        kernel_id: str,
+        *,
+        memory_limit: int | str | None = None,
+        sm_share: int | str | None = None,
+        policy: str | None = None,
+    ) -> Allocation:
+        """Change a slice in place (a kernel does not move between devices while it runs).
+
+        Only what grows is checked against capacity, so a slice can always shrink, even on a
+        device that is over-committed because it came back smaller after a restart.
+        """
+        with self._decision() as db:
+            current = self._get(db, kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            wanted = SliceRequest(
+                current.memory_limit if memory_limit is None else memory_limit,
+                current.sm_share if sm_share is None else sm_share,
+                current.policy if policy is None else policy,
+            )
+            self._check_max_slice(wanted, current=current.request)
+            others = self._held(db, excluding=kernel_id)
+            if wanted.memory_limit > current.memory_limit:
+                self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
+            self._check_resize_fits(kernel_id, current, wanted, others)
+            resized = replace(
+                current, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy
+            )
+            db.execute(
+                "UPDATE allocations SET memory_limit = ?, sm_share = ?, policy = ? WHERE kernel_id = ?",
+                (resized.memory_limit, resized.sm_share, resized.policy, kernel_id),
+            )
+        return resized
+
+    def release(self, kernel_id: str) -> Allocation | None:
+        """Free a kernel's slice; returns what it held, or None if it held nothing."""
+        with self._decision() as db:
+            allocation = self._get(db, kernel_id)
+            if allocation is not None:
+                db.execute("DELETE FROM allocations WHERE kernel_id = ?", (kernel_id,))
+        return allocation
+
+    def update_metadata(self, kernel_id: str, **fields) -> Allocation:
+        """Merge ``fields`` into a slice's metadata (region path, pid, ... once they are known)."""
+        with self._decision() as db:
+            current = self._get(db, kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            updated = replace(current, metadata={**current.metadata, **fields})
+            db.execute(
+                "UPDATE allocations SET metadata = ? WHERE kernel_id = ?", (json.dumps(updated.metadata), kernel_id)
+            )
+        return updated
+
+    def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
+        """Release every allocation whose kernel is gone (after a restart); returns the released.
+
+        ``is_alive`` may be slow (it may ask a cluster), so it runs outside any transaction; a slice
+        is then released only if it is still the one that was judged, not a new kernel that took
+        the same id meanwhile.
+        """
+        dead = [allocation for allocation in self.allocations() if not is_alive(allocation)]
+        released = []
+        with self._decision() as db:
+            for allocation in dead:
+                deleted = db.execute(
+                    "DELETE FROM allocations WHERE kernel_id = ? AND created_at = ?",
+                    (allocation.kernel_id, allocation.created_at),
+                ).rowcount
+                if deleted:
+                    released.append(allocation)
+        return released
+
+    # -- inside a decision -----------------------------------------------------------------
+
+    @contextmanager
+    def _decision(self) -> Iterator[sqlite3.Connection]:
+        """One transaction that holds the write lock from its first read, so what it read is still
+        true when it writes: the lock orders this process's threads, BEGIN IMMEDIATE other processes."""
+        with self._lock:
+            self._connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._connection
+            except BaseException:
+                self._connection.execute("ROLLBACK")
+                raise
+            self._connection.execute("COMMIT")
+
+    @staticmethod
+    def _get(db: sqlite3.Connection, kernel_id: str) -> Allocation | None:
+        row = db.execute(f"SELECT {_COLUMNS} FROM allocations WHERE kernel_id = ?", (kernel_id,)).fetchone()
+        return None if row is None else _allocation(row)
+
+    @staticmethod
+    def _held(db: sqlite3.Connection, excluding: str | None = None) -> _Held:
+        rows = db.execute(
+            "SELECT device_uuid, SUM(memory_limit), SUM(CASE policy WHEN 'hard' THEN sm_share ELSE 0 END),"
+            " SUM(sm_share), COUNT(*) FROM allocations WHERE kernel_id IS NOT ? GROUP BY device_uuid",
+            (excluding,),
+        ).fetchall()
+        by_device = {uuid: tuple(sums) for uuid, *sums in rows}
+        return _Held(
+            by_device=by_device,
+            memory=sum(sums[0] for sums in by_device.values()),
+            slices=sum(sums[3] for sums in by_device.values()),
+        )
+
+    def _usages(self, held: _Held) -> list[DeviceUsage]:
+        usages = []
+        for device in self._devices:
+            memory, hard_share, total_share, slices = held.by_device.get(device.uuid, (0, 0, 0, 0))
+            capacity = max(0, device.memory_total - self.reserve)
+            usages.append(
+                DeviceUsage(
+                    device=device,
+                    memory_capacity=capacity,
+                    memory_allocated=memory,
+                    memory_free=max(0, capacity - memory),
+                    hard_share=hard_share,
+                    total_share=total_share,
+                    share_capacity=self.share_capacity,
+                    slices=slices,
+                )
+            )
+        return usages
+
+    def _place(self, request: SliceRequest, usages: list[DeviceUsage], *, named: bool) -> DeviceCapacity:
+        fitting = [usage for usage in usages if usage.fits(request)]
+        if not fitting:
+            raise _no_room(request, usages, named=named)
+        if self.placement == "binpack":
+            # Fill the fullest device that still fits, keeping big holes for big slices.
+            chosen = min(fitting, key=lambda usage: (usage.memory_free, usage.device.index))
+        else:
+            chosen = min(fitting, key=lambda usage: (-usage.memory_free, usage.device.index))
+        return chosen.device
+
+    def _check_max_slice(self, request: SliceRequest, current: SliceRequest | None = None) -> None:
+        """Refuse a slice above the server's largest; a resize is held to it only where it grows."""
+        largest = self.max_slice
+        if largest is None:
+            return
+        grown_memory = current is None or request.memory_limit > current.memory_limit
+        if grown_memory and request.memory_limit > largest.memory_limit:
+            most = format_size(largest.memory_limit)
+            raise SliceValueError(
+                f"a slice may have at most {most} of GPU memory on this server, not "
+                f"{format_size(request.memory_limit)}; ask for {most} or less"
+            )
+        grown_share = current is None or request.sm_share > current.sm_share
+        if grown_share and request.sm_share > largest.sm_share:
+            raise SliceValueError(
+                f"a slice may have at most {largest.sm_share}% of a GPU's SMs on this server, not "
+                f"{request.sm_share}%; ask for {largest.sm_share}% or less"
+            )
+
+    def _check_server_slices(self, held_slices: int) -> None:
+        limit = self.server_slice_limit
+        if limit is not None and held_slices >= limit:
+            raise CapacityError(
+                f"this server allows at most {limit} GPU slices and all {held_slices} are in use; "
+                "stop a kernel that holds one first",
+                resource="slices",
+                requested=1,
+                available=max(0, limit - held_slices),
+            )
+
+    def _check_server_memory(self, held_memory: int, wanted: int, resizing: str | None = None) -> None:
+        limit = self.server_memory_limit
+        if limit is None or held_memory + wanted <= limit:
+            return
+        free = max(0, limit - held_memory)
+        if resizing is None:
+            situation = f"{format_size(held_memory)} is held"
+            advice = f"ask for at most {format_size(free)}, or stop a kernel" if free else "stop a kernel first"
+            subject = f"cannot admit a slice of {format_size(wanted)}"
+        else:
+            situation = f"the other slices hold {format_size(held_memory)}"
+            advice = f"it can grow to at most {format_size(free)}, or stop another kernel"
+            subject = f"kernel {resizing!r} cannot grow to {format_size(wanted)}"
+        raise CapacityError(
+            f"{subject}: this server's slices may hold {format_size(limit)} of GPU memory in all and "
+            f"{situation}; {advice}",
+            resource="server_memory",
+            requested=wanted,
+            available=free,
+        )
+
+    def _check_resize_fits(self, kernel_id: str, current: Allocation, wanted: SliceRequest, others: _Held) -> None:
+        grows = (
+            wanted.memory_limit > current.memory_limit,
+            wanted.hard_share > current.request.hard_share,
+            wanted.sm_share > current.sm_share,
+        )
+        if not any(grows):
+            return
+        usage = next((usage for usage in self._usages(others) if usage.device.uuid == current.device_uuid), None)
+        if usage is None:
+            raise CapacityError(
+                f"kernel {kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
+                "longer on this machine; its slice can shrink but not grow",
+                resource="devices",
+                requested=1,
+                available=0,
+            )
+        gpu = _gpu(usage.device)
+        if grows[0] and wanted.memory_limit > usage.memory_free:
+            raise CapacityError(
+                f"kernel {kernel_id!r} cannot grow to {format_size(wanted.memory_limit)} of GPU memory: {gpu} "
+                f"has {format_size(max(0, usage.memory_free - current.memory_limit))} free beyond the slice's "
+                f"{format_size(current.memory_limit)}; it can grow to at most {format_size(usage.memory_free)}, "
+                "or stop another kernel on that GPU",
+                resource="memory",
+                requested=wanted.memory_limit,
+                available=usage.memory_free,
+            )
+        most = usage.share_free(wanted.policy)
+        if (grows[1] or grows[2]) and wanted.sm_share > most:
+            raise CapacityError(
+                f"kernel {kernel_id!r} cannot have {wanted.sm_share}% of the SMs of {gpu} as a {wanted.policy} "
+                f"slice: the other slices leave {most}%; ask for at most {most}%, or stop another kernel on "
+                "that GPU",
+                resource="sm_share",
+                requested=wanted.sm_share,
+                available=most,
+            )
+
+
+def _either(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])}, or {options[-1]}"
+
+
+def _no_room(request: SliceRequest, usages: list[DeviceUsage], *, named: bool) -> CapacityError:
+    """The refusal of a slice that fits on none of ``usages``: what is short, where, and what to ask."""
+    if not usages:
+        return CapacityError(
+            "this server has no GPU to place a slice on", resource="devices", requested=1, available=0
+        )
+    memory = format_size(request.memory_limit)
+    share_word = f"of its SMs free for a {request.policy} slice"
+    with_share = [usage for usage in usages if usage.share_free(request.policy) >= request.sm_share]
+    with_memory = [usage for usage in usages if usage.memory_free >= request.memory_limit]
+    if not with_memory:
+        # Suggest the most memory on a device where the share fits as well, if there is one.
+        best = max(with_share or usages, key=lambda usage: (usage.memory_free, -usage.device.index))
+
+        def describe(usage: DeviceUsage) -> str:
+            short_share = "" if usage in with_share else f" (but only {usage.share_free(request.policy)}% {share_word})"
+            holder = "it" if named else _gpu(usage.device)
+            return f"{holder} has {format_size(usage.memory_free)}{short_share}"
+
+        subject = f"{_gpu(usages[0].device)} does not have" if named else "no device has"
+        if best.memory_free == 0:
+            advice = "stop a kernel to free some"
+        elif best in with_share:
+            advice = f"ask for at most {format_size(best.memory_free)}, or stop a kernel"
+        else:
+            advice = (
+                f"ask for at most {format_size(best.memory_free)} and {best.share_free(request.policy)}%, "
+                "or stop a kernel"
+            )
+        return CapacityError(
+            f"{subject} {memory} of GPU memory free: {', '.join(map(describe, usages))} free; {advice}",
+            resource="memory",
+            requested=request.memory_limit,
+            available=best.memory_free,
+        )
+    best = max(with_memory, key=lambda usage: (usage.share_free(request.policy), -usage.device.index))
+    most = best.share_free(request.policy)
+    free = ", ".join(
+        f"{'it' if named else _gpu(usage.device)} has {usage.share_free(request.policy)}%" for usage in with_memory
+    )
+    subject = (
+        f"{_gpu(usages[0].device)} does not have"
+        if named
+        else f"no device with {memory} of GPU memory free has"
+    )
+    options = [f"ask for at most {most}%"] if most else []
+    if request.policy == "hard" and any(usage.share_free("burst") >= request.sm_share for usage in with_memory):
+        options.append("ask for a burst slice")
+    options.append("stop a kernel" if options else "stop a kernel to free some")
+    return CapacityError(
+        f"{subject} {request.sm_share}% {share_word}: {free}; {_either(options)}",
+        resource="sm_share",
+        requested=request.sm_share,
+        available=most,
+    )
