@@ -274,7 +274,8 @@ class ResizeApp(_ServerClient):
         change = {}
         try:
             if self.memory:
-                change["memory"] = str(parse_size(self.memory))
+                parse_size(self.memory)  # refuse a bad size here, before asking the server
+                change["memory"] = self.memory
             if self.cores:
                 change["cores"] = parse_sm_share(self.cores)
             if self.policy:

@@ -38,7 +38,8 @@ class Device:
 
 def simulated_state_path() -> Path:
     """The default state file of the simulated machine shared by a user's processes."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    # A tmpfs keeps the shared pages of the simulated device off the disk.
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
     return Path(runtime) / f"jupyter-vgpu-sim-{os.getuid()}.state"
 
 

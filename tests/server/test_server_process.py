@@ -1,0 +1,174 @@
+"""A Jupyter server as a user runs it (a separate process): the CLI talks to it, and killing it
+with SIGKILL and starting it again leaks no GPU capacity and leaves no orphan holding memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from jupyter_client import BlockingKernelClient
+
+KERNEL_NAME = "vgpu-test"
+
+TOKEN = "vgpu-test-token"
+JUPYTER = str(Path(sys.executable).with_name("jupyter"))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Server:
+    def __init__(self, tmp_path: Path, env: dict[str, str]):
+        self.tmp_path, self.env, self.port = tmp_path, env, free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.process = subprocess.Popen(
+            [JUPYTER, "server", "--no-browser", "--allow-root", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
+             "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
+             f"--VGPUApp.region_dir={tmp_path / 'regions'}", f"--ServerApp.root_dir={tmp_path}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"server-{self.port}.log", "w"),
+        )
+        wait_for(self.ready, 60, "the Jupyter server to answer")
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError((self.tmp_path / f"server-{self.port}.log").read_text())
+        try:
+            self.api("GET", "api/status")
+            return True
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body=None):
+        request = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {TOKEN}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read() or b"null")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+@pytest.fixture
+def user_env(sim_env, tmp_path, vgpu_kernelspec_dir):
+    env = dict(sim_env)
+    env.pop("LD_LIBRARY_PATH")
+    env.update(
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTER_DATA_DIR=str(vgpu_kernelspec_dir),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTER_TOKEN=TOKEN,
+    )
+    return env
+
+
+@pytest.fixture
+def vgpu_kernelspec_dir(tmp_path):
+    folder = tmp_path / "data" / "kernels" / KERNEL_NAME
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "GPU slice test", "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "1GiB"}}},
+    }))
+    return tmp_path / "data"
+
+
+def run_code(env: dict[str, str], kernel_id: str, code: str) -> str:
+    client = BlockingKernelClient(connection_file=str(Path(env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        chunks = []
+        reply = client.execute_interactive(
+            code, timeout=60,
+            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(chunks)
+    finally:
+        client.stop_channels()
+
+
+def vgpu_cli(env, *args):
+    return subprocess.run([JUPYTER, "vgpu", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_status_and_resize_talk_to_the_running_server(user_env, tmp_path, cuda_prelude):
+    server = Server(tmp_path, user_env)
+    try:
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB", "cores": 40})
+        kernel_id = started["kernel"]["id"]
+        run_code(user_env, kernel_id, cuda_prelude + "assert allocate(1 << 30) == 0")
+
+        status = vgpu_cli(user_env, "status")
+        assert status.returncode == 0, status.stderr
+        (row,) = [line for line in status.stdout.splitlines() if line.startswith(kernel_id[:8])]
+        assert "1GiB / 2GiB" in row and "/ 40" in row and "hard" in row and "running" in row
+
+        resized = vgpu_cli(user_env, "resize", kernel_id[:8], "--memory", "3GiB", "--policy", "burst")
+        assert resized.returncode == 0, resized.stderr
+        assert "memory 3GiB" in resized.stdout and "policy burst" in resized.stdout
+        assert run_code(user_env, kernel_id, "print(memory()[1])").strip() == str(3 << 30)
+
+        refused = vgpu_cli(user_env, "resize", kernel_id[:8], "--memory", "40GiB")
+        assert refused.returncode == 1 and "cannot grow to 40GiB" in refused.stderr
+        bad = vgpu_cli(user_env, "resize", kernel_id[:8], "--cores", "0")
+        assert bad.returncode == 2 and "1 to 100" in bad.stderr
+    finally:
+        server.stop()
+
+
+def test_server_killed_and_restarted_leaks_nothing(user_env, tmp_path, cuda_prelude):
+    server = Server(tmp_path, user_env)
+    started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB"})
+    kernel_id = started["kernel"]["id"]
+    run_code(user_env, kernel_id, cuda_prelude + "assert allocate(1 << 30) == 0")
+    (listed,) = server.api("GET", "api/vgpu/slices")
+    (kernel_pid,) = [process["pid"] for process in listed["usage"]["processes"]]
+
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait()
+    os.kill(kernel_pid, 0)  # the kernel outlived its server, holding 1 GiB of the GPU
+
+    restarted = Server(tmp_path, user_env)
+    try:
+        assert restarted.api("GET", "api/vgpu/slices") == []
+        devices = restarted.api("GET", "api/vgpu/devices")
+        assert all(d["memory_free"] == d["memory_capacity"] and d["sm_share_allocated"] == 0 for d in devices)
+
+        def orphan_gone() -> bool:
+            try:
+                os.kill(kernel_pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{kernel_pid}/status").read_text().find("State:\tZ") >= 0
+
+        wait_for(orphan_gone, 10, "the orphaned kernel to be stopped")
+    finally:
+        restarted.stop()
