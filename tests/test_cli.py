@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -110,3 +111,26 @@ def test_doctor_passes_on_the_simulated_gpu(cli_env):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[ok] slice: a process in a 256MiB slice sees a 256MiB GPU" in result.stdout
     assert "no problems found" in result.stdout
+
+
+def test_kernelspec_install_writes_a_sliced_kernelspec(cli_env, tmp_path):
+    cli_env["JUPYTER_DATA_DIR"] = str(tmp_path / "data")
+    result = vgpu(cli_env, "kernelspec", "install", "--memory", "8G", "--cores", "25", "--policy", "burst", "--name", "big-gpu", "--user")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads((tmp_path / "data" / "kernels" / "big-gpu" / "kernel.json").read_text())
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "vgpu-provisioner",
+        "config": {"memory": "8GiB", "cores": "25", "policy": "burst"},
+    }
+    assert spec["display_name"] == "Python 3 (GPU 8GiB, 25% SM)"
+
+
+@pytest.mark.parametrize(
+    "flags, accepted",
+    [(["--memory", "huge"], "512MiB, 4GiB"), (["--cores", "0"], "1 to 100"), (["--name", "a b"], "letters, digits")],
+)
+def test_kernelspec_install_refuses_bad_values(cli_env, tmp_path, flags, accepted):
+    cli_env["JUPYTER_DATA_DIR"] = str(tmp_path / "data")
+    result = vgpu(cli_env, "kernelspec", "install", "--user", *flags)
+    assert result.returncode == 2 and accepted in result.stderr
+    assert not (tmp_path / "data" / "kernels").exists()
