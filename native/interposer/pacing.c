@@ -433,6 +433,9 @@ static void control(struct controller *c, struct vgpu_region *region, uint64_t n
         if (u.others_permille >= OTHERS_BUSY_PERMILLE)
             c->others_busy_until_ns = now_ns + OTHERS_BUSY_HOLD_NS;
         learn(c, &u);
+        vgpu_log(VGPU_LOG_DEBUG, "pacing: mode %d, slice %u, others %u per mille over %.3f s, %llu tokens drawn, cost %.3g, rate %.0f/s, integral %.3f%s",
+                 c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c), c->rate,
+                 c->integral, c->drained ? ", held back" : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
         if (c->mode == POOL_LIMITED && c->limited_periods >= 2)
             integrate(c, &u, limits.sm_share);
@@ -609,9 +612,10 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
             start_controller(region);
         return;
     }
+    uint64_t age = 0;
     if (holder != 0) {
         uint64_t beat = __atomic_load_n(&region->controller_heartbeat_ns, __ATOMIC_ACQUIRE);
-        uint64_t age = now_ns > beat ? now_ns - beat : 0;
+        age = now_ns > beat ? now_ns - beat : 0;
         if (age < LEASE_SUSPECT_NS)
             return;
         if (age < LEASE_STALE_NS && process_exists(holder))
@@ -619,6 +623,9 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
     }
     if (__atomic_compare_exchange_n(&region->controller_pid, &holder, limiter.pid, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED)) {
+        if (holder != 0)
+            vgpu_log(VGPU_LOG_INFO, "pacing: took the controller lease from process %d (heartbeat %.0f ms old)", holder,
+                     (double)age / 1e6);
         __atomic_store_n(&region->controller_heartbeat_ns, now_ns, __ATOMIC_RELEASE);
         start_controller(region);
     }

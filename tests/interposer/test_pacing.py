@@ -1,0 +1,314 @@
+"""The SM-share limiter (native/interposer/pacing.c) on the simulated GPU.
+
+Each test runs tests/programs/pacing_load.c (a launch loop that keeps the device fed) inside a
+slice and measures what an operator would: SM utilisation per process from NVML's
+nvmlDeviceGetProcessUtilization, read by tests/programs/pacing_monitor.c outside any slice.
+The simulated NVML computes a process's utilisation exactly over [since, now] (one second at
+most), so a window is chosen by its start time.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import threading
+import time
+
+import pytest
+
+# 100 SMs; a block of <= 256 threads occupies an SM for 50 us. The load's kernels (16 blocks
+# of 256 threads per SM: two full waves) run 100 us each and occupy the whole device.
+DEVICE = "name=jupyter-vgpu pacing GPU,memory=16GiB,sms=100,context_memory=0,block_ns=50000"
+TOLERANCE_PP = 3
+WARM_UP_S = 0.5
+
+
+class Load:
+    """A running pacing_load: its pid, when it began launching, and its output so far."""
+
+    def __init__(self, program, env: dict[str, str], args: tuple[str, ...]):
+        self.process = subprocess.Popen(
+            [str(program), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        # Reader threads: a pipe nobody drains would stall the program, and select() on a
+        # buffered text stream misses lines already read into the buffer.
+        self._stdout: queue.Queue[str] = queue.Queue()
+        self._stderr: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._drain, args=(self.process.stdout, self._stdout.put), daemon=True),
+            threading.Thread(target=self._drain, args=(self.process.stderr, self._stderr.append), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        self.lines: list[str] = []
+        self.pid = int(self._expect("pid "))
+        self.start_us = int(self._expect("start_us "))
+
+    @staticmethod
+    def _drain(stream, sink) -> None:
+        for line in iter(stream.readline, ""):
+            sink(line)
+
+    def _expect(self, prefix: str, timeout: float = 10.0) -> str:
+        try:
+            line = self._stdout.get(timeout=timeout)
+        except queue.Empty:
+            self.process.kill()
+            raise AssertionError(f"pacing_load printed no {prefix!r} line in time: {self.stderr}") from None
+        self.lines.append(line)
+        assert line.startswith(prefix), self.lines
+        return line[len(prefix) :].strip()
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+    def finish(self, timeout: float = 15.0) -> str:
+        """Waits for the program to end; returns its whole stdout."""
+        returncode = self.process.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=5)
+        while not self._stdout.empty():
+            self.lines.append(self._stdout.get())
+        assert returncode == 0, f"pacing_load failed ({returncode}): {self.stderr}"
+        return "".join(self.lines)
+
+
+def start_load(program, env: dict[str, str], *args: str, seconds: float) -> Load:
+    """Starts the launch loop and returns once it is about to launch its first kernel."""
+    return Load(program, env, ("--seconds", str(seconds), *args))
+
+
+def realtime_us() -> int:
+    return time.time_ns() // 1000
+
+
+def wait_until_us(moment_us: int) -> None:
+    """Waits for the end of a measurement window (a schedule, not a race)."""
+    remaining = moment_us / 1e6 - time.time()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def utilisation_since(monitor, env: dict[str, str], since_us: int) -> dict[int, int]:
+    """SM utilisation (percent) of each process over [since_us, now], from NVML."""
+    result = subprocess.run(
+        [str(monitor), "since", str(since_us)], env=env, capture_output=True, text=True, timeout=10, check=True
+    )
+    return {
+        int(words[1]): int(words[2])
+        for words in (line.split() for line in result.stdout.splitlines())
+        if words and words[0] == "s"
+    }
+
+
+def window(monitor, env, load: Load, start_s: float, end_s: float) -> dict[int, int]:
+    """Utilisation of every process over [start_s, end_s] seconds after `load` started."""
+    wait_until_us(load.start_us + int(end_s * 1e6))
+    return utilisation_since(monitor, env, load.start_us + int(start_s * 1e6))
+
+
+def watch(monitor, env: dict[str, str], interval_ms: int, duration_ms: int, window_ms: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(monitor), "watch", str(interval_ms), str(duration_ms), str(window_ms)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def watched_series(process: subprocess.Popen, pid: int) -> list[tuple[int, int]]:
+    """(query time in us, utilisation of pid) for every query of a finished watch."""
+    out, err = process.communicate(timeout=15)
+    assert process.returncode == 0, err
+    series: list[tuple[int, int]] = []
+    for words in (line.split() for line in out.splitlines()):
+        if words[0] == "q":
+            series.append((int(words[1]), 0))
+        elif words[0] == "s" and int(words[1]) == pid:
+            series[-1] = (series[-1][0], int(words[2]))
+    return series
+
+
+@pytest.fixture
+def programs(compile_c):
+    return compile_c("pacing_load"), compile_c("pacing_monitor")
+
+
+@pytest.fixture
+def device_env(sim_env):
+    env = dict(sim_env)
+    env["VGPU_SIM_DEVICES"] = DEVICE
+    return env
+
+
+def wait_for(condition, timeout: float):
+    """Polls `condition` until it returns something true (returned) or the deadline (None)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    return None
+
+
+# ---- accuracy ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", [10, 30, 50, 90])
+def test_hard_share_is_met_within_3pp_and_reported_in_the_region(programs, device_env, make_slice, share):
+    load_program, monitor = programs
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, seconds=3.3)
+
+    # What the controller publishes for the server (one reading per control period) over the
+    # same second that NVML is asked about afterwards.
+    wait_until_us(load.start_us + 2_000_000)
+    slice_readings, process_readings = [], []
+    while realtime_us() < load.start_us + 2_950_000:
+        slice_readings.append(region.raw.sm_util_permille)
+        process = next(p for p in region.processes() if p.pid == load.pid)
+        process_readings.append(process.sm_util_permille)
+        time.sleep(0.05)
+    measured = window(monitor, device_env, load, 2.0, 3.0)[load.pid]
+    load.finish()
+
+    assert abs(measured - share) <= TOLERANCE_PP, f"share {share}%: NVML measured {measured}%"
+    assert abs(statistics.mean(slice_readings) / 10 - share) <= TOLERANCE_PP, slice_readings
+    assert abs(statistics.mean(process_readings) / 10 - share) <= TOLERANCE_PP, process_readings
+    assert process.launches > 0
+    assert process.throttled_ns > 0  # the loop wants the whole device, so it was held back
+
+
+@pytest.mark.parametrize("pattern", [("--threads", "1"), ("--threads", "2"), ("--busy-ms", "300", "--idle-ms", "200")])
+def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_env, make_slice, pattern):
+    """Steady, two-thread and on/off loads: idle time must not be banked as credit."""
+    load_program, monitor = programs
+    share = 30
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, *pattern, seconds=3.6)
+    watcher = watch(monitor, device_env, interval_ms=100, duration_ms=3400, window_ms=1000)
+    series = watched_series(watcher, load.pid)
+    load.finish()
+
+    after_warm_up = [util for t_us, util in series if t_us - 1_000_000 >= load.start_us + WARM_UP_S * 1e6]
+    assert len(after_warm_up) >= 10
+    assert max(after_warm_up) <= share + TOLERANCE_PP, after_warm_up
+    if pattern[0] == "--threads":
+        assert min(after_warm_up) >= share - TOLERANCE_PP, after_warm_up
+
+
+def test_two_processes_of_one_slice_share_one_budget(programs, device_env, make_slice):
+    load_program, monitor = programs
+    share = 40
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    first = start_load(load_program, slice_env, seconds=3.3)
+    second = start_load(load_program, slice_env, seconds=3.3 - (realtime_us() - first.start_us) / 1e6)
+
+    measured = window(monitor, device_env, first, 2.0, 3.0)
+    first.finish()
+    second.finish()
+
+    together = measured[first.pid] + measured[second.pid]
+    assert abs(together - share) <= TOLERANCE_PP, measured
+    assert measured[first.pid] >= 5 and measured[second.pid] >= 5, measured
+
+
+def test_unlimited_share_does_not_throttle(programs, device_env, make_slice):
+    load_program, monitor = programs
+    slice_env, region = make_slice(device_env, sm_share=100, policy="hard")
+    load = start_load(load_program, slice_env, seconds=2.2)
+
+    measured = window(monitor, device_env, load, 1.0, 2.0)[load.pid]
+    process = next(p for p in region.processes() if p.pid == load.pid)
+    load.finish()
+
+    assert measured >= 90
+    assert process.throttled_ns == 0
+    assert process.launches > 0
+
+
+# ---- burst ------------------------------------------------------------------------------------
+
+
+def test_burst_uses_an_idle_device_and_yields_within_200ms(programs, device_env, make_slice):
+    load_program, monitor = programs
+    share = 30
+    burst_env, _ = make_slice(device_env, sm_share=share, policy="burst")
+    other_env, _ = make_slice(device_env, sm_share=50, policy="hard")
+    bursting = start_load(load_program, burst_env, seconds=3.4)
+
+    alone = window(monitor, device_env, bursting, 0.5, 1.2)[bursting.pid]
+    other = start_load(load_program, other_env, seconds=2.0)
+    other_started_us = other.start_us
+    wait_until_us(other_started_us + 700_000)
+    shared = utilisation_since(monitor, device_env, other_started_us + 200_000)
+    bursting.finish()
+    other.finish()
+
+    assert alone >= 90, f"alone on the device a burst slice got {alone}%"
+    assert abs(shared[bursting.pid] - share) <= TOLERANCE_PP, (
+        f"200-700 ms after another slice started, the burst slice had {shared[bursting.pid]}%"
+    )
+    assert shared[other.pid] >= 40
+
+
+# ---- resize, graphs, fail-over -------------------------------------------------------------------
+
+
+def test_live_resize_changes_measured_utilisation(programs, device_env, make_slice):
+    load_program, monitor = programs
+    slice_env, region = make_slice(device_env, sm_share=20, policy="hard")
+    load = start_load(load_program, slice_env, seconds=3.4)
+
+    before = window(monitor, device_env, load, 0.8, 1.6)[load.pid]
+    region.set_limits(sm_share=60)
+    resized_us = realtime_us()
+    wait_until_us(resized_us + 1_300_000)
+    after = utilisation_since(monitor, device_env, resized_us + 300_000)[load.pid]
+    load.finish()
+
+    assert abs(before - 20) <= TOLERANCE_PP
+    assert abs(after - 60) <= TOLERANCE_PP, f"0.3-1.3 s after resizing to 60% the slice had {after}%"
+
+
+def test_graph_launches_are_paced(programs, device_env, make_slice):
+    load_program, monitor = programs
+    share = 30
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, "--graph", "--batch", "8", seconds=3.3)
+
+    measured = window(monitor, device_env, load, 2.0, 3.0)[load.pid]
+    load.finish()
+
+    assert abs(measured - share) <= TOLERANCE_PP, f"graph launches under {share}%: {measured}%"
+
+
+def test_controller_fails_over_when_its_process_is_killed(programs, device_env, make_slice):
+    load_program, monitor = programs
+    share = 40
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    first = start_load(load_program, slice_env, seconds=4.0)
+    second = start_load(load_program, slice_env, seconds=4.0)
+    loads = {first.pid: first, second.pid: second}
+
+    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
+    assert holder, "no process of the slice took the controller lease"
+    survivor = loads[next(pid for pid in loads if pid != holder)]
+    wait_until_us(first.start_us + 1_000_000)
+    os.kill(holder, signal.SIGKILL)
+    killed_us = realtime_us()
+    loads[holder].process.wait(timeout=5)
+
+    took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
+    wait_until_us(killed_us + 1_500_000)
+    measured = utilisation_since(monitor, device_env, killed_us + 500_000)[survivor.pid]
+    survivor.finish()
+
+    assert took_over, f"the survivor did not take the controller lease within 1 s: {survivor.stderr}"
+    assert abs(measured - share) <= TOLERANCE_PP, f"after fail-over the slice had {measured}%: {survivor.stderr}"

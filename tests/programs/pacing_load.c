@@ -1,0 +1,215 @@
+/*
+ * A GPU load for the pacing tests: launches kernels in a loop for a while, as a training loop
+ * does, keeping the device fed (up to --inflight batches queued: record an event after each
+ * batch, wait for the oldest) so that without a limiter the device stays busy even when this
+ * process waits a few milliseconds for a CPU.
+ *
+ *   pacing_load [--seconds S] [--threads T] [--batch K] [--inflight N] [--grid-per-sm G]
+ *               [--block B] [--graph] [--busy-ms X --idle-ms Y]
+ *
+ *   --graph     capture the K launches of a batch into a CUDA graph once, then launch the graph
+ *   --busy-ms/--idle-ms   alternate busy and idle phases instead of running flat out
+ *
+ * Prints (line-buffered): "pid <pid>", then "start_us <CLOCK_REALTIME us>" just before the
+ * first launch, then "done launches=<kernels launched>" at the end.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vgpu/cuda_abi.h"
+
+static const char SPIN_PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
+                               ".visible .entry spin()\n{\n\tret;\n}\n";
+
+struct options {
+    double seconds;
+    int threads;
+    int batch;
+    int inflight;
+    unsigned int grid_per_sm;
+    unsigned int block;
+    int graph;
+    double busy_ms, idle_ms;
+};
+
+struct shared {
+    struct options options;
+    CUcontext context;
+    CUfunction spin;
+    unsigned int grid;
+    double started; /* CLOCK_MONOTONIC seconds when the launch loops began */
+    atomic_int announced;
+    atomic_long launches;
+};
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            fprintf(stderr, "pacing_load: %s failed: %d\n", #call, r_);                            \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void announce_start(struct shared *s)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&s->announced, &expected, 1)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        printf("start_us %lld\n", (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000);
+        fflush(stdout);
+    }
+}
+
+static void launch_batch(struct shared *s, CUstream stream, CUgraphExec exec)
+{
+    if (exec) {
+        CHECK(cuGraphLaunch(exec, stream));
+    } else {
+        for (int k = 0; k < s->options.batch; k++)
+            CHECK(cuLaunchKernel(s->spin, s->grid, 1, 1, s->options.block, 1, 1, 0, stream, NULL, NULL));
+    }
+    atomic_fetch_add(&s->launches, s->options.batch);
+}
+
+/* Whether the busy/idle pattern is in an idle phase at `elapsed` seconds; sleeps through it. */
+static void sit_out_idle_phase(const struct options *o, double elapsed)
+{
+    if (o->idle_ms <= 0)
+        return;
+    double cycle = (o->busy_ms + o->idle_ms) / 1e3;
+    double into = elapsed - cycle * (long)(elapsed / cycle);
+    if (into < o->busy_ms / 1e3)
+        return;
+    double rest = cycle - into;
+    struct timespec ts = {(time_t)rest, (long)((rest - (time_t)rest) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void *run(void *arg)
+{
+    struct shared *s = arg;
+    const struct options *o = &s->options;
+    CHECK(cuCtxSetCurrent(s->context));
+    CUstream stream;
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    enum { MAX_INFLIGHT = 64 };
+    CUevent events[MAX_INFLIGHT];
+    const int ring = o->inflight;
+    for (int i = 0; i < ring; i++)
+        CHECK(cuEventCreate(&events[i], CU_EVENT_DISABLE_TIMING));
+    CUgraphExec exec = NULL;
+    CUgraph graph = NULL;
+    if (o->graph) {
+        CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+        for (int k = 0; k < o->batch; k++)
+            CHECK(cuLaunchKernel(s->spin, s->grid, 1, 1, o->block, 1, 1, 0, stream, NULL, NULL));
+        CHECK(cuStreamEndCapture(stream, &graph));
+        CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    }
+    announce_start(s);
+    for (long i = 0;; i++) {
+        double elapsed = monotonic_s() - s->started;
+        if (elapsed >= o->seconds)
+            break;
+        sit_out_idle_phase(o, elapsed);
+        launch_batch(s, stream, exec);
+        CHECK(cuEventRecord(events[i % ring], stream));
+        if (i >= ring - 1)
+            CHECK(cuEventSynchronize(events[(i + 1) % ring])); /* the oldest batch in flight */
+    }
+    CHECK(cuStreamSynchronize(stream));
+    if (exec) {
+        CHECK(cuGraphExecDestroy(exec));
+        CHECK(cuGraphDestroy(graph));
+    }
+    for (int i = 0; i < ring; i++)
+        CHECK(cuEventDestroy_v2(events[i]));
+    CHECK(cuStreamDestroy_v2(stream));
+    return NULL;
+}
+
+static void parse(int argc, char **argv, struct options *o)
+{
+    *o = (struct options){.seconds = 3.0, .threads = 1, .batch = 4, .inflight = 8, .grid_per_sm = 16, .block = 256};
+    for (int i = 1; i < argc; i++) {
+        const char *flag = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(flag, "--graph") == 0) {
+            o->graph = 1;
+            continue;
+        }
+        if (!value) {
+            fprintf(stderr, "pacing_load: %s needs a value\n", flag);
+            exit(2);
+        }
+        i++;
+        if (strcmp(flag, "--seconds") == 0)
+            o->seconds = atof(value);
+        else if (strcmp(flag, "--threads") == 0)
+            o->threads = atoi(value);
+        else if (strcmp(flag, "--batch") == 0)
+            o->batch = atoi(value);
+        else if (strcmp(flag, "--inflight") == 0)
+            o->inflight = atoi(value);
+        else if (strcmp(flag, "--grid-per-sm") == 0)
+            o->grid_per_sm = (unsigned int)atoi(value);
+        else if (strcmp(flag, "--block") == 0)
+            o->block = (unsigned int)atoi(value);
+        else if (strcmp(flag, "--busy-ms") == 0)
+            o->busy_ms = atof(value);
+        else if (strcmp(flag, "--idle-ms") == 0)
+            o->idle_ms = atof(value);
+        else {
+            fprintf(stderr, "pacing_load: unknown option %s\n", flag);
+            exit(2);
+        }
+    }
+    if (o->threads < 1 || o->threads > 64 || o->batch < 1 || o->inflight < 2 || o->inflight > 64) {
+        fprintf(stderr, "pacing_load: bad --threads, --batch or --inflight\n");
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static struct shared s;
+    parse(argc, argv, &s.options);
+    printf("pid %d\n", (int)getpid());
+    fflush(stdout);
+
+    CUdevice device;
+    CUmodule module;
+    int sms;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device));
+    CHECK(cuDevicePrimaryCtxRetain(&s.context, device));
+    CHECK(cuCtxSetCurrent(s.context));
+    CHECK(cuModuleLoadData(&module, SPIN_PTX));
+    CHECK(cuModuleGetFunction(&s.spin, module, "spin"));
+    s.grid = s.options.grid_per_sm * (unsigned int)sms;
+
+    pthread_t threads[64];
+    s.started = monotonic_s();
+    for (int t = 0; t < s.options.threads; t++)
+        pthread_create(&threads[t], NULL, run, &s);
+    for (int t = 0; t < s.options.threads; t++)
+        pthread_join(threads[t], NULL);
+    printf("done launches=%ld\n", atomic_load(&s.launches));
+    fflush(stdout);
+    return 0;
+}
