@@ -37,6 +37,7 @@
 #define MS 1000000ULL
 #define TICK_NS (5 * MS)              /* refill and heartbeat */
 #define CONTROL_PERIOD_NS (25 * MS)   /* measure utilisation, set the rate */
+#define REPORT_PERIOD_NS (250 * MS)   /* limiter off: measure only to report utilisation */
 #define LEASE_SUSPECT_NS (50 * MS)    /* heartbeat this old: check whether the holder lives */
 #define LEASE_STALE_NS (200 * MS)     /* heartbeat this old: take the lease over */
 #define THREAD_BATCH_NS (1 * MS)      /* a thread caches about this much of the refill rate */
@@ -93,6 +94,7 @@ struct controller {
     int pool_known;
     int64_t pool_after_refill;
     uint64_t spent;   /* tokens drawn since the last measurement */
+    double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
     int drained;      /* the pool ran dry at some tick: launches were held back */
     int window_clean; /* launches drew tokens throughout the window (no POOL_OFF tick) */
     double carry;     /* fraction of a token owed by the last refill */
@@ -101,7 +103,8 @@ struct controller {
     double util_seconds;
     double token_count;
     double integral; /* correction to the target utilisation (fraction of the device) */
-    uint32_t share;  /* the share `integral` was learned for */
+    uint32_t share;  /* the limits the last decision was made for */
+    uint32_t policy;
     unsigned limited_periods;
     uint64_t others_busy_until_ns;
 
@@ -419,14 +422,16 @@ static void decide(struct controller *c, const struct vgpu_limits_snapshot *limi
     c->mode = mode;
 }
 
-static void control(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
+static void control(struct controller *c, struct vgpu_region *region, const struct vgpu_limits_snapshot *limits,
+                    uint64_t now_ns)
 {
-    struct vgpu_limits_snapshot limits;
-    if (vgpu_read_limits(&limits) != 0)
-        return;
-    if (c->share && limits.sm_share != c->share)
-        c->integral *= (double)limits.sm_share / c->share; /* a resize keeps the relative correction */
-    c->share = limits.sm_share;
+    if (limits->sm_share != c->share || limits->policy != c->policy) {
+        if (c->share)
+            c->integral *= (double)limits->sm_share / c->share; /* keep the relative correction */
+        c->limited_periods = 0; /* the windows around a resize say nothing about the new rate */
+    }
+    c->share = limits->sm_share;
+    c->policy = limits->policy;
 
     struct utilisation u;
     if (c->nvml_state > 0 && measure(c, region, &u) > 0) {
@@ -438,12 +443,12 @@ static void control(struct controller *c, struct vgpu_region *region, uint64_t n
                  c->integral, c->drained ? ", held back" : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
         if (c->mode == POOL_LIMITED && c->limited_periods >= 2)
-            integrate(c, &u, limits.sm_share);
+            integrate(c, &u, limits->sm_share);
         c->spent = 0;
         c->drained = 0;
         c->window_clean = 1;
     }
-    decide(c, &limits, now_ns);
+    decide(c, limits, now_ns);
 }
 
 static void refill(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
@@ -477,8 +482,10 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
         }
     } while (!__atomic_compare_exchange_n(&region->tokens, &level, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
 
-    if (c->pool_known && c->pool_after_refill > level)
-        c->spent += (uint64_t)(c->pool_after_refill - level);
+    uint64_t drawn = c->pool_known && c->pool_after_refill > level ? (uint64_t)(c->pool_after_refill - level) : 0;
+    c->spent += drawn;
+    if (elapsed > 0)
+        c->draw_rate = 0.7 * c->draw_rate + 0.3 * (double)drawn * 1e9 / (double)elapsed;
     if (limited && level <= 0)
         c->drained = 1;
     c->pool_known = 1;
@@ -487,13 +494,14 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
     if (level <= 0 && next > 0)
         pool_wake_all(region);
 
-    double cost = token_cost(c);
-    uint64_t per_second = limited ? (uint64_t)c->rate : cost > 0 ? (uint64_t)(1.0 / cost) : 0;
+    /* Threads size their batches from this: a millisecond of the refill rate, or of what the
+     * slice draws while the pool is open, whatever its kernels cost. */
+    uint64_t per_second = (uint64_t)(limited ? c->rate : c->draw_rate);
     __atomic_store_n(&region->tokens_per_second, per_second, __ATOMIC_RELAXED);
 }
 
-/* A new lease holder starts from what the last one published, so a takeover does not open the
- * pool while it relearns the cost. */
+/* A new lease holder starts from the rate the last one published while limited, so a takeover
+ * does not open the pool while it relearns the cost. */
 static void controller_reset(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
     struct controller kept = *c;
@@ -513,12 +521,11 @@ static void controller_reset(struct controller *c, struct vgpu_region *region, u
     if (vgpu_read_limits(&limits) != 0)
         return;
     c->share = limits.sm_share;
+    c->policy = limits.policy;
     uint64_t per_second = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED);
     int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_RELAXED);
-    if (per_second > 0) {
-        /* An open pool published the rate of a full device; a limited one the share's. */
-        double cost = level >= POOL_OPEN_FLOOR ? 1.0 / (double)per_second
-                                               : (limits.sm_share / 100.0) / (double)per_second;
+    if (per_second > 0 && level < POOL_OPEN_FLOOR && limits.sm_share < VGPU_SM_SHARE_MAX) {
+        double cost = (limits.sm_share / 100.0) / (double)per_second;
         c->token_count = (double)per_second * (double)CONTROL_PERIOD_NS / 1e9;
         c->util_seconds = cost * c->token_count;
     }
@@ -554,9 +561,15 @@ static void *controller_main(void *arg)
             break;
         now = vgpu_now_ns();
         __atomic_store_n(&region->controller_heartbeat_ns, now, __ATOMIC_RELEASE);
-        if (now - c->last_control_ns + TICK_NS / 2 >= CONTROL_PERIOD_NS) {
-            control(c, region, now);
-            c->last_control_ns = now;
+        /* Limits are read every tick, so a resize is acted on within one. */
+        struct vgpu_limits_snapshot limits;
+        if (vgpu_read_limits(&limits) == 0) {
+            int resized = limits.sm_share != c->share || limits.policy != c->policy;
+            uint64_t period = c->mode == POOL_OFF ? REPORT_PERIOD_NS : CONTROL_PERIOD_NS;
+            if (resized || now - c->last_control_ns + TICK_NS / 2 >= period) {
+                control(c, region, &limits, now);
+                c->last_control_ns = now;
+            }
         }
         refill(c, region, now);
         next_tick += TICK_NS;
@@ -698,13 +711,17 @@ void vgpu_launch_admit(uint64_t cost)
     struct thread_cache *cache = &thread_cache;
     if (__builtin_expect(++cache->launches_unflushed >= cache->flush_at, 0))
         flush_launches(cache);
-    struct vgpu_limits_snapshot limits;
-    if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
-        return;
+    /* Tokens in the cache mean the limiter was on when they were drawn, a millisecond ago at
+     * most: spend them without asking for the limits. */
     if (__builtin_expect(cache->tokens >= cost, 1)) {
         cache->tokens -= cost;
         return;
     }
+    /* An empty cache: the limits say whether to draw (with the limiter off, every launch
+     * comes here and costs this one read). */
+    struct vgpu_limits_snapshot limits;
+    if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
+        return;
     draw_tokens(cache, cost);
 }
 

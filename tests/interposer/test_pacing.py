@@ -289,6 +289,28 @@ def test_graph_launches_are_paced(programs, device_env, make_slice):
     assert abs(measured - share) <= TOLERANCE_PP, f"graph launches under {share}%: {measured}%"
 
 
+def test_graph_launches_are_priced_like_their_kernels(programs, device_env, make_slice):
+    """A graph is charged what its kernels cost launched one by one. The program switches
+    between launching a graph of 8 kernels and launching those 8 kernels every 400 ms: the
+    controller's refill rate (tokens per second) stays put, where a graph priced at anything
+    else would swing it by the mispricing at every switch."""
+    load_program, monitor = programs
+    share = 30
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, "--mixed-ms", "400", "--batch", "8", seconds=3.4)
+
+    wait_until_us(load.start_us + 1_000_000)
+    rates = []
+    while realtime_us() < load.start_us + 3_000_000:
+        rates.append(region.raw.tokens_per_second)
+        time.sleep(0.04)
+    measured = window(monitor, device_env, load, 2.2, 3.2)[load.pid]
+    load.finish()
+
+    assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
+    assert abs(measured - share) <= TOLERANCE_PP, f"mixed graph and kernel launches under {share}%: {measured}%"
+
+
 def test_controller_fails_over_when_its_process_is_killed(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40

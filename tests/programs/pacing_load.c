@@ -5,9 +5,10 @@
  * process waits a few milliseconds for a CPU.
  *
  *   pacing_load [--seconds S] [--threads T] [--batch K] [--inflight N] [--grid-per-sm G]
- *               [--block B] [--graph] [--busy-ms X --idle-ms Y]
+ *               [--block B] [--graph | --mixed-ms M] [--busy-ms X --idle-ms Y]
  *
  *   --graph     capture the K launches of a batch into a CUDA graph once, then launch the graph
+ *   --mixed-ms  alternate every M ms between launching that graph and launching the K kernels
  *   --busy-ms/--idle-ms   alternate busy and idle phases instead of running flat out
  *
  * Prints (line-buffered): "pid <pid>", then "start_us <CLOCK_REALTIME us>" just before the
@@ -34,6 +35,7 @@ struct options {
     unsigned int grid_per_sm;
     unsigned int block;
     int graph;
+    double mixed_ms;
     double busy_ms, idle_ms;
 };
 
@@ -113,7 +115,7 @@ static void *run(void *arg)
         CHECK(cuEventCreate(&events[i], CU_EVENT_DISABLE_TIMING));
     CUgraphExec exec = NULL;
     CUgraph graph = NULL;
-    if (o->graph) {
+    if (o->graph || o->mixed_ms > 0) {
         CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
         for (int k = 0; k < o->batch; k++)
             CHECK(cuLaunchKernel(s->spin, s->grid, 1, 1, o->block, 1, 1, 0, stream, NULL, NULL));
@@ -126,7 +128,8 @@ static void *run(void *arg)
         if (elapsed >= o->seconds)
             break;
         sit_out_idle_phase(o, elapsed);
-        launch_batch(s, stream, exec);
+        int graph_phase = o->mixed_ms <= 0 || (long)(elapsed * 1e3 / o->mixed_ms) % 2 == 0;
+        launch_batch(s, stream, graph_phase ? exec : NULL);
         CHECK(cuEventRecord(events[i % ring], stream));
         if (i >= ring - 1)
             CHECK(cuEventSynchronize(events[(i + 1) % ring])); /* the oldest batch in flight */
@@ -169,6 +172,8 @@ static void parse(int argc, char **argv, struct options *o)
             o->grid_per_sm = (unsigned int)atoi(value);
         else if (strcmp(flag, "--block") == 0)
             o->block = (unsigned int)atoi(value);
+        else if (strcmp(flag, "--mixed-ms") == 0)
+            o->mixed_ms = atof(value);
         else if (strcmp(flag, "--busy-ms") == 0)
             o->busy_ms = atof(value);
         else if (strcmp(flag, "--idle-ms") == 0)
