@@ -17,8 +17,12 @@
  *  - hard: the rate always applies. burst: the pool stays open while no process outside the
  *    slice uses the device, and closes to the share within one control period after one
  *    starts.
- *  - sm_share 100 turns the limiter off: a launch then costs one limits read and a
- *    thread-local count.
+ *  - Admitting a launch costs a thread-local subtraction while the thread holds tokens; only a
+ *    thread whose cache is empty reads the limits (so a resize reaches every thread within
+ *    about a millisecond of launches). sm_share 100 turns the limiter off: a launch then
+ *    costs one limits read and a thread-local count.
+ *  - The slot's `launches` counter is folded in from thread-local counts, so threads
+ *    launching at once never share a written cache line; `throttled_ns` grows once per wait.
  */
 #include <errno.h>
 #include <linux/futex.h>
@@ -37,7 +41,8 @@
 #define MS 1000000ULL
 #define TICK_NS (5 * MS)              /* refill and heartbeat */
 #define CONTROL_PERIOD_NS (25 * MS)   /* measure utilisation, set the rate */
-#define REPORT_PERIOD_NS (250 * MS)   /* limiter off: measure only to report utilisation */
+#define REPORT_PERIOD_NS (250 * MS)   /* limiter off or slice idle: measure only to report */
+#define IDLE_AFTER_NS (1000 * MS)     /* no tokens drawn this long: the slice is idle */
 #define LEASE_SUSPECT_NS (50 * MS)    /* heartbeat this old: check whether the holder lives */
 #define LEASE_STALE_NS (200 * MS)     /* heartbeat this old: take the lease over */
 #define THREAD_BATCH_NS (1 * MS)      /* a thread caches about this much of the refill rate */
@@ -89,12 +94,16 @@ struct controller {
     nvmlProcessUtilizationSample_t *samples;
     unsigned int sample_capacity;
     unsigned long long last_seen_us; /* NVML's lastSeenTimeStamp: end of the last window */
+    nvmlReturn_t last_result;
+    unsigned unattributed_periods; /* in a row: the slice drew tokens, NVML showed none of its pids */
+    int warned;                    /* the "cannot measure" warning was printed */
 
     /* Pool bookkeeping since the last measurement. */
     int pool_known;
     int64_t pool_after_refill;
     uint64_t spent;   /* tokens drawn since the last measurement */
     double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
+    uint64_t last_draw_ns;
     int drained;      /* the pool ran dry at some tick: launches were held back */
     int window_clean; /* launches drew tokens throughout the window (no POOL_OFF tick) */
     double carry;     /* fraction of a token owed by the last refill */
@@ -312,6 +321,7 @@ static int measure(struct controller *c, struct vgpu_region *region, struct util
         count = capacity;
         result = c->process_utilization(c->device, c->samples, &count, c->last_seen_us);
     }
+    c->last_result = result;
     if (result == NVML_ERROR_NOT_FOUND)
         count = 0;
     else if (result != NVML_SUCCESS)
@@ -334,17 +344,25 @@ static int measure(struct controller *c, struct vgpu_region *region, struct util
     }
 
     double slice_percent = 0;
+    int slice_sampled = 0;
     uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_ACQUIRE);
     if (high_water > VGPU_REGION_MAX_PROCS)
         high_water = VGPU_REGION_MAX_PROCS;
     for (uint32_t i = 0; i < high_water; i++) {
         struct vgpu_proc_slot *slot = &region->procs[i];
         int32_t pid = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
-        double percent = pid > 0 ? pid_utilisation(c->samples, count, (unsigned int)pid) : 0;
+        double percent = 0;
+        for (unsigned int k = 0; pid > 0 && k < count; k++)
+            slice_sampled |= c->samples[k].pid == (unsigned int)pid;
+        if (pid > 0)
+            percent = pid_utilisation(c->samples, count, (unsigned int)pid);
         slice_percent += percent;
         __atomic_store_n(&slot->sm_util_permille, permille(percent), __ATOMIC_RELAXED);
     }
     double others_percent = total_percent > slice_percent ? total_percent - slice_percent : 0;
+    /* Launching, yet invisible to NVML while others are visible: NVML's pids are not ours
+     * (a PID namespace), and the slice's utilisation cannot be told apart. */
+    c->unattributed_periods = count > 0 && c->spent > 0 && !slice_sampled ? c->unattributed_periods + 1 : 0;
 
     unsigned long long window_us = end_us > c->last_seen_us ? end_us - c->last_seen_us : 0;
     if (window_us > 1000000ULL)
@@ -434,7 +452,17 @@ static void control(struct controller *c, struct vgpu_region *region, const stru
     c->policy = limits->policy;
 
     struct utilisation u;
-    if (c->nvml_state > 0 && measure(c, region, &u) > 0) {
+    int measured = c->nvml_state > 0 ? measure(c, region, &u) : -1;
+    if (!c->warned && c->nvml_state > 0 && (measured < 0 || c->unattributed_periods >= 40)) {
+        c->warned = 1;
+        if (measured < 0)
+            vgpu_log(VGPU_LOG_WARN, "SM share not enforced: nvmlDeviceGetProcessUtilization fails (NVML result %d)",
+                     c->last_result);
+        else
+            vgpu_log(VGPU_LOG_WARN, "SM share not enforced: NVML lists GPU processes but none of this slice's "
+                                    "(are the slice's processes in another PID namespace?)");
+    }
+    if (measured > 0) {
         if (u.others_permille >= OTHERS_BUSY_PERMILLE)
             c->others_busy_until_ns = now_ns + OTHERS_BUSY_HOLD_NS;
         learn(c, &u);
@@ -484,6 +512,8 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
 
     uint64_t drawn = c->pool_known && c->pool_after_refill > level ? (uint64_t)(c->pool_after_refill - level) : 0;
     c->spent += drawn;
+    if (drawn)
+        c->last_draw_ns = now_ns;
     if (elapsed > 0)
         c->draw_rate = 0.7 * c->draw_rate + 0.3 * (double)drawn * 1e9 / (double)elapsed;
     if (limited && level <= 0)
@@ -509,11 +539,13 @@ static void controller_reset(struct controller *c, struct vgpu_region *region, u
     c->nvml_state = kept.nvml_state;
     c->device = kept.device;
     c->process_utilization = kept.process_utilization;
+    c->warned = kept.warned;
     c->samples = kept.samples;
     c->sample_capacity = kept.sample_capacity;
     c->last_seen_us = realtime_us();
     c->last_tick_ns = now_ns;
     c->last_control_ns = now_ns;
+    c->last_draw_ns = now_ns;
     c->window_clean = 1;
     c->mode = POOL_OPEN_UP;
 
@@ -565,7 +597,10 @@ static void *controller_main(void *arg)
         struct vgpu_limits_snapshot limits;
         if (vgpu_read_limits(&limits) == 0) {
             int resized = limits.sm_share != c->share || limits.policy != c->policy;
-            uint64_t period = c->mode == POOL_OFF ? REPORT_PERIOD_NS : CONTROL_PERIOD_NS;
+            /* An idle slice (a notebook between cells) costs NVML a query every REPORT_PERIOD_NS;
+             * its first draw brings the fast period back at the next tick. */
+            int idle = c->mode == POOL_OFF || now - c->last_draw_ns > IDLE_AFTER_NS;
+            uint64_t period = idle ? REPORT_PERIOD_NS : CONTROL_PERIOD_NS;
             if (resized || now - c->last_control_ns + TICK_NS / 2 >= period) {
                 control(c, region, &limits, now);
                 c->last_control_ns = now;
