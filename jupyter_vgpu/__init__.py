@@ -9,4 +9,11 @@ def _jupyter_server_extension_points() -> list[dict]:
     return [{"module": "jupyter_vgpu", "app": VGPUApp}]
 
 
-__all__ = ["__version__"]
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext jupyter_vgpu``: the %vgpu magic (sliced kernels load it by themselves)."""
+    from .magic import VGPUMagics
+
+    ipython.register_magics(VGPUMagics)
+
+
+__all__ = ["__version__", "load_ipython_extension"]

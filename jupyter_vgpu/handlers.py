@@ -1,6 +1,12 @@
 """REST API under /api/vgpu/: devices, slices, kernel starts with a chosen slice, live resize,
 Prometheus metrics. Every handler is authenticated and authorised as jupyter_server does it, and
-answers bad input with a JSON ``{"message": ...}`` 4xx, never a 500."""
+answers bad input with a JSON ``{"message": ...}`` 4xx, never a 500.
+
+A sliced kernel calls this API for %vgpu and its panel with its own credential (a per-kernel
+secret from the provisioner, in the X-VGPU-Kernel-Credential header) rather than the server's
+token, which would let code in the kernel do anything the user can. That credential reads
+devices and slices and resizes the kernel's own slice; everything else is refused with 403.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import json
 import uuid
 from typing import Any
 
+from jupyter_server.auth import Authorizer, User
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -16,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
 from .errors import VGPUHTTPError
+from .kernel_client import CREDENTIAL_HEADER
 from .ledger import Allocation, CapacityError, UnknownSlice
 from .provisioner import PROVISIONER_NAME, SliceAdmissionError
 from .sizes import SliceValueError
@@ -65,8 +73,39 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
     }
 
 
+class KernelScope(Authorizer):
+    """What a kernel's own credential allows: the handler's ``kernel_actions``, and writing only
+    to the kernel's own slice."""
+
+    def is_authorized(self, handler: VGPUHandler, user: User, action: str, resource: str) -> bool:
+        if action not in handler.kernel_actions:
+            return False
+        return action == "read" or handler.path_kwargs.get("kernel_id") == handler.calling_kernel
+
+
+KERNEL_SCOPE = KernelScope()
+
+
 class VGPUHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
+    kernel_actions: frozenset[str] = frozenset()  # what a kernel's credential may do here
+    calling_kernel: str | None = None  # the kernel whose credential authenticated this request
+
+    async def prepare(self):
+        credential = self.request.headers.get(CREDENTIAL_HEADER)
+        if credential is None:
+            return await super().prepare()
+        if not self.check_host():
+            raise VGPUHTTPError(403, "requests from this host are not accepted")
+        self.calling_kernel = self.slices.kernel_with_credential(credential)
+        if self.calling_kernel is None:
+            raise VGPUHTTPError(403, "the kernel credential belongs to no running sliced kernel")
+        # A header a browser cannot send cross-origin without CORS, like a token: no XSRF check.
+        self.current_user = self._jupyter_current_user = User(username=f"kernel-{self.calling_kernel}")
+
+    @property
+    def authorizer(self) -> Authorizer:
+        return KERNEL_SCOPE if self.calling_kernel else super().authorizer
 
     @property
     def slices(self) -> SliceManager:
@@ -90,6 +129,8 @@ class VGPUHandler(APIHandler):
 
 
 class DevicesHandler(VGPUHandler):
+    kernel_actions = frozenset({"read"})
+
     @web.authenticated
     @authorized
     async def get(self):
@@ -97,6 +138,8 @@ class DevicesHandler(VGPUHandler):
 
 
 class SlicesHandler(VGPUHandler):
+    kernel_actions = frozenset({"read"})
+
     @web.authenticated
     @authorized
     async def get(self):
@@ -105,6 +148,8 @@ class SlicesHandler(VGPUHandler):
 
 
 class SliceHandler(VGPUHandler):
+    kernel_actions = frozenset({"read", "write"})
+
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str):

@@ -20,12 +20,24 @@ from traitlets import Bool, Unicode
 
 from .errors import VGPUHTTPError
 from .devices import list_devices, use_simulator
+from .kernel_client import KERNEL_VARIABLES, kernel_environment
 from .ledger import CapacityError, SliceRequest
 from .sandbox import SliceSpec, create_region, slice_environment
 from .sizes import SliceValueError, select_device
 from .slices import SliceManager
 
 PROVISIONER_NAME = "vgpu-provisioner"
+# Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
+# extensions a user configured still load.
+LOAD_MAGIC_ARGUMENT = "--IPKernelApp.extra_extensions=jupyter_vgpu"
+
+
+def with_vgpu_magic(cmd: list[str]) -> list[str]:
+    """The kernel command with the %vgpu magic loaded, if it starts ipykernel (other kernels
+    would refuse the unknown argument)."""
+    if any("ipykernel" in part for part in cmd) and LOAD_MAGIC_ARGUMENT not in cmd:
+        return [*cmd, LOAD_MAGIC_ARGUMENT]
+    return cmd
 
 
 class SliceAdmissionError(VGPUHTTPError):
@@ -58,6 +70,11 @@ class VGPUProvisioner(LocalProvisioner):
         if manager is None:
             kwargs = await super().pre_launch(**kwargs)
             kwargs["env"] = self._standalone_environment(self.slice_request(override), device, kwargs["env"])
+            # No server holds this slice: a kernel must not inherit the server link of the
+            # sliced kernel that started this one, or it would resize that kernel's slice.
+            for name in KERNEL_VARIABLES:
+                kwargs["env"].pop(name, None)
+            kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
             return kwargs
         # A restart reuses the provisioner and keeps the kernel's slice.
         if manager.ledger.get(self.kernel_id) is None:
@@ -80,7 +97,23 @@ class VGPUProvisioner(LocalProvisioner):
             manager.release(self.kernel_id)
             raise
         kwargs["env"] = manager.environment(self.kernel_id, kwargs["env"])
+        server_url = self._server_url()
+        if server_url:
+            credential = manager.issue_kernel_credential(self.kernel_id)
+            kwargs["env"].update(kernel_environment(server_url, self.kernel_id, credential))
+        kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs
+
+    def _server_url(self) -> str | None:
+        """The URL of the Jupyter server that starts this kernel: the first owner up the chain
+        (kernel manager, multi-kernel manager, server app) that has one."""
+        owner = self.parent
+        while owner is not None:
+            url = getattr(owner, "connection_url", None)
+            if isinstance(url, str):
+                return url
+            owner = getattr(owner, "parent", None)
+        return None
 
     def _standalone_environment(self, request: SliceRequest, device, env: dict[str, str]) -> dict[str, str]:
         if self._standalone_region is None:

@@ -9,7 +9,10 @@ go one way: handlers and the provisioner -> slices -> ledger, region.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +101,21 @@ class SliceManager(LoggingConfigurable):
         """Remember the kernel's process so a restarted server can tell whether it still runs."""
         self.ledger.update_metadata(kernel_id, pid=pid, pid_start_time=process_start_time(pid))
 
+    def issue_kernel_credential(self, kernel_id: str) -> str:
+        """A fresh secret for the kernel's process to call the REST API with (see handlers.py for
+        what it allows). Only its hash is kept in the ledger; a restart issues a new one."""
+        credential = secrets.token_urlsafe(32)
+        self.ledger.update_metadata(kernel_id, credential_sha256=_digest(credential))
+        return credential
+
+    def kernel_with_credential(self, credential: str) -> str | None:
+        """The kernel whose current credential this is, if any."""
+        digest = _digest(credential)
+        for allocation in self.ledger.allocations():
+            if hmac.compare_digest(allocation.metadata.get("credential_sha256", ""), digest):
+                return allocation.kernel_id
+        return None
+
     # -- reading -----------------------------------------------------------------------------
 
     def get(self, kernel_id: str) -> Allocation:
@@ -153,3 +171,7 @@ class SliceManager(LoggingConfigurable):
         for allocation in released:
             self.release(allocation.kernel_id)
         return released
+
+
+def _digest(credential: str) -> str:
+    return hashlib.sha256(credential.encode()).hexdigest()

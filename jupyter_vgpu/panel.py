@@ -1,0 +1,176 @@
+"""The ipywidgets panel of every sliced kernel of the server (``%vgpu panel``).
+
+A background thread asks the server for the slices about once a second and updates the widgets'
+traits, so the panel stays live while cells run. Clicks (Apply) arrive on the kernel's shell
+channel like any widget message: while a cell runs they wait for it to finish, which is why the
+JupyterLab sidebar, not this panel, is the place to resize a kernel that is busy.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ipywidgets as widgets
+
+from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, device_label, slice_name
+from .sizes import POLICIES, SliceValueError, format_size, parse_size
+
+REFRESH_SECONDS = 1.0
+_COLUMN_WIDTHS = ("14em", "10em", "16em", "14em", "5em", "21em")
+
+
+def _row(*children: widgets.Widget) -> widgets.HBox:
+    for child, width in zip(children, _COLUMN_WIDTHS):
+        child.layout.width = width
+    return widgets.HBox(list(children), layout=widgets.Layout(align_items="center"))
+
+
+def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.Label, widgets.HBox]:
+    bar = widgets.FloatProgress(min=0.0, max=1.0, value=0.0, layout=widgets.Layout(width="7em"))
+    label = widgets.Label()
+    return bar, label, widgets.HBox([bar, label])
+
+
+class SliceRow:
+    """One sliced kernel: what it holds and uses, and controls to resize it."""
+
+    def __init__(self, model: dict[str, Any], devices: list[dict[str, Any]], panel: SlicePanel):
+        self.kernel_id = model["kernel_id"]
+        self.panel = panel
+        self.limits: dict[str, Any] = {}
+        self.name = widgets.Label()
+        self.device = widgets.Label()
+        self.memory_bar, self.memory_label, memory = _bar_with_label()
+        self.sm_bar, self.sm_label, sm = _bar_with_label()
+        self.policy = widgets.Label()
+        self.memory_input = widgets.Text(description="memory", layout=widgets.Layout(width="11em"))
+        self.cores_input = widgets.BoundedIntText(min=1, max=100, description="cores", layout=widgets.Layout(width="9em"))
+        self.policy_input = widgets.Dropdown(options=POLICIES, layout=widgets.Layout(width="6em"))
+        self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="5em"))
+        self.apply_button.on_click(lambda _button: self.apply())
+        self.message = widgets.HTML()
+        controls = widgets.HBox([self.memory_input, self.cores_input, self.policy_input, self.apply_button])
+        self.widget = widgets.VBox([_row(self.name, self.device, memory, sm, self.policy, controls), self.message])
+        self.update(model, devices)
+
+    def update(self, model: dict[str, Any], devices: list[dict[str, Any]]) -> None:
+        limits, usage = model["limits"], model["usage"]
+        own = " (this kernel)" if self.kernel_id == self.panel.client.kernel_id else ""
+        self.name.value = slice_name(model) + own
+        self.device.value = device_label(model, devices)
+        self.memory_bar.max = float(limits["memory"])
+        self.memory_bar.value = float(min(usage["memory"], limits["memory"]))
+        self.memory_bar.bar_style = "danger" if usage["memory"] >= limits["memory"] else ""
+        self.memory_label.value = f"{format_size(usage['memory'])} / {format_size(limits['memory'])}"
+        self.sm_bar.max = float(limits["cores"])
+        self.sm_bar.value = float(min(usage["sm_util"], limits["cores"]))
+        self.sm_label.value = f"{usage['sm_util']:.0f} / {limits['cores']} %"
+        self.policy.value = limits["policy"]
+        self._follow_limits(limits)
+
+    def _follow_limits(self, limits: dict[str, Any]) -> None:
+        """Controls show the current limits, except where the user has typed something else."""
+        previous, self.limits = self.limits, dict(limits)
+        if not previous or self.memory_input.value == format_size(previous["memory"]):
+            self.memory_input.value = format_size(limits["memory"])
+        if not previous or self.cores_input.value == previous["cores"]:
+            self.cores_input.value = limits["cores"]
+        if not previous or self.policy_input.value == previous["policy"]:
+            self.policy_input.value = limits["policy"]
+
+    def changes(self) -> dict[str, str]:
+        """What the controls ask for that differs from the current limits."""
+        changes = {}
+        if parse_size(self.memory_input.value) != self.limits["memory"]:
+            changes["memory"] = self.memory_input.value.strip()
+        if self.cores_input.value != self.limits["cores"]:
+            changes["cores"] = str(self.cores_input.value)
+        if self.policy_input.value != self.limits["policy"]:
+            changes["policy"] = self.policy_input.value
+        return changes
+
+    def apply(self) -> None:
+        try:
+            changes = self.changes()
+        except SliceValueError as error:
+            self.show_refusal(str(error))
+            return
+        if not changes:
+            self.message.value = "nothing to change"
+            return
+        try:
+            model = self.panel.client.resize(self.kernel_id, **changes)
+        except (RequestRefused, ServerUnavailable) as error:
+            self.show_refusal(str(error))
+            return
+        self.message.value = "resized"
+        with self.panel.lock:
+            self.update(model, self.panel.devices)
+
+    def show_refusal(self, reason: str) -> None:
+        self.message.value = f'<span style="color: var(--jp-error-color1, #d32f2f)">refused: {_escape(reason)}</span>'
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class SlicePanel(widgets.VBox):
+    """Every sliced kernel of the server, one row each, refreshed in the background."""
+
+    def __init__(self, client: ServerClient, interval: float = REFRESH_SECONDS, **kwargs):
+        super().__init__(**kwargs)
+        self.client = client
+        self.interval = interval
+        self.rows: dict[str, SliceRow] = {}
+        self.devices: list[dict[str, Any]] = []
+        self.status = widgets.Label()
+        self.header = _row(*(widgets.HTML(f"<b>{title}</b>") for title in ("notebook", "device", "memory", "SM", "policy", "resize")))
+        self.lock = threading.Lock()
+        self.closed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.children = [self.header, self.status]
+
+    def refresh(self) -> None:
+        """Ask the server for every slice and show what it says (or why it cannot)."""
+        try:
+            slices, devices = self.client.slices(), self.client.devices()
+        except (RequestRefused, ServerUnavailable) as error:
+            self.status.value = f"not refreshed: {error}"
+            return
+        self.show(slices, devices)
+
+    def show(self, slices: list[dict[str, Any]], devices: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.devices = devices
+            current = {model["kernel_id"]: model for model in slices}
+            for kernel_id in set(self.rows) - set(current):
+                self.rows.pop(kernel_id).widget.close()
+            for kernel_id, model in current.items():
+                if kernel_id in self.rows:
+                    self.rows[kernel_id].update(model, devices)
+                else:
+                    self.rows[kernel_id] = SliceRow(model, devices, self)
+            self.status.value = "" if slices else "no sliced kernels are running"
+            self.children = [self.header, *(self.rows[kernel_id].widget for kernel_id in current), self.status]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._refresh_until_closed, name="vgpu-panel", daemon=True)
+        self._thread.start()
+
+    def _refresh_until_closed(self) -> None:
+        while True:
+            self.refresh()
+            if self._stop.wait(self.interval):
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        for row in self.rows.values():
+            row.widget.close()
+        super().close()
