@@ -155,6 +155,7 @@ void vgpu_launch_admit(uint64_t cost);
  * instantiated (where the driver can list them) and a graph launch is admitted at that price.
  * An executable without a price is charged a nominal one; the controller's measured cost per
  * token turns that into the right rate all the same. */
+#define VGPU_GRAPH_PRICE_UNKNOWN UINT64_MAX
 void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost);
 uint64_t vgpu_graph_exec_cost(CUgraphExec exec);
 void vgpu_graph_exec_forget(CUgraphExec exec);

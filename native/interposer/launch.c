@@ -60,7 +60,6 @@ LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
 VGPU_CUDA_OPTIONAL_ENTRY_POINTS(VGPU_DECLARE_OPTIONAL_PFN)
 #undef VGPU_DECLARE_OPTIONAL_PFN
 
-#define GRAPH_PRICE_UNKNOWN UINT64_MAX
 #define GRAPH_NESTING_LIMIT 8
 
 struct graph_inspector {
@@ -76,18 +75,18 @@ static uint64_t graph_price(const struct graph_inspector *api, CUgraph graph, in
 {
     size_t count = 0;
     if (depth > GRAPH_NESTING_LIMIT || api->get_nodes(graph, NULL, &count) != CUDA_SUCCESS)
-        return GRAPH_PRICE_UNKNOWN;
+        return VGPU_GRAPH_PRICE_UNKNOWN;
     if (count == 0)
         return 0;
     CUgraphNode *nodes = malloc(count * sizeof *nodes);
     if (!nodes)
-        return GRAPH_PRICE_UNKNOWN;
-    uint64_t total = GRAPH_PRICE_UNKNOWN;
+        return VGPU_GRAPH_PRICE_UNKNOWN;
+    uint64_t total = VGPU_GRAPH_PRICE_UNKNOWN;
     if (api->get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
         total = 0;
-        for (size_t i = 0; i < count && total != GRAPH_PRICE_UNKNOWN; i++) {
+        for (size_t i = 0; i < count && total != VGPU_GRAPH_PRICE_UNKNOWN; i++) {
             uint64_t price = node_price(api, nodes[i], depth);
-            total = price == GRAPH_PRICE_UNKNOWN ? price : total + price;
+            total = price == VGPU_GRAPH_PRICE_UNKNOWN ? price : total + price;
         }
     }
     free(nodes);
@@ -98,22 +97,22 @@ static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, 
 {
     CUgraphNodeType type;
     if (api->node_type(node, &type) != CUDA_SUCCESS)
-        return GRAPH_PRICE_UNKNOWN;
+        return VGPU_GRAPH_PRICE_UNKNOWN;
     switch (type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {
         CUDA_KERNEL_NODE_PARAMS p;
         if (api->kernel_params(node, &p) != CUDA_SUCCESS)
-            return GRAPH_PRICE_UNKNOWN;
+            return VGPU_GRAPH_PRICE_UNKNOWN;
         return launch_cost(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
     }
     case CU_GRAPH_NODE_TYPE_GRAPH: {
         CUgraph child;
         if (api->child_graph(node, &child) != CUDA_SUCCESS)
-            return GRAPH_PRICE_UNKNOWN;
+            return VGPU_GRAPH_PRICE_UNKNOWN;
         return graph_price(api, child, depth + 1);
     }
     case CU_GRAPH_NODE_TYPE_CONDITIONAL:
-        return GRAPH_PRICE_UNKNOWN;
+        return VGPU_GRAPH_PRICE_UNKNOWN;
     default:
         return 0; /* copies, memsets, host calls, events: no SM work worth pacing */
     }
@@ -129,9 +128,7 @@ static void price_graph_exec(CUgraphExec exec, CUgraph graph)
     };
     if (!api.get_nodes || !api.node_type || !api.kernel_params || !api.child_graph)
         return;
-    uint64_t price = graph_price(&api, graph, 0);
-    if (price != GRAPH_PRICE_UNKNOWN)
-        vgpu_graph_exec_priced(exec, price);
+    vgpu_graph_exec_priced(exec, graph_price(&api, graph, 0));
 }
 
 VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)

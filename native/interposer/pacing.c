@@ -43,6 +43,7 @@
 #define CONTROL_PERIOD_NS (25 * MS)   /* measure utilisation, set the rate */
 #define REPORT_PERIOD_NS (250 * MS)   /* limiter off or slice idle: measure only to report */
 #define IDLE_AFTER_NS (1000 * MS)     /* no tokens drawn this long: the slice is idle */
+#define LEARN_PERIOD_NS (10 * MS)     /* the first measurement of a slice that must be limited */
 #define LEASE_SUSPECT_NS (50 * MS)    /* heartbeat this old: check whether the holder lives */
 #define LEASE_STALE_NS (200 * MS)     /* heartbeat this old: take the lease over */
 #define THREAD_BATCH_NS (1 * MS)      /* a thread caches about this much of the refill rate */
@@ -66,6 +67,7 @@
  * launch still yields the right rate for a program that launches such graphs. */
 #define GRAPH_NOMINAL_COST (UINT64_C(1) << 16)
 #define GRAPH_TABLE_SIZE 1024 /* power of two */
+#define GRAPH_PROBES 16       /* an executable lives within this many slots of its home */
 #define GRAPH_SLOT_EMPTY ((uintptr_t)0)
 #define GRAPH_SLOT_FREED ((uintptr_t)1)
 
@@ -600,7 +602,11 @@ static void *controller_main(void *arg)
             /* An idle slice (a notebook between cells) costs NVML a query every REPORT_PERIOD_NS;
              * its first draw brings the fast period back at the next tick. */
             int idle = c->mode == POOL_OFF || now - c->last_draw_ns > IDLE_AFTER_NS;
-            uint64_t period = idle ? REPORT_PERIOD_NS : CONTROL_PERIOD_NS;
+            /* Open only to learn the cost: measure as soon as launches have drawn, so the
+             * pool is open for a couple of ticks, not a whole period. */
+            int learning = c->mode == POOL_OPEN_UP && token_cost(c) <= 0 && c->spent > 0 &&
+                           !(limits.policy == VGPU_POLICY_BURST && now >= c->others_busy_until_ns);
+            uint64_t period = idle ? REPORT_PERIOD_NS : learning ? LEARN_PERIOD_NS : CONTROL_PERIOD_NS;
             if (resized || now - c->last_control_ns + TICK_NS / 2 >= period) {
                 control(c, region, &limits, now);
                 c->last_control_ns = now;
@@ -773,7 +779,11 @@ void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
     uintptr_t key = (uintptr_t)exec;
     if (key <= GRAPH_SLOT_FREED)
         return;
-    for (size_t probe = 0; probe < GRAPH_TABLE_SIZE; probe++) {
+    if (cost == VGPU_GRAPH_PRICE_UNKNOWN)
+        cost = GRAPH_NOMINAL_COST;
+    if (cost > MAX_LAUNCH_COST)
+        cost = MAX_LAUNCH_COST;
+    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
         struct graph_price *entry = graph_slot(key, probe);
         uintptr_t seen = atomic_load(&entry->exec);
         if (seen == key ||
@@ -783,13 +793,13 @@ void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
             return;
         }
     }
-    /* Table full: this executable is charged the nominal price. */
+    /* No room near its home: this executable is charged the nominal price. */
 }
 
 uint64_t vgpu_graph_exec_cost(CUgraphExec exec)
 {
     uintptr_t key = (uintptr_t)exec;
-    for (size_t probe = 0; probe < GRAPH_TABLE_SIZE; probe++) {
+    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
         struct graph_price *entry = graph_slot(key, probe);
         uintptr_t seen = atomic_load_explicit(&entry->exec, memory_order_acquire);
         if (seen == key) {
@@ -805,7 +815,7 @@ uint64_t vgpu_graph_exec_cost(CUgraphExec exec)
 void vgpu_graph_exec_forget(CUgraphExec exec)
 {
     uintptr_t key = (uintptr_t)exec;
-    for (size_t probe = 0; probe < GRAPH_TABLE_SIZE; probe++) {
+    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
         struct graph_price *entry = graph_slot(key, probe);
         uintptr_t seen = atomic_load(&entry->exec);
         if (seen == key) {
