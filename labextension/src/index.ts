@@ -1,0 +1,101 @@
+/** jupyter-vgpu's JupyterLab plugin: status bar, "GPU slices" sidebar, start-on-a-slice command. */
+
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { IDocumentManager } from '@jupyterlab/docmanager';
+import { ILauncher } from '@jupyterlab/launcher';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { SliceSidebar } from './sidebar';
+import { newNotebookOnSlice } from './start-dialog';
+import { SliceStatusItem } from './statusbar';
+import { SliceStore } from './store';
+
+const PLUGIN_ID = 'jupyter-vgpu:plugin';
+const COMMAND_NEW_NOTEBOOK = 'jupyter-vgpu:new-notebook-on-slice';
+const COMMAND_SHOW_SIDEBAR = 'jupyter-vgpu:show-slices';
+
+const gpuIcon = new LabIcon({
+  name: 'jupyter-vgpu:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<path d="M7 7h10v10H7zM9 9v6h6V9zM9 2h2v4H9zm4 0h2v4h-2zM9 18h2v4H9zm4 0h2v4h-2zM2 9h4v2H2zm0 4h4v2H2zm16-4h4v2h-4zm0 4h4v2h-4z"/>' +
+    '</g></svg>'
+});
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID,
+  description: 'GPU slices of notebook kernels: status bar, sidebar with live resize, start with a chosen size.',
+  autoStart: true,
+  requires: [IDocumentManager, INotebookTracker],
+  optional: [ISettingRegistry, ITranslator, IStatusBar, ICommandPalette, ILauncher, ILayoutRestorer],
+  activate: (
+    app: JupyterFrontEnd,
+    docManager: IDocumentManager,
+    notebooks: INotebookTracker,
+    settingRegistry: ISettingRegistry | null,
+    translator: ITranslator | null,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    launcher: ILauncher | null,
+    restorer: ILayoutRestorer | null
+  ) => {
+    const trans = (translator ?? nullTranslator).load('jupyter_vgpu');
+    const store = new SliceStore(1000);
+
+    const sidebar = new SliceSidebar(store, trans);
+    sidebar.id = 'jupyter-vgpu-sidebar';
+    sidebar.title.icon = gpuIcon;
+    sidebar.title.caption = trans.__('GPU slices');
+    app.shell.add(sidebar, 'left', { rank: 900 });
+    restorer?.add(sidebar, sidebar.id);
+
+    if (statusBar) {
+      const item = new SliceStatusItem(store, notebooks, trans);
+      statusBar.registerStatusItem(PLUGIN_ID, {
+        item,
+        align: 'left',
+        rank: 5,
+        isActive: () => item.hasSlice,
+        activeStateChanged: item.hasSliceChanged
+      });
+    }
+
+    app.commands.addCommand(COMMAND_NEW_NOTEBOOK, {
+      label: trans.__('New notebook on a GPU slice...'),
+      caption: trans.__('Start a kernel in a GPU slice of the size you choose and open a notebook on it'),
+      icon: args => (args.isPalette ? undefined : gpuIcon),
+      execute: args =>
+        newNotebookOnSlice(docManager, app.serviceManager.kernelspecs.specs, store, (args.cwd as string) ?? '', trans)
+    });
+    app.commands.addCommand(COMMAND_SHOW_SIDEBAR, {
+      label: trans.__('Show GPU slices'),
+      execute: () => app.shell.activateById(sidebar.id)
+    });
+    const category = trans.__('GPU slices');
+    palette?.addItem({ command: COMMAND_NEW_NOTEBOOK, category });
+    palette?.addItem({ command: COMMAND_SHOW_SIDEBAR, category });
+    launcher?.add({ command: COMMAND_NEW_NOTEBOOK, category: trans.__('Notebook'), rank: 50 });
+
+    settingRegistry
+      ?.load(PLUGIN_ID)
+      .then(settings => {
+        const apply = () => {
+          store.interval = settings.get('refreshInterval').composite as number;
+        };
+        settings.changed.connect(apply);
+        apply();
+      })
+      .catch(reason => console.error('jupyter-vgpu: cannot load its settings', reason));
+  }
+};
+
+export default plugin;

@@ -1,0 +1,222 @@
+/**
+ * The "GPU slices" sidebar: every slice of the server with live memory and SM bars and resize
+ * controls, then every device with what is still free on it.
+ */
+
+import { TranslationBundle } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
+
+import { IDeviceModel, ISliceModel, resizeSlice } from './api';
+import {
+  checkSliceForm,
+  formatSize,
+  formatUsedOfCap,
+  POLICIES
+} from './slice-values';
+import { SliceStore } from './store';
+
+function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  node.className = className;
+  node.textContent = text;
+  return node;
+}
+
+/** A labelled bar: fill is the used fraction, the mark (if any) a limit within the whole. */
+class Bar {
+  readonly node = element('div', 'jp-vgpu-Bar');
+
+  constructor(name: string) {
+    this.node.dataset.bar = name;
+    this.node.append(this._label, this._track);
+    this._track.append(this._fill, this._mark);
+  }
+
+  show(label: string, fill: number, mark?: number): void {
+    this._label.textContent = label;
+    this._fill.style.width = `${Math.min(100, Math.max(0, fill * 100))}%`;
+    this._fill.classList.toggle('jp-vgpu-Bar-over', fill >= 0.999);
+    this._mark.hidden = mark === undefined;
+    this._mark.style.left = `${(mark ?? 0) * 100}%`;
+  }
+
+  private _label = element('div', 'jp-vgpu-Bar-label');
+  private _track = element('div', 'jp-vgpu-Bar-track');
+  private _fill = element('div', 'jp-vgpu-Bar-fill');
+  private _mark = element('div', 'jp-vgpu-Bar-mark');
+}
+
+/** One slice: its bars, and a resize form whose fields stay as the user typed them. */
+class SliceRow {
+  readonly node = element('li', 'jp-vgpu-Slice');
+
+  constructor(
+    readonly kernelId: string,
+    private readonly _store: SliceStore,
+    private readonly _trans: TranslationBundle
+  ) {
+    this.node.dataset.kernelId = kernelId;
+    this._memory.name = 'memory';
+    this._cores.name = 'cores';
+    this._policy.name = 'policy';
+    this._memory.setAttribute('aria-label', _trans.__('Memory cap'));
+    this._cores.setAttribute('aria-label', _trans.__('SM share in percent'));
+    this._policy.setAttribute('aria-label', _trans.__('Policy'));
+    for (const policy of POLICIES) {
+      this._policy.append(new Option(policy, policy));
+    }
+    // Once the user picks a policy, polls stop resetting the select until Apply.
+    this._policy.addEventListener('change', () => {
+      this._policyTouched = true;
+    });
+    this._apply.type = 'submit';
+    this._apply.textContent = _trans.__('Apply');
+    const form = element('form', 'jp-vgpu-ResizeForm');
+    form.append(this._memory, this._cores, this._policy, this._apply);
+    form.addEventListener('submit', event => {
+      event.preventDefault();
+      void this._resize();
+    });
+    this.node.append(this._title, this._memoryBar.node, this._smBar.node, form, this._message);
+  }
+
+  show(slice: ISliceModel): void {
+    const { limits, usage } = slice;
+    this._title.textContent = this._trans.__(
+      '%1 · GPU %2 · %3',
+      slice.path || slice.kernel_id.slice(0, 8),
+      slice.device.index,
+      limits.policy
+    );
+    this._title.title = slice.kernel_id;
+    this._memoryBar.show(
+      this._trans.__('Memory %1', formatUsedOfCap(usage.memory, limits.memory)),
+      usage.memory / limits.memory
+    );
+    this._smBar.show(
+      this._trans.__('SM %1 / %2 %', Math.round(usage.sm_util), limits.cores),
+      usage.sm_util / 100,
+      limits.cores / 100
+    );
+    this._memory.placeholder = formatSize(limits.memory);
+    this._cores.placeholder = `${limits.cores}`;
+    if (!this._policyTouched) {
+      this._policy.value = limits.policy;
+    }
+  }
+
+  private async _resize(): Promise<void> {
+    const current = this._store.sliceOf(this.kernelId);
+    const check = checkSliceForm({
+      memory: this._memory.value,
+      cores: this._cores.value,
+      policy: this._policy.value === current?.limits.policy ? '' : this._policy.value
+    });
+    if (!check.ok) {
+      this._say(Object.values(check.errors).join('; '), true);
+      return;
+    }
+    if (!Object.keys(check.request).length) {
+      this._say(this._trans.__('Nothing to change: type a new memory cap or SM share, or pick another policy.'), true);
+      return;
+    }
+    this._apply.disabled = true;
+    try {
+      await resizeSlice(this.kernelId, check.request);
+      this._memory.value = this._cores.value = '';
+      this._policyTouched = false;
+      this._say(this._trans.__('Resized.'), false);
+      await this._store.refresh();
+    } catch (error) {
+      this._say((error as Error).message, true);
+    } finally {
+      this._apply.disabled = false;
+    }
+  }
+
+  private _say(message: string, refused: boolean): void {
+    this._message.textContent = message;
+    this._message.classList.toggle('jp-vgpu-refused', refused);
+  }
+
+  private _title = element('div', 'jp-vgpu-Slice-title');
+  private _memoryBar = new Bar('memory');
+  private _smBar = new Bar('sm');
+  private _memory = element('input', 'jp-mod-styled jp-vgpu-Input');
+  private _cores = element('input', 'jp-mod-styled jp-vgpu-Input');
+  private _policy = element('select', 'jp-mod-styled');
+  private _policyTouched = false;
+  private _apply = element('button', 'jp-mod-styled jp-mod-accept jp-vgpu-Apply');
+  private _message = element('div', 'jp-vgpu-Message');
+}
+
+export function describeDevice(device: IDeviceModel, trans: TranslationBundle): string {
+  return trans.__(
+    'GPU %1 %2: %3 free of %4 · SM %5 % of %6 % promised',
+    device.index,
+    device.name,
+    formatSize(device.memory_free),
+    formatSize(device.memory_capacity),
+    device.sm_share_allocated,
+    device.sm_share_capacity
+  );
+}
+
+export class SliceSidebar extends Widget {
+  constructor(
+    private readonly _store: SliceStore,
+    private readonly _trans: TranslationBundle
+  ) {
+    super();
+    this.addClass('jp-vgpu-Sidebar');
+    this.node.append(
+      element('h2', 'jp-vgpu-Heading', _trans.__('GPU slices')),
+      this._status,
+      this._slices,
+      element('h3', 'jp-vgpu-Heading', _trans.__('Devices')),
+      this._devices
+    );
+    _store.changed.connect(this._update, this);
+    this._update();
+  }
+
+  private _update(): void {
+    const slices = this._store.slices;
+    for (const [kernelId, row] of this._rows) {
+      if (!slices.some(slice => slice.kernel_id === kernelId)) {
+        row.node.remove();
+        this._rows.delete(kernelId);
+      }
+    }
+    for (const slice of slices) {
+      let row = this._rows.get(slice.kernel_id);
+      if (!row) {
+        row = new SliceRow(slice.kernel_id, this._store, this._trans);
+        this._rows.set(slice.kernel_id, row);
+      }
+      row.show(slice);
+      this._slices.append(row.node); // keeps the server's order
+    }
+    this._status.textContent = this._store.error
+      ? this._trans.__('Cannot reach the GPU slice API: %1', this._store.error)
+      : slices.length
+        ? ''
+        : this._trans.__('No kernel holds a GPU slice.');
+    this._devices.replaceChildren(
+      ...this._store.devices.map(device => {
+        const item = element('li', 'jp-vgpu-Device', describeDevice(device, this._trans));
+        item.dataset.deviceIndex = `${device.index}`;
+        return item;
+      })
+    );
+  }
+
+  private _rows = new Map<string, SliceRow>();
+  private _status = element('div', 'jp-vgpu-Status');
+  private _slices = element('ul', 'jp-vgpu-Slices');
+  private _devices = element('ul', 'jp-vgpu-Devices');
+}

@@ -1,0 +1,161 @@
+/**
+ * "New notebook on a GPU slice...": ask for a size (showing what is free), start a kernel in a
+ * slice of that size with POST /api/vgpu/kernels, and open a new notebook on that kernel.
+ */
+
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { IDocumentManager } from '@jupyterlab/docmanager';
+import { KernelSpec } from '@jupyterlab/services';
+import { TranslationBundle } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
+
+import { startKernel } from './api';
+import { describeDevice } from './sidebar';
+import { checkSliceForm, ISliceForm, POLICIES } from './slice-values';
+import { SliceStore } from './store';
+
+/** The name of the provisioner whose kernels run in slices (jupyter_vgpu/provisioner.py). */
+export const PROVISIONER_NAME = 'vgpu-provisioner';
+
+/** Kernelspecs whose kernels start in GPU slices, with their default slice (provisioner config). */
+export function slicedKernelspecs(
+  specs: KernelSpec.ISpecModels | null
+): { name: string; displayName: string; defaults: Partial<ISliceForm> }[] {
+  return Object.values(specs?.kernelspecs ?? {}).flatMap(spec => {
+    const provisioner = (spec?.metadata?.kernel_provisioner ?? {}) as {
+      provisioner_name?: string;
+      config?: Partial<ISliceForm>;
+    };
+    return spec && provisioner.provisioner_name === PROVISIONER_NAME
+      ? [{ name: spec.name, displayName: spec.display_name, defaults: provisioner.config ?? {} }]
+      : [];
+  });
+}
+
+interface IStartChoice extends ISliceForm {
+  kernelspec: string;
+}
+
+class StartForm extends Widget {
+  constructor(
+    kernelspecs: ReturnType<typeof slicedKernelspecs>,
+    previous: IStartChoice,
+    problem: string,
+    store: SliceStore,
+    trans: TranslationBundle
+  ) {
+    super();
+    this.addClass('jp-vgpu-StartForm');
+    for (const spec of kernelspecs) {
+      this._kernelspec.append(new Option(spec.displayName, spec.name));
+    }
+    this._kernelspec.value = previous.kernelspec;
+    const defaults = () => kernelspecs.find(spec => spec.name === this._kernelspec.value)?.defaults ?? {};
+    const showDefaults = () => {
+      this._memory.placeholder = defaults().memory ?? '';
+      this._cores.placeholder = `${defaults().cores ?? ''}`;
+    };
+    this._kernelspec.addEventListener('change', showDefaults);
+    showDefaults();
+    this._memory.value = previous.memory;
+    this._cores.value = previous.cores;
+    for (const policy of POLICIES) {
+      this._policy.append(new Option(policy, policy));
+    }
+    this._policy.value = previous.policy || defaults().policy || 'hard';
+    const field = (label: string, input: HTMLElement) => {
+      const row = document.createElement('label');
+      row.className = 'jp-vgpu-Field';
+      row.append(label, input);
+      return row;
+    };
+    const free = document.createElement('ul');
+    free.className = 'jp-vgpu-Devices';
+    free.append(
+      ...store.devices.map(device => {
+        const item = document.createElement('li');
+        item.textContent = describeDevice(device, trans);
+        return item;
+      })
+    );
+    const message = document.createElement('div');
+    message.className = 'jp-vgpu-Message jp-vgpu-refused';
+    message.textContent = problem;
+    this.node.append(
+      field(trans.__('Kernel'), this._kernelspec),
+      field(trans.__('Memory (512MiB, 4GiB, 4G or MiB)'), this._memory),
+      field(trans.__('SM share (%, 1 to 100)'), this._cores),
+      field(trans.__('Policy'), this._policy),
+      document.createTextNode(trans.__('Free now:')),
+      free,
+      message
+    );
+  }
+
+  getValue(): IStartChoice {
+    return {
+      kernelspec: this._kernelspec.value,
+      memory: this._memory.value,
+      cores: this._cores.value,
+      policy: this._policy.value
+    };
+  }
+
+  private _kernelspec = document.createElement('select');
+  private _memory = Object.assign(document.createElement('input'), { name: 'memory', className: 'jp-mod-styled' });
+  private _cores = Object.assign(document.createElement('input'), { name: 'cores', className: 'jp-mod-styled' });
+  private _policy = Object.assign(document.createElement('select'), { name: 'policy', className: 'jp-mod-styled' });
+}
+
+/**
+ * Ask until the user gives a size the server grants, or cancels; each refusal (from the form
+ * check or the server) is shown in the next round with what was typed kept.
+ * Returns the path of the opened notebook, or null if cancelled.
+ */
+export async function newNotebookOnSlice(
+  docManager: IDocumentManager,
+  specs: KernelSpec.ISpecModels | null,
+  store: SliceStore,
+  cwd: string,
+  trans: TranslationBundle
+): Promise<string | null> {
+  const kernelspecs = slicedKernelspecs(specs);
+  if (!kernelspecs.length) {
+    await showDialog({
+      title: trans.__('No GPU slice kernel'),
+      body: trans.__('No kernelspec uses the %1 provisioner; install one with: jupyter vgpu kernelspec install --user', PROVISIONER_NAME),
+      buttons: [Dialog.okButton()]
+    });
+    return null;
+  }
+  await store.refresh().catch(() => undefined); // the dialog shows the freshest free capacity
+  let choice: IStartChoice = { kernelspec: kernelspecs[0].name, memory: '', cores: '', policy: '' };
+  let problem = '';
+  for (;;) {
+    const result = await showDialog({
+      title: trans.__('New notebook on a GPU slice'),
+      body: new StartForm(kernelspecs, choice, problem, store, trans),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: trans.__('Start') })]
+    });
+    if (!result.button.accept || !result.value) {
+      return null;
+    }
+    choice = result.value;
+    const check = checkSliceForm(choice);
+    if (!check.ok) {
+      problem = Object.values(check.errors).join('; ');
+      continue;
+    }
+    let kernel: { id: string; name: string };
+    try {
+      ({ kernel } = await startKernel(choice.kernelspec, check.request, cwd));
+    } catch (error) {
+      problem = (error as Error).message;
+      continue;
+    }
+    const model = await docManager.newUntitled({ path: cwd, type: 'notebook' });
+    docManager.open(model.path, 'default', { id: kernel.id, name: kernel.name });
+    void store.refresh();
+    return model.path;
+  }
+}

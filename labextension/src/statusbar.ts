@@ -1,0 +1,64 @@
+/** Status-bar item: the slice of the active notebook's kernel, hidden when it has none. */
+
+import { ISessionContext } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { TranslationBundle } from '@jupyterlab/translation';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+import { formatSize, formatSliceSummary } from './slice-values';
+import { SliceStore } from './store';
+
+export class SliceStatusItem extends Widget {
+  constructor(
+    private readonly _store: SliceStore,
+    private readonly _notebooks: INotebookTracker,
+    private readonly _trans: TranslationBundle
+  ) {
+    super();
+    this.addClass('jp-vgpu-StatusItem');
+    _store.changed.connect(this._update, this);
+    _notebooks.currentChanged.connect(this._update, this);
+    _notebooks.currentChanged.connect(this._followKernel, this);
+    this._followKernel();
+  }
+
+  /** Whether the active notebook's kernel has a slice (the status bar hides the item if not). */
+  get hasSlice(): boolean {
+    return this._hasSlice;
+  }
+
+  get hasSliceChanged(): ISignal<this, void> {
+    return this._hasSliceChanged;
+  }
+
+  private _followKernel(): void {
+    this._watched?.kernelChanged.disconnect(this._update, this);
+    this._watched = this._notebooks.currentWidget?.sessionContext ?? null;
+    this._watched?.kernelChanged.connect(this._update, this);
+  }
+
+  private _update(): void {
+    const kernelId = this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
+    const slice = this._store.sliceOf(kernelId);
+    if (slice) {
+      const { limits, usage, device } = slice;
+      this.node.textContent = formatSliceSummary(usage.memory, limits.memory, usage.sm_util, limits.cores);
+      this.node.title = this._trans.__(
+        'GPU slice on device %1: memory cap %2, SM share %3 % (%4)',
+        device.index,
+        formatSize(limits.memory),
+        limits.cores,
+        limits.policy
+      );
+    }
+    if (this._hasSlice !== !!slice) {
+      this._hasSlice = !!slice;
+      this._hasSliceChanged.emit();
+    }
+  }
+
+  private _watched: ISessionContext | null = null;
+  private _hasSlice = false;
+  private _hasSliceChanged = new Signal<this, void>(this);
+}
