@@ -136,6 +136,7 @@ static struct limiter {
     pthread_once_t once;
     pthread_key_t thread_exit_key; /* its destructor folds an exiting thread's launch count */
     pid_t pid;                     /* cached: getpid() is a system call */
+    struct vgpu_region *region;    /* cached at init: launches peek at the share through it */
     atomic_int controller_running;
     pthread_mutex_t lock; /* guards `stopping`; `wake` ends the controller's tick sleep */
     pthread_cond_t wake;
@@ -212,6 +213,7 @@ static void after_fork_child(void)
 static void limiter_init(void)
 {
     limiter.pid = getpid();
+    limiter.region = vgpu_region();
     pthread_key_create(&limiter.thread_exit_key, thread_exit_flush);
     pthread_atfork(NULL, NULL, after_fork_child);
 }
@@ -758,8 +760,17 @@ void vgpu_launch_admit(uint64_t cost)
         cache->tokens -= cost;
         return;
     }
-    /* An empty cache: the limits say whether to draw (with the limiter off, every launch
-     * comes here and costs this one read). */
+    /* An empty cache: the limits say whether to draw. With the limiter off every launch comes
+     * here, so it peeks at the active share alone (every thread has passed limiter_init in
+     * flush_launches, which set `region`); a share read from a copy being replaced is the old
+     * or the new one, either a share that was published. Only a share below 100 is worth the
+     * validated read. */
+    struct vgpu_region *region = limiter.region;
+    if (!region)
+        return; /* no slice: launches are not paced */
+    uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE) & 1;
+    if (__atomic_load_n(&region->limits[active].sm_share, __ATOMIC_RELAXED) >= VGPU_SM_SHARE_MAX)
+        return;
     struct vgpu_limits_snapshot limits;
     if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
         return;
