@@ -1,0 +1,182 @@
+"""The %vgpu panel's widget models, driven by a scripted client in place of the server."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+
+from jupyter_vgpu.kernel_client import RequestRefused, ServerUnavailable
+from jupyter_vgpu.panel import SlicePanel
+
+GIB = 1 << 30
+DEVICES = [
+    {"index": 0, "uuid": "GPU-small", "name": "Sim Small"},
+    {"index": 1, "uuid": "GPU-large", "name": "Sim Large"},
+]
+
+
+def model(kernel_id, path="", device=0, memory=4 * GIB, cores=30, policy="hard", used=GIB, util=12.0):
+    return {
+        "kernel_id": kernel_id,
+        "path": path,
+        "device": {"index": device, "uuid": DEVICES[device]["uuid"]},
+        "limits": {"memory": memory, "cores": cores, "policy": policy},
+        "usage": {"memory": used, "sm_util": util, "processes": []},
+        "state": "running",
+    }
+
+
+class ScriptedClient:
+    """Answers like kernel_client.ServerClient from lists the test edits; records resizes."""
+
+    kernel_id = "own-kernel"
+
+    def __init__(self, slices):
+        self.listed = slices
+        self.resizes: list[tuple[str, dict]] = []
+        self.refusal: RequestRefused | None = None
+        self.unreachable = False
+
+    def slices(self):
+        if self.unreachable:
+            raise ServerUnavailable("cannot reach the vGPU server at http://localhost:8888/: Connection refused")
+        return copy.deepcopy(self.listed)
+
+    def devices(self):
+        return DEVICES
+
+    def resize(self, kernel_id, **changes):
+        self.resizes.append((kernel_id, changes))
+        if self.refusal:
+            raise self.refusal
+        (resized,) = [m for m in self.listed if m["kernel_id"] == kernel_id]
+        limits = resized["limits"]
+        limits["memory"] = int(changes["memory"].removesuffix("GiB")) * GIB if "memory" in changes else limits["memory"]
+        limits["cores"] = int(changes.get("cores", limits["cores"]))
+        limits["policy"] = changes.get("policy", limits["policy"])
+        return copy.deepcopy(resized)
+
+
+@pytest.fixture
+def client():
+    return ScriptedClient(
+        [
+            model("own-kernel", path="work/train.ipynb", device=1, memory=4 * GIB, used=GIB, cores=30, util=12.0),
+            model("abcdef012345", memory=2 * GIB, used=3 * GIB // 2, cores=50, util=61.0, policy="burst"),
+        ]
+    )
+
+
+@pytest.fixture
+def panel(client):
+    shown = SlicePanel(client)
+    shown.refresh()
+    yield shown
+    shown.close()
+
+
+def row_text(row):
+    return (row.name.value, row.device.value, row.memory_label.value, row.sm_label.value, row.policy.value)
+
+
+def test_one_row_per_slice_with_its_bars(panel):
+    own, other = (panel.rows[k] for k in ("own-kernel", "abcdef012345"))
+    assert row_text(own) == ("train.ipynb (this kernel)", "1 · Sim Large", "1GiB / 4GiB", "12 / 30 %", "hard")
+    assert row_text(other) == ("kernel abcdef01", "0 · Sim Small", "1.5GiB / 2GiB", "61 / 50 %", "burst")
+    assert (own.memory_bar.value, own.memory_bar.max) == (GIB, 4 * GIB)
+    assert (own.sm_bar.value, own.sm_bar.max) == (12.0, 30.0)
+    assert other.sm_bar.value == other.sm_bar.max == 50.0  # bursting above its share fills the bar
+    assert panel.children == (panel.header, own.widget, other.widget, panel.status)
+
+
+def test_rows_follow_kernels_as_they_come_and_go(panel, client):
+    gone = panel.rows["abcdef012345"]
+    client.listed = [client.listed[0], model("new-kernel", path="eval.ipynb", memory=GIB, used=0)]
+    panel.refresh()
+    assert list(panel.rows) == ["own-kernel", "new-kernel"]
+    assert panel.rows["new-kernel"].name.value == "eval.ipynb"
+    assert gone.widget not in panel.children
+    client.listed = []
+    panel.refresh()
+    assert panel.rows == {} and panel.children == (panel.header, panel.status)
+    assert panel.status.value == "no sliced kernels are running"
+
+
+def test_bars_follow_usage_and_a_full_slice_shows_danger(panel, client):
+    client.listed[0]["usage"]["memory"] = 4 * GIB
+    client.listed[0]["usage"]["sm_util"] = 29.4
+    panel.refresh()
+    own = panel.rows["own-kernel"]
+    assert own.memory_bar.value == 4 * GIB and own.memory_bar.bar_style == "danger"
+    assert own.sm_bar.value == 29.4 and own.sm_label.value == "29 / 30 %"
+
+
+def test_apply_sends_what_changed_and_shows_the_new_limits(panel, client):
+    own = panel.rows["own-kernel"]
+    own.memory_input.value = "6GiB"
+    own.policy_input.value = "burst"
+    own.apply_button.click()
+    assert client.resizes == [("own-kernel", {"memory": "6GiB", "policy": "burst"})]
+    assert own.message.value == "resized"
+    assert own.memory_label.value == "1GiB / 6GiB" and own.policy.value == "burst"
+
+
+def test_a_refusal_is_shown_in_its_row(panel, client):
+    client.refusal = RequestRefused(409, "device 0 has 1GiB of memory free; the slice asks for 3GiB more")
+    other = panel.rows["abcdef012345"]
+    other.cores_input.value = 80
+    other.apply_button.click()
+    assert client.resizes == [("abcdef012345", {"cores": "80"})]
+    assert "refused: device 0 has 1GiB of memory free; the slice asks for 3GiB more" in other.message.value
+    assert other.sm_label.value == "61 / 50 %"
+    assert panel.rows["own-kernel"].message.value == ""
+
+
+def test_a_bad_size_is_refused_before_anything_is_sent(panel, client):
+    own = panel.rows["own-kernel"]
+    own.memory_input.value = "lots"
+    own.apply_button.click()
+    assert client.resizes == []
+    assert "refused: memory size 'lots' is not a size like 512MiB" in own.message.value
+
+
+def test_controls_follow_the_server_unless_the_user_is_editing_them(panel, client):
+    own = panel.rows["own-kernel"]
+    own.cores_input.value = 45  # being edited
+    client.listed[0]["limits"].update(memory=8 * GIB, cores=20, policy="burst")  # resized elsewhere
+    panel.refresh()
+    assert (own.memory_input.value, own.cores_input.value, own.policy_input.value) == ("8GiB", 45, "burst")
+
+
+def test_an_unreachable_server_is_reported_and_the_rows_kept(panel, client):
+    client.unreachable = True
+    panel.refresh()
+    assert panel.status.value.startswith("not refreshed: cannot reach the vGPU server")
+    assert list(panel.rows) == ["own-kernel", "abcdef012345"]
+
+
+def wait_for(condition, deadline_s=10.0):
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        time.sleep(0.01)
+
+
+def test_background_refresh_updates_rows_without_blocking_the_caller(client):
+    answer = threading.Event()
+    slow = ScriptedClient(client.listed)
+    slow.slices = lambda: answer.wait() and copy.deepcopy(slow.listed)  # the server is slow to answer
+    shown = SlicePanel(slow, interval=0.05)
+    try:
+        shown.start()  # returns at once although the first refresh is waiting for the server
+        assert shown.rows == {}
+        answer.set()
+        wait_for(lambda: list(shown.rows) == ["own-kernel", "abcdef012345"])
+        slow.listed = [model("late-kernel", path="late.ipynb")]
+        wait_for(lambda: list(shown.rows) == ["late-kernel"])
+    finally:
+        shown.close()
+    assert not shown._thread.is_alive()
