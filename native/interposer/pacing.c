@@ -58,7 +58,7 @@
 
 /* An open pool: far above anything a period draws, far below overflow. Levels above the
  * floor mean "open" even after threads drew from it. */
-#define POOL_OPEN (INT64_C(1) << 62)
+#define POOL_OPEN_LEVEL (INT64_C(1) << 62)
 #define POOL_OPEN_FLOOR (INT64_C(1) << 61)
 
 /* Price of a graph launch whose kernels are unknown (the driver cannot list them, or a
@@ -72,9 +72,9 @@
 #define GRAPH_SLOT_FREED ((uintptr_t)1)
 
 enum pool_mode {
-    POOL_OFF,     /* sm_share 100: launches do not draw; the controller only measures */
-    POOL_OPEN_UP, /* burst on an idle device, or the token cost is not learned yet */
-    POOL_LIMITED, /* refilled at the rate that meets the share */
+    MODE_OFF,     /* sm_share 100: launches do not draw; the controller only measures */
+    MODE_OPEN,    /* burst on an idle device, or the token cost is not learned yet */
+    MODE_LIMITED, /* refilled at the rate that meets the share */
 };
 
 /* Per-thread launch state: only its own thread touches it, so the hot path shares no cache
@@ -107,7 +107,7 @@ struct controller {
     double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
     uint64_t last_draw_ns;
     int drained;      /* the pool ran dry at some tick: launches were held back */
-    int window_clean; /* launches drew tokens throughout the window (no POOL_OFF tick) */
+    int window_clean; /* launches drew tokens throughout the window (no MODE_OFF tick) */
     double carry;     /* fraction of a token owed by the last refill */
 
     /* The cost estimate: utilisation-seconds per token = util_seconds / token_count. */
@@ -120,7 +120,8 @@ struct controller {
     uint64_t others_busy_until_ns;
 
     enum pool_mode mode;
-    double rate; /* tokens per second while limited */
+    int learning; /* open only until the cost of a token is known */
+    double rate;  /* tokens per second while limited */
     uint64_t last_tick_ns;
     uint64_t last_control_ns;
 };
@@ -419,14 +420,16 @@ static void decide(struct controller *c, const struct vgpu_limits_snapshot *limi
     double cost = token_cost(c);
     enum pool_mode mode;
     if (limits->sm_share >= VGPU_SM_SHARE_MAX)
-        mode = POOL_OFF;
+        mode = MODE_OFF;
     else if (limits->policy == VGPU_POLICY_BURST && now_ns >= c->others_busy_until_ns)
-        mode = POOL_OPEN_UP; /* nobody else wants the device */
+        mode = MODE_OPEN; /* nobody else wants the device */
     else if (cost <= 0)
-        mode = POOL_OPEN_UP; /* one period open to learn what a token costs */
+        mode = MODE_OPEN; /* open a moment to learn what a token costs */
     else
-        mode = POOL_LIMITED;
-    if (mode == POOL_LIMITED) {
+        mode = MODE_LIMITED;
+    c->learning = mode == MODE_OPEN && cost <= 0 &&
+                  !(limits->policy == VGPU_POLICY_BURST && now_ns >= c->others_busy_until_ns);
+    if (mode == MODE_LIMITED) {
         double share = limits->sm_share / 100.0;
         double target = share + c->integral;
         if (target < share * 0.25)
@@ -436,7 +439,7 @@ static void decide(struct controller *c, const struct vgpu_limits_snapshot *limi
     } else {
         c->limited_periods = 0;
     }
-    if (mode == POOL_OFF)
+    if (mode == MODE_OFF)
         c->window_clean = 0; /* launches stop drawing: tokens no longer say what ran */
     if (mode != c->mode)
         vgpu_log(VGPU_LOG_DEBUG, "pacing: share %u%% %s, mode %d -> %d, %.0f tokens/s", limits->sm_share,
@@ -474,7 +477,7 @@ static void control(struct controller *c, struct vgpu_region *region, const stru
                  c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c), c->rate,
                  c->integral, c->drained ? ", held back" : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
-        if (c->mode == POOL_LIMITED && c->limited_periods >= 2)
+        if (c->mode == MODE_LIMITED && c->limited_periods >= 2)
             integrate(c, &u, limits->sm_share);
         c->spent = 0;
         c->drained = 0;
@@ -490,7 +493,7 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
         elapsed = CONTROL_PERIOD_NS; /* after a stall, no flood */
     c->last_tick_ns = now_ns;
 
-    int limited = c->mode == POOL_LIMITED;
+    int limited = c->mode == MODE_LIMITED;
     double owed = 0, cap_tokens = 0;
     if (limited) {
         owed = c->rate * (double)elapsed / 1e9 + c->carry;
@@ -507,7 +510,7 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
     int64_t next;
     do {
         if (!limited) {
-            next = POOL_OPEN;
+            next = POOL_OPEN_LEVEL;
         } else {
             int64_t base = level >= POOL_OPEN_FLOOR ? 0 : level; /* closing an open pool */
             next = base + whole < cap ? base + whole : cap;
@@ -551,7 +554,7 @@ static void controller_reset(struct controller *c, struct vgpu_region *region, u
     c->last_control_ns = now_ns;
     c->last_draw_ns = now_ns;
     c->window_clean = 1;
-    c->mode = POOL_OPEN_UP;
+    c->mode = MODE_OPEN;
 
     struct vgpu_limits_snapshot limits;
     if (vgpu_read_limits(&limits) != 0)
@@ -603,12 +606,12 @@ static void *controller_main(void *arg)
             int resized = limits.sm_share != c->share || limits.policy != c->policy;
             /* An idle slice (a notebook between cells) costs NVML a query every REPORT_PERIOD_NS;
              * its first draw brings the fast period back at the next tick. */
-            int idle = c->mode == POOL_OFF || now - c->last_draw_ns > IDLE_AFTER_NS;
+            int idle = c->mode == MODE_OFF || now - c->last_draw_ns > IDLE_AFTER_NS;
             /* Open only to learn the cost: measure as soon as launches have drawn, so the
              * pool is open for a couple of ticks, not a whole period. */
-            int learning = c->mode == POOL_OPEN_UP && token_cost(c) <= 0 && c->spent > 0 &&
-                           !(limits.policy == VGPU_POLICY_BURST && now >= c->others_busy_until_ns);
-            uint64_t period = idle ? REPORT_PERIOD_NS : learning ? LEARN_PERIOD_NS : CONTROL_PERIOD_NS;
+            uint64_t period = idle                          ? REPORT_PERIOD_NS
+                              : c->learning && c->spent > 0 ? LEARN_PERIOD_NS
+                                                            : CONTROL_PERIOD_NS;
             if (resized || now - c->last_control_ns + TICK_NS / 2 >= period) {
                 control(c, region, &limits, now);
                 c->last_control_ns = now;
