@@ -185,7 +185,11 @@ def test_hard_share_is_met_within_3pp_and_reported_in_the_region(programs, devic
     assert process.throttled_ns > 0  # the loop wants the whole device, so it was held back
 
 
-@pytest.mark.parametrize("pattern", [("--threads", "1"), ("--threads", "2"), ("--busy-ms", "300", "--idle-ms", "200")])
+@pytest.mark.parametrize(
+    "pattern",
+    [("--threads", "1"), ("--threads", "2"), ("--busy-ms", "300", "--idle-ms", "200")],
+    ids=["steady", "two-threads", "on-off"],
+)
 def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_env, make_slice, pattern):
     """Steady, two-thread and on/off loads: idle time must not be banked as credit."""
     load_program, monitor = programs
@@ -334,3 +338,35 @@ def test_controller_fails_over_when_its_process_is_killed(programs, device_env, 
 
     assert took_over, f"the survivor did not take the controller lease within 1 s: {survivor.stderr}"
     assert abs(measured - share) <= TOLERANCE_PP, f"after fail-over the slice had {measured}%: {survivor.stderr}"
+
+
+def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(programs, device_env, make_slice):
+    load_program, monitor = programs
+    share = 40
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    first = start_load(load_program, slice_env, seconds=4.2)
+    second = start_load(load_program, slice_env, seconds=4.2)
+    loads = {first.pid: first, second.pid: second}
+
+    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
+    assert holder, "no process of the slice took the controller lease"
+    survivor = loads[next(pid for pid in loads if pid != holder)]
+    wait_until_us(first.start_us + 1_000_000)
+    os.kill(holder, signal.SIGSTOP)
+    stopped_us = realtime_us()
+    took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
+    wait_until_us(stopped_us + 1_200_000)
+    alone = utilisation_since(monitor, device_env, stopped_us + 400_000).get(survivor.pid)
+
+    os.kill(holder, signal.SIGCONT)
+    resumed_us = realtime_us()
+    wait_until_us(resumed_us + 1_000_000)
+    together = utilisation_since(monitor, device_env, resumed_us + 300_000)
+    lease_after_resume = region.raw.controller_pid
+    first.finish()
+    second.finish()
+
+    assert took_over, "the lease of a stopped controller was not taken over within 1 s"
+    assert alone is not None and abs(alone - share) <= TOLERANCE_PP, f"while the holder was stopped: {alone}%"
+    assert lease_after_resume == survivor.pid, "the resumed process took its lease back"
+    assert abs(together[first.pid] + together[second.pid] - share) <= TOLERANCE_PP, together
