@@ -131,3 +131,23 @@ async def test_out_of_memory_line_reaches_the_cell_output_with_a_resize_that_can
     assert pasted == "%vgpu resize --memory 2GiB"
     assert (await run_in_kernel(kernel_id, pasted)).startswith("resize granted: memory cap 2GiB")
     assert (await run_in_kernel(kernel_id, "print(allocate(3 * 2**30 // 2))")).strip() == "0"
+
+
+async def test_vgpu_panel_in_a_kernel_refreshes_while_kernels_come_and_go(jp_fetch, vgpu_kernelspec, run_in_kernel):
+    kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
+    await run_in_kernel(kernel_id, "%vgpu panel")
+    # The cell below polls from the kernel's main thread while the panel's own thread fetches.
+    rows_once = (
+        "import time\n"
+        "panel = get_ipython().magics_manager.registry['VGPUMagics'].panel\n"
+        "deadline = time.monotonic() + 20\n"
+        "while len(panel.rows) != {count} and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(sorted(row.name.value for row in panel.rows.values()))\n"
+    )
+    assert (await run_in_kernel(kernel_id, rows_once.format(count=1))).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"
+    other = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
+    shown = (await run_in_kernel(kernel_id, rows_once.format(count=2))).strip()
+    assert shown == str(sorted([f"kernel {kernel_id[:8]} (this kernel)", f"kernel {other[:8]}"]))
+    await jp_fetch("api", "kernels", other, method="DELETE")
+    assert (await run_in_kernel(kernel_id, rows_once.format(count=1))).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"
