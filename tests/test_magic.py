@@ -173,3 +173,12 @@ def test_vgpu_help_documents_every_action_and_option(shell):
     for documented in ("%vgpu resize --memory 6GiB --cores 40 --policy burst", "%vgpu panel", "{show,resize,panel}",
                        "--memory MEMORY", "512MiB, 4GiB", "1 to 100", "'hard'", "credential"):
         assert documented in help_text
+
+
+def test_sliced_ipykernels_load_the_magic_and_other_kernels_are_left_alone():
+    from jupyter_vgpu.provisioner import LOAD_MAGIC_ARGUMENT, with_vgpu_magic
+
+    ipykernel = ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "kernel.json"]
+    assert with_vgpu_magic(ipykernel) == [*ipykernel, LOAD_MAGIC_ARGUMENT]
+    assert with_vgpu_magic(with_vgpu_magic(ipykernel)) == [*ipykernel, LOAD_MAGIC_ARGUMENT]  # restarts add it once
+    assert with_vgpu_magic(["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]) == ["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]
