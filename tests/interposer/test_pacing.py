@@ -186,6 +186,30 @@ def test_hard_share_is_met_within_3pp_and_reported_in_the_region(programs, devic
 
 
 @pytest.mark.parametrize(
+    ("sms", "shape"),
+    [
+        (16, ("--grid-per-sm", "16", "--block", "256")),
+        (264, ("--grid-per-sm", "2", "--block", "1024")),
+        (100, ("--grid-per-sm", "4", "--block", "256")),
+    ],
+    ids=["16-SMs", "264-SMs-1024-threads", "half-occupancy"],
+)
+def test_share_holds_whatever_the_device_size_and_kernel_shape(programs, device_env, make_slice, sms, shape):
+    """The rate comes from a measured cost per token, so nothing needs tuning per device: the
+    same share holds on a small and a large device and for kernels that fill half of it."""
+    load_program, monitor = programs
+    share = 30
+    env = dict(device_env, VGPU_SIM_DEVICES=DEVICE.replace("sms=100", f"sms={sms}"))
+    slice_env, region = make_slice(env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, *shape, seconds=3.2)
+
+    measured = window(monitor, env, load, 2.0, 3.0)[load.pid]
+    load.finish()
+
+    assert abs(measured - share) <= TOLERANCE_PP, f"{sms} SMs, {shape}: NVML measured {measured}%"
+
+
+@pytest.mark.parametrize(
     "pattern",
     [("--threads", "1"), ("--threads", "2"), ("--busy-ms", "300", "--idle-ms", "200")],
     ids=["steady", "two-threads", "on-off"],
