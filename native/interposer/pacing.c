@@ -54,6 +54,7 @@
 #define ESTIMATE_DECAY 0.8            /* per control period: about 125 ms of memory */
 #define INTEGRAL_GAIN 0.2             /* per control period, on the utilisation error */
 #define NO_SAMPLE_PATIENCE_US 500000ULL /* wait this long for NVML to sample fresh launches */
+#define NVML_RESOLUTION 0.01          /* smUtil is a whole percent */
 #define MAX_LAUNCH_COST (UINT64_C(1) << 48)
 
 /* An open pool: far above anything a period draws, far below overflow. Levels above the
@@ -395,6 +396,10 @@ static void learn(struct controller *c, const struct utilisation *u)
     double util_seconds = u->slice_permille / 1000.0 * u->window_s;
     if (c->spent == 0 && util_seconds == 0)
         return; /* nothing happened: keep the estimate as it is */
+    /* Launches too small for NVML's whole percents: count them at the most they can have used,
+     * so that the cost is known (and generous) rather than unknown forever. */
+    if (util_seconds == 0)
+        util_seconds = NVML_RESOLUTION / 2 * u->window_s;
     c->util_seconds = c->util_seconds * ESTIMATE_DECAY + util_seconds;
     c->token_count = c->token_count * ESTIMATE_DECAY + (double)c->spent;
 }
