@@ -1,0 +1,164 @@
+"""A live `jupyter lab` on the simulated GPU, started as a user starts it, and Debian's Chromium
+driven by playwright-core (tests/browser/lab.mjs) against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+KERNEL_NAME = "vgpu-browser"
+TOKEN = "vgpu-browser-token"
+BROWSER_DEVICE = "name=Sim Browser GPU,memory=8GiB,sms=50,context_memory=0"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Lab:
+    """`jupyter lab` in a private Jupyter environment (config, data, runtime, settings)."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]):
+        self.root = tmp_path / "notebooks"
+        self.root.mkdir()
+        self.log = tmp_path / "lab.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={self.port}",
+             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={self.root}",
+             "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
+             f"--VGPUApp.region_dir={tmp_path / 'regions'}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=self.log.open("w"),
+        )
+        wait_for(self.ready, 60, "jupyter lab to answer")
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"jupyter lab exited:\n{self.log.read_text()}")
+        try:
+            self.api("GET", "api/status")
+            return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def api(self, method: str, path: str, body=None):
+        request = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {TOKEN}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read() or b"null")
+
+    def write_notebook(self, name: str, cells: list[str]) -> str:
+        """A notebook whose kernel is the vGPU kernelspec, with the given code cells."""
+        notebook = {
+            "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": KERNEL_NAME, "display_name": "GPU slice (browser test)", "language": "python"}},
+            "cells": [
+                {"cell_type": "code", "id": f"cell-{index}", "source": source, "metadata": {},
+                 "outputs": [], "execution_count": None}
+                for index, source in enumerate(cells)
+            ],
+        }
+        (self.root / name).write_text(json.dumps(notebook))
+        return name
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+def write_private_jupyter_env(tmp_path: Path) -> dict[str, str]:
+    """JUPYTER_* dirs of this test only: a vGPU kernelspec, and lab settings that keep the news
+    and update prompts out of the page (and the screenshots)."""
+    data = tmp_path / "data"
+    spec = data / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "GPU slice (browser test)", "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner",
+                                            "config": {"memory": "1GiB", "cores": "50", "policy": "hard"}}},
+    }))
+    config = tmp_path / "config"
+    notification = config / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True)
+    (notification / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    return {
+        "JUPYTER_CONFIG_DIR": str(config),
+        "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    }
+
+
+@pytest.fixture
+def lab(sim_env, tmp_path):
+    env = dict(sim_env)
+    env.pop("LD_LIBRARY_PATH")  # the server points its kernels at the simulated driver itself
+    # ipykernel forwards what C code writes to fd 2 (the OOM line) unless it sees this variable.
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env["VGPU_SIM_DEVICES"] = BROWSER_DEVICE
+    env.update(write_private_jupyter_env(tmp_path))
+    server = Lab(tmp_path, env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser_tools():
+    """Chromium and playwright-core must be there: CI installs them, so a missing one fails."""
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing; install it with `apt-get install -y chromium`"
+    assert shutil.which("node"), "node is missing; the browser tests drive Chromium from Node"
+    assert (HERE / "node_modules" / "playwright-core").is_dir(), (
+        "playwright-core is missing; install it with `npm ci --prefix tests/browser`"
+    )
+
+
+@pytest.fixture
+def drive(browser_tools, lab, tmp_path):
+    """drive(scenario, **params) runs one scenario of lab.mjs against the lab; fails with its output."""
+
+    def run(scenario: str, **params) -> dict:
+        failure_screenshot = tmp_path / f"failed-{scenario}.png"
+        settings = {"url": lab.url, "token": TOKEN, "chromium": str(CHROMIUM), "screenshots": str(SCREENSHOTS),
+                    "failureScreenshot": str(failure_screenshot), **params}
+        result = subprocess.run(
+            ["node", str(HERE / "lab.mjs"), scenario, json.dumps(settings)],
+            capture_output=True, text=True, timeout=240,
+        )
+        assert result.returncode == 0, (
+            f"browser scenario {scenario} failed (the page then: {failure_screenshot}):\n{result.stdout}\n{result.stderr}\n--- lab log ---\n{lab.log.read_text()[-4000:]}"
+        )
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    return run

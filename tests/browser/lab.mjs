@@ -1,0 +1,161 @@
+// One browser scenario against a running JupyterLab, for tests/browser/test_lab_extension.py:
+//   node lab.mjs SCENARIO '{"url", "token", "chromium", "screenshots", ...scenario params}'
+// Every wait has a deadline; a step that does not happen fails the scenario with what was awaited.
+// The last line of stdout is a JSON object of what the scenario saw, for the Python side to check.
+
+import { chromium } from 'playwright-core';
+
+const [scenario, settingsJson] = process.argv.slice(2);
+const settings = JSON.parse(settingsJson);
+const STEP_TIMEOUT = 60_000;
+
+// Flags for headless Debian Chromium as root in a container (FIELD-NOTES, "Jupyter").
+const CHROMIUM_FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync'
+];
+
+let currentPage = null; // for the screenshot of a failed step
+
+async function openLab(browser, path) {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  currentPage = page;
+  page.on('console', message => {
+    if (['error', 'warning'].includes(message.type())) {
+      console.error(`browser ${message.type()}: ${message.text()}`);
+    }
+  });
+  page.setDefaultTimeout(STEP_TIMEOUT);
+  await page.goto(`${settings.url}lab/${path}?token=${settings.token}`);
+  await page.locator('#jp-main-dock-panel').waitFor();
+  return page;
+}
+
+/**
+ * Wait until the visible notebook's session has its kernel (a cell run before that is dropped:
+ * CodeCell.execute needs session.kernel) and the kernel is idle. The GPU status item shows only
+ * once the notebook's session.kernel is known and in a slice.
+ */
+async function waitForIdleKernel(page) {
+  await page.locator('.jp-vgpu-StatusItem').waitFor();
+  await page
+    .locator('.jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator[data-status="idle"]')
+    .waitFor();
+}
+
+function cell(page, index) {
+  return page.locator('.jp-NotebookPanel:visible .jp-Notebook .jp-Cell').nth(index);
+}
+
+/** Run a cell and wait until its output contains `expected` (a string or a RegExp). */
+async function runCell(page, index, expected) {
+  const target = cell(page, index);
+  await target.locator('.jp-InputArea-editor').click();
+  await page.keyboard.press('Shift+Enter');
+  await target.locator('.jp-OutputArea-output', { hasText: expected }).first().waitFor();
+  return target.locator('.jp-OutputArea').innerText();
+}
+
+async function statusText(page, expected) {
+  const item = page.locator('.jp-vgpu-StatusItem', { hasText: expected });
+  await item.waitFor();
+  return item.innerText();
+}
+
+async function openSidebar(page) {
+  await page.locator('.jp-SideBar.jp-mod-left [data-id="jupyter-vgpu-sidebar"]').click();
+  await page.locator('#jupyter-vgpu-sidebar').waitFor();
+}
+
+function sliceRow(page, kernelId) {
+  return page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"]`);
+}
+
+/** The kernel of the session the page opened for a notebook path. */
+async function kernelIdOf(page, path) {
+  const sessions = await page.evaluate(
+    async ({ url, token }) => (await fetch(`${url}api/sessions?token=${token}`)).json(),
+    settings
+  );
+  const session = sessions.find(s => s.path === path);
+  if (!session) {
+    throw new Error(`no session for ${path}: ${JSON.stringify(sessions)}`);
+  }
+  return session.kernel.id;
+}
+
+/** Submit the sidebar's resize form of a slice and wait for its inline message. */
+async function resizeFromSidebar(page, kernelId, memory, expectedMessage) {
+  const row = sliceRow(page, kernelId);
+  await row.locator('input[name="memory"]').fill(memory);
+  await row.locator('button.jp-vgpu-Apply').click();
+  const message = row.locator('.jp-vgpu-Message', { hasText: expectedMessage });
+  await message.waitFor();
+  return {
+    text: await message.innerText(),
+    refused: await message.evaluate(node => node.classList.contains('jp-vgpu-refused'))
+  };
+}
+
+const scenarios = {
+  /** A notebook on a sliced kernel: usage shows up, the sidebar resizes it, the cap's OOM line shows. */
+  async slicedNotebook(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    const allocated = await runCell(page, 0, 'allocated 0');
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    const status = await statusText(page, /GPU 0\.3 \/ 1\.0 GiB · SM \d+ \/ 50 %/);
+    await page.locator('.jp-StatusBar-Widget').screenshot({ path: `${settings.screenshots}/statusbar.png` });
+
+    await openSidebar(page);
+    const row = sliceRow(page, kernelId);
+    await row.locator('[data-bar="memory"]', { hasText: 'Memory 0.3 / 1.0 GiB' }).waitFor();
+    const sidebarDevice = await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Device').first().innerText();
+
+    const invalid = await resizeFromSidebar(page, kernelId, 'lots', 'is not a size like');
+    const tooBig = await resizeFromSidebar(page, kernelId, '100GiB', 'cannot grow');
+    const granted = await resizeFromSidebar(page, kernelId, '2GiB', 'Resized.');
+    await row.locator('[data-bar="memory"]', { hasText: 'Memory 0.3 / 2.0 GiB' }).waitFor();
+    const total = await runCell(page, 1, 'total');
+    const oom = await runCell(page, 2, 'out of GPU memory in this slice');
+    await statusText(page, '/ 2.0 GiB');
+    await page.screenshot({ path: `${settings.screenshots}/sidebar.png` });
+    return { kernelId, allocated, status, sidebarDevice, invalid, tooBig, granted, total, oom };
+  },
+
+  /** The launcher's dialog: a refused size is explained, a good one starts a kernel of that size. */
+  async startDialog(browser) {
+    const page = await openLab(browser, '');
+    await page.locator('.jp-LauncherCard', { hasText: 'New notebook on a GPU slice' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    const free = await dialog.locator('.jp-vgpu-Devices').innerText();
+    await dialog.locator('input[name="memory"]').fill('lots');
+    await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
+    const invalid = await dialog.locator('.jp-vgpu-Message', { hasText: 'is not a size like' }).innerText();
+    await dialog.locator('input[name="memory"]').fill(settings.memory);
+    await dialog.locator('input[name="cores"]').fill(settings.cores);
+    await dialog.locator('select[name="policy"]').selectOption(settings.policy);
+    await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
+    await waitForIdleKernel(page);
+    const status = await statusText(page, `/ ${settings.cores} %`);
+    await cell(page, 0).locator('.cm-content').fill(settings.code);
+    const total = await runCell(page, 0, 'total');
+    return { free, invalid, status, total };
+  }
+};
+
+const browser = await chromium.launch({ executablePath: settings.chromium, args: CHROMIUM_FLAGS });
+try {
+  const seen = await scenarios[scenario](browser);
+  console.log(JSON.stringify(seen));
+} catch (error) {
+  await currentPage?.screenshot({ path: settings.failureScreenshot });
+  throw error;
+} finally {
+  await browser.close();
+}

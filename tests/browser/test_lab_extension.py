@@ -1,0 +1,53 @@
+"""The JupyterLab extension in a real browser: status bar, "GPU slices" sidebar, resize from the
+sidebar, the start dialog, and the OOM line of a kernel at its cap, against a live `jupyter lab`
+on the simulated GPU (8 GiB, 50 SMs)."""
+
+from __future__ import annotations
+
+import runpy
+
+from conftest import ROOT
+
+# The same ctypes prelude the server tests run in kernels: memory() and allocate(size).
+CUDA_PRELUDE = runpy.run_path(str(ROOT / "tests" / "server" / "conftest.py"))["CUDA_PRELUDE"]
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(lab, drive):
+    notebook = lab.write_notebook("sliced.ipynb", [
+        CUDA_PRELUDE + "print('allocated', allocate(300 << 20))",
+        "print('total', memory()[1])",
+        "print('big', allocate(3 << 30))",
+    ])
+
+    seen = drive("slicedNotebook", notebook=notebook)
+
+    assert "allocated 0" in seen["allocated"]
+    assert seen["status"].startswith("GPU 0.3 / 1.0 GiB · SM ")
+    assert seen["status"].endswith("/ 50 %")
+    assert "GPU 0 Sim Browser GPU" in seen["sidebarDevice"]
+    assert seen["invalid"] == {"text": "memory size 'lots' is not a size like 512MiB, 4GiB, 4G or a bare number of MiB", "refused": True}
+    assert seen["tooBig"]["refused"] and "cannot grow to 100GiB" in seen["tooBig"]["text"]
+    assert seen["granted"] == {"text": "Resized.", "refused": False}
+    assert f"total {2 * GIB}" in seen["total"]
+    assert "jupyter-vgpu: out of GPU memory in this slice" in seen["oom"]
+    assert "--memory 4GiB" in seen["oom"] and "big 2" in seen["oom"]  # 2 = CUDA_ERROR_OUT_OF_MEMORY
+
+    (slice_,) = [s for s in lab.api("GET", "api/vgpu/slices") if s["kernel_id"] == seen["kernelId"]]
+    assert slice_["limits"]["memory"] == 2 * GIB
+    assert slice_["path"] == "sliced.ipynb"
+
+
+def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size(lab, drive):
+    seen = drive(
+        "startDialog", memory="768MiB", cores="20", policy="burst",
+        code=CUDA_PRELUDE + "print('total', memory()[1])",
+    )
+
+    assert "GPU 0 Sim Browser GPU: 8GiB free of 8GiB" in seen["free"]
+    assert "memory size 'lots' is not a size like" in seen["invalid"]
+    assert seen["status"] == "GPU 0 / 768 MiB · SM 0 / 20 %" or seen["status"].endswith("/ 768 MiB · SM 0 / 20 %")
+    assert f"total {768 * MIB}" in seen["total"]
+    (slice_,) = lab.api("GET", "api/vgpu/slices")
+    assert slice_["limits"] == {"memory": 768 * MIB, "cores": 20, "policy": "burst"}
+    assert slice_["path"].startswith("Untitled") and slice_["path"].endswith(".ipynb")
