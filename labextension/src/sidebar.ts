@@ -76,7 +76,16 @@ class SliceRow {
     this._apply.type = 'submit';
     this._apply.textContent = _trans.__('Apply');
     const form = element('form', 'jp-vgpu-ResizeForm');
-    form.append(this._memory, this._cores, this._policy, this._apply);
+    form.append(
+      element('label', '', _trans.__('Memory')),
+      this._memory,
+      element('label', '', _trans.__('SM %')),
+      this._cores,
+      element('label', '', _trans.__('Policy')),
+      this._policy,
+      element('span', ''),
+      this._apply
+    );
     form.addEventListener('submit', event => {
       event.preventDefault();
       void this._resize();
@@ -146,8 +155,8 @@ class SliceRow {
   private _title = element('div', 'jp-vgpu-Slice-title');
   private _memoryBar = new Bar('memory');
   private _smBar = new Bar('sm');
-  private _memory = element('input', 'jp-mod-styled jp-vgpu-Input');
-  private _cores = element('input', 'jp-mod-styled jp-vgpu-Input');
+  private _memory = element('input', 'jp-mod-styled');
+  private _cores = element('input', 'jp-mod-styled');
   private _policy = element('select', 'jp-mod-styled');
   private _policyTouched = false;
   private _apply = element('button', 'jp-mod-styled jp-mod-accept jp-vgpu-Apply');
