@@ -17,7 +17,9 @@ from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, devi
 from .sizes import POLICIES, SliceValueError, format_size, parse_size
 
 REFRESH_SECONDS = 1.0
-_COLUMN_WIDTHS = ("14em", "10em", "16em", "14em", "5em", "21em")
+_COLUMN_WIDTHS = ("14em", "16em", "16em", "14em", "5em")
+_INDENT = "0 0 0 14em"  # controls and messages sit under the row's name
+_LABELLED = {"description_width": "initial"}
 
 
 def _row(*children: widgets.Widget) -> widgets.HBox:
@@ -44,14 +46,22 @@ class SliceRow:
         self.memory_bar, self.memory_label, memory = _bar_with_label()
         self.sm_bar, self.sm_label, sm = _bar_with_label()
         self.policy = widgets.Label()
-        self.memory_input = widgets.Text(description="memory", layout=widgets.Layout(width="11em"))
-        self.cores_input = widgets.BoundedIntText(min=1, max=100, description="cores", layout=widgets.Layout(width="9em"))
-        self.policy_input = widgets.Dropdown(options=POLICIES, layout=widgets.Layout(width="6em"))
-        self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="5em"))
+        self.memory_input = widgets.Text(description="memory", style=_LABELLED, layout=widgets.Layout(width="12em"))
+        self.cores_input = widgets.BoundedIntText(
+            min=1, max=100, description="SM share %", style=_LABELLED, layout=widgets.Layout(width="11em")
+        )
+        self.policy_input = widgets.Dropdown(options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em"))
+        self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
         self.apply_button.on_click(lambda _button: self.apply())
-        self.message = widgets.HTML()
-        controls = widgets.HBox([self.memory_input, self.cores_input, self.policy_input, self.apply_button])
-        self.widget = widgets.VBox([_row(self.name, self.device, memory, sm, self.policy, controls), self.message])
+        self.message = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
+        controls = widgets.HBox(
+            [self.memory_input, self.cores_input, self.policy_input, self.apply_button],
+            layout=widgets.Layout(margin=_INDENT, align_items="center", grid_gap="0.5em"),
+        )
+        self.widget = widgets.VBox(
+            [_row(self.name, self.device, memory, sm, self.policy), controls, self.message],
+            layout=widgets.Layout(margin="0 0 0.6em 0"),
+        )
         self.update(model, devices)
 
     def update(self, model: dict[str, Any], devices: list[dict[str, Any]]) -> None:
@@ -126,7 +136,7 @@ class SlicePanel(widgets.VBox):
         self.rows: dict[str, SliceRow] = {}
         self.devices: list[dict[str, Any]] = []
         self.status = widgets.Label()
-        self.header = _row(*(widgets.HTML(f"<b>{title}</b>") for title in ("notebook", "device", "memory", "SM", "policy", "resize")))
+        self.header = _row(*(widgets.HTML(f"<b>{title}</b>") for title in ("notebook", "device", "memory used / cap", "SM measured / share", "policy")))
         self.lock = threading.Lock()
         self.closed = False
         self._stop = threading.Event()
