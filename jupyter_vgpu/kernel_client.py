@@ -4,8 +4,9 @@ The provisioner hands every sliced kernel three environment variables: the serve
 kernel's id and a per-kernel credential. The credential is not the server's token: the server
 accepts it only for reading devices and slices and for resizing this kernel's own slice (see
 handlers.py), so code running in the kernel cannot start kernels, read files or act as the user.
-This module is the one place that reads those variables, and the REST client the %vgpu magic
-and the panel share. It uses the standard library only, so it works from any thread.
+This module is the one place that reads those variables; it holds the REST client the %vgpu
+magic and the panel share, and the names both show slices by. The client uses the standard
+library only, so it works from any thread.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SERVER_URL_VARIABLE = "JUPYTER_VGPU_SERVER_URL"
@@ -55,7 +56,7 @@ class ServerClient:
 
     server_url: str
     kernel_id: str
-    credential: str
+    credential: str = field(repr=False)  # a notebook that shows the client must not show the secret
     timeout: float = 5.0
 
     @classmethod
