@@ -10,27 +10,10 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { startKernel } from './api';
+import { PROVISIONER_NAME, ISlicedKernelspec, slicedKernelspecs } from './kernelspecs';
 import { describeDevice } from './sidebar';
 import { checkSliceForm, ISliceForm, POLICIES } from './slice-values';
 import { SliceStore } from './store';
-
-/** The name of the provisioner whose kernels run in slices (jupyter_vgpu/provisioner.py). */
-export const PROVISIONER_NAME = 'vgpu-provisioner';
-
-/** Kernelspecs whose kernels start in GPU slices, with their default slice (provisioner config). */
-export function slicedKernelspecs(
-  specs: KernelSpec.ISpecModels | null
-): { name: string; displayName: string; defaults: Partial<ISliceForm> }[] {
-  return Object.values(specs?.kernelspecs ?? {}).flatMap(spec => {
-    const provisioner = (spec?.metadata?.kernel_provisioner ?? {}) as {
-      provisioner_name?: string;
-      config?: Partial<ISliceForm>;
-    };
-    return spec && provisioner.provisioner_name === PROVISIONER_NAME
-      ? [{ name: spec.name, displayName: spec.display_name, defaults: provisioner.config ?? {} }]
-      : [];
-  });
-}
 
 interface IStartChoice extends ISliceForm {
   kernelspec: string;
@@ -38,7 +21,7 @@ interface IStartChoice extends ISliceForm {
 
 class StartForm extends Widget {
   constructor(
-    kernelspecs: ReturnType<typeof slicedKernelspecs>,
+    kernelspecs: ISlicedKernelspec[],
     previous: IStartChoice,
     problem: string,
     store: SliceStore,
