@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .sizes import format_size
+
 SERVER_URL_VARIABLE = "JUPYTER_VGPU_SERVER_URL"
 KERNEL_ID_VARIABLE = "JUPYTER_VGPU_KERNEL_ID"
 CREDENTIAL_VARIABLE = "JUPYTER_VGPU_KERNEL_CREDENTIAL"
@@ -110,6 +112,12 @@ def _error_message(error: urllib.error.HTTPError) -> str:
         return json.loads(error.read())["message"]
     except (ValueError, KeyError, TypeError, OSError):
         return f"HTTP {error.code} {error.reason}"
+
+
+def describe_limits(model: dict[str, Any]) -> str:
+    """``memory cap 6GiB, SM share 40%, policy hard``: what a resize was granted."""
+    limits = model["limits"]
+    return f"memory cap {format_size(limits['memory'])}, SM share {limits['cores']}%, policy {limits['policy']}"
 
 
 def slice_name(model: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, device_label, slice_name
+from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
 from .sizes import POLICY_HELP, SIZE_HELP, SM_SHARE_HELP, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
 
 ACTIONS = ("show", "resize", "panel")
@@ -30,11 +30,6 @@ def describe_slice(model: dict, devices: list[dict]) -> str:
             f"  policy  {limits['policy']}",
         ]
     )
-
-
-def describe_limits(model: dict) -> str:
-    limits = model["limits"]
-    return f"memory cap {format_size(limits['memory'])}, SM share {limits['cores']}%, policy {limits['policy']}"
 
 
 def requested_changes(memory: str | None, cores: str | None, policy: str | None) -> dict[str, str]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, device_label, slice_name
-from .sizes import POLICIES, SliceValueError, format_size, parse_size
+from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
+from .sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
 
 REFRESH_SECONDS = 1.0
 _COLUMN_WIDTHS = ("14em", "16em", "16em", "14em", "5em")
@@ -26,6 +26,15 @@ def _row(*children: widgets.Widget) -> widgets.HBox:
     for child, width in zip(children, _COLUMN_WIDTHS):
         child.layout.width = width
     return widgets.HBox(list(children), layout=widgets.Layout(align_items="center"))
+
+
+def exact_size(size: int) -> str:
+    """A size for the memory control that parses back to exactly ``size`` (``format_size``
+    rounds 1400MiB to 1.4GiB, which Apply would then send as a change nobody asked for)."""
+    text = format_size(size)
+    if parse_size(text) == size:
+        return text
+    return f"{size // MIB}MiB" if size % MIB == 0 else f"{size}B"
 
 
 def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.Label, widgets.HBox]:
@@ -82,8 +91,8 @@ class SliceRow:
     def _follow_limits(self, limits: dict[str, Any]) -> None:
         """Controls show the current limits, except where the user has typed something else."""
         previous, self.limits = self.limits, dict(limits)
-        if not previous or self.memory_input.value == format_size(previous["memory"]):
-            self.memory_input.value = format_size(limits["memory"])
+        if not previous or self.memory_input.value == exact_size(previous["memory"]):
+            self.memory_input.value = exact_size(limits["memory"])
         if not previous or self.cores_input.value == previous["cores"]:
             self.cores_input.value = limits["cores"]
         if not previous or self.policy_input.value == previous["policy"]:
@@ -114,7 +123,7 @@ class SliceRow:
         except (RequestRefused, ServerUnavailable) as error:
             self.show_refusal(str(error))
             return
-        self.message.value = "resized"
+        self.message.value = f"resized: {_escape(describe_limits(model))}"
         with self.panel.lock:
             self.update(model, self.panel.devices)
 

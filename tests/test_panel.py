@@ -120,8 +120,20 @@ def test_apply_sends_what_changed_and_shows_the_new_limits(panel, client):
     own.policy_input.value = "burst"
     own.apply_button.click()
     assert client.resizes == [("own-kernel", {"memory": "6GiB", "policy": "burst"})]
-    assert own.message.value == "resized"
+    assert own.message.value == "resized: memory cap 6GiB, SM share 30%, policy burst"
     assert own.memory_label.value == "1GiB / 6GiB" and own.policy.value == "burst"
+
+
+def test_a_cap_that_format_size_would_round_is_not_sent_back_changed(client):
+    client.listed = [model("own-kernel", memory=1400 << 20)]
+    shown = SlicePanel(client)
+    shown.refresh()
+    row = shown.rows["own-kernel"]
+    assert row.memory_input.value == "1400MiB" and row.memory_label.value == "1GiB / 1.4GiB"
+    row.cores_input.value = 60
+    row.apply_button.click()
+    assert client.resizes == [("own-kernel", {"cores": "60"})]
+    shown.close()
 
 
 def test_a_refusal_is_shown_in_its_row(panel, client):
