@@ -76,11 +76,11 @@ class Lab:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return json.loads(reply.read() or b"null")
 
-    def write_notebook(self, name: str, cells: list[str]) -> str:
-        """A notebook whose kernel is the vGPU kernelspec, with the given code cells."""
+    def write_notebook(self, name: str, cells: list[str], kernelspec: str = KERNEL_NAME) -> str:
+        """A notebook with the given code cells, whose kernel is the vGPU kernelspec by default."""
         notebook = {
             "nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": KERNEL_NAME, "display_name": "GPU slice (browser test)", "language": "python"}},
+            "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}},
             "cells": [
                 {"cell_type": "code", "id": f"cell-{index}", "source": source, "metadata": {},
                  "outputs": [], "execution_count": None}

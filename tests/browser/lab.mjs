@@ -128,6 +128,18 @@ const scenarios = {
     return { kernelId, allocated, status, sidebarDevice, invalid, tooBig, granted, total, oom };
   },
 
+  /** A notebook whose kernel has no slice: once a poll has seen the server, no GPU item shows. */
+  async plainNotebook(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await page
+      .locator('.jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator[data-status="idle"]')
+      .waitFor();
+    await page.waitForResponse(response => response.url().includes('/api/vgpu/slices'));
+    await openSidebar(page);
+    const sidebar = await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Status').innerText();
+    return { statusItemVisible: await page.locator('.jp-vgpu-StatusItem').isVisible(), sidebar };
+  },
+
   /** The launcher's dialog: a refused size is explained, a good one starts a kernel of that size. */
   async startDialog(browser) {
     const page = await openLab(browser, '');

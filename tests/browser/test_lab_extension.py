@@ -46,8 +46,17 @@ def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size
 
     assert "GPU 0 Sim Browser GPU: 8GiB free of 8GiB" in seen["free"]
     assert "memory size 'lots' is not a size like" in seen["invalid"]
-    assert seen["status"] == "GPU 0 / 768 MiB · SM 0 / 20 %" or seen["status"].endswith("/ 768 MiB · SM 0 / 20 %")
+    assert seen["status"] == "GPU 0 / 768 MiB · SM 0 / 20 %"
     assert f"total {768 * MIB}" in seen["total"]
     (slice_,) = lab.api("GET", "api/vgpu/slices")
     assert slice_["limits"] == {"memory": 768 * MIB, "cores": 20, "policy": "burst"}
     assert slice_["path"].startswith("Untitled") and slice_["path"].endswith(".ipynb")
+
+
+def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
+    notebook = lab.write_notebook("plain.ipynb", ["print('no slice here')"], kernelspec="python3")
+
+    seen = drive("plainNotebook", notebook=notebook)
+
+    assert seen == {"statusItemVisible": False, "sidebar": "No kernel holds a GPU slice."}
+    assert [session["kernel"]["name"] for session in lab.api("GET", "api/sessions")] == ["python3"]
