@@ -83,6 +83,7 @@ def build_library(library: Library, output_dir: Path) -> Path:
         f"-Wl,-soname,{soname}",
         f"-Wl,--version-script={NATIVE / library.exports}",
         "-Wl,-z,now",
+        "-Wl,-z,defs",
         "-o",
         str(staging),
         *map(str, sources),

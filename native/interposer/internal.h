@@ -101,6 +101,9 @@ struct vgpu_limits_snapshot {
 int vgpu_read_limits(struct vgpu_limits_snapshot *out);
 const char *vgpu_fail_reason(void);
 
+/* The Jupyter kernel whose slice this is (for messages), or "" outside a Jupyter server. */
+const char *vgpu_kernel_id(void);
+
 /* Prints vgpu_fail_reason() on stderr, once per process, whatever the log level: the slice is
  * failed closed and the user must learn why their allocations are refused. */
 void vgpu_report_fail_closed(void);
@@ -251,6 +254,7 @@ struct vgpu_process_state {
     pthread_once_t init_once;
     enum vgpu_log_level log_level;
     char region_path[PATH_MAX];
+    char kernel_id[64]; /* JUPYTER_VGPU_KERNEL_ID: the Jupyter kernel this slice belongs to, or empty */
     struct vgpu_region *region;      /* set once by init; NULL when attaching failed */
     char attach_failure[PATH_MAX + 512];      /* why attaching failed, written once by init */
     char limits_failure[PATH_MAX + 512];      /* the message for corrupt limits, written once by init */

@@ -92,11 +92,19 @@ void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_
     format_size(cap, sizeof cap, limit);
     uint64_t needed = usage + request < usage ? UINT64_MAX : usage + request;
     format_suggested_cap(suggested, sizeof suggested, needed);
+    /* The resize that helps depends on who holds the slice: a Jupyter kernel is resized live
+     * from its notebook or the CLI; a `jupyter vgpu run` slice is fixed for the run. */
+    const char *kernel = vgpu_kernel_id();
+    char advice[192];
+    if (kernel[0])
+        snprintf(advice, sizeof advice, "Resize it with `%%vgpu resize --memory %s` in the notebook or `jupyter vgpu resize %.8s --memory %s`.",
+                 suggested, kernel, suggested);
+    else
+        snprintf(advice, sizeof advice, "Run it in a larger slice, e.g. `jupyter vgpu run --memory %s -- ...`.", suggested);
     int length = snprintf(line, sizeof line,
                           "jupyter-vgpu: out of GPU memory in this slice: %s asked for %s, the slice uses "
-                          "%s of its %s cap. Resize it with `jupyter vgpu resize <kernel> --memory %s` or "
-                          "`%%vgpu resize --memory %s`.\n",
-                          call, asked, used, cap, suggested, suggested);
+                          "%s of its %s cap. %s\n",
+                          call, asked, used, cap, advice);
     if (length > 0)
         vgpu_write_stderr(line, (size_t)length < sizeof line ? (size_t)length : sizeof line - 1);
 }

@@ -146,6 +146,8 @@ static void initialise(void)
     vgpu_resolve_init();
     P.log_level = vgpu_parse_log_level(getenv("VGPU_LOG_LEVEL"));
     const char *path = getenv("VGPU_REGION");
+    const char *kernel_id = getenv("JUPYTER_VGPU_KERNEL_ID");
+    snprintf(P.kernel_id, sizeof P.kernel_id, "%s", kernel_id ? kernel_id : "");
     snprintf(P.region_path, sizeof P.region_path, "%s", path ? path : "");
     snprintf(P.limits_failure, sizeof P.limits_failure,
              "jupyter-vgpu: slice region %s is corrupt (its published limits fail their check): "
@@ -230,6 +232,11 @@ int vgpu_read_limits(struct vgpu_limits_snapshot *out)
         return 0;
     }
     return fail(VGPU_FAIL_LIMITS);
+}
+
+const char *vgpu_kernel_id(void)
+{
+    return P.kernel_id;
 }
 
 const char *vgpu_fail_reason(void)

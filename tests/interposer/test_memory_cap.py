@@ -136,8 +136,7 @@ def test_oom_line_names_call_request_usage_cap_and_how_to_resize(probe, sim_env,
     stderr = stderr_path.read_text()
     assert stderr == (
         "jupyter-vgpu: out of GPU memory in this slice: cuMemAlloc_v2 asked for 1.0 GiB, the slice uses "
-        "3.5 GiB of its 4.0 GiB cap. Resize it with `jupyter vgpu resize <kernel> --memory 5GiB` or "
-        "`%vgpu resize --memory 5GiB`.\n"
+        "3.5 GiB of its 4.0 GiB cap. Run it in a larger slice, e.g. `jupyter vgpu run --memory 5GiB -- ...`.\n"
     )
 
 

@@ -135,11 +135,12 @@ async def test_out_of_memory_line_reaches_the_cell_output_with_a_resize_that_can
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     await run_in_kernel(kernel_id, cuda_prelude)
-    output = await stream_until(kernel_id, "print('result', allocate(3 * 2**30 // 2))", r"result \d+", r"`%vgpu resize[^`]*`")
+    output = await stream_until(kernel_id, "print('result', allocate(3 * 2**30 // 2))", r"result \d+", r"`jupyter vgpu resize [^`]*`")
     assert "result 2" in output  # CUDA_ERROR_OUT_OF_MEMORY
     assert "out of GPU memory in this slice" in output and "1.0 GiB cap" in output
     pasted = re.search(r"`(%vgpu resize [^`]*)`", output).group(1)
     assert pasted == "%vgpu resize --memory 2GiB"
+    assert f"`jupyter vgpu resize {kernel_id[:8]} --memory 2GiB`" in output
     assert (await run_in_kernel(kernel_id, pasted)).startswith("resize granted: memory cap 2GiB")
     assert (await run_in_kernel(kernel_id, "print(allocate(3 * 2**30 // 2))")).strip() == "0"
 
