@@ -19,7 +19,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Tests save their screenshots in a temporary folder; to refresh the README's pictures run
+# `VGPU_SCREENSHOTS=docs/screenshots python -m pytest tests/browser`.
+SCREENSHOTS_ENV = "VGPU_SCREENSHOTS"
 KERNEL_NAME = "vgpu-browser"
 TOKEN = "vgpu-browser-token"
 BROWSER_DEVICE = "name=Sim Browser GPU,memory=8GiB,sms=50,context_memory=0"
@@ -145,12 +147,19 @@ def browser_tools():
 
 
 @pytest.fixture
-def drive(browser_tools, lab, tmp_path):
+def screenshots(tmp_path) -> Path:
+    folder = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path / "screenshots").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def drive(browser_tools, lab, tmp_path, screenshots):
     """drive(scenario, **params) runs one scenario of lab.mjs against the lab; fails with its output."""
 
     def run(scenario: str, **params) -> dict:
         failure_screenshot = tmp_path / f"failed-{scenario}.png"
-        settings = {"url": lab.url, "token": TOKEN, "chromium": str(CHROMIUM), "screenshots": str(SCREENSHOTS),
+        settings = {"url": lab.url, "token": TOKEN, "chromium": str(CHROMIUM), "screenshots": str(screenshots),
                     "failureScreenshot": str(failure_screenshot), **params}
         result = subprocess.run(
             ["node", str(HERE / "lab.mjs"), scenario, json.dumps(settings)],

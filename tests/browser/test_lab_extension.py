@@ -13,7 +13,7 @@ CUDA_PRELUDE = runpy.run_path(str(ROOT / "tests" / "server" / "conftest.py"))["C
 GIB, MIB = 1 << 30, 1 << 20
 
 
-def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(lab, drive):
+def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(lab, drive, screenshots):
     notebook = lab.write_notebook("sliced.ipynb", [
         CUDA_PRELUDE + "print('allocated', allocate(300 << 20))",
         "print('total', memory()[1])",
@@ -36,6 +36,7 @@ def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(la
     (slice_,) = [s for s in lab.api("GET", "api/vgpu/slices") if s["kernel_id"] == seen["kernelId"]]
     assert slice_["limits"]["memory"] == 2 * GIB
     assert slice_["path"] == "sliced.ipynb"
+    assert all((screenshots / name).stat().st_size > 0 for name in ("sidebar.png", "statusbar.png"))
 
 
 def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size(lab, drive):
