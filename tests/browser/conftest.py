@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from support import free_port, wait_for
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -25,22 +24,6 @@ SCREENSHOTS_ENV = "VGPU_SCREENSHOTS"
 KERNEL_NAME = "vgpu-browser"
 TOKEN = "vgpu-browser-token"
 BROWSER_DEVICE = "name=Sim Browser GPU,memory=8GiB,sms=50,context_memory=0"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Lab:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from slice_helpers import PROGRAMS, Interactive, ProbeRun

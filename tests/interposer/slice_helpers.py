@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import wait_for  # noqa: F401  (re-exported for the interposer tests)
+
+from jupyter_vgpu.region import process_start_time  # noqa: F401
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 MIB = 1 << 20
@@ -36,26 +39,6 @@ class ProbeRun:
 
     def values(self, index: int) -> list[int]:
         return [int(value) for value in self.lines[index][1:]]
-
-
-def wait_for(condition, timeout: float, interval: float = 0.02, message: str = "condition"):
-    """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
-    value, or fails the test with the last value seen."""
-    deadline = time.monotonic() + timeout
-    value = condition()
-    while not value:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{message} not met within {timeout} s (last: {value!r})")
-        time.sleep(interval)
-        value = condition()
-    return value
-
-
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat, as the interposer records it in a slot."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        text = stat.read()
-    return int(text[text.rindex(b")") + 2 :].split()[19])
 
 
 def live_slots(region) -> list:

@@ -4,7 +4,6 @@ and a kernelspec whose kernels start in slices."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
