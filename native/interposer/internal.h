@@ -113,6 +113,10 @@ void vgpu_report_fail_closed(void);
 struct vgpu_region *vgpu_region(void);
 struct vgpu_proc_slot *vgpu_self_slot(void);
 
+/* How many slots from the start of `procs` may be in use (the high water, bounded): scans
+ * of the slots stop there. */
+uint32_t vgpu_slots_in_use(const struct vgpu_region *region);
+
 /* This process's slot if it claimed one already (never claims); NULL otherwise. */
 struct vgpu_proc_slot *vgpu_claimed_slot(void);
 

@@ -6,7 +6,11 @@
  *  - Launches draw from a token bucket in the region (`tokens`); launch.c prices a launch in
  *    warps. Each thread keeps a small cache of tokens, so admitting a launch is a thread-local
  *    subtraction; an empty cache takes a batch from the shared pool with one atomic; an empty
- *    pool parks the thread on a futex on the pool word until the next refill (no spinning).
+ *    pool parks the thread on a futex (`refill_epoch`) until the next refill (no spinning).
+ *  - Fairness between the processes of a slice: while some of them wait for tokens, a refill
+ *    is split evenly between the waiting processes (their slots' `granted`) instead of going
+ *    to the pool, where whichever process happened to be on a CPU first would drain it every
+ *    time and starve the others. A grant not drawn by the next refill goes back to the pool.
  *  - One process of the slice holds the controller lease (`controller_pid` + heartbeat) and
  *    runs a thread that refills the pool every tick. Every control period it reads the real
  *    NVML's per-process SM utilisation, learns what a token costs in device time (a ratio of
@@ -104,6 +108,7 @@ struct controller {
     /* Pool bookkeeping since the last measurement. */
     int pool_known;
     int64_t pool_after_refill;
+    int64_t granted; /* tokens the last refill set aside for waiting processes */
     uint64_t spent;   /* tokens drawn since the last measurement */
     double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
     uint64_t last_draw_ns;
@@ -160,22 +165,18 @@ static unsigned long long realtime_us(void)
     return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
 }
 
-/* The futex word of the pool: the low half of `tokens`, which changes whenever the pool does. */
-static uint32_t *pool_futex_word(struct vgpu_region *region)
-{
-    return (uint32_t *)(void *)&region->tokens + (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__);
-}
-
-static void pool_wait(struct vgpu_region *region, int64_t seen_level)
+/* Parks until a refill after the one that published `seen_epoch`, WAIT_SLICE_NS at most. */
+static void refill_wait(struct vgpu_region *region, uint32_t seen_epoch)
 {
     struct timespec timeout = {0, (long)WAIT_SLICE_NS};
     /* Not FUTEX_PRIVATE: waiters and the refilling controller may be different processes. */
-    syscall(SYS_futex, pool_futex_word(region), FUTEX_WAIT, (uint32_t)seen_level, &timeout, NULL, 0);
+    syscall(SYS_futex, &region->refill_epoch, FUTEX_WAIT, seen_epoch, &timeout, NULL, 0);
 }
 
-static void pool_wake_all(struct vgpu_region *region)
+static void refill_announce(struct vgpu_region *region)
 {
-    syscall(SYS_futex, pool_futex_word(region), FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    __atomic_fetch_add(&region->refill_epoch, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &region->refill_epoch, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
 static int process_exists(pid_t pid)
@@ -351,10 +352,8 @@ static int measure(struct controller *c, struct vgpu_region *region, struct util
 
     double slice_percent = 0;
     int slice_sampled = 0;
-    uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_ACQUIRE);
-    if (high_water > VGPU_REGION_MAX_PROCS)
-        high_water = VGPU_REGION_MAX_PROCS;
-    for (uint32_t i = 0; i < high_water; i++) {
+    uint32_t slots = vgpu_slots_in_use(region);
+    for (uint32_t i = 0; i < slots; i++) {
         struct vgpu_proc_slot *slot = &region->procs[i];
         int32_t pid = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
         double percent = 0;
@@ -491,6 +490,23 @@ static void control(struct controller *c, struct vgpu_region *region, const stru
     decide(c, limits, now_ns);
 }
 
+/* Takes back what the last refill granted and nobody drew (negative where a process overdrew
+ * its grant), and lists the processes with threads waiting for tokens. */
+static int64_t take_back_grants(struct vgpu_region *region, struct vgpu_proc_slot **waiting, uint32_t *waiting_count)
+{
+    int64_t returned = 0;
+    uint32_t count = 0, slots = vgpu_slots_in_use(region);
+    for (uint32_t i = 0; i < slots; i++) {
+        struct vgpu_proc_slot *slot = &region->procs[i];
+        if (__atomic_load_n(&slot->granted, __ATOMIC_RELAXED) != 0)
+            returned += __atomic_exchange_n(&slot->granted, 0, __ATOMIC_ACQ_REL);
+        if (__atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE) > 0 && __atomic_load_n(&slot->wanting, __ATOMIC_ACQUIRE) > 0)
+            waiting[count++] = slot;
+    }
+    *waiting_count = count;
+    return returned;
+}
+
 static void refill(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
     uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
@@ -510,31 +526,42 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
         if (owed > cap_tokens)
             owed = cap_tokens;
     }
-    int64_t whole = (int64_t)owed, cap = (int64_t)cap_tokens;
+    struct vgpu_proc_slot *waiting[VGPU_REGION_MAX_PROCS];
+    uint32_t waiting_count;
+    int64_t returned = take_back_grants(region, waiting, &waiting_count);
+    int64_t whole = (int64_t)owed, cap = (int64_t)cap_tokens, each = 0;
     int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
-    int64_t next;
+    int64_t available, next;
     do {
         if (!limited) {
-            next = POOL_OPEN_LEVEL;
+            available = next = POOL_OPEN_LEVEL;
+            each = 0;
         } else {
             int64_t base = level >= POOL_OPEN_FLOOR ? 0 : level; /* closing an open pool */
-            next = base + whole < cap ? base + whole : cap;
+            available = base + returned + whole < cap ? base + returned + whole : cap;
+            each = waiting_count > 0 && available > 0 ? available / waiting_count : 0;
+            next = available - each * waiting_count;
         }
     } while (!__atomic_compare_exchange_n(&region->tokens, &level, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    for (uint32_t i = 0; i < waiting_count && each > 0; i++)
+        __atomic_fetch_add(&waiting[i]->granted, each, __ATOMIC_ACQ_REL);
 
-    uint64_t drawn = c->pool_known && c->pool_after_refill > level ? (uint64_t)(c->pool_after_refill - level) : 0;
+    /* Drawn since the last refill: from the pool, and from the grants it made. */
+    int64_t drawn_since = (c->pool_after_refill - level) + (c->granted - returned);
+    uint64_t drawn = c->pool_known && drawn_since > 0 ? (uint64_t)drawn_since : 0;
     c->spent += drawn;
     if (drawn)
         c->last_draw_ns = now_ns;
     if (elapsed > 0)
         c->draw_rate = 0.7 * c->draw_rate + 0.3 * (double)drawn * 1e9 / (double)elapsed;
-    if (limited && level <= 0)
+    if (limited && (level <= 0 || waiting_count > 0))
         c->drained = 1;
     c->pool_known = 1;
     c->pool_after_refill = next;
-    c->carry = limited && next < cap ? owed - (double)whole : 0;
-    if (level <= 0 && next > 0)
-        pool_wake_all(region);
+    c->granted = each * (int64_t)waiting_count;
+    c->carry = limited && available < cap ? owed - (double)whole : 0;
+    if (waiting_count > 0 || (level <= 0 && next > 0))
+        refill_announce(region);
 
     /* Threads size their batches from this: a millisecond of the refill rate, or of what the
      * slice draws while the pool is open, whatever its kernels cost. */
@@ -712,8 +739,18 @@ static __attribute__((noinline)) void flush_launches(struct thread_cache *cache)
         keep_controller_alive(region, vgpu_now_ns());
 }
 
-/* The thread's cache cannot pay for the launch: take a batch from the slice's pool, waiting
- * for the controller's next refill while the pool is empty. */
+/* Takes `take` tokens from `budget` (the process's grant or the slice's pool) if it holds any.
+ * May overdraw: the debt is repaid by later refills, so the rate still holds. */
+static int draw_from(int64_t *budget, uint64_t take)
+{
+    if (__atomic_load_n(budget, __ATOMIC_ACQUIRE) <= 0)
+        return 0;
+    __atomic_fetch_sub(budget, (int64_t)take, __ATOMIC_ACQ_REL);
+    return 1;
+}
+
+/* The thread's cache cannot pay for the launch: take a batch from this process's grant or the
+ * slice's pool, waiting for the controller's next refill while both are empty. */
 static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, uint64_t cost)
 {
     struct vgpu_region *region = vgpu_region();
@@ -724,17 +761,19 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
         cost = MAX_LAUNCH_COST;
     uint64_t now = vgpu_now_ns(), wait_started = 0;
     keep_controller_alive(region, now);
+    struct vgpu_proc_slot *slot = vgpu_self_slot();
+    if (slot)
+        __atomic_fetch_add(&slot->wanting, 1, __ATOMIC_ACQ_REL);
     uint64_t need = cost - cache->tokens;
     for (;;) {
-        int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
-        if (level > 0) {
-            uint64_t batch = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED) /
-                             (1000000000ULL / THREAD_BATCH_NS);
-            uint64_t take = need > batch ? need : batch;
-            if (take > MAX_LAUNCH_COST)
-                take = MAX_LAUNCH_COST;
-            /* May overdraw: the debt is repaid by later refills, so the rate still holds. */
-            __atomic_fetch_sub(&region->tokens, (int64_t)take, __ATOMIC_ACQ_REL);
+        /* Read before looking at the budgets, so a refill in between ends the wait at once. */
+        uint32_t epoch = __atomic_load_n(&region->refill_epoch, __ATOMIC_ACQUIRE);
+        uint64_t batch = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED) /
+                         (1000000000ULL / THREAD_BATCH_NS);
+        uint64_t take = need > batch ? need : batch;
+        if (take > MAX_LAUNCH_COST)
+            take = MAX_LAUNCH_COST;
+        if ((slot && draw_from(&slot->granted, take)) || draw_from(&region->tokens, take)) {
             cache->tokens = cache->tokens + take - cost;
             break;
         }
@@ -748,13 +787,12 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
         } else {
             wait_started = now;
         }
-        pool_wait(region, level);
+        refill_wait(region, epoch);
     }
-    if (wait_started) {
-        struct vgpu_proc_slot *slot = vgpu_self_slot();
-        if (slot)
-            __atomic_fetch_add(&slot->throttled_ns, vgpu_now_ns() - wait_started, __ATOMIC_RELAXED);
-    }
+    if (slot)
+        __atomic_fetch_sub(&slot->wanting, 1, __ATOMIC_ACQ_REL);
+    if (wait_started && slot)
+        __atomic_fetch_add(&slot->throttled_ns, vgpu_now_ns() - wait_started, __ATOMIC_RELAXED);
 }
 
 void vgpu_launch_admit(uint64_t cost)

@@ -128,8 +128,8 @@ static int attach_region(const char *path)
 static void release_slots_of_previous_image(struct vgpu_region *region)
 {
     int32_t pid = (int32_t)getpid();
-    uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_ACQUIRE);
-    for (uint32_t index = 0; index < high_water && index < VGPU_REGION_MAX_PROCS; index++) {
+    uint32_t limit = vgpu_slots_in_use(region);
+    for (uint32_t index = 0; index < limit; index++) {
         int32_t owner = pid;
         if (__atomic_compare_exchange_n(&region->procs[index].pid, &owner, SLOT_FREE, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_RELAXED))
@@ -286,7 +286,7 @@ static void raise_high_water(struct vgpu_region *region, uint32_t at_least)
         ;
 }
 
-static uint32_t slot_limit(const struct vgpu_region *region)
+uint32_t vgpu_slots_in_use(const struct vgpu_region *region)
 {
     uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_SEQ_CST);
     return high_water < VGPU_REGION_MAX_PROCS ? high_water : VGPU_REGION_MAX_PROCS;
@@ -314,6 +314,8 @@ static int claim_slot(struct vgpu_region *region)
         __atomic_store_n(&slot->throttled_ns, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&slot->sm_util_permille, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&slot->oom_refusals, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->wanting, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->granted, 0, __ATOMIC_RELAXED);
         /* High water first: once the pid is public, every summer must reach this slot. */
         raise_high_water(region, (uint32_t)index + 1);
         __atomic_store_n(&slot->pid, pid, __ATOMIC_SEQ_CST);
@@ -328,7 +330,7 @@ int vgpu_reap_dead_slots(void)
     if (!region)
         return 0;
     int32_t self = (int32_t)getpid();
-    uint32_t limit = slot_limit(region);
+    uint32_t limit = vgpu_slots_in_use(region);
     int reaped = 0;
     for (uint32_t index = 0; index < limit; index++) {
         struct vgpu_proc_slot *slot = &region->procs[index];
@@ -352,7 +354,7 @@ uint64_t vgpu_slice_usage(void)
     struct vgpu_region *region = vgpu_region();
     if (!region)
         return 0;
-    uint32_t limit = slot_limit(region);
+    uint32_t limit = vgpu_slots_in_use(region);
     uint64_t total = 0;
     for (uint32_t index = 0; index < limit; index++) {
         struct vgpu_proc_slot *slot = &region->procs[index];

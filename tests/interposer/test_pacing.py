@@ -231,21 +231,28 @@ def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_e
         assert min(after_warm_up) >= share - TOLERANCE_PP, after_warm_up
 
 
-def test_two_processes_of_one_slice_share_one_budget(programs, device_env, make_slice):
+@pytest.mark.parametrize(
+    "second_pattern", [(), ("--threads", "3")], ids=["alike", "one-thread-against-three"]
+)
+def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, make_slice, second_pattern):
+    """Two saturating processes of one slice: the slice gets its share, and each process half of
+    it, however many threads each launches from (the split is between processes)."""
     load_program, monitor = programs
     share = 40
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
     first = start_load(load_program, slice_env, seconds=3.3)
-    second = start_load(load_program, slice_env, seconds=3.3 - (realtime_us() - first.start_us) / 1e6)
+    second = start_load(
+        load_program, slice_env, *second_pattern, seconds=3.3 - (realtime_us() - first.start_us) / 1e6
+    )
 
     measured = window(monitor, device_env, first, 2.0, 3.0)
     first.finish()
     second.finish()
 
-    # The budget is the slice's, however it splits: the pool has no fairness between its
-    # processes yet, and one of two saturating loads can starve for a second (a known gap).
     together = measured.get(first.pid, 0) + measured.get(second.pid, 0)
     assert abs(together - share) <= TOLERANCE_PP, measured
+    for load in (first, second):
+        assert abs(measured.get(load.pid, 0) - share / 2) <= TOLERANCE_PP, measured
 
 
 def test_unlimited_share_does_not_throttle(programs, device_env, make_slice):

@@ -9,7 +9,7 @@
  *   - the server (or `jupyter vgpu run`) creates the file and publishes limits;
  *   - each process of the slice owns one proc slot and is the only writer of its counters;
  *   - the controller (one process of the slice at a time, holding the lease) writes the
- *     limiter fields and the measured utilisation.
+ *     limiter fields, the measured utilisation and the slots' `granted` tokens.
  *
  * Publishing limits without torn reads: `limits` has two copies. A writer (serialised by an
  * flock on the region file) fills the copy that is not active, bumping that copy's `sequence`
@@ -55,7 +55,7 @@ struct vgpu_limits {
  * (except by a reaper once the process is gone). */
 struct vgpu_proc_slot {
     int32_t pid;              /* 0: free; claimed with compare-and-swap */
-    uint32_t reserved0;
+    uint32_t wanting;         /* threads of this process waiting for launch tokens */
     uint64_t start_time;      /* field 22 of /proc/<pid>/stat, tells a reused pid apart */
     uint64_t allocated;       /* bytes held through the hooked allocation calls */
     uint64_t driver_reserved; /* bytes the driver holds for this process beyond `allocated`
@@ -64,7 +64,8 @@ struct vgpu_proc_slot {
     uint64_t throttled_ns;    /* time spent waiting in the limiter */
     uint32_t sm_util_permille;/* last measured SM utilisation of this process, per mille */
     uint32_t oom_refusals;    /* allocations refused by the cap */
-    uint64_t reserved1;
+    int64_t granted;          /* launch tokens the controller set aside for this process;
+                                 below 0 when it overdrew them */
 };
 
 struct vgpu_region {
@@ -89,7 +90,7 @@ struct vgpu_region {
     int64_t tokens;           /* launch budget the controller refills and launches draw from */
     uint64_t tokens_per_second;/* refill rate the controller settled on */
     uint32_t device_busy_permille; /* utilisation of the device by processes outside the slice */
-    uint32_t reserved2;
+    uint32_t refill_epoch;    /* bumped by every refill that waiting launches should see: their futex */
     uint64_t reserved3[3];
 
     /* Highest slot index ever claimed + 1, so that sums stop early. */
