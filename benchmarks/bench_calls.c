@@ -5,6 +5,8 @@
  *   bench_calls CALL ITERATIONS THREADS     prints "<nanoseconds per call>"
  *   CALL: launch | alloc_free | mem_get_info | get_proc_address
  *
+ * Thread t works on device t mod (number of devices), each device in its own context.
+ *
  * Works on the simulated GPU and on a real one (the kernel is a real, empty PTX kernel).
  */
 #include <pthread.h>
@@ -18,6 +20,9 @@
 static const char NOOP_PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
                                ".visible .entry noop()\n{\n\tret;\n}\n";
 
+#define MAX_THREADS 64
+
+/* One thread's work: the call, how often, and the device's context and kernel. */
 struct bench {
     const char *call;
     long iterations;
@@ -85,34 +90,45 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s CALL ITERATIONS THREADS\n", argv[0]);
         return 2;
     }
-    struct bench b = {.call = argv[1], .iterations = atol(argv[2])};
+    long iterations = atol(argv[2]);
     int threads = atoi(argv[3]);
-    if (b.iterations <= 0 || threads < 1 || threads > 64) {
-        fprintf(stderr, "ITERATIONS must be > 0 and THREADS 1..64\n");
+    if (iterations <= 0 || threads < 1 || threads > MAX_THREADS) {
+        fprintf(stderr, "ITERATIONS must be > 0 and THREADS 1..%d\n", MAX_THREADS);
         return 2;
     }
-    CUdevice device;
-    CUmodule module;
+    int devices;
     CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&b.context, device));
-    CHECK(cuCtxSetCurrent(b.context));
-    CHECK(cuModuleLoadData(&module, NOOP_PTX));
-    CHECK(cuModuleGetFunction(&b.noop, module, "noop"));
+    CHECK(cuDeviceGetCount(&devices));
+    struct bench work[MAX_THREADS];
+    for (int t = 0; t < threads; t++) {
+        work[t] = (struct bench){.call = argv[1], .iterations = iterations};
+        if (t >= devices) {
+            work[t].context = work[t % devices].context;
+            work[t].noop = work[t % devices].noop;
+            continue;
+        }
+        CUdevice device;
+        CUmodule module;
+        CHECK(cuDeviceGet(&device, t));
+        CHECK(cuDevicePrimaryCtxRetain(&work[t].context, device));
+        CHECK(cuCtxSetCurrent(work[t].context));
+        CHECK(cuModuleLoadData(&module, NOOP_PTX));
+        CHECK(cuModuleGetFunction(&work[t].noop, module, "noop"));
+    }
 
     /* Warm up: first calls resolve symbols and attach the region. */
-    struct bench warm = b;
-    warm.iterations = b.iterations / 10 + 1;
+    struct bench warm = work[0];
+    warm.iterations = iterations / 10 + 1;
     run(&warm);
 
-    pthread_t ids[64];
+    pthread_t ids[MAX_THREADS];
     double start = now_ns();
     for (int t = 0; t < threads; t++)
-        pthread_create(&ids[t], NULL, run, &b);
+        pthread_create(&ids[t], NULL, run, &work[t]);
     for (int t = 0; t < threads; t++)
         pthread_join(ids[t], NULL);
     double elapsed = now_ns() - start;
     /* Per call as each thread sees it: threads run side by side. */
-    printf("%.2f\n", elapsed / b.iterations);
+    printf("%.2f\n", elapsed / iterations);
     return 0;
 }

@@ -1,4 +1,5 @@
-"""How closely a slice's SM utilisation follows its share, and how fast a burst slice yields.
+"""How closely a slice's SM utilisation follows its share, how evenly its processes split it,
+and how fast a burst slice yields.
 
     python benchmarks/sm_share_accuracy.py            # shares 10..90 %, 1 and 2 launch threads
     python benchmarks/sm_share_accuracy.py --smoke    # one share: proves it runs
@@ -86,6 +87,23 @@ def main() -> None:
                 measured = utilisation(start_us + 2_000_000).get(pid, 0)
                 process.wait()
                 print(f"{share:>8}{threads:>9}{measured:>12}{measured - share:>+10}")
+
+        print("\nSeveral saturating processes in one 40 % hard slice, NVML, seconds 2-3 (the first one's)")
+        print(f"{'processes':>10}{'threads each':>14}{'slice %':>9}{'each process %':>22}{'even split %':>14}")
+        share = 40
+        layouts = [(1, 1)] if args.smoke else [(1, 1), (1, 3), (1, 1, 1, 1)]
+        for layout in layouts:
+            env = slice_env(f"split-{len(layout)}-{max(layout)}", share, "hard")
+            loads = [start(env, "--seconds", "3.3", "--threads", str(threads)) for threads in layout]
+            first_start_us = loads[0][2]
+            wait_until(first_start_us + 3_000_000)
+            measured = utilisation(first_start_us + 2_000_000)
+            for process, _, _ in loads:
+                process.wait()
+            each = [measured.get(pid, 0) for _, pid, _ in loads]
+            threads = "/".join(str(t) for t in layout)
+            print(f"{len(layout):>10}{threads:>14}{sum(each):>9}{' '.join(map(str, each)):>22}"
+                  f"{share / len(layout):>14.1f}")
 
         share = 30
         process, pid, start_us = start(slice_env("burst", share, "burst"), "--seconds", "3.0")

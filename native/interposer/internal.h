@@ -45,8 +45,11 @@ VGPU_NVML_ENTRY_POINTS(VGPU_DECLARE_PFN)
 
 enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML, VGPU_LIB_COUNT };
 
-/* The real entry point behind a hook, or NULL when the installed driver lacks it. */
-void *vgpu_real(enum vgpu_hook_id id);
+/* The real entry point behind a hook, or NULL when the installed driver lacks it: an inline
+ * read of the cache (end of this file) on every forwarded call, vgpu_real_lookup the first
+ * time. */
+static inline void *vgpu_real(enum vgpu_hook_id id);
+void *vgpu_real_lookup(enum vgpu_hook_id id);
 
 /* The real entry point of any symbol of the driver or NVML (hooked or not), or NULL. Not
  * cached: callers on a hot path keep what it returns. */
@@ -188,12 +191,15 @@ enum vgpu_log_level vgpu_parse_log_level(const char *value);
  */
 
 /* resolve.c: name table, real entry points, reverse map for cuGetProcAddress. */
+#define VGPU_REAL_UNRESOLVED 0
+#define VGPU_REAL_MISSING 1
 #define VGPU_NAME_TABLE_SIZE 256 /* power of two, > 2 x hooks */
 #define VGPU_REVERSE_TABLE_SIZE 256
 struct vgpu_resolve_state {
     _Atomic(void *) real_dlsym;
     _Atomic(void *) library_handle[VGPU_LIB_COUNT];
-    /* 0: not looked up yet; 1: the loaded library lacks it; else the real entry point. */
+    /* VGPU_REAL_UNRESOLVED, VGPU_REAL_MISSING (the loaded library lacks it), or the real entry
+     * point. */
     _Atomic uintptr_t real_entry[VGPU_HOOK_COUNT];
     _Atomic uintptr_t called_entry[VGPU_CALLED_COUNT];
     /* Open addressing, hook id + 1 per slot (0: empty); filled once before `names_ready`. */
@@ -282,6 +288,12 @@ struct vgpu_state {
 };
 
 extern struct vgpu_state vgpu_state;
+
+static inline void *vgpu_real(enum vgpu_hook_id id)
+{
+    uintptr_t cached = atomic_load_explicit(&vgpu_state.resolve.real_entry[id], memory_order_acquire);
+    return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_lookup(id);
+}
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t vgpu_now_ns(void);

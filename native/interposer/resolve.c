@@ -80,17 +80,15 @@ static void *library_handle(enum vgpu_library library, int may_load)
     return handle;
 }
 
-enum { REAL_UNRESOLVED = 0, REAL_MISSING = 1 };
-
 /* Looks `name` up in the real library once and caches the answer in `cache`; a miss is cached
  * only when the library is loaded (and thus really lacks it). `hook` is ours, never an answer. */
 static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library, const char *name,
                             const void *hook, int may_load)
 {
     uintptr_t cached = atomic_load_explicit(cache, memory_order_acquire);
-    if (cached > REAL_MISSING)
+    if (cached > VGPU_REAL_MISSING)
         return (void *)cached;
-    if (cached == REAL_MISSING)
+    if (cached == VGPU_REAL_MISSING)
         return NULL;
     void *handle = library_handle(library, may_load);
     vgpu_dlsym_fn lookup = real_dlsym();
@@ -99,7 +97,7 @@ static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library,
     void *real = lookup(handle, name);
     if (real == hook)
         real = NULL; /* never forward a hook to itself */
-    atomic_store_explicit(cache, real ? (uintptr_t)real : REAL_MISSING, memory_order_release);
+    atomic_store_explicit(cache, real ? (uintptr_t)real : VGPU_REAL_MISSING, memory_order_release);
     vgpu_log(VGPU_LOG_DEBUG, "%s -> %s %p", name, library_names[library], real);
     return real;
 }
@@ -110,7 +108,7 @@ static void *resolve_real(enum vgpu_hook_id id, int may_load)
                           may_load);
 }
 
-void *vgpu_real(enum vgpu_hook_id id)
+void *vgpu_real_lookup(enum vgpu_hook_id id)
 {
     return resolve_real(id, 1);
 }
