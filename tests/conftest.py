@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
+import shutil
 import subprocess
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,42 +38,109 @@ def native_libs() -> NativeLibs:
     return NativeLibs(vgpu=output / "libvgpu.so", sim_dir=output / "sim", include=ROOT / "native" / "include")
 
 
-@pytest.fixture(scope="session")
-def compile_c(native_libs, tmp_path_factory):
-    """compile_c(name, *flags) -> Path of tests/programs/<name>.c built against the simulated GPU."""
-    out_dir = tmp_path_factory.mktemp("programs")
-    built: dict[tuple, Path] = {}
+# Debian's aarch64 cross compiler and a static qemu-user (a static emulator, so that the
+# LD_PRELOAD meant for the emulated program does not reach the emulator's own loader).
+AARCH64_COMPILER = "aarch64-linux-gnu-gcc"
+AARCH64_EMULATOR = ("qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu")
+C_FLAGS = ("-std=c11", "-D_GNU_SOURCE", "-O2", "-g", "-Wall", "-Wextra", "-Werror")
 
-    def compile_program(name: str, *flags: str) -> Path:
-        key = (name, flags)
-        if key not in built:
-            suffix = "".join(flag.strip("-").replace("=", "_").replace("/", "_") for flag in flags)
-            executable = out_dir / f"{name}{suffix}"
-            command = [
-                os.environ.get("CC", "cc"),
-                "-std=c11",
-                "-D_GNU_SOURCE",
-                "-O2",
-                "-g",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                f"-I{native_libs.include}",
-                *flags,
-                "-o",
-                str(executable),
-                str(PROGRAMS / f"{name}.c"),
-                f"-L{native_libs.sim_dir}",
-                "-l:libcuda.so.1",
-                "-l:libnvidia-ml.so.1",
-                "-lpthread",
-                "-ldl",
-            ]
+
+@dataclass
+class Machine:
+    """Where a test's C code runs: this machine's own architecture, or aarch64 under qemu-user
+    (libvgpu.so's dlsym entry point is assembly, written once per architecture). Builds the
+    test programs of tests/programs for that machine, against its build of native/."""
+
+    name: str
+    compiler: tuple[str, ...]
+    libs: NativeLibs
+    emulator: tuple[str, ...]
+    workdir: Path
+    host_libs: NativeLibs
+    built: dict = field(default_factory=dict)
+
+    def compile(self, name: str, *flags: str) -> Path:
+        """tests/programs/<name>.c as a program linked against the simulated GPU."""
+        suffix = "".join(flag.strip("-").replace("=", "_").replace("/", "_") for flag in flags)
+        return self._build(
+            ("program", name, flags),
+            self.workdir / "programs" / f"{name}{suffix}",
+            [*C_FLAGS, f"-I{self.libs.include}", *flags, "-o", "{output}", str(PROGRAMS / f"{name}.c"),
+             f"-L{self.libs.sim_dir}", "-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-lpthread", "-ldl"],
+        )
+
+    def build_shared(self, name: str, filename: str) -> Path:
+        """tests/programs/<name>.c as a shared library called `filename` (its soname too), in a
+        directory of its own."""
+        return self._build(
+            ("shared", name, filename),
+            self.workdir / f"lib-{name}" / filename,
+            [*C_FLAGS, "-fPIC", "-shared", f"-I{self.libs.include}", f"-Wl,-soname,{filename}", "-o", "{output}",
+             str(PROGRAMS / f"{name}.c"), "-ldl"],
+        )
+
+    def _build(self, key: tuple, output: Path, arguments: list[str]) -> Path:
+        if key not in self.built:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            command = [*self.compiler, *(str(output) if a == "{output}" else a for a in arguments)]
             subprocess.run(command, check=True)
-            built[key] = executable
-        return built[key]
+            self.built[key] = output
+        return self.built[key]
 
-    return compile_program
+    def command(self, program: Path, *arguments: str) -> list[str]:
+        return [*self.emulator, str(program), *arguments]
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` (made for this machine's own architecture) with this machine's libvgpu.so and
+        simulated driver in place of the host's."""
+        replaced = dict(env)
+        for name in ("LD_PRELOAD", "LD_LIBRARY_PATH"):
+            if name in replaced:
+                replaced[name] = (
+                    replaced[name]
+                    .replace(str(self.host_libs.vgpu), str(self.libs.vgpu))
+                    .replace(str(self.host_libs.sim_dir), str(self.libs.sim_dir))
+                )
+        return replaced
+
+
+@pytest.fixture(scope="session")
+def host_machine(native_libs, tmp_path_factory) -> Machine:
+    compiler = tuple(shlex.split(os.environ.get("CC", "cc")))
+    return Machine("host", compiler, native_libs, (), tmp_path_factory.mktemp("host"), native_libs)
+
+
+@pytest.fixture(scope="session")
+def aarch64_machine(native_libs, tmp_path_factory) -> Machine:
+    """native/ cross-built for aarch64 with the build that makes the wheel's (native/build.py)."""
+    missing = [tool for tool in (AARCH64_COMPILER, AARCH64_EMULATOR[0]) if not shutil.which(tool)]
+    if missing:
+        pytest.fail(
+            f"{' and '.join(missing)} not found: the aarch64 tests need Debian's gcc-aarch64-linux-gnu, "
+            "libc6-dev-arm64-cross and qemu-user-static (README.md's install block installs them as root)"
+        )
+    workdir = tmp_path_factory.mktemp("aarch64")
+    output = workdir / "native"
+    subprocess.run(
+        [sys.executable, str(ROOT / "native" / "build.py"), str(output)],
+        env=dict(os.environ, CC=AARCH64_COMPILER),
+        check=True,
+        capture_output=True,
+    )
+    libs = NativeLibs(vgpu=output / "libvgpu.so", sim_dir=output / "sim", include=ROOT / "native" / "include")
+    return Machine("aarch64", (AARCH64_COMPILER,), libs, AARCH64_EMULATOR, workdir, native_libs)
+
+
+@pytest.fixture(params=["host", "aarch64"])
+def machine(request) -> Machine:
+    """Runs a test once on this machine and once on aarch64 (emulated)."""
+    return request.getfixturevalue(f"{request.param}_machine")
+
+
+@pytest.fixture(scope="session")
+def compile_c(host_machine):
+    """compile_c(name, *flags) -> Path of tests/programs/<name>.c built against the simulated GPU."""
+    return host_machine.compile
 
 
 @pytest.fixture
@@ -92,7 +162,7 @@ def simulated_device_uuid(env: dict[str, str], index: int = 0) -> str:
         f"print(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex({index})))"
     )
     result = subprocess.run(
-        [os.environ.get("PYTHON", __import__("sys").executable), "-c", code],
+        [os.environ.get("PYTHON", sys.executable), "-c", code],
         env=env,
         check=True,
         capture_output=True,

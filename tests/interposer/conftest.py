@@ -4,12 +4,10 @@ Plain helpers live in slice_helpers.py."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
-from slice_helpers import PROGRAMS, Interactive, ProbeRun
+from slice_helpers import Interactive, ProbeRun
 
 
 @pytest.fixture(scope="session")
@@ -33,40 +31,10 @@ def probe(compile_c):
 
 
 @pytest.fixture(scope="session")
-def build_shared(native_libs, tmp_path_factory):
+def build_shared(host_machine):
     """build_shared(name, filename) -> Path of tests/programs/<name>.c built as a shared library
     called `filename` (its soname too), in a directory of its own."""
-    built: dict[tuple[str, str], Path] = {}
-
-    def build(name: str, filename: str) -> Path:
-        key = (name, filename)
-        if key not in built:
-            directory = tmp_path_factory.mktemp(f"lib-{name}")
-            target = directory / filename
-            subprocess.run(
-                [
-                    os.environ.get("CC", "cc"),
-                    "-std=c11",
-                    "-D_GNU_SOURCE",
-                    "-O2",
-                    "-fPIC",
-                    "-shared",
-                    "-Wall",
-                    "-Wextra",
-                    "-Werror",
-                    f"-I{native_libs.include}",
-                    f"-Wl,-soname,{filename}",
-                    "-o",
-                    str(target),
-                    str(PROGRAMS / f"{name}.c"),
-                    "-ldl",
-                ],
-                check=True,
-            )
-            built[key] = target
-        return built[key]
-
-    return build
+    return host_machine.build_shared
 
 
 @pytest.fixture

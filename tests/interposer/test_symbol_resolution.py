@@ -1,7 +1,8 @@
 """The interposer's dlsym keeps the program's own RTLD_NEXT lookups (and another preloaded
 library's) resolving relative to their real caller, at -O0 and -O2, on every call; a hooked
 name whose real entry point the driver lacks is reported missing on every path, as the driver
-alone would report it."""
+alone would report it. Each test runs on this machine and on aarch64 under qemu-user (the
+`machine` fixture): the dlsym entry point is assembly, one per architecture."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB
 
 
 @pytest.mark.parametrize("optimisation", ["-O0", "-O2"])
-def test_program_rtld_next_lookups_find_the_next_library(compile_c, sim_env, make_slice, optimisation):
+def test_program_rtld_next_lookups_find_the_next_library(machine, sim_env, make_slice, optimisation):
     env, _ = make_slice(sim_env, memory_limit=GIB)
-    result = subprocess.run([compile_c("rtld_next", optimisation)], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        machine.command(machine.compile("rtld_next", optimisation)),
+        env=machine.environment(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:3] == ["hello through the wrapper"] * 3
@@ -25,30 +32,32 @@ def test_program_rtld_next_lookups_find_the_next_library(compile_c, sim_env, mak
 
 @pytest.mark.parametrize("order", ["vgpu-first", "wrapper-first"])
 @pytest.mark.parametrize("optimisation", ["-O0", "-O2"])
-def test_other_preloaded_librarys_rtld_next_lookups_still_work(
-    compile_c, build_shared, sim_env, make_slice, native_libs, optimisation, order
-):
+def test_other_preloaded_librarys_rtld_next_lookups_still_work(machine, sim_env, make_slice, optimisation, order):
     env, _ = make_slice(sim_env, memory_limit=GIB)
-    wrapper = build_shared("rtld_wrapper", "librtld_wrapper.so")
-    libraries = [str(native_libs.vgpu), str(wrapper)]
+    env = machine.environment(env)
+    wrapper = machine.build_shared("rtld_wrapper", "librtld_wrapper.so")
+    libraries = [str(machine.libs.vgpu), str(wrapper)]
     env["LD_PRELOAD"] = ":".join(libraries if order == "vgpu-first" else libraries[::-1])
-    result = subprocess.run([compile_c("rtld_next", optimisation)], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        machine.command(machine.compile("rtld_next", optimisation)), env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[3:] == ["puts-next OK", "getpid-next OK", "hook-next-before-load OK", "hook-next 1", "wrapper OK"]
 
 
-def test_hooked_name_the_driver_lacks_is_missing_on_every_path(
-    compile_c, build_shared, sim_env, make_slice, native_libs
-):
-    fake = build_shared("driver_without_vmm", "libcuda.so.1")
-    driver_env = dict(sim_env, LD_LIBRARY_PATH=f"{fake.parent}{os.pathsep}{sim_env['LD_LIBRARY_PATH']}")
+def test_hooked_name_the_driver_lacks_is_missing_on_every_path(machine, sim_env, make_slice):
+    fake = machine.build_shared("driver_without_vmm", "libcuda.so.1")
     env, _ = make_slice(sim_env, memory_limit=GIB)
-    env["LD_LIBRARY_PATH"] = driver_env["LD_LIBRARY_PATH"]
+    env = machine.environment(env)
+    env["LD_LIBRARY_PATH"] = f"{fake.parent}{os.pathsep}{env['LD_LIBRARY_PATH']}"
+    driver_env = {name: value for name, value in env.items() if name not in ("LD_PRELOAD", "VGPU_REGION")}
     names = ["cuMemCreate", "cuMemRelease", "cuMemAlloc_v2"]
-    program = compile_c("missing_entry")
+    program = machine.compile("missing_entry")
 
     def run(environment):
-        result = subprocess.run([program, *names], env=environment, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            machine.command(program, *names), env=environment, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout.splitlines()
 
