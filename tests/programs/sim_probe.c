@@ -7,6 +7,7 @@
  *   sim_probe memory                copies, memset, frees of unknown pointers
  *   sim_probe duration GX GY GZ BX BY BZ   a kernel's duration measured with events
  *   sim_probe launches              launch validation, cooperative limits, graphs
+ *   sim_probe graph-update          the other ways to instantiate a graph, updating an executable
  *   sim_probe push-buffer N         wall time of a loop queuing N launches without waiting
  *   sim_probe proc-address          cuGetProcAddress resolution
  *   sim_probe contexts              context memory, primary retain/release, cuCtxCreate/Destroy
@@ -270,6 +271,43 @@ static int command_duration(char **argv)
     return 0;
 }
 
+/* A graph of `kernels` launches of `blocks` blocks of 256 threads, captured on `stream`. */
+static CUgraph capture(CUfunction f, CUstream stream, int kernels, unsigned int blocks)
+{
+    CUgraph graph;
+    CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < kernels; i++)
+        CHECK(cuLaunchKernel(f, blocks, 1, 1, 256, 1, 1, 0, stream, NULL, NULL));
+    CHECK(cuStreamEndCapture(stream, &graph));
+    return graph;
+}
+
+/* Launches `exec` between two events on a stream kept busy with other kernels, so that no host
+ * time falls between the events (as in command_duration); returns whether the stream was busy. */
+static int launch_between_events(CUfunction filler, CUgraphExec exec, CUstream stream, CUevent before, CUevent after)
+{
+    int attempts = 0, busy = 0;
+    while (!busy && attempts++ < 100) {
+        CHECK(cuStreamSynchronize(stream));
+        for (int i = 0; i < 20; i++)
+            CHECK(cuLaunchKernel(filler, 1, 1, 1, 1024, 1, 1, 0, stream, NULL, NULL));
+        CHECK(cuEventRecord(before, stream));
+        CHECK(cuGraphLaunch(exec, stream));
+        CHECK(cuEventRecord(after, stream));
+        busy = cuEventQuery(before) == CUDA_ERROR_NOT_READY;
+    }
+    return busy;
+}
+
+/* The time between two recorded events, once the second has completed. */
+static double elapsed_ns(CUevent before, CUevent after)
+{
+    float ms;
+    CHECK(cuEventSynchronize(after));
+    CHECK(cuEventElapsedTime(&ms, before, after));
+    return (double)ms * 1e6;
+}
+
 static int command_launches(void)
 {
     primary();
@@ -305,34 +343,94 @@ static int command_launches(void)
     CHECK(cuEventCreate(&before, 0));
     CHECK(cuEventCreate(&after, 0));
     printf("capture_null_stream %d\n", cuStreamBeginCapture_v2(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    for (int i = 0; i < 5; i++)
-        CHECK(cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 0, stream, NULL, NULL));
-    CHECK(cuStreamEndCapture(stream, &graph));
+    graph = capture(f, stream, 5, 1);
     printf("capture_ran %d\n", cuStreamQuery(stream) == CUDA_ERROR_NOT_READY);
     size_t nodes = 0;
     CHECK(cuGraphGetNodes(graph, NULL, &nodes));
     printf("graph_nodes %zu\n", nodes);
     CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
-    int attempts = 0, busy = 0;
-    while (!busy && attempts++ < 100) { /* as in command_duration: events between kernels only */
-        CHECK(cuStreamSynchronize(stream));
-        for (int i = 0; i < 20; i++)
-            CHECK(cuLaunchKernel(f, 1, 1, 1, 1024, 1, 1, 0, stream, NULL, NULL));
-        CHECK(cuEventRecord(before, stream));
-        CHECK(cuGraphLaunch(exec, stream));
-        CHECK(cuEventRecord(after, stream));
-        busy = cuEventQuery(before) == CUDA_ERROR_NOT_READY;
-    }
-    printf("graph_stream_was_busy %d\n", busy);
+    printf("graph_stream_was_busy %d\n", launch_between_events(f, exec, stream, before, after));
     printf("graph_query %d\n", cuStreamQuery(stream));
-    CHECK(cuStreamSynchronize(stream));
-    float ms;
-    CHECK(cuEventElapsedTime(&ms, before, after));
-    printf("graph_elapsed_ns %.0f\n", (double)ms * 1e6);
+    printf("graph_elapsed_ns %.0f\n", elapsed_ns(before, after));
     CHECK(cuGraphExecDestroy(exec));
     CHECK(cuGraphDestroy(graph));
     printf("graph_destroy_twice %d\n", cuGraphExecDestroy(exec) != CUDA_SUCCESS);
+    return 0;
+}
+
+/* Prints "<name>_busy" and "<name>_elapsed_ns": how long a launch of `exec` lasts on the device. */
+static void print_graph_duration(const char *name, CUfunction filler, CUgraphExec exec, CUstream stream,
+                                 CUevent before, CUevent after)
+{
+    printf("%s_busy %d\n", name, launch_between_events(filler, exec, stream, before, after));
+    printf("%s_elapsed_ns %.0f\n", name, elapsed_ns(before, after));
+}
+
+/* The CUDA 11 and 12 ways to instantiate a graph, and to update an executable from another graph:
+ * an update in place takes the new graph's kernels (the launch after it lasts as long as they
+ * do), one that changes the topology is refused and leaves the executable as it was. */
+static int command_graph_update(void)
+{
+    primary();
+    CUfunction f = kernel();
+    CUstream stream;
+    CUevent before, after;
+    CHECK(cuStreamCreate(&stream, 0));
+    CHECK(cuEventCreate(&before, 0));
+    CHECK(cuEventCreate(&after, 0));
+    CUgraph small = capture(f, stream, 3, 1), large = capture(f, stream, 3, 2400), longer = capture(f, stream, 4, 1);
+    CUgraphExec exec, other;
+    CUgraphNode error_node;
+    char log[16];
+
+    CUDA_GRAPH_INSTANTIATE_PARAMS params = {.hErrNode_out = (CUgraphNode)&params, .result_out = -1};
+    printf("params_null_exec %d\n", cuGraphInstantiateWithParams(NULL, small, &params));
+    printf("params_null_exec_result %d\n", params.result_out);
+    printf("params_null_graph %d\n", cuGraphInstantiateWithParams(&exec, NULL, &params));
+    printf("params_null_params %d\n", cuGraphInstantiateWithParams(&exec, small, NULL));
+    params = (CUDA_GRAPH_INSTANTIATE_PARAMS){.hErrNode_out = (CUgraphNode)&params, .result_out = -1};
+    printf("params %d\n", cuGraphInstantiateWithParams(&exec, small, &params));
+    printf("params_result %d\nparams_error_node_null %d\n", params.result_out, params.hErrNode_out == NULL);
+    printf("v2_null_exec %d\n", cuGraphInstantiate_v2(NULL, small, &error_node, log, sizeof log));
+    printf("v2_null_graph %d\n", cuGraphInstantiate_v2(&other, NULL, &error_node, log, sizeof log));
+    error_node = (CUgraphNode)&error_node;
+    strcpy(log, "unset");
+    printf("v2 %d\n", cuGraphInstantiate_v2(&other, small, &error_node, log, sizeof log));
+    printf("v2_error_node_null %d\nv2_log_empty %d\n", error_node == NULL, log[0] == '\0');
+    CHECK(cuGraphExecDestroy(other));
+    printf("v2_without_outputs %d\n", cuGraphInstantiate_v2(&other, small, NULL, NULL, 0));
+    CHECK(cuGraphExecDestroy(other));
+
+    print_graph_duration("small", f, exec, stream, before, after);
+    CUgraphExecUpdateResultInfo info = {.result = -1};
+    printf("update %d\n", cuGraphExecUpdate_v2(exec, large, &info));
+    printf("update_result %d\n", info.result);
+    print_graph_duration("updated", f, exec, stream, before, after);
+
+    CUgraphNode unset = (CUgraphNode)&info;
+    info = (CUgraphExecUpdateResultInfo){.result = -1, .errorNode = unset, .errorFromNode = unset};
+    printf("update_topology %d\n", cuGraphExecUpdate_v2(exec, longer, &info));
+    printf("update_topology_result %d\n", info.result);
+    printf("update_topology_nodes_null %d\n", info.errorNode == NULL && info.errorFromNode == NULL);
+    print_graph_duration("refused", f, exec, stream, before, after);
+
+    CUgraphExecUpdateResult outcome = -1;
+    error_node = (CUgraphNode)&error_node;
+    printf("update_v1_topology %d\n", cuGraphExecUpdate(exec, longer, &error_node, &outcome));
+    printf("update_v1_topology_result %d\nupdate_v1_error_node_null %d\n", outcome, error_node == NULL);
+    printf("update_v1 %d\n", cuGraphExecUpdate(exec, small, &error_node, &outcome));
+    printf("update_v1_result %d\n", outcome);
+    print_graph_duration("update_v1", f, exec, stream, before, after);
+
+    printf("update_null_info %d\n", cuGraphExecUpdate_v2(exec, small, NULL));
+    printf("update_v1_null_result %d\n", cuGraphExecUpdate(exec, small, &error_node, NULL));
+    printf("update_null_exec %d\n", cuGraphExecUpdate_v2(NULL, small, &info));
+    printf("update_null_graph %d\n", cuGraphExecUpdate_v2(exec, NULL, &info));
+    CHECK(cuGraphExecDestroy(exec));
+    printf("update_destroyed %d\n", cuGraphExecUpdate_v2(exec, small, &info));
+    CHECK(cuGraphDestroy(small));
+    CHECK(cuGraphDestroy(large));
+    CHECK(cuGraphDestroy(longer));
     return 0;
 }
 
@@ -371,6 +469,16 @@ static int command_proc_address(void)
     printf("cuGetProcAddress %d\n", fn == (void *)cuGetProcAddress_v2);
     CHECK(cuGetProcAddress_v2("cuDeviceGetUuid", &fn, 11000, 0, &status));
     printf("cuDeviceGetUuid_11000 %d\n", fn == (void *)cuDeviceGetUuid);
+    CHECK(cuGetProcAddress_v2("cuGraphInstantiate", &fn, 12000, 0, &status));
+    printf("cuGraphInstantiate_12000 %d\n", fn == (void *)cuGraphInstantiateWithFlags);
+    CHECK(cuGetProcAddress_v2("cuGraphInstantiate", &fn, 11040, 0, &status));
+    printf("cuGraphInstantiate_11040 %d\n", fn == (void *)cuGraphInstantiate_v2);
+    CHECK(cuGetProcAddress_v2("cuGraphInstantiateWithFlags", &fn, 11040, 0, &status));
+    printf("cuGraphInstantiateWithFlags_11040 %d\n", fn == (void *)cuGraphInstantiateWithFlags);
+    CHECK(cuGetProcAddress_v2("cuGraphExecUpdate", &fn, 12000, 0, &status));
+    printf("cuGraphExecUpdate_12000 %d\n", fn == (void *)cuGraphExecUpdate_v2);
+    CHECK(cuGetProcAddress_v2("cuGraphExecUpdate", &fn, 11000, 0, &status));
+    printf("cuGraphExecUpdate_11000 %d\n", fn == (void *)cuGraphExecUpdate);
     printf("unknown %d\n", cuGetProcAddress_v2("cuNoSuchCall", &fn, 12000, 0, &status));
     printf("unknown_status %d\nunknown_fn %d\n", status, fn == NULL);
     printf("too_new %d\n", cuGetProcAddress_v2("cuCtxCreate", &fn, 3000, 0, &status));
@@ -475,6 +583,8 @@ int main(int argc, char **argv)
         return command_duration(argv + 2);
     if (argc >= 2 && strcmp(argv[1], "launches") == 0)
         return command_launches();
+    if (argc >= 2 && strcmp(argv[1], "graph-update") == 0)
+        return command_graph_update();
     if (argc == 3 && strcmp(argv[1], "push-buffer") == 0)
         return command_push_buffer(atol(argv[2]));
     if (argc >= 2 && strcmp(argv[1], "proc-address") == 0)

@@ -95,6 +95,39 @@ def test_a_captured_graph_runs_every_kernel_at_each_launch(programs, env):
     assert seen["graph_destroy_twice"] == "1"
 
 
+def test_cuda_11_and_12_instantiations_validate_and_report_like_the_driver(programs, env):
+    seen = probe(programs, env, "graph-update")
+    for key in ("params_null_exec", "params_null_graph", "params_null_params", "v2_null_exec", "v2_null_graph"):
+        assert seen[key] == "1", key  # CUDA_ERROR_INVALID_VALUE
+    assert seen["params_null_exec_result"] == "1"  # CUDA_GRAPH_INSTANTIATE_ERROR
+    assert (seen["params"], seen["params_result"], seen["params_error_node_null"]) == ("0", "0", "1")
+    assert (seen["v2"], seen["v2_error_node_null"], seen["v2_log_empty"]) == ("0", "1", "1")
+    assert seen["v2_without_outputs"] == "0"  # the error node and the log are optional
+
+
+def test_a_graph_exec_update_takes_the_new_kernels_and_refuses_a_changed_topology(programs, env):
+    seen = probe(programs, with_devices(env, f"sms={SMS},block_ns={BLOCK_NS}"), "graph-update")
+    small, large = (3 * kernel_duration_ns(SMS, BLOCK_NS, blocks, 256) for blocks in (1, 2400))
+    for launch in ("small", "updated", "refused", "update_v1"):
+        assert seen[f"{launch}_busy"] == "1", launch  # the events read the device's timeline only
+    assert float(seen["small_elapsed_ns"]) == pytest.approx(small, abs=50)
+    # An update of the same topology: the next launch runs the new graph's kernels.
+    assert (seen["update"], seen["update_result"]) == ("0", "0")  # CU_GRAPH_EXEC_UPDATE_SUCCESS
+    assert float(seen["updated_elapsed_ns"]) == pytest.approx(large, abs=50)
+    # A fourth node changes the topology: refused, in both forms, and the executable is unchanged.
+    assert seen["update_topology"] == "910"  # CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+    assert seen["update_topology_result"] == "2"  # CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
+    assert seen["update_topology_nodes_null"] == "1"
+    assert float(seen["refused_elapsed_ns"]) == pytest.approx(large, abs=50)
+    assert (seen["update_v1_topology"], seen["update_v1_topology_result"]) == ("910", "2")
+    assert seen["update_v1_error_node_null"] == "1"
+    assert (seen["update_v1"], seen["update_v1_result"]) == ("0", "0")
+    assert float(seen["update_v1_elapsed_ns"]) == pytest.approx(small, abs=50)
+    for key in ("update_null_info", "update_v1_null_result", "update_null_exec", "update_null_graph",
+                "update_destroyed"):
+        assert seen[key] == "1", key  # CUDA_ERROR_INVALID_VALUE
+
+
 def utilisation_while(workloads, env, *args, after: float = 1.3):
     """Starts a workload and reads NVML `after` seconds into it, once a full sample period of
     its activity lies behind; returns the snapshot and the workload's pid."""

@@ -52,7 +52,9 @@ def test_pynvml_finds_every_symbol_it_needs_for_the_calls_jupyter_vgpu_makes():
 def test_get_proc_address_resolves_base_names_by_version_and_stream_mode(programs, env):
     seen = probe(programs, env, "proc-address")
     for key in ("cuInit", "cuMemAlloc", "cuCtxCreate_12080", "cuCtxCreate_12000", "cuLaunchKernel_ptds",
-                "cuMemAlloc_ptds", "cuGetProcAddress", "cuDeviceGetUuid_11000", "unknown_fn"):
+                "cuMemAlloc_ptds", "cuGetProcAddress", "cuDeviceGetUuid_11000", "cuGraphInstantiate_12000",
+                "cuGraphInstantiate_11040", "cuGraphInstantiateWithFlags_11040", "cuGraphExecUpdate_12000",
+                "cuGraphExecUpdate_11000", "unknown_fn"):
         assert seen[key] == "1", key
     assert seen["before_init"] == "0"  # the runtime asks for cuInit itself before initialising
     assert (seen["unknown"], seen["unknown_status"]) == ("500", "1")  # NOT_FOUND, SYMBOL_NOT_FOUND

@@ -39,6 +39,7 @@ enum {
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -264,6 +265,28 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS;
 
+/* Making an executable from a graph (cuGraphInstantiateWithParams) and remaking one from another
+ * graph (cuGraphExecUpdate_v2): values and layout as in CUDA 12's cuda.h. */
+typedef int CUgraphInstantiateResult;
+enum { CUDA_GRAPH_INSTANTIATE_SUCCESS = 0, CUDA_GRAPH_INSTANTIATE_ERROR = 1 };
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    CUgraphInstantiateResult result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+typedef int CUgraphExecUpdateResult;
+enum {
+    CU_GRAPH_EXEC_UPDATE_SUCCESS = 0,
+    CU_GRAPH_EXEC_UPDATE_ERROR = 1,
+    CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 2,
+};
+typedef struct CUgraphExecUpdateResultInfo_st {
+    CUgraphExecUpdateResult result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
 /* cuCtxCreate_v4 parameters (CUDA 12.5+); only the pointer is passed through. */
 typedef struct CUctxCreateParams_st CUctxCreateParams;
 
@@ -353,6 +376,11 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuLaunchCooperativeKernel, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
     X(CUresult, cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
     X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
+    X(CUresult, cuGraphInstantiateWithParams, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
+    X(CUresult, cuGraphInstantiateWithParams_ptsz, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
+    X(CUresult, cuGraphInstantiate_v2, (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)) \
+    X(CUresult, cuGraphExecUpdate, (CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out, CUgraphExecUpdateResult *updateResult_out)) \
+    X(CUresult, cuGraphExecUpdate_v2, (CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)) \
     X(CUresult, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \

@@ -308,20 +308,37 @@ static const struct {
 };
 
 /* The driver API version that introduced each variant of a name that has several; a request
- * gets the newest variant its version allows. Names with one variant serve every version. */
+ * gets the newest variant its version allows. Names with one variant serve every version. A
+ * variant can answer to a base name other than its own (`serves`, a prefix of its name): from
+ * CUDA 12, cuGraphInstantiate means cuGraphInstantiateWithFlags. */
 static const struct {
     const char *name;
     int version;
+    const char *serves;
 } introduced[] = {
-    {"cuCtxCreate_v2", 3020},   {"cuCtxCreate_v4", 12050},     {"cuDeviceGetUuid", 9020},
-    {"cuDeviceGetUuid_v2", 11040}, {"cuGetProcAddress", 11030}, {"cuGetProcAddress_v2", 12000},
+    {"cuCtxCreate_v2", 3020, NULL},
+    {"cuCtxCreate_v4", 12050, NULL},
+    {"cuDeviceGetUuid", 9020, NULL},
+    {"cuDeviceGetUuid_v2", 11040, NULL},
+    {"cuGetProcAddress", 11030, NULL},
+    {"cuGetProcAddress_v2", 12000, NULL},
+    {"cuGraphInstantiate_v2", 11000, NULL},
+    {"cuGraphInstantiateWithFlags", 12000, "cuGraphInstantiate"},
+    {"cuGraphExecUpdate", 10020, NULL},
+    {"cuGraphExecUpdate_v2", 12000, NULL},
 };
 
-static int introduced_in(const char *name)
+/* The version that introduced the variant `name` (0: it serves every version); sets *base to the
+ * length of the base name it answers to where that is not its own. */
+static int introduced_in(const char *name, size_t *base)
 {
-    for (size_t i = 0; i < sizeof introduced / sizeof introduced[0]; i++)
-        if (strcmp(introduced[i].name, name) == 0)
+    for (size_t i = 0; i < sizeof introduced / sizeof introduced[0]; i++) {
+        if (strcmp(introduced[i].name, name) == 0) {
+            if (introduced[i].serves)
+                *base = strlen(introduced[i].serves);
             return introduced[i].version;
+        }
+    }
     return 0;
 }
 
@@ -348,9 +365,10 @@ static void derive_symbol_keys(void)
 {
     for (size_t i = 0; i < SYMBOL_COUNT; i++) {
         int per_thread;
-        sim_cuda.symbol_keys[i].base_length = (uint16_t)base_length(symbols[i].name, &per_thread);
+        size_t base = base_length(symbols[i].name, &per_thread);
+        sim_cuda.symbol_keys[i].version = introduced_in(symbols[i].name, &base);
+        sim_cuda.symbol_keys[i].base_length = (uint16_t)base;
         sim_cuda.symbol_keys[i].per_thread = (uint8_t)per_thread;
-        sim_cuda.symbol_keys[i].version = introduced_in(symbols[i].name);
     }
 }
 

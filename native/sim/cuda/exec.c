@@ -518,9 +518,11 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     return CUDA_SUCCESS;
 }
 
-CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+/* Validates like the driver (no graph, or nowhere to put the executable: INVALID_VALUE), then
+ * copies the graph's kernels into a new executable. Flags, an upload stream and the other
+ * instantiation options change nothing in the simulator. */
+static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
 {
-    (void)flags; /* upload, auto-free and priority change nothing in the simulator */
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
@@ -547,6 +549,91 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
     }
     *phGraphExec = exec;
     return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    (void)flags;
+    return instantiate(phGraphExec, hGraph);
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    if (!instantiateParams)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    CUresult result = instantiate(phGraphExec, hGraph);
+    /* No node is ever to blame: the simulator refuses only arguments. */
+    instantiateParams->hErrNode_out = NULL;
+    instantiateParams->result_out =
+        result == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return result;
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    return cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+}
+
+/* CUDA 11's form: an error node and a log, both optional; neither ever has anything to say here. */
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize)
+{
+    CUresult result = instantiate(phGraphExec, hGraph);
+    if (phErrorNode)
+        *phErrorNode = NULL;
+    if (logBuffer && bufferSize)
+        logBuffer[0] = '\0';
+    return result;
+}
+
+/* Gives an executable the kernels of another graph of the same topology, as the driver updates
+ * one in place: launches already queued keep the kernels they were queued with, later ones run
+ * the new. Every node here is a kernel node on one chain, so the topology is the node count; an
+ * update that would change it is refused and the executable left as it was. No node or edge is
+ * singled out in `info`. */
+static CUresult update(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *info)
+{
+    *info = (CUgraphExecUpdateResultInfo){.result = CU_GRAPH_EXEC_UPDATE_ERROR};
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    pthread_mutex_lock(&sim_cuda.lock);
+    result = CUDA_ERROR_INVALID_VALUE;
+    if (registered(hGraphExec, SIM_HANDLE_GRAPH_EXEC) && registered(hGraph, SIM_HANDLE_GRAPH)) {
+        if (hGraph->count != hGraphExec->count) {
+            result = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+            info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+        } else {
+            for (size_t i = 0; i < hGraph->count; i++)
+                hGraphExec->launches[i] = hGraph->nodes[i]->launch;
+            result = CUDA_SUCCESS;
+            info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
+{
+    if (!resultInfo)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    return update(hGraphExec, hGraph, resultInfo);
+}
+
+/* CUDA 11's form: the same outcome in two separate out parameters. */
+CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
+                           CUgraphExecUpdateResult *updateResult_out)
+{
+    if (!hErrorNode_out || !updateResult_out)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    CUgraphExecUpdateResultInfo info;
+    CUresult result = update(hGraphExec, hGraph, &info);
+    *hErrorNode_out = info.errorNode;
+    *updateResult_out = info.result;
+    return result;
 }
 
 /* Every kernel of the graph runs on the stream, one after another, through the same engine as
