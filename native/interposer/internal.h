@@ -161,8 +161,10 @@ int vgpu_slice_view(uint64_t real_total, uint64_t real_free, struct vgpu_slice_v
  * share. `cost` is the launch's work in warps (blocks x ceil(threads per block / 32)). */
 void vgpu_launch_admit(uint64_t cost);
 
-/* Prices of graph executables, kept by pacing.c: launch.c prices a graph's kernels when it is
- * instantiated (where the driver can list them) and a graph launch is admitted at that price.
+/* Prices of graph executables, kept by pacing.c: launch.c prices a graph's kernels (where the
+ * driver can list them) when an executable is instantiated from it, and again when an update
+ * gives the executable another graph's kernels (the new price replaces the old); a graph launch
+ * is admitted at that price.
  * An executable without a price is charged a nominal one; the controller's measured cost per
  * token turns that into the right rate all the same. */
 #define VGPU_GRAPH_PRICE_UNKNOWN UINT64_MAX

@@ -50,11 +50,12 @@ LAUNCH_EX_HOOK(cuLaunchKernelEx)
 LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
 
 /*
- * Graphs. A graph launch runs many kernels at once, so it is paced at their price: at
- * instantiation the graph's kernel nodes are priced like launches (child graphs included),
- * through the driver's introspection calls when it has them. A graph that cannot be priced
- * (no such calls, or a conditional node whose body runs a data-dependent number of times) is
- * charged pacing.c's nominal price, which the controller calibrates from measurements.
+ * Graphs. A graph launch runs many kernels at once, so it is paced at their price: when an
+ * executable is instantiated, and again when an update gives it another graph's kernels, the
+ * graph's kernel nodes are priced like launches (child graphs included), through the driver's
+ * introspection calls when it has them. A graph that cannot be priced (no such calls, or a
+ * conditional node whose body runs a data-dependent number of times) is charged pacing.c's
+ * nominal price, which the controller calibrates from measurements.
  */
 #define VGPU_DECLARE_OPTIONAL_PFN(ret, name, params) typedef ret(*vgpu_pfn_##name) params;
 VGPU_CUDA_OPTIONAL_ENTRY_POINTS(VGPU_DECLARE_OPTIONAL_PFN)
@@ -118,7 +119,9 @@ static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, 
     }
 }
 
-static void price_graph_exec(CUgraphExec exec, CUgraph graph)
+/* Prices the executable *exec as made from `graph`; an executable already priced takes the new
+ * price (an update swapped its kernels). */
+static void price_graph_exec(const CUgraphExec *exec, CUgraph graph)
 {
     struct graph_inspector api = {
         (vgpu_pfn_cuGraphGetNodes)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphGetNodes"),
@@ -126,21 +129,40 @@ static void price_graph_exec(CUgraphExec exec, CUgraph graph)
         (vgpu_pfn_cuGraphKernelNodeGetParams_v2)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphKernelNodeGetParams_v2"),
         (vgpu_pfn_cuGraphChildGraphNodeGetGraph)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphChildGraphNodeGetGraph"),
     };
-    if (!api.get_nodes || !api.node_type || !api.kernel_params || !api.child_graph)
+    if (!exec || !api.get_nodes || !api.node_type || !api.kernel_params || !api.child_graph)
         return;
-    vgpu_graph_exec_priced(exec, graph_price(&api, graph, 0));
+    vgpu_graph_exec_priced(*exec, graph_price(&api, graph, 0));
 }
 
-VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
-{
-    vgpu_pfn_cuGraphInstantiateWithFlags real = VGPU_REAL(cuGraphInstantiateWithFlags);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    CUresult result = real(exec, graph, flags);
-    if (result == CUDA_SUCCESS && exec)
-        price_graph_exec(*exec, graph);
-    return result;
-}
+/* Every entry point that makes an executable from a graph (CUDA 11's and 12's instantiations)
+ * or remakes one from another graph (updates): once the real call succeeds, the executable costs
+ * what `graph` runs. Each takes the executable (or where to put it) and the graph first, named
+ * `exec` and `graph`; `made` points to the executable. */
+#define GRAPH_EXEC_HOOK(name, made, params, ...)                                                   \
+    VGPU_EXPORT CUresult name params                                                               \
+    {                                                                                              \
+        vgpu_pfn_##name real = VGPU_REAL(name);                                                    \
+        if (!real)                                                                                 \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        CUresult result = real(exec, graph, __VA_ARGS__);                                          \
+        if (result == CUDA_SUCCESS)                                                                \
+            price_graph_exec(made, graph);                                                         \
+        return result;                                                                             \
+    }
+GRAPH_EXEC_HOOK(cuGraphInstantiateWithFlags, exec, (CUgraphExec *exec, CUgraph graph, unsigned long long flags),
+                flags)
+GRAPH_EXEC_HOOK(cuGraphInstantiateWithParams, exec,
+                (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), params)
+GRAPH_EXEC_HOOK(cuGraphInstantiateWithParams_ptsz, exec,
+                (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), params)
+GRAPH_EXEC_HOOK(cuGraphInstantiate_v2, exec,
+                (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t log_size),
+                error_node, log, log_size)
+GRAPH_EXEC_HOOK(cuGraphExecUpdate_v2, &exec, (CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info),
+                info)
+GRAPH_EXEC_HOOK(cuGraphExecUpdate, &exec,
+                (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, CUgraphExecUpdateResult *outcome),
+                error_node, outcome)
 
 #define GRAPH_LAUNCH_HOOK(name)                                                                    \
     VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                   \

@@ -313,38 +313,69 @@ def test_live_resize_changes_measured_utilisation(programs, device_env, make_sli
     assert abs(after - 60) <= TOLERANCE_PP, f"0.3-1.3 s after resizing to 60% the slice had {after}%"
 
 
-def test_graph_launches_are_paced(programs, device_env, make_slice):
+# The entry points that make a graph's executable: CUDA 12's two and the one CUDA 11 runtimes call.
+INSTANTIATE_ENTRY_POINTS = pytest.mark.parametrize("instantiate", ["flags", "params", "v2"])
+
+
+@INSTANTIATE_ENTRY_POINTS
+def test_graph_launches_are_paced(programs, device_env, make_slice, instantiate):
     load_program, monitor = programs
     share = 30
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    load = start_load(load_program, slice_env, "--graph", "--batch", "8", seconds=3.3)
+    load = start_load(load_program, slice_env, "--graph", "--instantiate", instantiate, "--batch", "8", seconds=3.3)
 
     measured = window(monitor, device_env, load, 2.0, 3.0)[load.pid]
     load.finish()
 
-    assert abs(measured - share) <= TOLERANCE_PP, f"graph launches under {share}%: {measured}%"
+    assert abs(measured - share) <= TOLERANCE_PP, f"graph launches ({instantiate}) under {share}%: {measured}%"
 
 
-def test_graph_launches_are_priced_like_their_kernels(programs, device_env, make_slice):
-    """A graph is charged what its kernels cost launched one by one. The program switches
-    between launching a graph of 8 kernels and launching those 8 kernels every 400 ms: the
-    controller's refill rate (tokens per second) stays put, where a graph priced at anything
-    else would swing it by the mispricing at every switch."""
-    load_program, monitor = programs
-    share = 30
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    load = start_load(load_program, slice_env, "--mixed-ms", "400", "--batch", "8", seconds=3.4)
-
+def refill_rates_and_utilisation(monitor, env, region, load: Load) -> tuple[list[int], int]:
+    """The controller's refill rate (tokens per second) every 40 ms from 1 s to 3 s into `load`,
+    and the load's utilisation over 2.2-3.2 s."""
     wait_until_us(load.start_us + 1_000_000)
     rates = []
     while realtime_us() < load.start_us + 3_000_000:
         rates.append(region.raw.tokens_per_second)
         time.sleep(0.04)
-    measured = window(monitor, device_env, load, 2.2, 3.2)[load.pid]
+    return rates, window(monitor, env, load, 2.2, 3.2)[load.pid]
+
+
+@INSTANTIATE_ENTRY_POINTS
+def test_graph_launches_are_priced_like_their_kernels(programs, device_env, make_slice, instantiate):
+    """A graph is charged what its kernels cost launched one by one, whichever entry point made
+    its executable. The program switches between launching a graph of 8 kernels and launching
+    those 8 kernels every 400 ms: the controller's refill rate (tokens per second) stays put,
+    where a graph priced at anything else (the nominal price of one never priced, say) would
+    swing it by the mispricing at every switch."""
+    load_program, monitor = programs
+    share = 30
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(
+        load_program, slice_env, "--mixed-ms", "400", "--instantiate", instantiate, "--batch", "8", seconds=3.4
+    )
+    rates, measured = refill_rates_and_utilisation(monitor, device_env, region, load)
     load.finish()
 
     assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
     assert abs(measured - share) <= TOLERANCE_PP, f"mixed graph and kernel launches under {share}%: {measured}%"
+
+
+def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, make_slice):
+    """cuGraphExecUpdate_v2 gives an executable other kernels, and its price follows them. Every
+    400 ms the program updates its graph of 8 kernels between grids of 16 and 8 blocks per SM
+    (two waves, then one): the controller's refill rate stays put, where an executable still
+    charged its first graph's price would be charged twice its work every other phase and swing
+    the rate twofold."""
+    load_program, monitor = programs
+    share = 30
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, "--update-ms", "400", "--batch", "8", seconds=3.4)
+    rates, measured = refill_rates_and_utilisation(monitor, device_env, region, load)
+    load.finish()
+
+    assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
+    assert abs(measured - share) <= TOLERANCE_PP, f"a graph updated every 400 ms under {share}%: {measured}%"
 
 
 def test_controller_fails_over_when_its_process_is_killed(programs, device_env, make_slice):

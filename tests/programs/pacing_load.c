@@ -5,10 +5,17 @@
  * process waits a few milliseconds for a CPU.
  *
  *   pacing_load [--seconds S] [--threads T] [--batch K] [--inflight N] [--grid-per-sm G]
- *               [--block B] [--graph | --mixed-ms M] [--busy-ms X --idle-ms Y]
+ *               [--block B] [--graph | --mixed-ms M | --update-ms M] [--instantiate flags|params|v2]
+ *               [--busy-ms X --idle-ms Y]
  *
  *   --graph     capture the K launches of a batch into a CUDA graph once, then launch the graph
  *   --mixed-ms  alternate every M ms between launching that graph and launching the K kernels
+ *   --update-ms launch that graph, and every M ms re-capture the batch with the other of two grids
+ *               (G blocks per SM, then half as many: half the work per kernel) and apply it to the
+ *               graph's executable with cuGraphExecUpdate_v2 instead of instantiating it again
+ *   --instantiate  the entry point that makes the graph's executable: cuGraphInstantiateWithFlags
+ *               (flags, the default), cuGraphInstantiateWithParams (params) or cuGraphInstantiate_v2
+ *               (v2, what CUDA 11 runtimes call)
  *   --busy-ms/--idle-ms   alternate busy and idle phases instead of running flat out
  *
  * Prints (line-buffered): "pid <pid>", then "start_us <CLOCK_REALTIME us>" just before the
@@ -36,6 +43,8 @@ struct options {
     unsigned int block;
     int graph;
     double mixed_ms;
+    double update_ms;
+    enum { INSTANTIATE_FLAGS, INSTANTIATE_PARAMS, INSTANTIATE_V2 } instantiate;
     double busy_ms, idle_ms;
 };
 
@@ -87,6 +96,47 @@ static void launch_batch(struct shared *s, CUstream stream, CUgraphExec exec)
     atomic_fetch_add(&s->launches, s->options.batch);
 }
 
+/* The K launches of a batch, of `grid` blocks each, captured into a graph on `stream`. */
+static CUgraph capture_batch(const struct shared *s, CUstream stream, unsigned int grid)
+{
+    CUgraph graph;
+    CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    for (int k = 0; k < s->options.batch; k++)
+        CHECK(cuLaunchKernel(s->spin, grid, 1, 1, s->options.block, 1, 1, 0, stream, NULL, NULL));
+    CHECK(cuStreamEndCapture(stream, &graph));
+    return graph;
+}
+
+static CUgraphExec instantiate(const struct options *o, CUgraph graph)
+{
+    CUgraphExec exec;
+    switch (o->instantiate) {
+    case INSTANTIATE_PARAMS: {
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {.flags = 0};
+        CHECK(cuGraphInstantiateWithParams(&exec, graph, &params));
+        break;
+    }
+    case INSTANTIATE_V2:
+        CHECK(cuGraphInstantiate_v2(&exec, graph, NULL, NULL, 0));
+        break;
+    default:
+        CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+        break;
+    }
+    return exec;
+}
+
+/* Gives `exec` the batch re-captured with `grid` blocks per kernel, in place, as a training loop
+ * whose shapes change updates its graph; returns the new graph, the old one destroyed. */
+static CUgraph update_batch(const struct shared *s, CUstream stream, CUgraphExec exec, CUgraph old, unsigned int grid)
+{
+    CUgraph graph = capture_batch(s, stream, grid);
+    CUgraphExecUpdateResultInfo info;
+    CHECK(cuGraphExecUpdate_v2(exec, graph, &info));
+    CHECK(cuGraphDestroy(old));
+    return graph;
+}
+
 /* Whether the busy/idle pattern is in an idle phase at `elapsed` seconds; sleeps through it. */
 static void sit_out_idle_phase(const struct options *o, double elapsed)
 {
@@ -115,19 +165,22 @@ static void *run(void *arg)
         CHECK(cuEventCreate(&events[i], CU_EVENT_DISABLE_TIMING));
     CUgraphExec exec = NULL;
     CUgraph graph = NULL;
-    if (o->graph || o->mixed_ms > 0) {
-        CHECK(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-        for (int k = 0; k < o->batch; k++)
-            CHECK(cuLaunchKernel(s->spin, s->grid, 1, 1, o->block, 1, 1, 0, stream, NULL, NULL));
-        CHECK(cuStreamEndCapture(stream, &graph));
-        CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    if (o->graph || o->mixed_ms > 0 || o->update_ms > 0) {
+        graph = capture_batch(s, stream, s->grid);
+        exec = instantiate(o, graph);
     }
+    long update_phase = 0;
     announce_start(s);
     for (long i = 0;; i++) {
         double elapsed = monotonic_s() - s->started;
         if (elapsed >= o->seconds)
             break;
         sit_out_idle_phase(o, elapsed);
+        long phase = o->update_ms > 0 ? (long)(elapsed * 1e3 / o->update_ms) : 0;
+        if (phase != update_phase) {
+            update_phase = phase;
+            graph = update_batch(s, stream, exec, graph, phase % 2 ? (s->grid + 1) / 2 : s->grid);
+        }
         int graph_phase = o->mixed_ms <= 0 || (long)(elapsed * 1e3 / o->mixed_ms) % 2 == 0;
         launch_batch(s, stream, graph_phase ? exec : NULL);
         CHECK(cuEventRecord(events[i % ring], stream));
@@ -143,6 +196,17 @@ static void *run(void *arg)
         CHECK(cuEventDestroy_v2(events[i]));
     CHECK(cuStreamDestroy_v2(stream));
     return NULL;
+}
+
+static int parse_instantiate(const char *value)
+{
+    static const char *const names[] = {[INSTANTIATE_FLAGS] = "flags", [INSTANTIATE_PARAMS] = "params",
+                                        [INSTANTIATE_V2] = "v2"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (strcmp(value, names[i]) == 0)
+            return i;
+    fprintf(stderr, "pacing_load: --instantiate takes flags, params or v2\n");
+    exit(2);
 }
 
 static void parse(int argc, char **argv, struct options *o)
@@ -174,6 +238,10 @@ static void parse(int argc, char **argv, struct options *o)
             o->block = (unsigned int)atoi(value);
         else if (strcmp(flag, "--mixed-ms") == 0)
             o->mixed_ms = atof(value);
+        else if (strcmp(flag, "--update-ms") == 0)
+            o->update_ms = atof(value);
+        else if (strcmp(flag, "--instantiate") == 0)
+            o->instantiate = parse_instantiate(value);
         else if (strcmp(flag, "--busy-ms") == 0)
             o->busy_ms = atof(value);
         else if (strcmp(flag, "--idle-ms") == 0)
