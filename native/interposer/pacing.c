@@ -831,6 +831,20 @@ static struct graph_price *graph_slot(uintptr_t exec, size_t probe)
     return &limiter.graphs[(home + probe) & (GRAPH_TABLE_SIZE - 1)];
 }
 
+/* The entry of an executable already in the table, or NULL. */
+static struct graph_price *graph_entry(uintptr_t key)
+{
+    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
+        struct graph_price *entry = graph_slot(key, probe);
+        uintptr_t seen = atomic_load_explicit(&entry->exec, memory_order_acquire);
+        if (seen == key)
+            return entry;
+        if (seen == GRAPH_SLOT_EMPTY)
+            break;
+    }
+    return NULL;
+}
+
 void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
 {
     uintptr_t key = (uintptr_t)exec;
@@ -840,47 +854,32 @@ void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
         cost = GRAPH_NOMINAL_COST;
     if (cost > MAX_LAUNCH_COST)
         cost = MAX_LAUNCH_COST;
-    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
-        struct graph_price *entry = graph_slot(key, probe);
-        uintptr_t seen = atomic_load(&entry->exec);
-        if (seen == key ||
-            ((seen == GRAPH_SLOT_EMPTY || seen == GRAPH_SLOT_FREED) &&
-             atomic_compare_exchange_strong(&entry->exec, &seen, key))) {
-            atomic_store(&entry->cost_plus_one, cost + 1);
-            return;
-        }
+    /* An update re-prices the executable's own entry, which may lie past a freed slot. */
+    struct graph_price *entry = graph_entry(key);
+    for (size_t probe = 0; !entry && probe < GRAPH_PROBES; probe++) {
+        struct graph_price *candidate = graph_slot(key, probe);
+        uintptr_t seen = atomic_load(&candidate->exec);
+        if ((seen == GRAPH_SLOT_EMPTY || seen == GRAPH_SLOT_FREED) &&
+            atomic_compare_exchange_strong(&candidate->exec, &seen, key))
+            entry = candidate;
     }
     /* No room near its home: this executable is charged the nominal price. */
+    if (entry)
+        atomic_store(&entry->cost_plus_one, cost + 1);
 }
 
 uint64_t vgpu_graph_exec_cost(CUgraphExec exec)
 {
-    uintptr_t key = (uintptr_t)exec;
-    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
-        struct graph_price *entry = graph_slot(key, probe);
-        uintptr_t seen = atomic_load_explicit(&entry->exec, memory_order_acquire);
-        if (seen == key) {
-            uint64_t cost_plus_one = atomic_load_explicit(&entry->cost_plus_one, memory_order_relaxed);
-            return cost_plus_one ? cost_plus_one - 1 : GRAPH_NOMINAL_COST;
-        }
-        if (seen == GRAPH_SLOT_EMPTY)
-            break;
-    }
-    return GRAPH_NOMINAL_COST;
+    struct graph_price *entry = graph_entry((uintptr_t)exec);
+    uint64_t cost_plus_one = entry ? atomic_load_explicit(&entry->cost_plus_one, memory_order_relaxed) : 0;
+    return cost_plus_one ? cost_plus_one - 1 : GRAPH_NOMINAL_COST;
 }
 
 void vgpu_graph_exec_forget(CUgraphExec exec)
 {
-    uintptr_t key = (uintptr_t)exec;
-    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
-        struct graph_price *entry = graph_slot(key, probe);
-        uintptr_t seen = atomic_load(&entry->exec);
-        if (seen == key) {
-            atomic_store(&entry->cost_plus_one, 0);
-            atomic_store(&entry->exec, GRAPH_SLOT_FREED);
-            return;
-        }
-        if (seen == GRAPH_SLOT_EMPTY)
-            return;
+    struct graph_price *entry = graph_entry((uintptr_t)exec);
+    if (entry) {
+        atomic_store(&entry->cost_plus_one, 0);
+        atomic_store(&entry->exec, GRAPH_SLOT_FREED);
     }
 }
