@@ -1,0 +1,250 @@
+"""Real programs in a slice: the driver, NVML, nvidia-smi, PyTorch, CuPy and JAX under a 4 GiB
+cap, and a bf16 matmul loop at a 30 % SM share against the same loop unlimited.
+
+    python benchmarks/framework_checks.py              # on a GPU machine: every check
+    python benchmarks/framework_checks.py --simulate   # the simulated GPU: driver and NVML checks
+    python benchmarks/framework_checks.py --smoke      # as CI runs it: --simulate
+
+Each check is a child program started the way a user starts one,
+`jupyter vgpu run --memory 4GiB [--cores N] -- python -c ...`, that prints one JSON object; this
+script judges it and prints a table. A framework that is not installed, or a check that needs the
+real driver (frameworks do not run on the simulated one; nvidia-smi is NVIDIA's), is reported as
+not run, with the reason, never as passed. Exits 1 when a check that ran failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1 << 30
+CAP = 4 * GIB
+SHARE = 30
+SHARE_TOLERANCE = 0.05  # issue 2: 30 +/- 5 % of the unlimited throughput
+
+# Child programs. Each prints one JSON object on its last line of stdout.
+DRIVER_TOTALS = """
+import ctypes, json
+cuda = ctypes.CDLL("libcuda.so.1")
+context, free, total, pointer = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0
+device = ctypes.c_int()
+assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
+assert cuda.cuCtxSetCurrent(context) == 0
+assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+over_cap = cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(5 << 30))
+print(json.dumps({"total": total.value, "free": free.value, "over_cap_result": over_cap}))
+"""
+
+NVML_TOTALS = """
+import json, pynvml
+pynvml.nvmlInit()
+info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+print(json.dumps({"total": info.total, "used": info.used}))
+"""
+
+TORCH_TOTALS = """
+import json, torch
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"total": total, "free": free}))
+"""
+
+TORCH_FILL = """
+import json, torch
+blocks, block = [], 256 << 20
+try:
+    while len(blocks) < 64:
+        blocks.append(torch.empty(block, dtype=torch.uint8, device="cuda"))
+    print(json.dumps({"raised": None, "allocated": len(blocks) * block}))
+except torch.cuda.OutOfMemoryError:
+    print(json.dumps({"raised": "torch.cuda.OutOfMemoryError", "allocated": len(blocks) * block}))
+"""
+
+CUPY_CHECK = """
+import json, cupy
+free, total = cupy.cuda.runtime.memGetInfo()
+try:
+    cupy.empty(5 << 30, dtype=cupy.uint8)
+    raised = None
+except cupy.cuda.memory.OutOfMemoryError:
+    raised = "cupy.cuda.memory.OutOfMemoryError"
+print(json.dumps({"total": total, "raised": raised}))
+"""
+
+JAX_CHECK = """
+import json, jax, jax.numpy as jnp
+try:
+    jnp.ones(5 << 30, dtype=jnp.uint8).block_until_ready()
+    raised = None
+except Exception as error:  # XlaRuntimeError; its class moved between JAX releases
+    raised = type(error).__name__ if "RESOURCE_EXHAUSTED" in str(error) else f"other: {error}"[:200]
+print(json.dumps({"raised": raised, "backend": jax.default_backend()}))
+"""
+
+MATMUL_RATE = """
+import json, sys, time, torch
+warm_up, seconds = float(sys.argv[1]), float(sys.argv[2])
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn_like(a)
+def run(duration):
+    count, end = 0, time.perf_counter() + duration
+    start = time.perf_counter()
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ b
+        torch.cuda.synchronize()
+        count += 10
+    return count / (time.perf_counter() - start)
+run(warm_up)  # the limiter learns what a launch costs
+print(json.dumps({"matmuls_per_second": run(seconds)}))
+"""
+
+
+Judge = Callable[[dict, str], tuple[bool, str]]
+
+
+@dataclass
+class Check:
+    name: str
+    code: str
+    judge: Judge
+    needs_module: str | None = None
+    needs_real_gpu: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def in_slice(command: list[str], *, simulate: bool, cores: int = 100, env: dict[str, str] | None = None):
+    """Runs `command` in a fresh 4 GiB slice as a user would (`jupyter vgpu run`), from this
+    checkout whether or not the package is installed."""
+    run = [sys.executable, "-c", "from jupyter_vgpu.cli import main; main()", "run", "--memory", f"{CAP >> 30}GiB",
+           "--cores", str(cores), *(["--simulate"] if simulate else []), "--", *command]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(run, env={**os.environ, "PYTHONPATH": path, **(env or {})}, capture_output=True, text=True,
+                          timeout=600)
+
+
+def run_program(code: str, *args: str, simulate: bool, cores: int = 100,
+                env: dict[str, str] | None = None) -> tuple[dict | None, str]:
+    """Runs a child program in a slice; returns (the JSON it printed last, its stderr)."""
+    result = in_slice([sys.executable, "-c", code, *args], simulate=simulate, cores=cores, env=env)
+    lines = result.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1]), result.stderr
+    except (IndexError, json.JSONDecodeError):
+        return None, f"exit {result.returncode}: {result.stderr.strip()[-400:]}"
+
+
+def totals_are_the_cap(report: dict, stderr: str) -> tuple[bool, str]:
+    return report["total"] == CAP, f"total {report['total'] / GIB:.2f} GiB"
+
+
+def over_cap_refused(report: dict, stderr: str) -> tuple[bool, str]:
+    oom_line = "jupyter-vgpu: out of GPU memory in this slice" in stderr
+    ok = report["total"] == CAP and report["over_cap_result"] == 2 and oom_line  # CUDA_ERROR_OUT_OF_MEMORY
+    return ok, (f"total {report['total'] / GIB:.2f} GiB; 5 GiB alloc -> {report['over_cap_result']}; "
+                f"OOM line {'printed' if oom_line else 'missing'}")
+
+
+def filled_to_the_cap(report: dict, stderr: str) -> tuple[bool, str]:
+    # The CUDA context's own memory counts against the slice, so the tensors stop short of 4 GiB.
+    ok = report["raised"] == "torch.cuda.OutOfMemoryError" and 2.5 * GIB <= report["allocated"] <= CAP
+    return ok, f"{report['raised']} after {report['allocated'] / GIB:.2f} GiB of tensors"
+
+
+def cupy_capped(report: dict, stderr: str) -> tuple[bool, str]:
+    ok = report["total"] == CAP and report["raised"] == "cupy.cuda.memory.OutOfMemoryError"
+    return ok, f"total {report['total'] / GIB:.2f} GiB; 5 GiB -> {report['raised']}"
+
+
+def jax_capped(report: dict, stderr: str) -> tuple[bool, str]:
+    ok = report["raised"] in ("XlaRuntimeError", "JaxRuntimeError")  # the name differs between JAX releases
+    return ok, f"5 GiB array -> {report['raised']} ({report['backend']})"
+
+
+CHECKS = [
+    Check("CUDA driver: cuMemGetInfo_v2 and a 5 GiB cuMemAlloc_v2", DRIVER_TOTALS, over_cap_refused),
+    Check("NVML: nvmlDeviceGetMemoryInfo", NVML_TOTALS, totals_are_the_cap, needs_module="pynvml"),
+    Check("PyTorch: torch.cuda.mem_get_info", TORCH_TOTALS, totals_are_the_cap, needs_module="torch",
+          needs_real_gpu=True),
+    Check("PyTorch: fill with 256 MiB tensors", TORCH_FILL, filled_to_the_cap, needs_module="torch",
+          needs_real_gpu=True),
+    Check("PyTorch, expandable_segments: fill", TORCH_FILL, filled_to_the_cap, needs_module="torch",
+          needs_real_gpu=True, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    Check("CuPy: memGetInfo and a 5 GiB array", CUPY_CHECK, cupy_capped, needs_module="cupy", needs_real_gpu=True),
+    Check("JAX: a 5 GiB array", JAX_CHECK, jax_capped, needs_module="jax", needs_real_gpu=True,
+          env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}),
+]
+
+
+def nvidia_smi_row(simulate: bool) -> tuple[str, str, str]:
+    name = "nvidia-smi: memory.total in the slice"
+    if simulate or not shutil.which("nvidia-smi"):
+        return name, "not run", "needs NVIDIA's nvidia-smi and driver"
+    result = in_slice(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"], simulate=False)
+    shown = result.stdout.strip().splitlines()[:1]
+    ok = shown == [str(CAP >> 20)]
+    return name, "pass" if ok else "FAIL", f"shows {shown[0] if shown else result.stderr.strip()[-200:]} MiB"
+
+
+def matmul_row(simulate: bool, warm_up: float, seconds: float) -> tuple[str, str, str]:
+    name = f"PyTorch: bf16 matmul at {SHARE} % SM share / unlimited"
+    if simulate:
+        return name, "not run", "needs the real driver"
+    if importlib.util.find_spec("torch") is None:
+        return name, "not run", "torch is not installed"
+    timing = (str(warm_up), str(seconds))
+    unlimited, err_u = run_program(MATMUL_RATE, *timing, simulate=False)
+    limited, err_l = run_program(MATMUL_RATE, *timing, simulate=False, cores=SHARE)
+    if unlimited is None or limited is None:
+        return name, "FAIL", (err_u if unlimited is None else err_l)[-300:]
+    ratio = limited["matmuls_per_second"] / unlimited["matmuls_per_second"]
+    ok = abs(ratio - SHARE / 100) <= SHARE_TOLERANCE
+    return name, "pass" if ok else "FAIL", (
+        f"{limited['matmuls_per_second']:.1f} / {unlimited['matmuls_per_second']:.1f} matmuls/s = {ratio:.3f} "
+        f"(goal {SHARE / 100:.2f} +/- {SHARE_TOLERANCE:.2f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--simulate", action="store_true", help="the simulated GPU: driver and NVML checks only")
+    parser.add_argument("--smoke", action="store_true", help="as CI runs it: --simulate")
+    args = parser.parse_args()
+    simulate = args.simulate or args.smoke
+
+    rows = []
+    for check in CHECKS:
+        if check.needs_real_gpu and simulate:
+            rows.append((check.name, "not run", "needs the real driver"))
+        elif check.needs_module and importlib.util.find_spec(check.needs_module) is None:
+            rows.append((check.name, "not run", f"{check.needs_module} is not installed"))
+        else:
+            report, stderr = run_program(check.code, simulate=simulate, env=check.env)
+            if report is None:
+                rows.append((check.name, "FAIL", stderr))
+            else:
+                ok, detail = check.judge(report, stderr)
+                rows.append((check.name, "pass" if ok else "FAIL", detail))
+    rows.append(nvidia_smi_row(simulate))
+    rows.append(matmul_row(simulate, warm_up=3.0, seconds=10.0))
+
+    where = "simulated GPU" if simulate else "real driver"
+    print(f"\nReal programs in a 4 GiB slice ({where})")
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'check':<{width}}  {'result':<8} detail")
+    for name, status, detail in rows:
+        print(f"{name:<{width}}  {status:<8} {detail}")
+    sys.exit(1 if any(status == "FAIL" for _, status, _ in rows) else 0)
+
+
+if __name__ == "__main__":
+    main()
