@@ -403,6 +403,38 @@ def test_controller_fails_over_when_its_process_is_killed(programs, device_env, 
     assert abs(measured - share) <= TOLERANCE_PP, f"after fail-over the slice had {measured}%: {survivor.stderr}"
 
 
+def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, device_env, make_slice):
+    """A process of the slice stopped while it waits for launch tokens (a debugger, SIGSTOP, a
+    swapped-out worker) keeps being granted its part of every refill; what it does not draw goes
+    back to the slice, so the process that still runs gets the whole share, and the stopped one
+    has hoarded nothing to burst with when it resumes."""
+    load_program, monitor = programs
+    share = 40
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    first = start_load(load_program, slice_env, seconds=4.0)
+    second = start_load(load_program, slice_env, seconds=4.0)
+    loads = {first.pid: first, second.pid: second}
+
+    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
+    assert holder, "no process of the slice took the controller lease"
+    stopped = loads[next(pid for pid in loads if pid != holder)]
+    wait_until_us(first.start_us + 1_000_000)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    stopped_us = realtime_us()
+    wait_until_us(stopped_us + 1_400_000)
+    measured = utilisation_since(monitor, device_env, stopped_us + 400_000)
+    os.kill(stopped.pid, signal.SIGCONT)
+    resumed_us = realtime_us()
+    wait_until_us(resumed_us + 600_000)
+    after = utilisation_since(monitor, device_env, resumed_us)
+    first.finish()
+    second.finish()
+
+    assert measured.get(stopped.pid, 0) == 0, measured
+    assert abs(measured[holder] - share) <= TOLERANCE_PP, f"while the other process was stopped: {measured}"
+    assert after[first.pid] + after[second.pid] <= share + TOLERANCE_PP, f"in the 600 ms after it resumed: {after}"
+
+
 def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40
