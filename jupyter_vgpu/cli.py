@@ -21,6 +21,24 @@ from .native import NativeLibraryMissing, interposer_path, simulator_dir
 from .sandbox import SliceSpec, create_region, region_directory, run_in_slice, slice_environment
 from .sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
+# What `jupyter vgpu doctor` runs in a probe slice: the memory the driver shows it, and the pids
+# NVML lists for the slice's device (argv[1], its UUID) once it holds a context there.
+SLICE_PROBE = """
+import ctypes, json, os, sys
+import pynvml
+cuda = ctypes.CDLL("libcuda.so.1")
+device, context = ctypes.c_int(), ctypes.c_void_p()
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+cuda.cuInit(0)
+cuda.cuDeviceGet(ctypes.byref(device), 0)
+cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+cuda.cuCtxSetCurrent(context)
+result = cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+pynvml.nvmlInit()
+listed = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByUUID(sys.argv[1]))
+print(json.dumps({"result": result, "total": total.value, "pid": os.getpid(), "nvml_pids": sorted(p.pid for p in listed)}))
+"""
+
 
 class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2, nothing started."""
@@ -164,21 +182,21 @@ class DoctorApp(_VGPUSubcommand):
         if not devices:
             return 1
 
-        # A real process under the interposer, in a real slice: must start, print nothing extra, and see the cap.
+        # A real process under the interposer, in a real slice: must start, print nothing extra,
+        # see the cap, and be listed by NVML under the pid it has (the slice attributes context
+        # memory and SM utilisation by pid).
         probe_limit = 256 << 20
         region = create_region(SliceSpec(memory_limit=probe_limit), devices[0])
         try:
             env = slice_environment(region, simulate=self.simulate)
-            code = (
-                "import ctypes; cuda = ctypes.CDLL('libcuda.so.1'); cuda.cuInit(0); "
-                "d = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(d), 0); c = ctypes.c_void_p(); "
-                "cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c), d); cuda.cuCtxSetCurrent(c); "
-                "f, t = ctypes.c_size_t(), ctypes.c_size_t(); "
-                "r = cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)); print(r, t.value)"
+            result = subprocess.run(
+                [sys.executable, "-c", SLICE_PROBE, region.device_uuid], env=env, capture_output=True, text=True, timeout=60
             )
-            result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-            seen = result.stdout.split()
-            sees_cap = result.returncode == 0 and seen == ["0", str(probe_limit)]
+            try:
+                seen = json.loads(result.stdout)
+            except json.JSONDecodeError:
+                seen = None
+            sees_cap = result.returncode == 0 and seen is not None and seen["result"] == 0 and seen["total"] == probe_limit
             report(
                 sees_cap,
                 "slice",
@@ -186,6 +204,18 @@ class DoctorApp(_VGPUSubcommand):
                 if sees_cap
                 else f"a process in a 256MiB slice saw {result.stdout.strip() or 'nothing'} {result.stderr.strip()}",
             )
+            if sees_cap:
+                listed = seen["pid"] in seen["nvml_pids"]
+                report(
+                    listed,
+                    "process ids",
+                    "NVML lists a process of the slice under its own pid"
+                    if listed
+                    else f"NVML lists the GPU's processes as {seen['nvml_pids'] or 'none'}, not under this process's "
+                    f"pid {seen['pid']}: a PID namespace (a container) hides the host's pids, so the slice cannot "
+                    "count its context memory or measure its SM share (not enforced). Run Jupyter in the host's PID "
+                    "namespace (docker run --pid=host; Kubernetes hostPID: true).",
+                )
         finally:
             region.close()
             region.path.unlink(missing_ok=True)

@@ -6,9 +6,7 @@
 #ifndef VGPU_PROC_H
 #define VGPU_PROC_H
 
-#include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,13 +38,13 @@ static inline uint64_t vgpu_proc_start_time(pid_t pid)
     return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
-/* Whether the process that owned a slot (pid + start time) still runs. A zombie still counts
- * as alive until reaped by its parent, as the driver only frees its memory then. */
+/* Whether the process that owned a slot (pid + start time) still runs, as the /proc this process
+ * sees tells it (not kill(): the simulated driver keeps pids of the /proc it sees, which need not
+ * be this process's PID namespace). A zombie still counts as alive until reaped by its parent, as
+ * the driver only frees its memory then. */
 static inline int vgpu_proc_alive(pid_t pid, uint64_t start_time)
 {
     if (pid <= 0)
-        return 0;
-    if (kill(pid, 0) != 0 && errno == ESRCH)
         return 0;
     uint64_t now_start = vgpu_proc_start_time(pid);
     return now_start != 0 && now_start == start_time;

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -89,6 +90,18 @@ static void compute_layout(const struct sim_spec *spec, struct sim_state_header 
 uint64_t sim_identity(pid_t pid)
 {
     return vgpu_proc_start_time(pid) << SIM_PID_BITS | (uint64_t)pid;
+}
+
+pid_t sim_driver_pid(void)
+{
+    char link[32];
+    ssize_t length = readlink("/proc/self", link, sizeof link - 1);
+    if (length <= 0)
+        return getpid();
+    link[length] = '\0';
+    char *end;
+    long pid = strtol(link, &end, 10);
+    return *end == '\0' && pid > 0 ? (pid_t)pid : getpid();
 }
 
 pid_t sim_identity_pid(uint64_t identity)

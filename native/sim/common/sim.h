@@ -171,6 +171,12 @@ void sim_machine_close(struct sim_machine *machine);
 
 /* The identity of a process in a slot: its start time (clock ticks since boot) and pid. */
 uint64_t sim_identity(pid_t pid);
+/* The pid the driver (and so NVML) knows this process by. A real driver reports pids of the
+ * host's PID namespace, whatever namespace the program runs in; the simulator reads its pid from
+ * /proc/self, which is the same thing in a PID namespace that still sees the host's /proc (what
+ * `unshare --pid --fork` without --mount-proc makes). So a test can put a program where its
+ * getpid() differs from what NVML reports, as in a container. */
+pid_t sim_driver_pid(void);
 pid_t sim_identity_pid(uint64_t identity);
 
 /* Claims a slot for `identity` (reusing one it already owns, as after exec); -1 when all are

@@ -85,7 +85,7 @@ static CUresult initialise(void)
     sim_cuda.device_count = sim_visible_devices(env.visible_devices, &sim_cuda.machine.spec, order);
     if (sim_cuda.device_count == 0)
         return CUDA_ERROR_NO_DEVICE; /* CUDA_VISIBLE_DEVICES hides them all */
-    sim_cuda.identity = sim_identity(getpid());
+    sim_cuda.identity = sim_identity(sim_driver_pid());
     for (int i = 0; i < sim_cuda.machine.spec.count; i++)
         sim_reap_dead(&sim_cuda.machine.devices[i]);
     for (int ordinal = 0; ordinal < sim_cuda.device_count; ordinal++) {
