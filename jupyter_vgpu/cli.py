@@ -204,17 +204,15 @@ class DoctorApp(_VGPUSubcommand):
                 if sees_cap
                 else f"a process in a 256MiB slice saw {result.stdout.strip() or 'nothing'} {result.stderr.strip()}",
             )
-            if sees_cap:
-                listed = seen["pid"] in seen["nvml_pids"]
-                report(
-                    listed,
-                    "process ids",
-                    "NVML lists a process of the slice under its own pid"
-                    if listed
-                    else f"NVML lists the GPU's processes as {seen['nvml_pids'] or 'none'}, not under this process's "
-                    f"pid {seen['pid']}: a PID namespace (a container) hides the host's pids, so the slice cannot "
-                    "count its context memory or measure its SM share (not enforced). Run Jupyter in the host's PID "
-                    "namespace (docker run --pid=host; Kubernetes hostPID: true).",
+            if sees_cap and seen["pid"] in seen["nvml_pids"]:
+                report(True, "process ids", "NVML lists a process of the slice under its own pid")
+            elif sees_cap:
+                print(
+                    f"[note] process ids: NVML lists the GPU's processes as {seen['nvml_pids'] or 'none'}, not under "
+                    f"the probe's pid {seen['pid']}: a PID namespace (a container) hides the host's pids. A slice "
+                    "finds each process's NVML pid by its allocations, so its context memory and SM share count "
+                    "from the first allocation of 4MiB or more on; in the host's PID namespace (docker run "
+                    "--pid=host; Kubernetes hostPID: true) they count from the start."
                 )
         finally:
             region.close()

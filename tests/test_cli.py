@@ -116,15 +116,16 @@ def test_doctor_passes_on_the_simulated_gpu(cli_env):
 def test_doctor_names_a_pid_namespace_that_hides_the_slices_processes_from_nvml(cli_env):
     """In a container with its own PID namespace NVML still reports the host's pids (the
     simulated driver does the same where the host's /proc is visible): doctor says what that
-    breaks and what to do."""
+    changes and how to avoid it, without calling it a problem (slices find the pids)."""
     namespace = ["unshare", "--user", "--map-root-user", "--pid", "--fork"]
     result = subprocess.run(
         [*namespace, JUPYTER, "vgpu", "doctor", "--simulate"], env=cli_env, capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     assert "[ok] slice: a process in a 256MiB slice sees a 256MiB GPU" in result.stdout
-    failed = next(line for line in result.stdout.splitlines() if line.startswith("[FAIL] process ids"))
-    assert "not under this process's pid" in failed and "PID namespace" in failed and "hostPID: true" in failed
+    note = next(line for line in result.stdout.splitlines() if line.startswith("[note] process ids"))
+    assert "not under the probe's pid" in note and "PID namespace" in note and "hostPID: true" in note
+    assert "[ok] process ids" not in result.stdout
 
 
 def test_kernelspec_install_writes_a_sliced_kernelspec(cli_env, tmp_path):

@@ -230,6 +230,14 @@ struct vgpu_alloc_shard {
     uint32_t live;
 } __attribute__((aligned(64)));
 #define VGPU_CUDA_DEVICE_CACHE 64
+/* memory.c: what NVML showed of the device's processes at one refresh. */
+#define VGPU_NVML_SAMPLE 64
+struct vgpu_nvml_sample {
+    unsigned int count;
+    unsigned int pid[VGPU_NVML_SAMPLE];
+    uint64_t used[VGPU_NVML_SAMPLE];
+};
+
 struct vgpu_memory_state {
     struct vgpu_alloc_shard shards[VGPU_ALLOC_SHARDS];
     /* Bumped on every change of this process's `allocated`, so that a driver_reserved
@@ -246,6 +254,11 @@ struct vgpu_memory_state {
     atomic_int nvml_ready;   /* 0: not tried, 1: ready, -1: unavailable (no NVML) */
     pthread_mutex_t nvml_lock;
     nvmlDevice_t nvml_slice_device;
+    /* Under nvml_lock: the last steady sample and this process's `allocated` then, to find the
+     * pid NVML lists this process under when it is not getpid(). */
+    struct vgpu_nvml_sample previous;
+    uint64_t previous_allocated;
+    int previous_valid;
 };
 
 /* nvml.c: per NVML device handle, whether it is the slice's device. */

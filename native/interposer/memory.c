@@ -196,6 +196,7 @@ void vgpu_memory_forget_after_fork(void)
     }
     pthread_mutex_init(&M.nvml_lock, NULL);
     atomic_store_explicit(&M.nvml_ready, 0, memory_order_relaxed);
+    M.previous_valid = 0; /* the parent's sample says nothing of the child's allocations */
 }
 
 /* ---- charging -------------------------------------------------------------------------- */
@@ -632,6 +633,11 @@ VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 /* ---- driver memory beyond allocations (contexts) ------------------------------------------ */
 
+/* Finding this process's NVML pid by its allocations: a move of at least this much, matched
+ * within this much (the driver rounds allocations up to its pages). */
+#define NVML_PID_SIGNATURE_MIN ((int64_t)4 << 20)
+#define NVML_PID_SIGNATURE_SLACK ((int64_t)2 << 20)
+
 /* NVML's handle of the slice's device, initialising NVML on first use. Under nvml_lock. */
 static nvmlDevice_t slice_nvml_device(void)
 {
@@ -659,33 +665,85 @@ static nvmlDevice_t slice_nvml_device(void)
     return device;
 }
 
-/* NVML's figure of GPU memory used by `pid` on `device`: 1 and the bytes, or 0 if NVML does
- * not know (no context there yet, or NVML cannot see the process). */
-static int nvml_process_memory(nvmlDevice_t device, unsigned int pid, uint64_t *bytes)
+/* NVML's list of the device's processes and the memory each uses, into `sample` (the first
+ * VGPU_NVML_SAMPLE of them). Returns 0 when NVML cannot list them. */
+static int nvml_sample(nvmlDevice_t device, struct vgpu_nvml_sample *sample)
 {
     vgpu_pfn_nvmlDeviceGetComputeRunningProcesses_v3 list = VGPU_CALLED(nvmlDeviceGetComputeRunningProcesses_v3);
     if (!list)
         return 0;
-    nvmlProcessInfo_t on_stack[64], *infos = on_stack;
-    unsigned int count = sizeof on_stack / sizeof on_stack[0];
+    nvmlProcessInfo_t on_stack[VGPU_NVML_SAMPLE], *infos = on_stack;
+    unsigned int count = VGPU_NVML_SAMPLE;
     nvmlReturn_t result = list(device, &count, infos);
     if (result == NVML_ERROR_INSUFFICIENT_SIZE) {
         count += 16; /* room for processes starting meanwhile */
         infos = malloc(count * sizeof *infos);
         result = infos ? list(device, &count, infos) : NVML_ERROR_UNKNOWN;
     }
-    int known = result == NVML_SUCCESS;
-    *bytes = 0; /* not listed: no context on the device */
-    for (unsigned int index = 0; known && index < count; index++) {
-        if (infos[index].pid == pid) {
-            known = infos[index].usedGpuMemory != ~0ULL; /* ~0: NVML_VALUE_NOT_AVAILABLE */
-            *bytes = infos[index].usedGpuMemory;
-            break;
-        }
+    sample->count = 0;
+    for (unsigned int index = 0; result == NVML_SUCCESS && index < count && sample->count < VGPU_NVML_SAMPLE; index++) {
+        sample->pid[sample->count] = infos[index].pid;
+        sample->used[sample->count++] = infos[index].usedGpuMemory;
     }
     if (infos != on_stack)
         free(infos);
-    return known;
+    return result == NVML_SUCCESS;
+}
+
+#define NOT_LISTED (-1)
+#define NOT_AVAILABLE (-2) /* listed, without a figure (NVML_VALUE_NOT_AVAILABLE) */
+
+/* The memory NVML shows for `pid`, NOT_LISTED or NOT_AVAILABLE. */
+static int64_t sampled_use(const struct vgpu_nvml_sample *sample, unsigned int pid)
+{
+    for (unsigned int i = 0; i < sample->count; i++)
+        if (sample->pid[i] == pid)
+            return sample->used[i] == ~0ULL ? NOT_AVAILABLE : (int64_t)sample->used[i];
+    return NOT_LISTED;
+}
+
+static int claimed_by_another_slot(const struct vgpu_proc_slot *self, unsigned int pid)
+{
+    struct vgpu_region *region = vgpu_region();
+    uint32_t slots = region ? vgpu_slots_in_use(region) : 0;
+    for (uint32_t i = 0; i < slots; i++) {
+        const struct vgpu_proc_slot *slot = &region->procs[i];
+        if (slot != self && __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE) > 0 &&
+            (unsigned int)__atomic_load_n(&slot->nvml_pid, __ATOMIC_ACQUIRE) == pid)
+            return 1;
+    }
+    return 0;
+}
+
+/* The pid NVML lists this process under. Its own pid, unless it runs in a PID namespace (a
+ * container) while NVML reports the host's pids: then the one process, among those no other
+ * process of the slice has claimed, whose memory moved between two samples by what this
+ * process's own allocations moved (which this process knows to the byte). 0 while unknown. */
+static unsigned int find_nvml_pid(const struct vgpu_proc_slot *self, const struct vgpu_nvml_sample *now,
+                                  uint64_t allocated)
+{
+    unsigned int own = (unsigned int)getpid();
+    if (sampled_use(now, own) != NOT_LISTED)
+        return own;
+    if (!M.previous_valid)
+        return 0;
+    int64_t moved = (int64_t)(allocated - M.previous_allocated);
+    if (moved > -NVML_PID_SIGNATURE_MIN && moved < NVML_PID_SIGNATURE_MIN)
+        return 0; /* too small a change to tell processes apart */
+    unsigned int found = 0;
+    for (unsigned int i = 0; i < now->count; i++) {
+        int64_t before = sampled_use(&M.previous, now->pid[i]), after = sampled_use(now, now->pid[i]);
+        if (before < 0 || after < 0)
+            continue;
+        int64_t their_move = after - before;
+        if (their_move - moved > NVML_PID_SIGNATURE_SLACK || moved - their_move > NVML_PID_SIGNATURE_SLACK ||
+            claimed_by_another_slot(self, now->pid[i]))
+            continue;
+        if (found)
+            return 0; /* two moved alike: wait for a move that tells them apart */
+        found = now->pid[i];
+    }
+    return found;
 }
 
 void vgpu_refresh_driver_reserved(void)
@@ -694,19 +752,30 @@ void vgpu_refresh_driver_reserved(void)
     if (!slot || pthread_mutex_trylock(&M.nvml_lock) != 0)
         return; /* no GPU use yet, or a refresh is already under way */
     nvmlDevice_t device = slice_nvml_device();
-    if (device) {
-        /* Allocations are charged before the driver makes them and given back after it freed
-         * them, so while none moved during the query, NVML's figure minus `allocated` never
-         * over-states the driver's own memory. If some moved, try again next period. */
-        uint64_t changes = atomic_load_explicit(&M.accounting_changes, memory_order_seq_cst);
-        uint64_t allocated = __atomic_load_n(&slot->allocated, __ATOMIC_SEQ_CST);
-        uint64_t used = 0;
-        int known = nvml_process_memory(device, (unsigned int)getpid(), &used);
-        if (known && atomic_load_explicit(&M.accounting_changes, memory_order_seq_cst) == changes) {
-            uint64_t reserved = used > allocated ? used - allocated : 0;
-            __atomic_store_n(&slot->driver_reserved, reserved, __ATOMIC_SEQ_CST);
+    struct vgpu_nvml_sample sample;
+    /* Allocations are charged before the driver makes them and given back after it freed them,
+     * so while none moved during the query, NVML's figure minus `allocated` never over-states
+     * the driver's own memory. If some moved, try again next period. */
+    uint64_t changes = atomic_load_explicit(&M.accounting_changes, memory_order_seq_cst);
+    uint64_t allocated = __atomic_load_n(&slot->allocated, __ATOMIC_SEQ_CST);
+    int steady = device && nvml_sample(device, &sample) &&
+                 atomic_load_explicit(&M.accounting_changes, memory_order_seq_cst) == changes;
+    if (steady) {
+        unsigned int pid = (unsigned int)__atomic_load_n(&slot->nvml_pid, __ATOMIC_ACQUIRE);
+        if (!pid && (pid = find_nvml_pid(slot, &sample, allocated)) != 0) {
+            __atomic_store_n(&slot->nvml_pid, (int32_t)pid, __ATOMIC_RELEASE);
+            if (pid != (unsigned int)getpid())
+                vgpu_log(VGPU_LOG_INFO, "NVML lists this process (pid %d here) as pid %u", (int)getpid(), pid);
         }
+        /* Not listed: no context on the device yet, so no driver memory either. */
+        int64_t used = pid ? sampled_use(&sample, pid) : NOT_LISTED;
+        uint64_t reserved = used > 0 && (uint64_t)used > allocated ? (uint64_t)used - allocated : 0;
+        if (used != NOT_AVAILABLE)
+            __atomic_store_n(&slot->driver_reserved, reserved, __ATOMIC_SEQ_CST);
+        M.previous = sample;
+        M.previous_allocated = allocated;
     }
+    M.previous_valid = steady;
     pthread_mutex_unlock(&M.nvml_lock);
 }
 

@@ -355,7 +355,10 @@ static int measure(struct controller *c, struct vgpu_region *region, struct util
     uint32_t slots = vgpu_slots_in_use(region);
     for (uint32_t i = 0; i < slots; i++) {
         struct vgpu_proc_slot *slot = &region->procs[i];
-        int32_t pid = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
+        /* NVML knows the process by its nvml_pid once memory.c found it (a PID namespace). */
+        int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
+        int32_t nvml_pid = __atomic_load_n(&slot->nvml_pid, __ATOMIC_ACQUIRE);
+        int32_t pid = owner > 0 && nvml_pid > 0 ? nvml_pid : owner;
         double percent = 0;
         for (unsigned int k = 0; pid > 0 && k < count; k++)
             slice_sampled |= c->samples[k].pid == (unsigned int)pid;

@@ -316,6 +316,7 @@ static int claim_slot(struct vgpu_region *region)
         __atomic_store_n(&slot->oom_refusals, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&slot->wanting, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&slot->granted, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->nvml_pid, 0, __ATOMIC_RELAXED);
         /* High water first: once the pid is public, every summer must reach this slot. */
         raise_high_water(region, (uint32_t)index + 1);
         __atomic_store_n(&slot->pid, pid, __ATOMIC_SEQ_CST);

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, live_slots
+from support import wait_for
 
 PATHS = ["direct", "dlsym", "procaddr", "procaddr_ptsz"]
 
@@ -219,3 +220,36 @@ def test_driver_memory_of_contexts_counts_against_the_cap(probe, sim_env, make_s
     assert (slot.allocated, slot.driver_reserved) == (700 * MIB, 600 * MIB)
     program.send()
     assert program.finish() == 0
+
+
+def test_context_memory_counts_in_a_pid_namespace_where_nvml_shows_host_pids(
+    probe, sim_env, make_slice, interactive, tmp_path
+):
+    """In a container with its own PID namespace NVML lists the program under the host's pid, not
+    the one getpid() returns. The interposer finds that pid by its allocations, so the context's
+    memory counts. The program runs in a PID namespace with a /proc of its own; the simulated
+    driver is given the host's /proc (VGPU_SIM_PROC) and reports host pids, as a real driver does."""
+    host_proc = tmp_path / "host-proc"
+    host_proc.mkdir()
+    sim_env["VGPU_SIM_DEVICES"] = "name=context GPU,memory=16GiB,sms=100,context_memory=300MiB"
+    sim_env["VGPU_SIM_PROC"] = str(host_proc)
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    in_container = [
+        "unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount",
+        "sh", "-c", 'mount --bind /proc "$0" && mount -t proc proc /proc && exec "$@"', str(host_proc),
+    ]  # fmt: skip
+    program = interactive([*in_container, probe.executable, "init", "alloc:64M", "wait", "info", "wait"], env)
+    assert program.read_until("wait")[:2] == [["init", "0"], ["alloc", "0", "0"]]
+
+    (slot,) = live_slots(region)
+    found = wait_for(lambda: slot.nvml_pid, timeout=5, message="the interposer finding its NVML pid")
+    counted = wait_for(lambda: slot.driver_reserved, timeout=5, message="the context's memory counted")
+    pid, allocated = slot.pid, slot.allocated
+    program.send()
+    info = program.read_until("wait")[0]
+    program.send()
+    assert program.finish() == 0
+
+    assert pid == 1 and found > 1  # the probe is the namespace's first process; NVML knows it otherwise
+    assert (allocated, counted) == (64 * MIB, 300 * MIB)
+    assert info == ["info", "0", str(GIB - 364 * MIB), str(GIB)]

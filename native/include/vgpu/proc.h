@@ -14,12 +14,13 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-/* Start time of a process in clock ticks since boot (field 22 of /proc/<pid>/stat), or 0 when
- * the process does not exist. Parsed after the last ')' since the command name may hold any byte. */
-static inline uint64_t vgpu_proc_start_time(pid_t pid)
+/* Start time of a process in clock ticks since boot (field 22 of <proc_root>/<pid>/stat), or 0
+ * when the process does not exist. Parsed after the last ')' since the command name may hold any
+ * byte. */
+static inline uint64_t vgpu_proc_start_time_at(const char *proc_root, pid_t pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    char path[4096 + 32], buf[1024];
+    snprintf(path, sizeof path, "%s/%d/stat", proc_root, (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -38,16 +39,27 @@ static inline uint64_t vgpu_proc_start_time(pid_t pid)
     return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
-/* Whether the process that owned a slot (pid + start time) still runs, as the /proc this process
- * sees tells it (not kill(): the simulated driver keeps pids of the /proc it sees, which need not
- * be this process's PID namespace). A zombie still counts as alive until reaped by its parent, as
- * the driver only frees its memory then. */
-static inline int vgpu_proc_alive(pid_t pid, uint64_t start_time)
+/* Whether the process that owned a slot (pid + start time) still runs, as a /proc tells it (not
+ * kill(): the simulated driver keeps pids of a /proc that need not be this process's PID
+ * namespace). A zombie still counts as alive until reaped by its parent, as the driver only
+ * frees its memory then. */
+static inline int vgpu_proc_alive_at(const char *proc_root, pid_t pid, uint64_t start_time)
 {
     if (pid <= 0)
         return 0;
-    uint64_t now_start = vgpu_proc_start_time(pid);
+    uint64_t now_start = vgpu_proc_start_time_at(proc_root, pid);
     return now_start != 0 && now_start == start_time;
+}
+
+/* The same, in this process's own /proc. */
+static inline uint64_t vgpu_proc_start_time(pid_t pid)
+{
+    return vgpu_proc_start_time_at("/proc", pid);
+}
+
+static inline int vgpu_proc_alive(pid_t pid, uint64_t start_time)
+{
+    return vgpu_proc_alive_at("/proc", pid, start_time);
 }
 
 #endif /* VGPU_PROC_H */

@@ -31,7 +31,7 @@
 
 /* VGPU_REGION_CDEF_BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756
-#define VGPU_REGION_VERSION 1
+#define VGPU_REGION_VERSION 2
 #define VGPU_REGION_MAX_PROCS 128
 #define VGPU_DEVICE_UUID_SIZE 96
 
@@ -51,8 +51,8 @@ struct vgpu_limits {
     uint8_t reserved[32];
 };
 
-/* One process of the slice: 64 bytes, one cache line, written only by that process
- * (except by a reaper once the process is gone). */
+/* One process of the slice: 128 bytes, two cache lines, written only by that process (except
+ * by a reaper once the process is gone, and `granted` by the controller). */
 struct vgpu_proc_slot {
     int32_t pid;              /* 0: free; claimed with compare-and-swap */
     uint32_t wanting;         /* threads of this process waiting for launch tokens */
@@ -66,6 +66,10 @@ struct vgpu_proc_slot {
     uint32_t oom_refusals;    /* allocations refused by the cap */
     int64_t granted;          /* launch tokens the controller set aside for this process;
                                  below 0 when it overdrew them */
+    int32_t nvml_pid;         /* the pid NVML lists this process under (the host's pid when the
+                                 slice runs in a PID namespace); 0 until known */
+    uint32_t reserved0;
+    uint8_t reserved1[56];
 };
 
 struct vgpu_region {
@@ -110,7 +114,7 @@ static inline uint64_t vgpu_limits_check(uint64_t memory_limit, uint32_t sm_shar
 }
 
 _Static_assert(sizeof(struct vgpu_limits) == 64, "vgpu_limits is one cache line");
-_Static_assert(sizeof(struct vgpu_proc_slot) == 64, "a proc slot is one cache line");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 128, "a proc slot is two cache lines");
 _Static_assert(__builtin_offsetof(struct vgpu_region, active_limits) == 128, "header is 128 bytes");
 _Static_assert(__builtin_offsetof(struct vgpu_region, limits) % 64 == 0, "limits are cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) % 64 == 0, "limiter is cache-line aligned");

@@ -16,3 +16,9 @@ void sim_env_read(struct sim_env *env)
     env->visible_devices = getenv("CUDA_VISIBLE_DEVICES");
     env->runtime_dir = non_empty(getenv("XDG_RUNTIME_DIR"));
 }
+
+const char *sim_proc_root(void)
+{
+    const char *root = non_empty(getenv("VGPU_SIM_PROC"));
+    return root ? root : "/proc";
+}

@@ -89,13 +89,14 @@ static void compute_layout(const struct sim_spec *spec, struct sim_state_header 
 
 uint64_t sim_identity(pid_t pid)
 {
-    return vgpu_proc_start_time(pid) << SIM_PID_BITS | (uint64_t)pid;
+    return vgpu_proc_start_time_at(sim_proc_root(), pid) << SIM_PID_BITS | (uint64_t)pid;
 }
 
 pid_t sim_driver_pid(void)
 {
-    char link[32];
-    ssize_t length = readlink("/proc/self", link, sizeof link - 1);
+    char path[4096], link[32];
+    snprintf(path, sizeof path, "%s/self", sim_proc_root());
+    ssize_t length = readlink(path, link, sizeof link - 1);
     if (length <= 0)
         return getpid();
     link[length] = '\0';
@@ -111,7 +112,7 @@ pid_t sim_identity_pid(uint64_t identity)
 
 static int identity_alive(uint64_t identity)
 {
-    return vgpu_proc_alive(sim_identity_pid(identity), identity >> SIM_PID_BITS);
+    return vgpu_proc_alive_at(sim_proc_root(), sim_identity_pid(identity), identity >> SIM_PID_BITS);
 }
 
 /* Whether a state file laid out by `header` (an older spec) still has a live process in it. */

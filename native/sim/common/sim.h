@@ -96,6 +96,12 @@ struct sim_env {
 };
 void sim_env_read(struct sim_env *env);
 
+/* The process table the simulated driver sees, as a real driver sees the host's: VGPU_SIM_PROC,
+ * default /proc. A test that runs a program in a PID namespace with a /proc of its own points
+ * this at the host's /proc (bind-mounted elsewhere), so that NVML lists the program under a pid
+ * its getpid() does not return, as in a container. */
+const char *sim_proc_root(void);
+
 /* ---- the kernel model (engine.c) ------------------------------------------------------- */
 
 struct sim_kernel_cost {
@@ -171,11 +177,7 @@ void sim_machine_close(struct sim_machine *machine);
 
 /* The identity of a process in a slot: its start time (clock ticks since boot) and pid. */
 uint64_t sim_identity(pid_t pid);
-/* The pid the driver (and so NVML) knows this process by. A real driver reports pids of the
- * host's PID namespace, whatever namespace the program runs in; the simulator reads its pid from
- * /proc/self, which is the same thing in a PID namespace that still sees the host's /proc (what
- * `unshare --pid --fork` without --mount-proc makes). So a test can put a program where its
- * getpid() differs from what NVML reports, as in a container. */
+/* The pid the driver (and so NVML) knows this process by: its pid in sim_proc_root(). */
 pid_t sim_driver_pid(void);
 pid_t sim_identity_pid(uint64_t identity);
 
