@@ -96,3 +96,13 @@ class Interactive:
         if self.process.poll() is None:
             self.process.kill()
         self.finish()
+
+
+def in_pid_namespace(host_proc: Path) -> list[str]:
+    """The command prefix that runs a program as a container does: in a PID namespace of its own
+    with a /proc of its own, the host's /proc bind-mounted at `host_proc` (an empty directory)
+    for the simulated driver (VGPU_SIM_PROC), which then reports host pids as a real one does."""
+    return [
+        "unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount",
+        "sh", "-c", 'mount --bind /proc "$0" && mount -t proc proc /proc && exec "$@"', str(host_proc),
+    ]  # fmt: skip

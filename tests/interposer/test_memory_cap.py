@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, live_slots
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, in_pid_namespace, live_slots
 from support import wait_for
 
 PATHS = ["direct", "dlsym", "procaddr", "procaddr_ptsz"]
@@ -234,11 +234,7 @@ def test_context_memory_counts_in_a_pid_namespace_where_nvml_shows_host_pids(
     sim_env["VGPU_SIM_DEVICES"] = "name=context GPU,memory=16GiB,sms=100,context_memory=300MiB"
     sim_env["VGPU_SIM_PROC"] = str(host_proc)
     env, region = make_slice(sim_env, memory_limit=GIB)
-    in_container = [
-        "unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount",
-        "sh", "-c", 'mount --bind /proc "$0" && mount -t proc proc /proc && exec "$@"', str(host_proc),
-    ]  # fmt: skip
-    program = interactive([*in_container, probe.executable, "init", "alloc:64M", "wait", "info", "wait"], env)
+    program = interactive([*in_pid_namespace(host_proc), probe.executable, "init", "alloc:64M", "wait", "info", "wait"], env)
     assert program.read_until("wait")[:2] == [["init", "0"], ["alloc", "0", "0"]]
 
     (slot,) = live_slots(region)

@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from slice_helpers import in_pid_namespace, live_slots
 
 # 100 SMs; a block of <= 256 threads occupies an SM for 50 us. The load's kernels (16 blocks
 # of 256 threads per SM: two full waves) run 100 us each and occupy the whole device.
@@ -29,9 +30,9 @@ WARM_UP_S = 0.5
 class Load:
     """A running pacing_load: its pid, when it began launching, and its output so far."""
 
-    def __init__(self, program, env: dict[str, str], args: tuple[str, ...]):
+    def __init__(self, program, env: dict[str, str], args: tuple[str, ...], prefix: tuple[str, ...] = ()):
         self.process = subprocess.Popen(
-            [str(program), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*prefix, str(program), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         # Reader threads: a pipe nobody drains would stall the program, and select() on a
         # buffered text stream misses lines already read into the buffer.
@@ -77,9 +78,10 @@ class Load:
         return "".join(self.lines)
 
 
-def start_load(program, env: dict[str, str], *args: str, seconds: float) -> Load:
-    """Starts the launch loop and returns once it is about to launch its first kernel."""
-    return Load(program, env, ("--seconds", str(seconds), *args))
+def start_load(program, env: dict[str, str], *args: str, seconds: float, prefix: tuple[str, ...] = ()) -> Load:
+    """Starts the launch loop (behind `prefix`, a command that runs it) and returns once it is
+    about to launch its first kernel."""
+    return Load(program, env, ("--seconds", str(seconds), *args), prefix)
 
 
 def realtime_us() -> int:
@@ -267,6 +269,27 @@ def test_unlimited_share_does_not_throttle(programs, device_env, make_slice):
     assert measured >= 90
     assert process.throttled_ns == 0
     assert process.launches > 0
+
+
+def test_share_holds_in_a_pid_namespace_where_nvml_shows_host_pids(programs, device_env, make_slice, tmp_path):
+    """As in a container: the load's getpid() is 1, NVML knows it by its host pid. The interposer
+    finds that pid from the load's first allocation (its buffer, as a framework's weights), and
+    the controller then measures and holds the share."""
+    load_program, monitor = programs
+    share = 30
+    host_proc = tmp_path / "host-proc"
+    host_proc.mkdir()
+    env = dict(device_env, VGPU_SIM_PROC=str(host_proc))
+    slice_env, region = make_slice(env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, "--buffer-mib", "64", seconds=3.3, prefix=in_pid_namespace(host_proc))
+    (slot,) = live_slots(region)
+    host_pid = wait_for(lambda: slot.nvml_pid, 2.0)
+
+    measured = window(monitor, device_env, load, 2.0, 3.0)  # the monitor runs on the host
+    load.finish()
+
+    assert load.pid == 1 and host_pid, "the interposer did not find the load's NVML pid within 2 s"
+    assert abs(measured.get(host_pid, 0) - share) <= TOLERANCE_PP, f"in a PID namespace: {measured}"
 
 
 # ---- burst ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
  *
  *   pacing_load [--seconds S] [--threads T] [--batch K] [--inflight N] [--grid-per-sm G]
  *               [--block B] [--graph | --mixed-ms M | --update-ms M] [--instantiate flags|params|v2]
- *               [--busy-ms X --idle-ms Y]
+ *               [--busy-ms X --idle-ms Y] [--buffer-mib N]
  *
  *   --graph     capture the K launches of a batch into a CUDA graph once, then launch the graph
  *   --mixed-ms  alternate every M ms between launching that graph and launching the K kernels
@@ -17,6 +17,8 @@
  *               (flags, the default), cuGraphInstantiateWithParams (params) or cuGraphInstantiate_v2
  *               (v2, what CUDA 11 runtimes call)
  *   --busy-ms/--idle-ms   alternate busy and idle phases instead of running flat out
+ *   --buffer-mib  hold N MiB of device memory (cuMemAlloc_v2 before the first launch), as a
+ *               framework holds its weights
  *
  * Prints (line-buffered): "pid <pid>", then "start_us <CLOCK_REALTIME us>" just before the
  * first launch, then "done launches=<kernels launched>" at the end.
@@ -46,6 +48,7 @@ struct options {
     double update_ms;
     enum { INSTANTIATE_FLAGS, INSTANTIATE_PARAMS, INSTANTIATE_V2 } instantiate;
     double busy_ms, idle_ms;
+    size_t buffer_mib;
 };
 
 struct shared {
@@ -246,6 +249,8 @@ static void parse(int argc, char **argv, struct options *o)
             o->busy_ms = atof(value);
         else if (strcmp(flag, "--idle-ms") == 0)
             o->idle_ms = atof(value);
+        else if (strcmp(flag, "--buffer-mib") == 0)
+            o->buffer_mib = (size_t)atol(value);
         else {
             fprintf(stderr, "pacing_load: unknown option %s\n", flag);
             exit(2);
@@ -275,6 +280,9 @@ int main(int argc, char **argv)
     CHECK(cuModuleLoadData(&module, SPIN_PTX));
     CHECK(cuModuleGetFunction(&s.spin, module, "spin"));
     s.grid = s.options.grid_per_sm * (unsigned int)sms;
+    CUdeviceptr buffer = 0;
+    if (s.options.buffer_mib)
+        CHECK(cuMemAlloc_v2(&buffer, s.options.buffer_mib << 20));
 
     pthread_t threads[64];
     s.started = monotonic_s();
@@ -282,6 +290,8 @@ int main(int argc, char **argv)
         pthread_create(&threads[t], NULL, run, &s);
     for (int t = 0; t < s.options.threads; t++)
         pthread_join(threads[t], NULL);
+    if (buffer)
+        CHECK(cuMemFree_v2(buffer));
     printf("done launches=%ld\n", atomic_load(&s.launches));
     fflush(stdout);
     return 0;
