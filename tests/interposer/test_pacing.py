@@ -401,21 +401,26 @@ def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, m
     assert abs(measured - share) <= TOLERANCE_PP, f"a graph updated every 400 ms under {share}%: {measured}%"
 
 
+def two_loads_and_the_lease(load_program, slice_env, region, seconds: float) -> tuple[Load, Load, int, Load]:
+    """Starts two saturating loads in one slice and waits until one holds the controller lease:
+    (first, second, the holder's pid, the other load)."""
+    first = start_load(load_program, slice_env, seconds=seconds)
+    second = start_load(load_program, slice_env, seconds=seconds)
+    loads = {first.pid: first, second.pid: second}
+    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
+    assert holder, "no process of the slice took the controller lease"
+    return first, second, holder, loads[next(pid for pid in loads if pid != holder)]
+
+
 def test_controller_fails_over_when_its_process_is_killed(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first = start_load(load_program, slice_env, seconds=4.0)
-    second = start_load(load_program, slice_env, seconds=4.0)
-    loads = {first.pid: first, second.pid: second}
-
-    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
-    assert holder, "no process of the slice took the controller lease"
-    survivor = loads[next(pid for pid in loads if pid != holder)]
+    first, second, holder, survivor = two_loads_and_the_lease(load_program, slice_env, region, 4.0)
     wait_until_us(first.start_us + 1_000_000)
     os.kill(holder, signal.SIGKILL)
     killed_us = realtime_us()
-    loads[holder].process.wait(timeout=5)
+    (first if first.pid == holder else second).process.wait(timeout=5)
 
     took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
     wait_until_us(killed_us + 1_500_000)
@@ -434,13 +439,7 @@ def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, de
     load_program, monitor = programs
     share = 40
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first = start_load(load_program, slice_env, seconds=4.0)
-    second = start_load(load_program, slice_env, seconds=4.0)
-    loads = {first.pid: first, second.pid: second}
-
-    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
-    assert holder, "no process of the slice took the controller lease"
-    stopped = loads[next(pid for pid in loads if pid != holder)]
+    first, second, holder, stopped = two_loads_and_the_lease(load_program, slice_env, region, 4.0)
     wait_until_us(first.start_us + 1_000_000)
     os.kill(stopped.pid, signal.SIGSTOP)
     stopped_us = realtime_us()
@@ -462,13 +461,7 @@ def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(progra
     load_program, monitor = programs
     share = 40
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first = start_load(load_program, slice_env, seconds=4.2)
-    second = start_load(load_program, slice_env, seconds=4.2)
-    loads = {first.pid: first, second.pid: second}
-
-    holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
-    assert holder, "no process of the slice took the controller lease"
-    survivor = loads[next(pid for pid in loads if pid != holder)]
+    first, second, holder, survivor = two_loads_and_the_lease(load_program, slice_env, region, 4.2)
     wait_until_us(first.start_us + 1_000_000)
     os.kill(holder, signal.SIGSTOP)
     stopped_us = realtime_us()
