@@ -144,14 +144,15 @@ static int initialised(void)
     return atomic_load(&nvml.refcount) > 0;
 }
 
-/* The device behind a handle; handles are addresses in nvml.handles, nothing else is one. */
-static nvmlReturn_t device_of(nvmlDevice_t handle, struct sim_device_view **device)
+/* The device behind a handle (handles are addresses in nvml.handles, nothing else is one), checked
+ * as NVML checks a call: initialised, then the handle and the other arguments (`arguments_valid`). */
+static nvmlReturn_t device_of(nvmlDevice_t handle, struct sim_device_view **device, int arguments_valid)
 {
     if (!initialised())
         return NVML_ERROR_UNINITIALIZED;
     uintptr_t first = (uintptr_t)&nvml.handles[0], address = (uintptr_t)handle;
     if (address < first || address >= first + (uintptr_t)nvml.machine.spec.count * sizeof nvml.handles[0] ||
-        (address - first) % sizeof nvml.handles[0] != 0)
+        (address - first) % sizeof nvml.handles[0] != 0 || !arguments_valid)
         return NVML_ERROR_INVALID_ARGUMENT;
     *device = &nvml.machine.devices[handle->index];
     return NVML_SUCCESS;
@@ -228,11 +229,9 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t handle, unsigned int *index)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, index != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!index)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *index = (unsigned int)device->index;
     return NVML_SUCCESS;
 }
@@ -240,25 +239,23 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t handle, unsigned int *index)
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t handle, char *name, unsigned int length)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, 1);
     return result != NVML_SUCCESS ? result : copy_string(name, length, device->spec->name);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t handle, char *uuid, unsigned int length)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, 1);
     return result != NVML_SUCCESS ? result : copy_string(uuid, length, device->spec->uuid);
 }
 
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t handle, nvmlPciInfo_t *pci)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, pci != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!pci)
-        return NVML_ERROR_INVALID_ARGUMENT;
     memset(pci, 0, sizeof *pci);
     pci->domain = 0;
     pci->bus = (unsigned int)SIM_PCI_BUS(device->index);
@@ -273,11 +270,9 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t handle, nvmlPciInfo_t *pci)
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t handle, int *major, int *minor)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, major && minor);
     if (result != NVML_SUCCESS)
         return result;
-    if (!major || !minor)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *major = SIM_CC_MAJOR;
     *minor = SIM_CC_MINOR;
     return NVML_SUCCESS;
@@ -286,11 +281,9 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t handle, int *major,
 nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t handle, unsigned int *numCores)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, numCores != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!numCores)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *numCores = device->spec->sms * SIM_CORES_PER_SM;
     return NVML_SUCCESS;
 }
@@ -308,11 +301,9 @@ static void memory_totals(struct sim_device_view *device, unsigned long long *to
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t handle, nvmlMemory_t *memory)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, memory != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
     memory_totals(device, &memory->total, &memory->used);
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
@@ -321,11 +312,9 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t handle, nvmlMemory_t *memory)
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t handle, nvmlMemory_v2_t *memory)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, memory != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!memory)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory_totals(device, &memory->total, &memory->used);
@@ -345,11 +334,9 @@ static unsigned int percent(uint64_t part, uint64_t whole)
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t handle, nvmlUtilization_t *utilization)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, utilization != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!utilization)
-        return NVML_ERROR_INVALID_ARGUMENT;
     struct sim_usage usage;
     uint64_t now = sim_now_ns();
     uint64_t from = now > SIM_SAMPLE_PERIOD_NS ? now - SIM_SAMPLE_PERIOD_NS : 0;
@@ -373,11 +360,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle, nvmlProcessUti
                                              unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, processSamplesCount != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!processSamplesCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
 
     struct sim_process processes[SIM_MAX_PROCS];
     int count = sim_list_processes(device, processes, SIM_MAX_PROCS);
@@ -417,11 +402,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle, nvmlProcessUti
 static nvmlReturn_t running_processes(nvmlDevice_t handle, unsigned int *infoCount, nvmlProcessInfo_t *infos)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, infoCount != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
     struct sim_process processes[SIM_MAX_PROCS];
     unsigned int count = (unsigned int)sim_list_processes(device, processes, SIM_MAX_PROCS);
     if (*infoCount < count || (!infos && count > 0)) {
@@ -454,11 +437,9 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t handle, int sensorType, unsigned int *temp)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, temp && sensorType == NVML_TEMPERATURE_GPU);
     if (result != NVML_SUCCESS)
         return result;
-    if (!temp || sensorType != NVML_TEMPERATURE_GPU)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *temp = SIM_TEMPERATURE_C;
     return NVML_SUCCESS;
 }
@@ -466,11 +447,9 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t handle, int sensorType, unsig
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t handle, unsigned int *power)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device);
+    nvmlReturn_t result = device_of(handle, &device, power != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    if (!power)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *power = SIM_POWER_MW;
     return NVML_SUCCESS;
 }
