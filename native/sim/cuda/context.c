@@ -47,6 +47,17 @@ CUresult sim_attach(struct sim_cuda_device *device)
     return result;
 }
 
+/* The initialised driver's device `dev`, or the error the driver gives: not initialised first,
+ * then an invalid device. */
+static CUresult ready_device(CUdevice dev, struct sim_cuda_device **device)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    *device = sim_device(dev);
+    return *device ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
 CUresult sim_charge(struct sim_cuda_device *device, uint64_t bytes)
 {
     CUresult result = sim_attach(device);
@@ -113,14 +124,12 @@ static void forget_current(struct CUctx_st *ctx)
 
 static CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    CUresult result = sim_ready();
+    struct sim_cuda_device *device;
+    CUresult result = ready_device(dev, &device);
+    if (result == CUDA_SUCCESS && !pctx)
+        result = CUDA_ERROR_INVALID_VALUE;
     if (result != CUDA_SUCCESS)
         return result;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_cuda_device *device = sim_device(dev);
-    if (!device)
-        return CUDA_ERROR_INVALID_DEVICE;
     if (sim_thread.depth == SIM_CTX_STACK_DEPTH)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *ctx = calloc(1, sizeof *ctx);
@@ -179,14 +188,12 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    CUresult result = sim_ready();
+    struct sim_cuda_device *device;
+    CUresult result = ready_device(dev, &device);
+    if (result == CUDA_SUCCESS && !pctx)
+        result = CUDA_ERROR_INVALID_VALUE;
     if (result != CUDA_SUCCESS)
         return result;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_cuda_device *device = sim_device(dev);
-    if (!device)
-        return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&sim_cuda.lock);
     struct CUctx_st *ctx = device->primary;
     if (!atomic_load(&ctx->active))
@@ -201,12 +208,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    CUresult result = sim_ready();
+    struct sim_cuda_device *device;
+    CUresult result = ready_device(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
-    struct sim_cuda_device *device = sim_device(dev);
-    if (!device)
-        return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&sim_cuda.lock);
     struct CUctx_st *ctx = device->primary;
     if (ctx->retains == 0)
@@ -219,12 +224,10 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    CUresult result = sim_ready();
+    struct sim_cuda_device *device;
+    CUresult result = ready_device(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
-    struct sim_cuda_device *device = sim_device(dev);
-    if (!device)
-        return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&sim_cuda.lock);
     deactivate(device->primary);
     pthread_mutex_unlock(&sim_cuda.lock);
@@ -233,12 +236,10 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
-    CUresult result = sim_ready();
+    struct sim_cuda_device *device;
+    CUresult result = ready_device(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
-    struct sim_cuda_device *device = sim_device(dev);
-    if (!device)
-        return CUDA_ERROR_INVALID_DEVICE;
     if (!flags || !active)
         return CUDA_ERROR_INVALID_VALUE;
     *flags = device->primary->flags;
@@ -248,12 +249,10 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
-    CUresult result = sim_ready();
+    struct sim_cuda_device *device;
+    CUresult result = ready_device(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
-    struct sim_cuda_device *device = sim_device(dev);
-    if (!device)
-        return CUDA_ERROR_INVALID_DEVICE;
     device->primary->flags = flags;
     return CUDA_SUCCESS;
 }
