@@ -47,17 +47,6 @@ CUresult sim_attach(struct sim_cuda_device *device)
     return result;
 }
 
-/* The initialised driver's device `dev`, or the error the driver gives: not initialised first,
- * then an invalid device. */
-static CUresult ready_device(CUdevice dev, struct sim_cuda_device **device)
-{
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    *device = sim_device(dev);
-    return *device ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
-}
-
 CUresult sim_charge(struct sim_cuda_device *device, uint64_t bytes)
 {
     CUresult result = sim_attach(device);
@@ -125,7 +114,7 @@ static void forget_current(struct CUctx_st *ctx)
 static CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = ready_device(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result == CUDA_SUCCESS && !pctx)
         result = CUDA_ERROR_INVALID_VALUE;
     if (result != CUDA_SUCCESS)
@@ -189,7 +178,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = ready_device(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result == CUDA_SUCCESS && !pctx)
         result = CUDA_ERROR_INVALID_VALUE;
     if (result != CUDA_SUCCESS)
@@ -209,7 +198,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = ready_device(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
@@ -225,7 +214,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = ready_device(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
@@ -237,7 +226,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     struct sim_cuda_device *device;
-    CUresult result = ready_device(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!flags || !active)
@@ -250,7 +239,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     struct sim_cuda_device *device;
-    CUresult result = ready_device(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     device->primary->flags = flags;

@@ -251,6 +251,14 @@ static inline CUresult sim_ready(void)
 /* The device of an ordinal, after the ready check; NULL if there is none. */
 struct sim_cuda_device *sim_device(CUdevice ordinal);
 
+/* The initialised driver's device `ordinal`, or the error the driver gives: not initialised
+ * first, then an invalid device. */
+CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device);
+
+/* Records that `handle` is a live object of `kind` (so calls can tell it from garbage); 0 when
+ * out of memory. */
+int sim_register_handle(const void *handle, enum sim_handle_kind kind);
+
 /* Frees dead processes' memory on a device, at most every SIM_REAP_INTERVAL_NS. */
 void sim_reap_now_and_then(struct sim_cuda_device *device);
 

@@ -426,7 +426,15 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 /* ---- devices ------------------------------------------------------------------------------- */
 
 /* The ready check and the device of an ordinal, in one step for every device query. */
-static CUresult device_for(CUdevice ordinal, struct sim_cuda_device **device)
+int sim_register_handle(const void *handle, enum sim_handle_kind kind)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    int stored = sim_map_put(&sim_cuda.handles, (uintptr_t)handle, kind) == 0;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return stored;
+}
+
+CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device)
 {
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
@@ -462,7 +470,7 @@ CUresult cuDeviceGetCount(int *count)
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = device_for(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!name || len <= 0)
@@ -474,7 +482,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = device_for(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!uuid)
@@ -543,7 +551,7 @@ static int attribute_value(const struct sim_cuda_device *device, CUdevice_attrib
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = device_for(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!pi || attribute_value(device, attrib, pi) != 0)
@@ -554,7 +562,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = device_for(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!major || !minor)
@@ -567,7 +575,7 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = device_for(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!bytes)
@@ -579,7 +587,7 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = device_for(dev, &device);
+    CUresult result = sim_device_ready(dev, &device);
     if (result != CUDA_SUCCESS)
         return result;
     if (!pool_out)

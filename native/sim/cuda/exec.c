@@ -37,14 +37,6 @@ static int registered(const void *handle, enum sim_handle_kind kind)
     return handle && sim_map_get(&sim_cuda.handles, (uintptr_t)handle, &found) == 0 && found == (uintptr_t)kind;
 }
 
-static int register_handle(const void *handle, enum sim_handle_kind kind)
-{
-    pthread_mutex_lock(&sim_cuda.lock);
-    int stored = sim_map_put(&sim_cuda.handles, (uintptr_t)handle, kind) == 0;
-    pthread_mutex_unlock(&sim_cuda.lock);
-    return stored;
-}
-
 /* Frees a graph (lock held): its registration, nodes and memory. */
 static void free_graph(struct CUgraph_st *graph)
 {
@@ -495,7 +487,7 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
     struct CUgraph_st *graph = calloc(1, sizeof *graph);
     if (!graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!register_handle(graph, SIM_HANDLE_GRAPH)) {
+    if (!sim_register_handle(graph, SIM_HANDLE_GRAPH)) {
         free(graph);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }

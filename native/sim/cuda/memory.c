@@ -302,10 +302,7 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
     if (!created)
         return CUDA_ERROR_OUT_OF_MEMORY;
     created->device = device;
-    pthread_mutex_lock(&sim_cuda.lock);
-    int stored = sim_map_put(&sim_cuda.handles, (uintptr_t)created, SIM_HANDLE_POOL) == 0;
-    pthread_mutex_unlock(&sim_cuda.lock);
-    if (!stored) {
+    if (!sim_register_handle(created, SIM_HANDLE_POOL)) {
         free(created);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -395,10 +392,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         free(created);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&sim_cuda.lock);
-    int stored = sim_map_put(&sim_cuda.handles, (uintptr_t)created, SIM_HANDLE_VMM) == 0;
-    pthread_mutex_unlock(&sim_cuda.lock);
-    if (!stored) {
+    if (!sim_register_handle(created, SIM_HANDLE_VMM)) {
         destroy_vmm_handle(created);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -669,10 +663,7 @@ static CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int l
         free(created);
         return result;
     }
-    pthread_mutex_lock(&sim_cuda.lock);
-    int stored = sim_map_put(&sim_cuda.handles, (uintptr_t)created, kind) == 0;
-    pthread_mutex_unlock(&sim_cuda.lock);
-    if (!stored) {
+    if (!sim_register_handle(created, kind)) {
         sim_uncharge(ctx->device, bytes);
         free(created);
         return CUDA_ERROR_OUT_OF_MEMORY;
