@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jupyter_vgpu.region import Region  # noqa: E402
+from jupyter_vgpu.holders.region import Region  # noqa: E402
 
 GOALS_NS = {"launch": 10, "launch_limited": 30, "alloc_free": 150, "mem_get_info": 50, "get_proc_address": 200}
 HAMI_CORE_NS = {"launch": 21, "alloc_free": 665, "mem_get_info": 578, "get_proc_address": 2100}

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jupyter_vgpu.ledger import DeviceCapacity, Ledger, SliceRequest  # noqa: E402
+from jupyter_vgpu.ledger.embedded import DeviceCapacity, Ledger, SliceRequest  # noqa: E402
 
 GIB = 1 << 30
 DEVICES = [DeviceCapacity(f"GPU-bench-{index}", index, "bench GPU", 80 * GIB, 132) for index in range(2)]

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jupyter_vgpu.region import Region  # noqa: E402
+from jupyter_vgpu.holders.region import Region  # noqa: E402
 
 DEVICE = "name=bench GPU,memory=16GiB,sms=100,context_memory=0,block_ns=50000"
 

@@ -1,17 +1,17 @@
 """jupyter-vgpu: GPU slicing for Jupyter kernels."""
 
-from ._version import __version__
+from jupyter_vgpu._version import __version__
 
 
 def _jupyter_server_extension_points() -> list[dict]:
-    from .app import VGPUApp
+    from jupyter_vgpu.server.app import VGPUApp
 
     return [{"module": "jupyter_vgpu", "app": VGPUApp}]
 
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext jupyter_vgpu``: the %vgpu magic (sliced kernels load it by themselves)."""
-    from .magic import VGPUMagics
+    from jupyter_vgpu.notebook.magic import VGPUMagics
 
     ipython.register_magics(VGPUMagics)
 

@@ -1,3 +1,3 @@
-from .cli import main
+from jupyter_vgpu.cli import main
 
 main()

@@ -15,11 +15,11 @@ import urllib.request
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Unicode
 
-from ._version import __version__
-from .devices import DeviceError, list_devices, use_simulator
-from .native import NativeLibraryMissing, interposer_path, simulator_dir
-from .sandbox import SliceSpec, create_region, region_directory, run_in_slice, slice_environment
-from .sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
+from jupyter_vgpu._version import __version__
+from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
+from jupyter_vgpu.native import NativeLibraryMissing, interposer_path, simulator_dir
+from jupyter_vgpu.holders.local import SliceSpec, create_region, region_directory, run_in_slice, slice_environment
+from jupyter_vgpu.model.sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
 # What `jupyter vgpu doctor` runs in a probe slice: the memory the driver shows it, and the pids
 # NVML lists for the slice's device (argv[1], its UUID) once it holds a context there.

@@ -174,7 +174,7 @@ def simulated_device_uuid(env: dict[str, str], index: int = 0) -> str:
 @pytest.fixture
 def make_slice(native_libs, tmp_path):
     """make_slice(env, memory_limit=..., sm_share=100, policy="hard") -> (slice_env, region)."""
-    from jupyter_vgpu.region import Region
+    from jupyter_vgpu.holders.region import Region
 
     regions = []
 

@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from jupyter_vgpu.ledger import (
+from jupyter_vgpu.ledger.embedded import (
     PLACEMENTS,
     CapacityError,
     DeviceCapacity,
@@ -30,7 +30,7 @@ from jupyter_vgpu.ledger import (
     SliceRequest,
     UnknownSlice,
 )
-from jupyter_vgpu.sizes import SliceValueError
+from jupyter_vgpu.model.sizes import SliceValueError
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -468,7 +468,7 @@ def test_allocations_survive_reopening_the_file(ledger_path):
 def test_an_admission_survives_the_server_being_killed(ledger_path):
     code = (
         "import os, signal, sys\n"
-        "from jupyter_vgpu.ledger import DeviceCapacity, Ledger, SliceRequest\n"
+        "from jupyter_vgpu.ledger.embedded import DeviceCapacity, Ledger, SliceRequest\n"
         f"ledger = Ledger({str(ledger_path)!r}, [DeviceCapacity('GPU-0', 0, 'test', 16 << 30, 100)])\n"
         "ledger.admit('k1', SliceRequest(3 << 30, 40))\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

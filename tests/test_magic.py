@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_vgpu.kernel_client import CREDENTIAL_HEADER, KERNEL_VARIABLES, NOT_IN_A_SERVER, kernel_environment
+from jupyter_vgpu.client import CREDENTIAL_HEADER, KERNEL_VARIABLES, NOT_IN_A_SERVER, kernel_environment
 
 GIB = 1 << 30
 KERNEL_ID = "1c2e3f4a-0000-4000-8000-000000000001"
@@ -176,7 +176,7 @@ def test_vgpu_help_documents_every_action_and_option(shell):
 
 
 def test_sliced_ipykernels_load_the_magic_and_other_kernels_are_left_alone():
-    from jupyter_vgpu.provisioner import LOAD_MAGIC_ARGUMENT, with_vgpu_magic
+    from jupyter_vgpu.provisioning.local import LOAD_MAGIC_ARGUMENT, with_vgpu_magic
 
     ipykernel = ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "kernel.json"]
     assert with_vgpu_magic(ipykernel) == [*ipykernel, LOAD_MAGIC_ARGUMENT]

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from jupyter_vgpu.kernel_client import RequestRefused, ServerUnavailable
-from jupyter_vgpu.panel import SlicePanel
+from jupyter_vgpu.client import RequestRefused, ServerUnavailable
+from jupyter_vgpu.notebook.panel import SlicePanel
 
 GIB = 1 << 30
 DEVICES = [

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jupyter_vgpu.region import Limits, Region, RegionError, constants
+from jupyter_vgpu.holders.region import Limits, Region, RegionError, constants
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import pytest
 
-from jupyter_vgpu.sizes import (
+from jupyter_vgpu.model.sizes import (
     SliceValueError,
     format_size,
     parse_policy,

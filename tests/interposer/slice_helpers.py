@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import wait_for  # noqa: F401  (re-exported for the interposer tests)
 
-from jupyter_vgpu.region import process_start_time  # noqa: F401
+from jupyter_vgpu.holders.region import process_start_time  # noqa: F401
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 MIB = 1 << 20

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from jupyter_vgpu.region import constants, limits_check
+from jupyter_vgpu.holders.region import constants, limits_check
 
 from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, process_start_time
 

@@ -11,7 +11,7 @@ from queue import Empty
 import pytest
 import tornado.httpclient
 
-from jupyter_vgpu.kernel_client import CREDENTIAL_HEADER, CREDENTIAL_VARIABLE
+from jupyter_vgpu.client import CREDENTIAL_HEADER, CREDENTIAL_VARIABLE
 
 GIB = 1 << 30
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
 
-from .devices import Device, simulator_environment
-from .native import interposer_path
-from .region import Region
+from jupyter_vgpu.model.devices import Device, simulator_environment
+from jupyter_vgpu.native import interposer_path
+from jupyter_vgpu.holders.region import Region
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 

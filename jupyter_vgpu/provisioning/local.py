@@ -18,13 +18,13 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
-from .errors import VGPUHTTPError
-from .devices import list_devices, use_simulator
-from .kernel_client import KERNEL_VARIABLES, kernel_environment
-from .ledger import CapacityError, SliceRequest
-from .sandbox import SliceSpec, create_region, slice_environment
-from .sizes import SliceValueError, select_device
-from .slices import SliceManager
+from jupyter_vgpu.server.errors import VGPUHTTPError
+from jupyter_vgpu.model.devices import list_devices, use_simulator
+from jupyter_vgpu.client import KERNEL_VARIABLES, kernel_environment
+from jupyter_vgpu.ledger.embedded import CapacityError, SliceRequest
+from jupyter_vgpu.holders.local import SliceSpec, create_region, slice_environment
+from jupyter_vgpu.model.sizes import SliceValueError, select_device
+from jupyter_vgpu.manager import SliceManager
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the

@@ -13,8 +13,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
-from .sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
+from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
+from jupyter_vgpu.model.sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
 
 REFRESH_SECONDS = 1.0
 _COLUMN_WIDTHS = ("14em", "16em", "16em", "14em", "5em")

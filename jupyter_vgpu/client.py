@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sizes import format_size
+from jupyter_vgpu.model.sizes import format_size
 
 SERVER_URL_VARIABLE = "JUPYTER_VGPU_SERVER_URL"
 KERNEL_ID_VARIABLE = "JUPYTER_VGPU_KERNEL_ID"

@@ -4,7 +4,7 @@ The simulated GPU is selected by loading its ``libnvidia-ml.so.1`` and ``libcuda
 before anything else asks for those sonames: the dynamic loader then hands the already loaded
 simulated libraries to pynvml and to ctypes. A process that must see the simulated GPU from its
 first instruction (a kernel, a `run` command) gets it through ``LD_LIBRARY_PATH`` instead; see
-:mod:`jupyter_vgpu.sandbox`.
+:mod:`jupyter_vgpu.holders.local`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pynvml
 
-from .native import simulator_dir
+from jupyter_vgpu.native import simulator_dir
 
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 DEFAULT_SIMULATED_DEVICES = "name=jupyter-vgpu simulated GPU,memory=16GiB,sms=100"

@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import cffi
 
-from .native import region_header_path
-from .sizes import POLICIES
+from jupyter_vgpu.native import region_header_path
+from jupyter_vgpu.model.sizes import POLICIES
 
 _U64 = (1 << 64) - 1
 

@@ -9,11 +9,11 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
-from .devices import DeviceError, list_devices, use_simulator
-from .handlers import HANDLERS
-from .ledger import DeviceCapacity, Ledger, SliceRequest
-from .sizes import SliceValueError, parse_policy, parse_size, parse_sm_share, select_device
-from .slices import SliceManager
+from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
+from jupyter_vgpu.server.handlers import HANDLERS
+from jupyter_vgpu.ledger.embedded import DeviceCapacity, Ledger, SliceRequest
+from jupyter_vgpu.model.sizes import SliceValueError, parse_policy, parse_size, parse_sm_share, select_device
+from jupyter_vgpu.manager import SliceManager
 
 
 def _size_or_none(value: str) -> int | None:

@@ -22,12 +22,12 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
-from .errors import VGPUHTTPError
-from .kernel_client import CREDENTIAL_HEADER
-from .ledger import Allocation, CapacityError, UnknownSlice
-from .provisioner import PROVISIONER_NAME, SliceAdmissionError
-from .sizes import SliceValueError
-from .slices import SliceManager, SliceStatus
+from jupyter_vgpu.server.errors import VGPUHTTPError
+from jupyter_vgpu.client import CREDENTIAL_HEADER
+from jupyter_vgpu.ledger.embedded import Allocation, CapacityError, UnknownSlice
+from jupyter_vgpu.provisioning.local import PROVISIONER_NAME, SliceAdmissionError
+from jupyter_vgpu.model.sizes import SliceValueError
+from jupyter_vgpu.manager import SliceManager, SliceStatus
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}

@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import sizes
-from ._version import __version__
-from .sizes import SliceValueError, format_size
+from jupyter_vgpu.model import sizes
+from jupyter_vgpu._version import __version__
+from jupyter_vgpu.model.sizes import SliceValueError, format_size
 
 SCHEMA_VERSION = 1
 PLACEMENTS = ("binpack", "spread")

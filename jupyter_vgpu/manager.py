@@ -19,10 +19,10 @@ from pathlib import Path
 
 from traitlets.config import LoggingConfigurable
 
-from .devices import Device
-from .ledger import Allocation, Ledger, SliceRequest, UnknownSlice
-from .region import ProcessUsage, Region, RegionError, process_start_time
-from .sandbox import slice_environment
+from jupyter_vgpu.model.devices import Device
+from jupyter_vgpu.ledger.embedded import Allocation, Ledger, SliceRequest, UnknownSlice
+from jupyter_vgpu.holders.region import ProcessUsage, Region, RegionError, process_start_time
+from jupyter_vgpu.holders.local import slice_environment
 
 
 @dataclass(frozen=True)

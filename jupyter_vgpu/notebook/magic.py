@@ -12,8 +12,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .kernel_client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
-from .sizes import POLICY_HELP, SIZE_HELP, SM_SHARE_HELP, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
+from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
+from jupyter_vgpu.model.sizes import POLICY_HELP, SIZE_HELP, SM_SHARE_HELP, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
 
 ACTIONS = ("show", "resize", "panel")
 
@@ -108,7 +108,7 @@ class VGPUMagics(Magics):
     def _show_panel(self, client: ServerClient) -> None:
         from IPython.display import display
 
-        from .panel import SlicePanel  # ipywidgets loads only for the panel
+        from jupyter_vgpu.notebook.panel import SlicePanel  # ipywidgets loads only for the panel
 
         if self.panel is None or self.panel.closed:
             self.panel = SlicePanel(client)
