@@ -198,6 +198,19 @@ typedef struct CUmemAccessDesc_st {
     CUmemLocation location;
     CUmemAccess_flags flags;
 } CUmemAccessDesc;
+/* Attributes of a stream-ordered memory pool (cuMemPoolGetAttribute): the reuse policies are
+ * int, the rest cuuint64_t. */
+typedef int CUmemPool_attribute;
+enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+};
 typedef struct CUmemPoolProps_st {
     CUmemAllocationType allocType;
     CUmemAllocationHandleType handleTypes;
@@ -311,6 +324,8 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuDeviceComputeCapability, (int *major, int *minor, CUdevice dev)) \
     X(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
     X(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *pool_out, CUdevice dev)) \
+    X(CUresult, cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev)) \
+    X(CUresult, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool)) \
     X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
     X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) \
     X(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice dev)) \
@@ -338,6 +353,9 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream)) \
     X(CUresult, cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps)) \
     X(CUresult, cuMemPoolDestroy, (CUmemoryPool pool)) \
+    X(CUresult, cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep)) \
     X(CUresult, cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
     X(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle)) \
     X(CUresult, cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \

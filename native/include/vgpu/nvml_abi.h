@@ -71,6 +71,12 @@ typedef struct nvmlProcessUtilizationSample_st {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 
+/* What the unversioned (v1) process query fills: no MIG instance ids. */
+typedef struct nvmlProcessInfo_v1_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
 /* nvmlProcessInfo_v2_t; the _v2 and _v3 process queries fill this layout. */
 typedef struct nvmlProcessInfo_st {
     unsigned int pid;
@@ -115,6 +121,7 @@ typedef struct nvmlPciInfo_st {
     X(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory)) \
     X(nvmlReturn_t, nvmlDeviceGetUtilizationRates, (nvmlDevice_t device, nvmlUtilization_t *utilization)) \
     X(nvmlReturn_t, nvmlDeviceGetProcessUtilization, (nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization, unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)) \
+    X(nvmlReturn_t, nvmlDeviceGetComputeRunningProcesses, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)) \
     X(nvmlReturn_t, nvmlDeviceGetComputeRunningProcesses_v2, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
     X(nvmlReturn_t, nvmlDeviceGetComputeRunningProcesses_v3, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
     X(nvmlReturn_t, nvmlDeviceGetTemperature, (nvmlDevice_t device, int sensorType, unsigned int *temp)) \

@@ -5,6 +5,8 @@
  *   context.c  contexts (primary and created), the per-thread context stack, charging device
  *              memory to this process's slot
  *   memory.c   every allocation family, the address arena, copies into device memory
+ *   pool.c     stream-ordered memory pools: each device's default and current pool, pool
+ *              attributes
  *   exec.c     streams, events, modules, launches, graphs: the front of the engine (engine.c)
  *   map.c      a sorted map, for allocations and handles
  * Handles the program passes back (CUcontext, CUstream, ...) point to the structs below; the
@@ -69,6 +71,7 @@ struct sim_cuda_device {
     uint64_t tag_base; /* slot and generation bits of this process's interval records */
     struct CUctx_st *primary;
     struct CUmemPoolHandle_st *default_pool;
+    struct CUmemPoolHandle_st *current_pool; /* what cuMemAllocAsync draws from; under the lock */
     _Atomic uint64_t next_reap_ns;
 };
 
@@ -150,11 +153,15 @@ enum sim_handle_kind {
     SIM_HANDLE_GRAPH_EXEC,
 };
 
+/* A pool's figures are this process's allocations from it, under the lock. */
 struct CUmemPoolHandle_st {
     struct sim_cuda_device *device;
     int is_default;
-    int destroyed;        /* freed when its last allocation is */
-    uint64_t outstanding; /* allocations not yet freed */
+    int destroyed; /* freed when its last allocation is */
+    uint64_t used; /* bytes of its allocations not yet freed */
+    uint64_t used_high, reserved_high; /* high-water marks since the program last reset each */
+    uint64_t release_threshold;
+    int reuse_follow_event_dependencies, reuse_allow_opportunistic, reuse_allow_internal_dependencies;
 };
 
 /* Arrays and mipmapped arrays: memory on a device with no address of their own. */
@@ -262,6 +269,12 @@ int sim_register_handle(const void *handle, enum sim_handle_kind kind);
 /* Frees dead processes' memory on a device, at most every SIM_REAP_INTERVAL_NS. */
 void sim_reap_now_and_then(struct sim_cuda_device *device);
 
+/* The device a memory location names, after the ready check; NULL unless it is a device. */
+static inline struct sim_cuda_device *sim_device_at(const CUmemLocation *location)
+{
+    return location->type == CU_MEM_LOCATION_TYPE_DEVICE ? sim_device(location->id) : NULL;
+}
+
 /* ---- context.c -------------------------------------------------------------------------- */
 
 static inline struct CUctx_st *sim_current(void)
@@ -284,6 +297,19 @@ void sim_uncharge(struct sim_cuda_device *device, uint64_t bytes);
 
 /* Frees what a context owns (its linear allocations and arrays); the lock is held. */
 void sim_free_context_memory(struct CUctx_st *ctx);
+
+/* ---- pool.c ----------------------------------------------------------------------------- */
+
+/* A new pool on a device, every reuse policy on as the driver starts one; NULL out of memory.
+ * The caller registers it (SIM_HANDLE_POOL). */
+struct CUmemPoolHandle_st *sim_pool_new(struct sim_cuda_device *device);
+/* The pool a stream-ordered allocation draws from: `asked` if it is a live pool (NULL if not),
+ * the device's current pool when nothing is asked. Takes the lock. */
+struct CUmemPoolHandle_st *sim_pool_to_draw(struct sim_cuda_device *device, CUmemoryPool asked);
+/* An allocation of `bytes` from the pool was made or freed; the lock is held. The last free
+ * of a destroyed pool frees the pool. */
+void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t bytes);
+void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes);
 
 /* ---- exec.c ----------------------------------------------------------------------------- */
 

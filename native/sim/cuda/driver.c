@@ -94,11 +94,11 @@ static CUresult initialise(void)
         device->view = &sim_cuda.machine.devices[order[ordinal]];
         device->slot = -1;
         device->primary = new_primary_context(device);
-        device->default_pool = calloc(1, sizeof *device->default_pool);
+        device->default_pool = sim_pool_new(device);
         if (!device->primary || !device->default_pool)
             return CUDA_ERROR_OUT_OF_MEMORY;
-        device->default_pool->device = device;
         device->default_pool->is_default = 1;
+        device->current_pool = device->default_pool;
         if (sim_map_put(&sim_cuda.handles, (uintptr_t)device->default_pool, SIM_HANDLE_POOL) != 0)
             return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -581,17 +581,5 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = device->view->spec->memory;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
-{
-    struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!pool_out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pool_out = device->default_pool;
     return CUDA_SUCCESS;
 }

@@ -103,7 +103,7 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
     };
     if (address && sim_map_put(&sim_cuda.allocations, address, (uintptr_t)allocation) == 0) {
         if (pool)
-            pool->outstanding++;
+            sim_pool_took(pool, size);
         pthread_mutex_unlock(&sim_cuda.lock);
         *dptr = address;
         return CUDA_SUCCESS;
@@ -131,9 +131,8 @@ static void release_linear(struct sim_allocation *allocation)
         }
         arena_give(allocation->base, allocation->span);
     }
-    struct CUmemPoolHandle_st *pool = allocation->pool;
-    if (pool && --pool->outstanding == 0 && pool->destroyed)
-        free(pool);
+    if (allocation->pool)
+        sim_pool_gave(allocation->pool, allocation->size);
     sim_uncharge(allocation->device, allocation->size);
     free(allocation);
 }
@@ -227,16 +226,6 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     return free_linear(dptr);
 }
 
-/* A pool handle the program may use: one this process created or a device's default pool. */
-static struct CUmemPoolHandle_st *live_pool(CUmemoryPool pool)
-{
-    uintptr_t kind;
-    pthread_mutex_lock(&sim_cuda.lock);
-    int known = pool && sim_map_get(&sim_cuda.handles, (uintptr_t)pool, &kind) == 0 && kind == SIM_HANDLE_POOL;
-    pthread_mutex_unlock(&sim_cuda.lock);
-    return known ? pool : NULL;
-}
-
 /* Stream-ordered allocations are charged when they are asked for and freed when the free is
  * asked for: the simulator keeps no pool reserve, so NVML shows what the program holds. */
 static CUresult allocate_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -245,7 +234,7 @@ static CUresult allocate_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool 
     CUresult result = sim_stream_resolve(hStream, &stream);
     if (result != CUDA_SUCCESS)
         return result;
-    struct CUmemPoolHandle_st *from = pool ? live_pool(pool) : stream->ctx->device->default_pool;
+    struct CUmemPoolHandle_st *from = sim_pool_to_draw(stream->ctx->device, pool);
     if (!from)
         return CUDA_ERROR_INVALID_VALUE;
     return allocate_linear(from->device, stream->ctx, from, bytesize, dptr);
@@ -283,60 +272,11 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     return cuMemFreeAsync(dptr, hStream);
 }
 
-static struct sim_cuda_device *device_at(const CUmemLocation *location)
-{
-    return location->type == CU_MEM_LOCATION_TYPE_DEVICE ? sim_device(location->id) : NULL;
-}
-
-CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
-{
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_cuda_device *device = device_at(&poolProps->location);
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUmemPoolHandle_st *created = calloc(1, sizeof *created);
-    if (!created)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    created->device = device;
-    if (!sim_register_handle(created, SIM_HANDLE_POOL)) {
-        free(created);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *pool = created;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    uintptr_t kind;
-    result = CUDA_ERROR_INVALID_VALUE;
-    if (pool && !pool->is_default && sim_map_get(&sim_cuda.handles, (uintptr_t)pool, &kind) == 0 &&
-        kind == SIM_HANDLE_POOL) {
-        sim_map_take(&sim_cuda.handles, (uintptr_t)pool, NULL);
-        /* Outstanding allocations stay valid; the pool goes with the last of them. */
-        if (pool->outstanding == 0)
-            free(pool);
-        else
-            pool->destroyed = 1;
-        result = CUDA_SUCCESS;
-    }
-    pthread_mutex_unlock(&sim_cuda.lock);
-    return result;
-}
-
 /* ---- virtual memory management ------------------------------------------------------------------- */
 
 static int valid_allocation_prop(const CUmemAllocationProp *prop)
 {
-    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && device_at(&prop->location);
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && sim_device_at(&prop->location);
 }
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
@@ -375,7 +315,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         return result;
     if (!handle || !valid_allocation_prop(prop) || flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_cuda_device *device = device_at(&prop->location);
+    struct sim_cuda_device *device = sim_device_at(&prop->location);
     struct sim_vmm_handle *created = calloc(1, sizeof *created);
     if (!created)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -560,7 +500,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
         return CUDA_ERROR_INVALID_VALUE;
     int access = 0; /* what the host side of the simulator may do: the widest access granted */
     for (size_t i = 0; i < count; i++) {
-        if (!device_at(&desc[i].location))
+        if (!sim_device_at(&desc[i].location))
             return CUDA_ERROR_INVALID_VALUE;
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             access = PROT_READ | PROT_WRITE;

@@ -399,39 +399,61 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle, nvmlProcessUti
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t running_processes(nvmlDevice_t handle, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+/* The processes holding memory on a device, checked as NVML checks the query: *infoCount is the
+ * room in the caller's array, and a short array gets INSUFFICIENT_SIZE with the room needed. */
+static nvmlReturn_t running_processes(nvmlDevice_t handle, unsigned int *infoCount, const void *infos,
+                                      struct sim_process processes[SIM_MAX_PROCS], unsigned int *count)
 {
     struct sim_device_view *device;
     nvmlReturn_t result = device_of(handle, &device, infoCount != NULL);
     if (result != NVML_SUCCESS)
         return result;
-    struct sim_process processes[SIM_MAX_PROCS];
-    unsigned int count = (unsigned int)sim_list_processes(device, processes, SIM_MAX_PROCS);
-    if (*infoCount < count || (!infos && count > 0)) {
-        *infoCount = count;
+    *count = (unsigned int)sim_list_processes(device, processes, SIM_MAX_PROCS);
+    if (*infoCount < *count || (!infos && *count > 0)) {
+        *infoCount = *count;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (unsigned int i = 0; i < count; i++)
+    *infoCount = *count;
+    return NVML_SUCCESS;
+}
+
+/* The v1 query fills the shorter v1 layout: a v2 entry written there would run into the next. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                  nvmlProcessInfo_v1_t *infos)
+{
+    struct sim_process processes[SIM_MAX_PROCS];
+    unsigned int count;
+    nvmlReturn_t result = running_processes(device, infoCount, infos, processes, &count);
+    for (unsigned int i = 0; result == NVML_SUCCESS && i < count; i++)
+        infos[i] = (nvmlProcessInfo_v1_t){.pid = (unsigned int)processes[i].pid, .usedGpuMemory = processes[i].memory};
+    return result;
+}
+
+static nvmlReturn_t running_processes_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    struct sim_process processes[SIM_MAX_PROCS];
+    unsigned int count;
+    nvmlReturn_t result = running_processes(device, infoCount, infos, processes, &count);
+    for (unsigned int i = 0; result == NVML_SUCCESS && i < count; i++)
         infos[i] = (nvmlProcessInfo_t){
             .pid = (unsigned int)processes[i].pid,
             .usedGpuMemory = processes[i].memory,
             .gpuInstanceId = 0xFFFFFFFFu, /* no MIG: NVML reports "not available" */
             .computeInstanceId = 0xFFFFFFFFu,
         };
-    *infoCount = count;
-    return NVML_SUCCESS;
+    return result;
 }
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
                                                      nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos);
+    return running_processes_v2(device, infoCount, infos);
 }
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                      nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, infoCount, infos);
+    return running_processes_v2(device, infoCount, infos);
 }
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t handle, int sensorType, unsigned int *temp)

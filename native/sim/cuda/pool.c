@@ -1,0 +1,246 @@
+/*
+ * Stream-ordered memory pools: each device's default pool and its current pool (the one
+ * cuMemAllocAsync draws from), pools a program creates, and their attributes. An allocation
+ * from a pool is a linear allocation (memory.c) that names its pool; this file keeps the pool's
+ * figures as its allocations come and go.
+ *
+ * The simulator keeps no reserve in a pool: a free gives the memory back to the device at once,
+ * so NVML shows what the program holds. A pool's backing memory (RESERVED_MEM_*) is therefore
+ * exactly what is in use (USED_MEM_*); the two high-water marks are still kept apart, because a
+ * program resets each on its own. Reuse policies and the release threshold are kept and read
+ * back: with no reserve there is nothing for them to steer.
+ */
+#include <stdlib.h>
+
+#include "cuda_sim.h"
+
+struct CUmemPoolHandle_st *sim_pool_new(struct sim_cuda_device *device)
+{
+    struct CUmemPoolHandle_st *pool = calloc(1, sizeof *pool);
+    if (pool)
+        *pool = (struct CUmemPoolHandle_st){
+            .device = device,
+            .reuse_follow_event_dependencies = 1,
+            .reuse_allow_opportunistic = 1,
+            .reuse_allow_internal_dependencies = 1,
+        };
+    return pool;
+}
+
+/* Whether `pool` is a live pool of this process (one it created, or a default pool); the lock
+ * is held. Looked up, never read through: a destroyed pool's memory may be gone. */
+static int known(CUmemoryPool pool)
+{
+    uintptr_t kind;
+    return pool && sim_map_get(&sim_cuda.handles, (uintptr_t)pool, &kind) == 0 && kind == SIM_HANDLE_POOL;
+}
+
+struct CUmemPoolHandle_st *sim_pool_to_draw(struct sim_cuda_device *device, CUmemoryPool asked)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUmemPoolHandle_st *pool = asked ? (known(asked) ? asked : NULL) : device->current_pool;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return pool;
+}
+
+void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t bytes)
+{
+    pool->used += bytes;
+    if (pool->used > pool->used_high)
+        pool->used_high = pool->used;
+    if (pool->used > pool->reserved_high)
+        pool->reserved_high = pool->used;
+}
+
+void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes)
+{
+    pool->used -= bytes;
+    if (pool->used == 0 && pool->destroyed)
+        free(pool);
+}
+
+/* ---- a device's pools ---------------------------------------------------------------------- */
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    struct sim_cuda_device *device;
+    CUresult result = sim_device_ready(dev, &device);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!pool_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool_out = device->default_pool;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    struct sim_cuda_device *device;
+    CUresult result = sim_device_ready(dev, &device);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    *pool = device->current_pool;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return CUDA_SUCCESS;
+}
+
+/* The pool must be local to the device, as the driver requires. */
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    struct sim_cuda_device *device;
+    CUresult result = sim_device_ready(dev, &device);
+    if (result != CUDA_SUCCESS)
+        return result;
+    pthread_mutex_lock(&sim_cuda.lock);
+    result = CUDA_ERROR_INVALID_VALUE;
+    if (known(pool) && pool->device == device) {
+        device->current_pool = pool;
+        result = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+/* ---- pools a program makes ------------------------------------------------------------------ */
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_cuda_device *device = sim_device_at(&poolProps->location);
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmemPoolHandle_st *created = sim_pool_new(device);
+    if (!created)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!sim_register_handle(created, SIM_HANDLE_POOL)) {
+        free(created);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pool = created;
+    return CUDA_SUCCESS;
+}
+
+/* A device whose current pool is destroyed draws from its default pool again, as with the driver. */
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    pthread_mutex_lock(&sim_cuda.lock);
+    result = CUDA_ERROR_INVALID_VALUE;
+    if (known(pool) && !pool->is_default) {
+        sim_map_take(&sim_cuda.handles, (uintptr_t)pool, NULL);
+        if (pool->device->current_pool == pool)
+            pool->device->current_pool = pool->device->default_pool;
+        /* Outstanding allocations stay valid; the pool goes with the last of them. */
+        if (pool->used == 0)
+            free(pool);
+        else
+            pool->destroyed = 1;
+        result = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+/* Nothing to give back: a pool here never holds memory beyond what is in use. */
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    (void)minBytesToKeep;
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    pthread_mutex_lock(&sim_cuda.lock);
+    result = known(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+/* ---- attributes ------------------------------------------------------------------------------ */
+
+/* The int that holds a reuse policy, or NULL for any other attribute. */
+static int *reuse_policy(struct CUmemPoolHandle_st *pool, CUmemPool_attribute attr)
+{
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: return &pool->reuse_follow_event_dependencies;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: return &pool->reuse_allow_opportunistic;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return &pool->reuse_allow_internal_dependencies;
+    default: return NULL;
+    }
+}
+
+/* Checks the call as the driver does (initialised, a value to read or write, a live pool) and
+ * takes the lock; the caller releases it on success. */
+static CUresult lock_pool(CUmemoryPool pool, const void *value)
+{
+    CUresult result = sim_ready();
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.lock);
+    if (known(pool))
+        return CUDA_SUCCESS;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CUresult result = lock_pool(pool, value);
+    if (result != CUDA_SUCCESS)
+        return result;
+    int *policy = reuse_policy(pool, attr);
+    cuuint64_t *figure = value;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *figure = pool->release_threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *figure = pool->used; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *figure = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *figure = pool->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *figure = pool->used_high; break;
+    default:
+        if (policy)
+            *(int *)value = *policy;
+        else
+            result = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+/* A high-water mark can only be reset, by writing 0; it then starts again from what is in use. */
+static CUresult reset_high(uint64_t *high, uint64_t used, const void *value)
+{
+    if (*(const cuuint64_t *)value != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *high = used;
+    return CUDA_SUCCESS;
+}
+
+/* The current figures are read-only. */
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CUresult result = lock_pool(pool, value);
+    if (result != CUDA_SUCCESS)
+        return result;
+    int *policy = reuse_policy(pool, attr);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *(const cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: result = reset_high(&pool->reserved_high, pool->used, value); break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: result = reset_high(&pool->used_high, pool->used, value); break;
+    default:
+        if (policy)
+            *policy = *(const int *)value != 0;
+        else
+            result = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
