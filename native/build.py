@@ -45,6 +45,11 @@ class Library:
     directories: tuple[str, ...]  # relative to native/
     exports: str  # version script, relative to native/
     libraries: tuple[str, ...] = ("-ldl", "-lpthread")
+    # Linker flags of this library alone. The simulated driver and NVML link with -Bsymbolic: a
+    # call from one of their entry points to another (nvmlDeviceGetCount_v2 to nvmlDeviceGetCount)
+    # stays inside the library, as in a real driver, instead of re-entering a preloaded
+    # interposer of the callee (HAMi-core's libvgpu.so recursed until its stack ran out).
+    link_flags: tuple[str, ...] = ()
 
     def sources(self) -> list[Path]:
         found: list[Path] = []
@@ -56,8 +61,8 @@ class Library:
 
 LIBRARIES = (
     Library("libvgpu.so", ("interposer",), "interposer/exports.map"),
-    Library("sim/libcuda.so.1", ("sim/common", "sim/cuda"), "sim/cuda/exports.map"),
-    Library("sim/libnvidia-ml.so.1", ("sim/common", "sim/nvml"), "sim/nvml/exports.map"),
+    Library("sim/libcuda.so.1", ("sim/common", "sim/cuda"), "sim/cuda/exports.map", link_flags=("-Wl,-Bsymbolic",)),
+    Library("sim/libnvidia-ml.so.1", ("sim/common", "sim/nvml"), "sim/nvml/exports.map", link_flags=("-Wl,-Bsymbolic",)),
 )
 
 # Headers shipped inside the package: Python reads the region layout from the same text.
@@ -84,6 +89,7 @@ def build_library(library: Library, output_dir: Path) -> Path:
         f"-Wl,--version-script={NATIVE / library.exports}",
         "-Wl,-z,now",
         "-Wl,-z,defs",
+        *library.link_flags,
         "-o",
         str(staging),
         *map(str, sources),
