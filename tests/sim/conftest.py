@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sim_helpers import Programs, Workload
 
 
 @pytest.fixture(scope="session")
 def programs(compile_c) -> Programs:
-    return Programs(probe=compile_c("sim_probe"), workload=compile_c("sim_workload"))
+    return Programs(
+        probe=compile_c("sim_probe"), workload=compile_c("sim_workload"), entry_points=compile_c("sim_entry_points")
+    )
+
+
+@pytest.fixture(scope="session")
+def foreign_interposer(host_machine) -> Path:
+    """tests/programs/foreign_interposer.c: an interposer that is not ours, to preload
+    (sim_helpers.with_interposer)."""
+    return host_machine.build_shared("foreign_interposer", "libforeign_interposer.so")
 
 
 @pytest.fixture

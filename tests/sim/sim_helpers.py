@@ -1,6 +1,6 @@
-"""Helpers of the simulated GPU's tests: running its probe programs, NVML snapshots taken by pynvml in a
-child process (NVML must be found through LD_LIBRARY_PATH from the first instruction), and the
-kernel-duration formula the simulator documents."""
+"""Helpers of the simulated GPU's tests: running its probe programs (alone or under a foreign
+interposer), NVML snapshots taken by pynvml in a child process (NVML must be found through
+LD_LIBRARY_PATH from the first instruction), and the kernel-duration formula the simulator documents."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def parse_lines(text: str) -> dict[str, str]:
 class Programs:
     probe: Path
     workload: Path
+    entry_points: Path
 
 
 def with_devices(env: dict[str, str], devices: str) -> dict[str, str]:
@@ -52,13 +53,46 @@ def with_devices(env: dict[str, str], devices: str) -> dict[str, str]:
     return changed
 
 
-def probe(programs: Programs, env: dict[str, str], *args: str) -> dict[str, str]:
-    """Runs sim_probe; its stderr is kept in the result under 'stderr'."""
-    result = subprocess.run([str(programs.probe), *args], env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, f"sim_probe {' '.join(args)} failed: {result.stderr}"
+def run_program(program: Path, env: dict[str, str], *args: str) -> dict[str, str]:
+    """Runs a program that prints "key value" lines; its stderr is kept in the result under 'stderr'."""
+    result = subprocess.run([str(program), *args], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"{program.name} {' '.join(args)} failed ({result.returncode}): {result.stderr}"
     values = parse_lines(result.stdout)
     values["stderr"] = result.stderr
     return values
+
+
+def probe(programs: Programs, env: dict[str, str], *args: str) -> dict[str, str]:
+    """Runs sim_probe."""
+    return run_program(programs.probe, env, *args)
+
+
+def with_interposer(env: dict[str, str], interposer: Path, log: Path) -> dict[str, str]:
+    """`env` with tests/programs/foreign_interposer.c preloaded, reporting into `log`."""
+    changed = dict(env)
+    changed["LD_PRELOAD"] = str(interposer)
+    changed["FOREIGN_INTERPOSER_LOG"] = str(log)
+    return changed
+
+
+@dataclass
+class InterposerReport:
+    nested: list[tuple[str, str]]  # (outer, inner): a wrapper entered while another ran
+    calls: dict[str, int]  # per wrapper, summed over every process that reported
+    missing: list[str]  # entry points the driver lacked
+
+
+def interposer_report(log: Path) -> InterposerReport:
+    report = InterposerReport([], {}, [])
+    for line in log.read_text().splitlines():
+        kind, *fields = line.split()
+        if kind == "nested":
+            report.nested.append((fields[0], fields[1]))
+        elif kind == "calls":
+            report.calls[fields[0]] = report.calls.get(fields[0], 0) + int(fields[1])
+        elif kind == "missing":
+            report.missing.append(fields[0])
+    return report
 
 
 class Workload:

@@ -1,18 +1,21 @@
-"""Device memory of the simulated GPU: what each allocation family charges, copies, contexts, and
-capacity shared by every process of the machine, including processes that die."""
+"""Device memory of the simulated GPU: what each allocation family charges, stream-ordered pools,
+copies, contexts, and capacity shared by every process of the machine, including processes that die."""
 
 from __future__ import annotations
 
 import signal
 import time
 
-from sim_helpers import GIB, MIB, nvml_snapshot, probe, wait_until, with_devices
+from sim_helpers import GIB, MIB, nvml_snapshot, probe, run_program, wait_until, with_devices
 
 CUDA_SUCCESS = "0"
 CUDA_ERROR_INVALID_VALUE = "1"
 CUDA_ERROR_OUT_OF_MEMORY = "2"
+CUDA_ERROR_NOT_INITIALIZED = "3"
+CUDA_ERROR_INVALID_DEVICE = "101"
 CUDA_ERROR_INVALID_CONTEXT = "201"
 CUDA_ERROR_INVALID_HANDLE = "400"
+POOL_FIGURES = ("used", "used_high", "reserved", "reserved_high")
 
 
 def test_plain_managed_and_stream_ordered_allocations_charge_what_they_ask(programs, env):
@@ -25,6 +28,46 @@ def test_plain_managed_and_stream_ordered_allocations_charge_what_they_ask(progr
     assert seen["pool_freed"] == "0"  # freed after its pool was destroyed: still valid until then
     assert seen["default_pool_destroy"] == CUDA_ERROR_INVALID_VALUE
     assert seen["final_charged"] == "0"
+
+
+def test_a_pool_reports_what_the_process_holds_from_it(programs, env):
+    seen = run_program(programs.entry_points, env, "pools")
+    assert [seen[f"fresh_{figure}"] for figure in POOL_FIGURES] == ["0", "0", "0", "0"]
+    assert [seen[f"two_allocations_{figure}"] for figure in POOL_FIGURES] == [str(4 * MIB)] * 4
+    # No reserve is kept: a free returns memory to the device, so reserved follows used.
+    assert [seen[f"one_freed_{figure}"] for figure in POOL_FIGURES] == [str(MIB), str(4 * MIB), str(MIB), str(4 * MIB)]
+    assert seen["device_used"] == str(MIB)
+    # A reset high-water mark starts again from what is in use; the other one keeps its own.
+    assert [seen[f"used_high_reset_{figure}"] for figure in POOL_FIGURES] == [str(MIB), str(MIB), str(MIB), str(4 * MIB)]
+    assert seen["trim"] == CUDA_SUCCESS
+    assert seen["trimmed_reserved"] == str(MIB)
+    assert [seen[f"all_freed_{figure}"] for figure in POOL_FIGURES] == ["0", str(MIB), "0", str(4 * MIB)]
+    assert seen["device_used_at_end"] == "0"
+
+
+def test_pool_settings_read_back_and_the_read_only_figures_refuse_writes(programs, env):
+    seen = run_program(programs.entry_points, env, "pools")
+    assert seen["reuse_defaults"] == "111"
+    assert seen["release_threshold_default"] == "0"
+    assert seen["release_threshold_set"] == str(64 * MIB)
+    assert seen["opportunistic_set"] == "0"
+    for key in ("set_used_current", "set_high_nonzero", "get_unknown_attribute", "set_unknown_attribute",
+                "get_without_value", "get_unknown_pool"):
+        assert seen[key] == CUDA_ERROR_INVALID_VALUE, key
+
+
+def test_a_device_allocates_from_its_current_pool_until_that_pool_is_destroyed(programs, env):
+    seen = run_program(programs.entry_points, with_devices(env, "memory=4GiB;memory=4GiB"), "pools")
+    assert seen["get_pool_before_init"] == CUDA_ERROR_NOT_INITIALIZED
+    assert seen["current_is_default"] == "1"
+    assert (seen["set_current"], seen["current_is_created"]) == (CUDA_SUCCESS, "1")
+    assert seen["created_used"] == str(2 * MIB)
+    assert seen["default_used_meanwhile"] == str(MIB)
+    assert (seen["destroy_current"], seen["current_after_destroy_is_default"]) == (CUDA_SUCCESS, "1")
+    assert seen["free_from_destroyed"] == CUDA_SUCCESS
+    for key in ("set_destroyed", "set_unknown", "set_other_devices_pool"):
+        assert seen[key] == CUDA_ERROR_INVALID_VALUE, key
+    assert seen["set_invalid_device"] == CUDA_ERROR_INVALID_DEVICE
 
 
 def test_pitched_allocation_rounds_the_pitch_up_to_512_bytes(programs, env):

@@ -1,10 +1,13 @@
-"""The simulated NVML, through pynvml (nvidia-ml-py) as monitoring tools and jupyter-vgpu use it."""
+"""The simulated NVML, through pynvml (nvidia-ml-py) as monitoring tools and jupyter-vgpu use it, and
+through its C API where pynvml does not go (the v1 process list HAMi-core calls)."""
 
 from __future__ import annotations
 
 import time
 
-from sim_helpers import MIB, full_wave, python_json, with_devices
+from sim_helpers import MIB, full_wave, python_json, run_program, with_devices
+
+NVML_ERROR_INSUFFICIENT_SIZE = "7"
 
 PYNVML_TOUR = r"""
 import json, time, pynvml
@@ -170,3 +173,11 @@ print(json.dumps([pynvml.nvmlDeviceGetMemoryInfo(h).used, len(pynvml.nvmlDeviceG
     start = time.monotonic()
     assert python_json(env, code) == [0, 0]
     assert time.monotonic() - start < 30
+
+
+def test_nvml_v1_process_list_fills_the_v1_layout(programs, env):
+    seen = run_program(programs.entry_points, env, "versions")
+    assert seen["processes_v1"] == seen["processes_v2"] == seen["processes_v3"] == "1"
+    assert seen["processes_v1_self"] == seen["processes_v3_self"] == str(5 * MIB)
+    assert seen["processes_v1_past_end_untouched"] == "1"  # 16-byte entries, not v2's 24
+    assert (seen["processes_v1_no_room"], seen["processes_v1_room_needed"]) == (NVML_ERROR_INSUFFICIENT_SIZE, "1")
