@@ -1,0 +1,310 @@
+"""jupyter_vgpu/server/api.yaml is the REST API: a valid OpenAPI document, naming exactly the
+routes and methods the extension registers, and every reply a real server gives (successes and
+the errors a client can provoke) matches its schema there."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+from functools import cache
+
+import pytest
+import yaml
+from jupyter_server.base.handlers import APIHandler
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate as validate_openapi
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+GIB, MIB = 1 << 30, 1 << 20
+SPEC_URI = "urn:jupyter-vgpu:api.yaml"
+HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete", "options")
+ERROR_STATUSES = {"400", "403", "404", "409"}
+
+
+@cache
+def spec() -> dict:
+    # Read as package data, the way an installed wheel holds it.
+    return yaml.safe_load((importlib.resources.files("jupyter_vgpu.server") / "api.yaml").read_text())
+
+
+def pointer(*parts: str) -> str:
+    return "/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+def resolve(node: dict) -> tuple[dict, str]:
+    """A node of the spec with its $ref followed (local refs only), and the JSON pointer to it."""
+    location = ""
+    while "$ref" in node:
+        location = node["$ref"].removeprefix("#")
+        node = spec()
+        for part in location.strip("/").split("/"):
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+    return node, location
+
+
+def schema_validator(location: str) -> OAS31Validator:
+    """A validator for the schema at `location` (a JSON pointer into the spec), whose own $refs
+    ("#/components/schemas/...") resolve within the spec."""
+    registry = Registry().with_resource(SPEC_URI, Resource(contents=spec(), specification=DRAFT202012))
+    return OAS31Validator({"$ref": f"{SPEC_URI}#{location}"}, registry=registry)
+
+
+def template_of(path: str) -> str:
+    """The documented path a concrete request path falls under (a path parameter is one segment)."""
+    for template in spec()["paths"]:
+        if re.fullmatch(re.sub(r"\\{\w+\\}", "[^/]+", re.escape(template)), path):
+            return template
+    raise AssertionError(f"{path} is under no documented path")
+
+
+def check_reply(method: str, path: str, response) -> object:
+    """The reply's body, after checking that its status is documented for the operation and its
+    content type and body are as documented for that status."""
+    template = template_of(path)
+    operation = spec()["paths"][template][method.lower()]
+    status = str(response.code)
+    assert status in operation["responses"], (
+        f"{method} {path} answered {status}, which {template} does not document: {response.body[:500]!r}"
+    )
+    reply, location = resolve(operation["responses"][status])
+    location = location or pointer("paths", template, method.lower(), "responses", status)
+    content_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+    assert content_type in reply["content"], (
+        f"{method} {path} {status} came as {content_type!r}, documented as {list(reply['content'])}: {response.body[:500]!r}"
+    )
+    if content_type == "application/json":
+        body = json.loads(response.body)
+    else:
+        body = response.body.decode()
+    errors = sorted(schema_validator(location + pointer("content", content_type, "schema")).iter_errors(body), key=str)
+    if errors:
+        pytest.fail(f"{method} {path} {status} does not match the spec:\n" + "\n".join(
+            f"- at {'/'.join(map(str, error.absolute_path)) or 'the top'}: {error.message}" for error in errors
+        ))
+    for name, header in reply.get("headers", {}).items():
+        if header.get("required"):
+            assert name in response.headers, f"{method} {path} {status} lacks its documented {name} header"
+    return body
+
+
+def request_problems(method: str, path: str, body: object) -> list[str]:
+    """Why `body` is not a valid request body of the operation by the spec ([] when it is)."""
+    template = template_of(path)
+    request_body = spec()["paths"][template][method.lower()]["requestBody"]
+    location = pointer("paths", template, method.lower(), "requestBody", "content", "application/json", "schema")
+    assert "application/json" in request_body["content"]
+    return [error.message for error in schema_validator(location).iter_errors(body)]
+
+
+@pytest.fixture
+def api(jp_fetch):
+    """api(method, "slices/<id>", body=..., raw=..., headers=..., status=...) sends a request to
+    /api/vgpu/..., checks that it was answered with `status` and that the reply matches the
+    spec, and returns the reply's body. A JSON body the server accepts (2xx) must be a valid
+    request by the spec, so that the spec promises no less than the server takes."""
+
+    async def call(method, path, body=None, *, raw=None, headers=None, status):
+        full_path = f"/api/vgpu/{path}"
+        if raw is None and body is not None:
+            raw = json.dumps(body)
+        response = await jp_fetch(
+            "api", "vgpu", *path.split("/"), method=method, body=raw, headers=headers, raise_error=False,
+            allow_nonstandard_methods=True,
+        )
+        assert response.code == status, (
+            f"{method} {full_path} {raw or ''} answered {response.code}, expected {status}: {response.body[:1000]!r}"
+        )
+        reply = check_reply(method, full_path, response)
+        if 200 <= status < 300 and body is not None:
+            assert not request_problems(method, full_path, body), (
+                f"the server accepted {body!r}, which the spec refuses: {request_problems(method, full_path, body)}"
+            )
+        return reply
+
+    return call
+
+
+def test_the_spec_is_a_valid_openapi_document():
+    validate_openapi(spec())
+
+
+def route_template(regex: str) -> tuple[str, dict[str, str]]:
+    """A tornado route's regex as an OpenAPI path template, and the pattern of each parameter."""
+    patterns = dict(re.findall(r"\(\?P<(\w+)>([^()]*)\)", regex))
+    template = re.sub(r"\(\?P<(\w+)>[^()]*\)", r"{\1}", regex)
+    assert not set(template) & set("()[]*+?\\$^"), f"route {regex} is more than fixed text and named parameters"
+    return template, patterns
+
+
+def implemented_methods(handler: type) -> set[str]:
+    """The HTTP methods a handler class answers itself (not tornado's 405 or APIHandler's own)."""
+    return {method for method in HTTP_METHODS if getattr(handler, method) is not getattr(APIHandler, method)}
+
+
+def test_the_registered_routes_and_methods_are_exactly_the_documented_ones():
+    from jupyter_vgpu.server.handlers import HANDLERS
+
+    registered, parameter_patterns = set(), {}
+    routes = list(HANDLERS)
+    if routes and routes[-1][0].endswith(".*"):
+        # A last catch-all (JSON 404s for paths under /api/vgpu/ that match no route) is no
+        # operation; the 404 tests below check what it answers.
+        routes.pop()
+    for regex, handler in routes:
+        template, patterns = route_template(regex)
+        parameter_patterns[template] = patterns
+        registered |= {(template, method) for method in implemented_methods(handler)}
+    documented = {
+        (template, method) for template, item in spec()["paths"].items() for method in item if method in HTTP_METHODS
+    }
+    assert registered == documented, (
+        f"registered, not documented: {sorted(registered - documented)}; documented, not registered: {sorted(documented - registered)}"
+    )
+    for template, item in spec()["paths"].items():
+        parameters = [resolve(parameter)[0] for parameter in item.get("parameters", [])]
+        documented_patterns = {p["name"]: p["schema"]["pattern"] for p in parameters if p["in"] == "path"}
+        assert documented_patterns == {name: f"^{pattern}$" for name, pattern in parameter_patterns[template].items()}
+
+
+def test_every_documented_error_is_a_json_message_with_a_client_status():
+    for template, item in spec()["paths"].items():
+        for method, operation in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            statuses = set(operation["responses"])
+            errors = {status for status in statuses if not status.startswith("2")}
+            assert errors <= ERROR_STATUSES, f"{method} {template} documents {sorted(errors - ERROR_STATUSES)}"
+            assert "403" in errors, f"{method} {template} does not document 403"
+            for status in errors:
+                reply, _ = resolve(operation["responses"][status])
+                assert reply["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
+
+async def test_lists_a_kernel_start_a_slice_and_a_resize_match_the_spec(api, vgpu_kernelspec, run_in_kernel, cuda_prelude):
+    assert await api("GET", "slices", status=200) == []
+    devices = await api("GET", "devices", status=200)
+    assert [(d["memory_total_bytes"], d["memory_free_bytes"], d["slices"]) for d in devices] == [(8 * GIB, 8 * GIB, 0), (16 * GIB, 16 * GIB, 0)]
+
+    started = await api(
+        "POST", "kernels", {"name": vgpu_kernelspec, "path": "", "memory": "1GiB", "cores": 20, "policy": "burst", "device": 1}, status=201
+    )
+    kernel_id = started["kernel"]["id"]
+    assert started["slice"]["kernel_id"] == kernel_id
+    assert started["slice"]["limits"] == {"memory_bytes": GIB, "cores": 20, "policy": "burst"}
+    assert started["slice"]["device"]["index"] == 1
+
+    await run_in_kernel(kernel_id, cuda_prelude + "print(allocate(256 << 20))")
+    (listed,) = await api("GET", "slices", status=200)
+    assert listed["state"] == "running" and listed["holder"] == "local" and listed["warnings"] == []
+    assert listed["usage"]["memory_bytes"] == 256 * MIB
+    assert [process["memory_bytes"] for process in listed["usage"]["processes"]] == [256 * MIB]
+    alone = await api("GET", f"slices/{kernel_id}", status=200)
+    assert {key: value for key, value in alone.items() if key != "usage"} == {key: value for key, value in listed.items() if key != "usage"}
+    large = (await api("GET", "devices", status=200))[1]
+    assert (large["memory_allocated_bytes"], large["memory_free_bytes"], large["slices"]) == (GIB, 15 * GIB, 1)
+
+    resized = await api("PATCH", f"slices/{kernel_id}", {"memory": 1536, "cores": "40%"}, status=200)
+    assert resized["limits"] == {"memory_bytes": 1536 * MIB, "cores": 40, "policy": "burst"}  # a bare number is MiB
+    resized = await api("PATCH", f"slices/{kernel_id}", {"memory": "2GiB", "policy": "hard"}, status=200)
+    assert resized["limits"] == {"memory_bytes": 2 * GIB, "cores": 40, "policy": "hard"}
+
+    started = await api("POST", "kernels", {"name": vgpu_kernelspec, "memory": 512, "cores": "10", "device": "0"}, status=201)
+    assert started["slice"]["limits"]["memory_bytes"] == 512 * MIB and started["slice"]["device"]["index"] == 0
+    assert len(await api("GET", "slices", status=200)) == 2
+
+    metrics = await api("GET", "metrics", status=200)
+    assert f'vgpu_slice_memory_limit_bytes{{device="1",kernel_id="{kernel_id}",policy="hard"}}' in metrics
+
+
+async def test_the_location_of_a_started_kernel_is_its_jupyter_url(jp_fetch, vgpu_kernelspec, jp_base_url):
+    response = await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": vgpu_kernelspec}))
+    assert response.code == 201
+    kernel_id = json.loads(response.body)["kernel"]["id"]
+    assert response.headers["Location"] == f"{jp_base_url}api/kernels/{kernel_id}"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"memory": "lots"},
+        {"memory": 0},
+        {"memory": True},
+        {"cores": 0},
+        {"cores": "half"},
+        {"cores": 12.5},
+        {"policy": "soft"},
+        {"device": "9"},
+        {"colour": "red"},
+    ],
+)
+async def test_bad_kernel_starts_get_400_bodies_that_match_the_spec(api, vgpu_kernelspec, body):
+    await api("POST", "kernels", {"name": vgpu_kernelspec, **body}, status=400)
+    assert await api("GET", "slices", status=200) == []
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", '"memory"'])
+async def test_kernel_starts_that_are_not_json_objects_get_400_bodies_that_match_the_spec(api, raw):
+    await api("POST", "kernels", raw=raw, status=400)
+
+
+async def test_a_kernelspec_without_slices_gets_400_and_an_unknown_one_404(api, vgpu_kernelspec):
+    await api("POST", "kernels", {"name": "python3"}, status=400)
+    await api("POST", "kernels", {"name": "no-such-kernelspec"}, status=404)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{}",
+        '{"memory": "1TiB-ish"}',
+        '{"memory": -1}',
+        '{"cores": 101}',
+        '{"cores": "40%%"}',
+        '{"policy": 3}',
+        '{"device": 1}',
+        '{"colour": "red"}',
+        "[1, 2]",
+        "{not json",
+    ],
+)
+async def test_bad_resizes_get_400_bodies_that_match_the_spec(api, vgpu_kernelspec, raw):
+    started = await api("POST", "kernels", {"name": vgpu_kernelspec}, status=201)
+    kernel_id = started["kernel"]["id"]
+    await api("PATCH", f"slices/{kernel_id}", raw=raw, status=400)
+    assert (await api("GET", f"slices/{kernel_id}", status=200))["limits"] == started["slice"]["limits"]
+
+
+@pytest.mark.parametrize("kernel_id", ["no-such-kernel", "..", ".", "a.b", "ünïcode", "a b", "50%"])
+async def test_unknown_slices_get_404_json_bodies_that_match_the_spec(api, kernel_id):
+    # Ids outside [\w-]+ (sent percent-encoded) match no route: still a JSON 404, never
+    # Jupyter's HTML page.
+    await api("GET", f"slices/{kernel_id}", status=404)
+    await api("PATCH", f"slices/{kernel_id}", {"cores": 10}, status=404)
+
+
+async def test_no_room_gets_409_bodies_that_match_the_spec(api, vgpu_kernelspec):
+    refused = await api("POST", "kernels", {"name": vgpu_kernelspec, "memory": "20GiB"}, status=409)
+    assert "%%" not in refused["message"]
+    started = await api("POST", "kernels", {"name": vgpu_kernelspec, "memory": "4GiB", "device": 0}, status=201)
+    refused = await api("PATCH", f"slices/{started['kernel']['id']}", {"memory": "9GiB"}, status=409)
+    assert "%%" not in refused["message"]
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("GET", "devices", None),
+        ("GET", "slices", None),
+        ("GET", "slices/some-kernel", None),
+        ("PATCH", "slices/some-kernel", {"cores": 10}),
+        ("POST", "kernels", {"name": "vgpu-test"}),
+        ("GET", "metrics", None),
+    ],
+)
+async def test_requests_without_credentials_get_403_bodies_that_match_the_spec(api, method, path, body):
+    anonymous = {"Authorization": ""}  # jp_fetch adds the server's token unless told otherwise
+    await api(method, path, body, headers=anonymous, status=403)
+    forged = {"Authorization": "", "X-VGPU-Kernel-Credential": "not-a-credential"}
+    await api(method, path, body, headers=forged, status=403)
