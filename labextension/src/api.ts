@@ -1,33 +1,54 @@
-/** The server's REST API under /api/vgpu/ (jupyter_vgpu/handlers.py), through Jupyter's auth. */
+/**
+ * The server's REST API under /api/vgpu/ (described in jupyter_vgpu/server/api.yaml), through
+ * Jupyter's auth.
+ */
 
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { ISliceRequest, Policy } from './slice-values';
 
-/** GET /api/vgpu/slices item (handlers.slice_model). */
+/** What one process of a slice holds and uses (a Slice's usage.processes item in api.yaml). */
+export interface IProcessUsage {
+  pid: number;
+  memory_bytes: number;
+  /** Measured SM utilisation, percent of the device. */
+  sm_util: number;
+  /** Allocations refused because the slice was at its cap. */
+  oom_refusals: number;
+}
+
+/**
+ * GET /api/vgpu/slices item (Slice in jupyter_vgpu/server/api.yaml). Sizes are bytes, named so;
+ * `cores` is the SM share in percent.
+ */
 export interface ISliceModel {
   kernel_id: string;
   kernelspec: string;
+  /** The notebook of the kernel's session, or '' when it has none. */
   path: string;
-  device: { index: number; uuid: string };
-  limits: { memory: number; cores: number; policy: Policy };
-  usage: { memory: number; sm_util: number };
   owner: string;
-  state: string;
+  holder: 'local' | 'pod';
+  state: 'running' | 'idle' | 'lost';
+  device: { index: number; uuid: string };
+  limits: { memory_bytes: number; cores: number; policy: Policy };
+  usage: { memory_bytes: number; sm_util: number; processes: IProcessUsage[] };
+  /** Sentences for people about something wrong with the slice; empty normally. */
+  warnings: string[];
 }
 
-/** GET /api/vgpu/devices item (handlers.device_model). */
+/** GET /api/vgpu/devices item (Device in jupyter_vgpu/server/api.yaml). */
 export interface IDeviceModel {
   index: number;
   uuid: string;
   name: string;
-  memory_total: number;
   sm_count: number;
-  memory_capacity: number;
-  memory_allocated: number;
-  memory_free: number;
+  memory_total_bytes: number;
+  memory_capacity_bytes: number;
+  memory_allocated_bytes: number;
+  memory_free_bytes: number;
   sm_share_allocated: number;
+  sm_share_hard_allocated: number;
   sm_share_capacity: number;
   slices: number;
 }

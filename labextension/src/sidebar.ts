@@ -6,13 +6,9 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import { IDeviceModel, ISliceModel, resizeSlice } from './api';
-import {
-  checkSliceForm,
-  formatSize,
-  formatUsedOfCap,
-  POLICIES
-} from './slice-values';
+import { ISliceModel, resizeSlice } from './api';
+import { describeDevice, memoryLabel, sliceTitle, smLabel } from './describe';
+import { checkSliceForm, formatSize, POLICIES } from './slice-values';
 import { SliceStore } from './store';
 
 function element<K extends keyof HTMLElementTagNameMap>(
@@ -50,7 +46,10 @@ class Bar {
   private _mark = element('div', 'jp-vgpu-Bar-mark');
 }
 
-/** One slice: its bars, and a resize form whose fields stay as the user typed them. */
+/**
+ * One slice: its title, the server's warnings about it, its bars, and a resize form whose fields
+ * stay as the user typed them.
+ */
 class SliceRow {
   readonly node = element('li', 'jp-vgpu-Slice');
 
@@ -90,32 +89,37 @@ class SliceRow {
       event.preventDefault();
       void this._resize();
     });
-    this.node.append(this._title, this._memoryBar.node, this._smBar.node, form, this._message);
+    this.node.append(
+      this._title,
+      this._warnings,
+      this._memoryBar.node,
+      this._smBar.node,
+      form,
+      this._message
+    );
   }
 
   show(slice: ISliceModel): void {
     const { limits, usage } = slice;
-    this._title.textContent = this._trans.__(
-      '%1 · GPU %2 · %3',
-      slice.path || slice.kernel_id.slice(0, 8),
-      slice.device.index,
-      limits.policy
-    );
+    this._title.textContent = sliceTitle(slice, this._trans);
     this._title.title = slice.kernel_id;
-    this._memoryBar.show(
-      this._trans.__('Memory %1', formatUsedOfCap(usage.memory, limits.memory)),
-      usage.memory / limits.memory
-    );
-    this._smBar.show(
-      this._trans.__('SM %1 / %2 %', Math.round(usage.sm_util), limits.cores),
-      usage.sm_util / 100,
-      limits.cores / 100
-    );
-    this._memory.placeholder = formatSize(limits.memory);
+    this._showWarnings(slice.warnings);
+    this._memoryBar.show(memoryLabel(slice, this._trans), usage.memory_bytes / limits.memory_bytes);
+    this._smBar.show(smLabel(slice, this._trans), usage.sm_util / 100, limits.cores / 100);
+    this._memory.placeholder = formatSize(limits.memory_bytes);
     this._cores.placeholder = `${limits.cores}`;
     if (!this._policyTouched) {
       this._policy.value = limits.policy;
     }
+  }
+
+  /** One line per warning; the DOM changes only when the warnings do (polls repeat them). */
+  private _showWarnings(warnings: readonly string[]): void {
+    const shown = Array.from(this._warnings.children, line => line.textContent);
+    if (shown.length === warnings.length && shown.every((text, i) => text === warnings[i])) {
+      return;
+    }
+    this._warnings.replaceChildren(...warnings.map(text => element('div', 'jp-vgpu-Warning', text)));
   }
 
   private async _resize(): Promise<void> {
@@ -153,6 +157,7 @@ class SliceRow {
   }
 
   private _title = element('div', 'jp-vgpu-Slice-title');
+  private _warnings = element('div', 'jp-vgpu-Warnings');
   private _memoryBar = new Bar('memory');
   private _smBar = new Bar('sm');
   private _memory = element('input', 'jp-mod-styled');
@@ -161,18 +166,6 @@ class SliceRow {
   private _policyTouched = false;
   private _apply = element('button', 'jp-mod-styled jp-mod-accept jp-vgpu-Apply');
   private _message = element('div', 'jp-vgpu-Message');
-}
-
-export function describeDevice(device: IDeviceModel, trans: TranslationBundle): string {
-  return trans.__(
-    'GPU %1 %2: %3 free of %4 · SM %5 % of %6 % promised',
-    device.index,
-    device.name,
-    formatSize(device.memory_free),
-    formatSize(device.memory_capacity),
-    device.sm_share_allocated,
-    device.sm_share_capacity
-  );
 }
 
 export class SliceSidebar extends Widget {

@@ -10,8 +10,8 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { startKernel } from './api';
+import { describeDevice } from './describe';
 import { PROVISIONER_NAME, ISlicedKernelspec, slicedKernelspecs } from './kernelspecs';
-import { describeDevice } from './sidebar';
 import { checkSliceForm, ISliceForm, POLICIES } from './slice-values';
 import { SliceStore } from './store';
 

@@ -1,4 +1,7 @@
-/** Status-bar item: the slice of the active notebook's kernel, hidden when it has none. */
+/**
+ * Status-bar item: the slice of the active notebook's kernel, hidden when it has none; in the
+ * warn colour, with the warnings in its tooltip, while the server has warnings about the slice.
+ */
 
 import { ISessionContext } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
@@ -6,7 +9,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { formatSize, formatSliceSummary } from './slice-values';
+import { sliceSummary, sliceTooltip } from './describe';
 import { SliceStore } from './store';
 
 export class SliceStatusItem extends Widget {
@@ -42,15 +45,9 @@ export class SliceStatusItem extends Widget {
     const kernelId = this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
     const slice = this._store.sliceOf(kernelId);
     if (slice) {
-      const { limits, usage, device } = slice;
-      this.node.textContent = formatSliceSummary(usage.memory, limits.memory, usage.sm_util, limits.cores);
-      this.node.title = this._trans.__(
-        'GPU slice on device %1: memory cap %2, SM share %3 % (%4)',
-        device.index,
-        formatSize(limits.memory),
-        limits.cores,
-        limits.policy
-      );
+      this.node.textContent = sliceSummary(slice);
+      this.node.title = sliceTooltip(slice, this._trans);
+      this.toggleClass('jp-vgpu-mod-warned', slice.warnings.length > 0);
     }
     if (this._hasSlice !== !!slice) {
       this._hasSlice = !!slice;
