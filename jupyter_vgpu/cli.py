@@ -18,8 +18,8 @@ from traitlets import Bool, Unicode
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
 from jupyter_vgpu.native import NativeLibraryMissing, interposer_path, simulator_dir
-from jupyter_vgpu.holders.local import SliceSpec, create_region, region_directory, run_in_slice, slice_environment
-from jupyter_vgpu.model.sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
+from jupyter_vgpu.holders.local import LocalHolder, default_region_dir, run_in_slice, slice_environment
+from jupyter_vgpu.model import SliceLimits, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
 # What `jupyter vgpu doctor` runs in a probe slice: the memory the driver shows it, and the pids
 # NVML lists for the slice's device (argv[1], its UUID) once it holds a context there.
@@ -97,9 +97,10 @@ class RunApp(_VGPUSubcommand):
     }
     flags = {"simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}
 
-    def spec(self) -> SliceSpec:
+    def limits(self) -> SliceLimits:
+        """The slice asked for; no --memory: the whole device (0 in the region: no cap)."""
         try:
-            return SliceSpec(
+            return SliceLimits(
                 memory_limit=parse_size(self.memory) if self.memory else 0,
                 sm_share=parse_sm_share(self.cores),
                 policy=parse_policy(self.policy),
@@ -108,14 +109,19 @@ class RunApp(_VGPUSubcommand):
             raise UsageError(error) from None
 
     def run(self) -> int:
-        spec = self.spec()  # refuse bad values before anything starts
+        limits = self.limits()  # refuse bad values before anything starts
         if not self.extra_args:
             raise UsageError("no command given; usage: jupyter vgpu run [options] -- COMMAND ARGS...")
         try:
             device = select_device(self.devices(), self.device)
         except SliceValueError as error:
             raise UsageError(error) from None
-        return run_in_slice(self.extra_args, spec, device, simulate=self.simulate)
+        if limits.memory_limit > device.memory_total:
+            raise UsageError(
+                f"a memory cap of {format_size(limits.memory_limit)} is more than GPU {device.index} has "
+                f"({format_size(device.memory_total)}); ask for at most that, or leave --memory out for the whole GPU"
+            )
+        return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
 
 
 class DevicesApp(_VGPUSubcommand):
@@ -158,8 +164,9 @@ class DoctorApp(_VGPUSubcommand):
         except NativeLibraryMissing as error:
             report(not self.simulate, "simulated GPU", str(error))
 
+        holder = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
         try:
-            directory = region_directory()
+            directory = holder.region_dir
             probe = tempfile.NamedTemporaryFile(dir=directory)
             probe.close()
             report(True, "region directory", f"{directory} is writable")
@@ -186,7 +193,8 @@ class DoctorApp(_VGPUSubcommand):
         # see the cap, and be listed by NVML under the pid it has (the slice attributes context
         # memory and SM utilisation by pid).
         probe_limit = 256 << 20
-        region = create_region(SliceSpec(memory_limit=probe_limit), devices[0])
+        probe_name = f"doctor-{os.getpid()}"
+        region = holder.new_region(probe_name, SliceLimits(probe_limit), devices[0])
         try:
             env = slice_environment(region, simulate=self.simulate)
             result = subprocess.run(
@@ -216,7 +224,7 @@ class DoctorApp(_VGPUSubcommand):
                 )
         finally:
             region.close()
-            region.path.unlink(missing_ok=True)
+            holder.release(probe_name)
 
         if os.environ.get("LD_PRELOAD"):
             print(f"[note] LD_PRELOAD is already set here ({os.environ['LD_PRELOAD']}); slices add libvgpu.so in front of it")
@@ -272,7 +280,7 @@ class StatusApp(_ServerClient):
         print(f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE")
         for item in slices:
             limits, usage = item["limits"], item["usage"]
-            memory = f"{format_size(usage['memory']) if usage['memory'] else '0'} / {format_size(limits['memory'])}"
+            memory = f"{format_size(usage['memory_bytes']) if usage['memory_bytes'] else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
                 f"{item['kernel_id'][:8]:<10}{(item['path'] or '-')[-27:]:<28}{item['device']['index']:>4}"
@@ -318,7 +326,7 @@ class ResizeApp(_ServerClient):
             raise UsageError(f"{wanted!r} matches {len(matches)} sliced kernels; give more of the kernel id")
         item = self.request("PATCH", f"slices/{matches[0]}", change)
         limits = item["limits"]
-        print(f"resized {matches[0][:8]}: memory {format_size(limits['memory'])}, cores {limits['cores']} %, policy {limits['policy']}")
+        print(f"resized {matches[0][:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}")
         return 0
 
 

@@ -117,7 +117,7 @@ def _error_message(error: urllib.error.HTTPError) -> str:
 def describe_limits(model: dict[str, Any]) -> str:
     """``memory cap 6GiB, SM share 40%, policy hard``: what a resize was granted."""
     limits = model["limits"]
-    return f"memory cap {format_size(limits['memory'])}, SM share {limits['cores']}%, policy {limits['policy']}"
+    return f"memory cap {format_size(limits['memory_bytes'])}, SM share {limits['cores']}%, policy {limits['policy']}"
 
 
 def slice_name(model: dict[str, Any]) -> str:

@@ -1,105 +1,147 @@
-"""Slices of running kernels: the ledger's decisions carried out on region files.
+"""The slice manager: the ledger's decisions carried out by the holders.
 
-The :class:`SliceManager` is what the server extension, its REST handlers and the kernel
-provisioner share: admitting a slice takes a ledger decision and then creates the slice's
-region; resizing re-decides and then publishes the new limits into the region, where every
-process of the kernel applies them on its next CUDA call; releasing does the reverse. Imports
-go one way: handlers and the provisioner -> slices -> ledger, region.
+What the server extension, its REST handlers and the kernel provisioners share. Admitting a
+slice takes a ledger decision and then has the slice's holder make its place; resizing
+re-decides and then has the holder put the new limits in force; releasing does the reverse.
+Imports go one way: handlers and provisioners -> manager -> ledger, holders.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
-import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from traitlets.config import LoggingConfigurable
 
-from jupyter_vgpu.model.devices import Device
-from jupyter_vgpu.ledger.embedded import Allocation, Ledger, SliceRequest, UnknownSlice
-from jupyter_vgpu.holders.region import ProcessUsage, Region, RegionError, process_start_time
-from jupyter_vgpu.holders.local import slice_environment
+from jupyter_vgpu.holders import Holder, SliceUsage
+from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, UnknownSlice
+from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
+
+WARNINGS_KEY = "warnings"
+
+
+class SliceRefused(Exception):
+    """A slice that cannot be had; ``reason`` is ``capacity`` (no room: try less or stop a
+    kernel) or ``invalid`` (the request itself is wrong). The message is short, whole sentences,
+    free of ``%`` (jupyter_server doubles it in the error it makes of a failed session start)."""
+
+    def __init__(self, message: str, *, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
 class SliceStatus:
-    """A slice as the REST API and the CLI show it."""
+    """A slice as the REST API and the CLI show it: the ledger's record and the holder's reading."""
 
     allocation: Allocation
-    processes: list[ProcessUsage]
-    memory_used: int
-    sm_util_percent: float
-    state: str  # "running" | "idle" (no process of the kernel is in the slice) | "lost" (region gone)
+    usage: SliceUsage
+
+    @property
+    def warnings(self) -> list[str]:
+        return [*self.allocation.metadata.get(WARNINGS_KEY, []), *self.usage.warnings]
+
+
+def start_refusal(error: CapacityError) -> str:
+    """The short form of a refused start, read whole in JupyterLab's error dialog."""
+    if error.resource == "memory":
+        free = format_size(error.available) if error.available else "no memory"
+        advice = "stop a kernel to free some" if not error.available else "ask for less or stop a kernel"
+        return f"Its {format_size(error.requested)} GPU slice does not fit: {free} is free. To start it, {advice}."
+    if error.resource == "sm_share":
+        return (
+            f"Its GPU slice of {error.requested} percent of the SMs does not fit: {error.available} percent "
+            "is free. To start it, ask for less or stop a kernel."
+        )
+    return str(error).replace("%", " percent")
 
 
 class SliceManager(LoggingConfigurable):
-    """Owns the regions of the slices in a ledger. One per server process."""
+    """Drives one ledger and the holders of its slices. One per server; provisioners find it
+    through their parent chain (kernel manager -> server), handlers through the settings."""
 
-    _current: SliceManager | None = None
-
-    @classmethod
-    def current(cls) -> SliceManager | None:
-        """The server's manager, which kernel provisioners in the same process use."""
-        return cls._current
-
-    def make_current(self) -> None:
-        SliceManager._current = self
-
-    def __init__(self, ledger: Ledger, devices: list[Device], region_dir: Path, simulate: bool, **kwargs):
+    def __init__(
+        self,
+        ledger: Ledger,
+        holders: list[Holder],
+        defaults: SliceLimits,
+        *,
+        start_error: Callable[[SliceRefused], Exception] = lambda refusal: refusal,
+        **kwargs,
+    ):
+        """``start_error`` makes the exception a refused kernel start raises; the server turns
+        refusals into HTTP errors there, so no layer below it knows HTTP."""
         super().__init__(**kwargs)
+        self.start_error = start_error
         self.ledger = ledger
-        self.devices = devices
-        self.region_dir = Path(region_dir)
-        self.region_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.simulate = simulate
-        self._regions: dict[str, Region] = {}
+        self.holders = {holder.kind: holder for holder in holders}
+        self.defaults = defaults
+
+    def holder(self, allocation_or_kind: Allocation | str) -> Holder:
+        kind = allocation_or_kind if isinstance(allocation_or_kind, str) else allocation_or_kind.holder
+        return self.holders[kind]
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def admit(
-        self, kernel_id: str, request: SliceRequest, *, owner: str = "", device=None, metadata: dict | None = None
-    ) -> Allocation:
-        """A slice for a kernel about to start: a ledger decision, then its region."""
-        allocation = self.ledger.admit(kernel_id, request, owner=owner, device=device, metadata=metadata)
+    def decide_limits(self, requested: dict | None = None, configured: dict | None = None) -> SliceLimits:
+        """The one place a slice's size is decided: what the start asked for, else what the
+        kernelspec (or the provisioner's config) sets, else this server's defaults. Values are
+        in the parse() vocabulary (``memory``, ``cores``, ``policy``); empty ones are unset."""
         try:
-            path = self.region_dir / f"{kernel_id}.region"
-            self._regions[kernel_id] = Region.create(
-                path,
-                memory_limit=allocation.memory_limit,
-                sm_share=allocation.sm_share,
-                policy=allocation.policy,
-                device_uuid=allocation.device_uuid,
-                device_index=allocation.device_index,
-            )
-            return self.ledger.update_metadata(kernel_id, region=str(path))
-        except BaseException:
-            self.ledger.release(kernel_id)
-            raise
+            return decide_limits(self.defaults, configured or {}, requested or {})
+        except ValueError as error:
+            raise SliceRefused(str(error), reason="invalid") from None
 
-    def resize(self, kernel_id: str, *, memory_limit=None, sm_share=None, policy=None) -> Allocation:
-        """Re-decide a slice and publish the new limits to every process in it."""
-        allocation = self.ledger.resize(kernel_id, memory_limit=memory_limit, sm_share=sm_share, policy=policy)
-        self.region(kernel_id).set_limits(
-            memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy
+    def admit(
+        self,
+        kernel_id: str,
+        limits: SliceLimits,
+        *,
+        owner: str = "",
+        device=None,
+        metadata: dict | None = None,
+        holder: str = "local",
+    ) -> Allocation:
+        """A slice for a kernel about to start: a ledger decision, then its holder's place."""
+        try:
+            allocation = self.ledger.admit(
+                kernel_id, limits, owner=owner, device=device, metadata=metadata, holder=holder
+            )
+        except CapacityError as error:
+            raise SliceRefused(start_refusal(error), reason="capacity") from error
+        except ValueError as error:
+            raise SliceRefused(str(error).replace("%", " percent"), reason="invalid") from None
+        try:
+            self.holder(allocation).create(allocation)
+        except BaseException:
+            self.release(kernel_id)
+            raise
+        return allocation
+
+    def resize(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
+        """Re-decide a slice (values in the parse() vocabulary) and put the new limits in force
+        for every process in it. Raises UnknownSlice, SliceValueError, CapacityError."""
+        current = self.get(kernel_id)
+        wanted = current.limits.changed(memory=memory, cores=cores, policy=policy)
+        allocation = self.ledger.resize(
+            kernel_id, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy
         )
+        self.holder(allocation).apply_limits(allocation)
         return allocation
 
     def release(self, kernel_id: str) -> Allocation | None:
         allocation = self.ledger.release(kernel_id)
-        region = self._regions.pop(kernel_id, None)
-        if region is not None:
-            region.close()
-        if allocation is not None and allocation.metadata.get("region"):
-            Path(allocation.metadata["region"]).unlink(missing_ok=True)
+        for holder in self.holders.values():
+            holder.release(kernel_id)
         return allocation
 
-    def record_kernel_process(self, kernel_id: str, pid: int) -> None:
-        """Remember the kernel's process so a restarted server can tell whether it still runs."""
-        self.ledger.update_metadata(kernel_id, pid=pid, pid_start_time=process_start_time(pid))
+    def record_kernel(self, kernel_id: str, provisioner_info: dict) -> None:
+        """Remember what identifies the kernel's process (its provisioner's
+        ``get_provisioner_info()``), so a restarted server can tell whether it still runs."""
+        self.ledger.update_metadata(kernel_id, provisioner_info=provisioner_info)
 
     def issue_kernel_credential(self, kernel_id: str) -> str:
         """A fresh secret for the kernel's process to call the REST API with (see handlers.py for
@@ -124,28 +166,19 @@ class SliceManager(LoggingConfigurable):
             raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}")
         return allocation
 
-    def region(self, kernel_id: str) -> Region:
-        region = self._regions.get(kernel_id)
-        if region is None:
-            region = self._regions[kernel_id] = Region.open(self.get(kernel_id).metadata["region"])
-        return region
-
-    def environment(self, kernel_id: str, base_env: dict[str, str] | None = None) -> dict[str, str]:
-        return slice_environment(self.region(kernel_id), simulate=self.simulate, base_env=base_env)
-
     def status(self, allocation: Allocation) -> SliceStatus:
-        try:
-            region = self.region(allocation.kernel_id)
-        except (RegionError, KeyError):
-            return SliceStatus(allocation, [], 0, 0.0, "lost")
-        processes = region.processes()
-        return SliceStatus(
-            allocation=allocation,
-            processes=processes,
-            memory_used=sum(process.used for process in processes),
-            sm_util_percent=region.sm_util_permille / 10 if processes else 0.0,
-            state="running" if processes else "idle",
-        )
+        usage = self.holder(allocation).usage(allocation)
+        if usage.warnings:
+            # Kept with the slice, so it stays flagged after the holder put things right.
+            for warning in usage.warnings:
+                self.log.warning("kernel %s: %s", allocation.kernel_id, warning)
+            known = allocation.metadata.get(WARNINGS_KEY, [])
+            try:
+                allocation = self.ledger.update_metadata(allocation.kernel_id, **{WARNINGS_KEY: [*known, *usage.warnings]})
+            except UnknownSlice:
+                pass
+            usage = SliceUsage(usage.state, usage.processes, usage.sm_util_percent)
+        return SliceStatus(allocation, usage)
 
     def statuses(self) -> list[SliceStatus]:
         return [self.status(allocation) for allocation in self.ledger.allocations()]
@@ -157,21 +190,25 @@ class SliceManager(LoggingConfigurable):
 
         jupyter_server does not re-adopt kernels it did not start in this process, so a kernel
         that outlived its server would hold GPU memory no one can reach: it is stopped and its
-        slice released. Returns what was released.
+        slice released, and whatever a holder has left of slices the ledger no longer knows is
+        removed. Returns what was released.
         """
         for allocation in self.ledger.allocations():
-            pid, start_time = allocation.metadata.get("pid"), allocation.metadata.get("pid_start_time")
-            if pid and start_time and process_start_time(pid) == start_time:
-                self.log.warning("stopping orphaned kernel %s (pid %s) left by a previous server", allocation.kernel_id, pid)
-                try:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            if self.holder(allocation).is_alive(allocation):
+                self.log.warning("stopping orphaned kernel %s left by a previous server", allocation.kernel_id)
+                self.holder(allocation).stop(allocation)
         released = self.ledger.reconcile(lambda allocation: False)
         for allocation in released:
             self.release(allocation.kernel_id)
+        kept = {allocation.kernel_id for allocation in self.ledger.allocations()}
+        for holder in self.holders.values():
+            for kernel_id in holder.sweep(kept):
+                self.log.info("removed what slice %s left behind", kernel_id)
         return released
 
 
 def _digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
+
+
+__all__ = ["SliceManager", "SliceRefused", "SliceStatus", "start_refusal"]

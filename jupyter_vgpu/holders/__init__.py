@@ -1,0 +1,66 @@
+"""The holder seam: where a slice lives, and what the slice manager asks of it.
+
+A holder turns the ledger's decisions into a place a kernel runs in: the local holder
+(:class:`LocalHolder`) as a region file that ``libvgpu.so`` in every process of the kernel
+obeys; a pod holder (with the Kubernetes backend) as a pod asking the cluster's GPU-sharing
+scheduler for the slice. The manager drives holders through this protocol and knows no details
+of either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from jupyter_vgpu.holders.region import ProcessUsage
+from jupyter_vgpu.ledger import Allocation
+
+
+@dataclass(frozen=True)
+class SliceUsage:
+    """What a slice's processes use now, as its holder reads it.
+
+    ``state``: ``running`` (a process of the kernel is in the slice), ``idle`` (none is), ``lost``
+    (the holder cannot find the slice). ``warnings``: sentences for people, e.g. limits someone
+    changed that the holder restored.
+    """
+
+    state: str
+    processes: list[ProcessUsage] = field(default_factory=list)
+    sm_util_percent: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def memory_used(self) -> int:
+        return sum(process.used for process in self.processes)
+
+
+@runtime_checkable
+class Holder(Protocol):
+    kind: str  # the Allocation.holder value this holder serves
+
+    def create(self, allocation: Allocation) -> None:
+        """Make the place the slice lives in, with the allocation's limits."""
+
+    def apply_limits(self, allocation: Allocation) -> None:
+        """Make the allocation's (new) limits the ones in force."""
+
+    def usage(self, allocation: Allocation) -> SliceUsage:
+        """Read what the slice uses; re-assert its limits where they drifted from the ledger's."""
+
+    def is_alive(self, allocation: Allocation) -> bool:
+        """Whether the kernel that holds the slice still runs (after a server restart)."""
+
+    def stop(self, allocation: Allocation) -> None:
+        """Stop a kernel that outlived the server that started it."""
+
+    def release(self, kernel_id: str) -> None:
+        """Remove what the slice left behind; idempotent."""
+
+    def sweep(self, kept: set[str]) -> list[str]:
+        """Remove what slices not in ``kept`` left behind (after a crash); returns their ids."""
+
+
+from jupyter_vgpu.holders.local import LocalHolder  # noqa: E402  (local.py needs SliceUsage)
+
+__all__ = ["Holder", "LocalHolder", "ProcessUsage", "SliceUsage"]

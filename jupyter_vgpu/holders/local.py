@@ -1,5 +1,9 @@
-"""A slice as a process sees it: a region file, and the environment that puts a process (and
-every process it starts, since children inherit the environment) inside it."""
+"""The local holder: a slice as a region file on this machine, and the environment that puts a
+process (and every process it starts, since children inherit the environment) inside it.
+
+Every region of this machine is made here, by a server's slices, ``jupyter vgpu run``, the
+doctor's probe and kernels started without a server alike, in one private folder.
+"""
 
 from __future__ import annotations
 
@@ -8,44 +12,39 @@ import signal
 import subprocess
 import uuid as uuidlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jupyter_vgpu.model.devices import Device, simulator_environment
+from jupyter_vgpu.holders import SliceUsage
+from jupyter_vgpu.holders.region import Region, RegionError, process_start_time
+from jupyter_vgpu.ledger import Allocation
+from jupyter_vgpu.model import Device, SliceLimits, format_size
+from jupyter_vgpu.model.devices import simulator_environment
 from jupyter_vgpu.native import interposer_path
-from jupyter_vgpu.holders.region import Region
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+REGION_SUFFIX = ".region"
+# Region files and the folder holding them: the user's own, nobody else's. A region's limits are
+# what the interposer enforces; the folder also names every running kernel.
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
 
 
-@dataclass(frozen=True)
-class SliceSpec:
-    """What a slice may use: bytes of device memory (0 = no cap), SM share in percent, policy."""
-
-    memory_limit: int = 0
-    sm_share: int = 100
-    policy: str = "hard"
-
-
-def region_directory() -> Path:
-    """Where region files live by default: a private folder in Jupyter's runtime directory."""
-    directory = Path(jupyter_runtime_dir()) / "vgpu"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return directory
+def default_region_dir(*, standalone: bool = False) -> Path:
+    """Where regions live: the slices of Jupyter servers (which share the user's ledger) in one
+    folder, those of programs started without a server (``jupyter vgpu run``, the doctor's probe,
+    kernels of nbconvert) in a folder of their own, so a server's sweep never takes theirs."""
+    folder = Path(jupyter_runtime_dir()) / "vgpu" / "regions"
+    return folder / "standalone" if standalone else folder
 
 
-def create_region(spec: SliceSpec, device: Device, directory: Path | None = None, name: str | None = None) -> Region:
-    path = (directory or region_directory()) / f"{name or uuidlib.uuid4().hex}.region"
-    return Region.create(
-        path,
-        memory_limit=spec.memory_limit,
-        sm_share=spec.sm_share,
-        policy=spec.policy,
-        device_uuid=device.uuid,
-        device_index=device.index,
-    )
+def private_folder(path: Path) -> Path:
+    """``path`` made (with its parents) and closed to other users, whatever umask made it."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    if path.stat().st_mode & 0o077:
+        path.chmod(PRIVATE_FOLDER)
+    return path
 
 
 def slice_environment(region: Region, *, simulate: bool, base_env: dict[str, str] | None = None) -> dict[str, str]:
@@ -60,13 +59,128 @@ def slice_environment(region: Region, *, simulate: bool, base_env: dict[str, str
     return env
 
 
-def run_in_slice(command: Sequence[str], spec: SliceSpec, device: Device, *, simulate: bool) -> int:
+def _limits_text(limits: SliceLimits) -> str:
+    return f"memory cap {format_size(limits.memory_limit)}, SM share {limits.sm_share}%, policy {limits.policy}"
+
+
+class LocalHolder:
+    """Slices as region files in ``region_dir``, one per kernel, named by the kernel id."""
+
+    kind = "local"
+
+    def __init__(self, region_dir: Path | None = None, *, simulate: bool = False):
+        self.region_dir = private_folder(Path(region_dir) if region_dir else default_region_dir())
+        self.simulate = simulate
+        self._regions: dict[str, Region] = {}
+
+    # -- regions -------------------------------------------------------------------------
+
+    def path(self, kernel_id: str) -> Path:
+        return self.region_dir / f"{kernel_id}{REGION_SUFFIX}"
+
+    def new_region(self, name: str, limits: SliceLimits, device: Device) -> Region:
+        """A fresh region for a slice called ``name`` (a kernel id, or any unique name)."""
+        return Region.create(
+            self.path(name),
+            memory_limit=limits.memory_limit,
+            sm_share=limits.sm_share,
+            policy=limits.policy,
+            device_uuid=device.uuid,
+            device_index=device.index,
+            mode=PRIVATE_FILE,
+        )
+
+    def region(self, kernel_id: str) -> Region:
+        region = self._regions.get(kernel_id)
+        if region is None:
+            region = self._regions[kernel_id] = Region.open(self.path(kernel_id))
+        return region
+
+    def environment(self, allocation: Allocation, base_env: dict[str, str] | None = None) -> dict[str, str]:
+        return slice_environment(self.region(allocation.kernel_id), simulate=self.simulate, base_env=base_env)
+
+    # -- the Holder protocol -------------------------------------------------------------
+
+    def create(self, allocation: Allocation) -> None:
+        device = Device(allocation.device_uuid, allocation.device_index, "", 0, 0)
+        self._regions[allocation.kernel_id] = self.new_region(allocation.kernel_id, allocation.limits, device)
+
+    def apply_limits(self, allocation: Allocation) -> None:
+        self.region(allocation.kernel_id).set_limits(
+            memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy
+        )
+
+    def usage(self, allocation: Allocation) -> SliceUsage:
+        try:
+            region = self.region(allocation.kernel_id)
+        except RegionError:
+            return SliceUsage("lost")
+        warnings = []
+        drift = self._restore_limits(region, allocation)
+        if drift:
+            warnings.append(drift)
+        processes = region.processes()
+        return SliceUsage(
+            state="running" if processes else "idle",
+            processes=processes,
+            sm_util_percent=region.sm_util_permille / 10 if processes else 0.0,
+            warnings=warnings,
+        )
+
+    def _restore_limits(self, region: Region, allocation: Allocation) -> str | None:
+        """Put the ledger's limits back into a region a process of the slice rewrote (a process
+        in the same Unix account can write its region), and say what was found."""
+        try:
+            found = region.limits
+            if found == allocation.limits:
+                return None
+            what = _limits_text(found)
+        except RegionError:
+            what = "unreadable limits"
+        region.restore(allocation.limits)
+        return (
+            f"the slice's limits were changed from inside the kernel ({what} instead of "
+            f"{_limits_text(allocation.limits)}); the server restored them"
+        )
+
+    def is_alive(self, allocation: Allocation) -> bool:
+        info = allocation.metadata.get("provisioner_info", {})
+        pid, start_time = info.get("pid"), info.get("pid_start_time")
+        return bool(pid and start_time and process_start_time(pid) == start_time)
+
+    def stop(self, allocation: Allocation) -> None:
+        if not self.is_alive(allocation):
+            return
+        pid = allocation.metadata["provisioner_info"]["pid"]
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+    def release(self, kernel_id: str) -> None:
+        region = self._regions.pop(kernel_id, None)
+        if region is not None:
+            region.close()
+        self.path(kernel_id).unlink(missing_ok=True)
+
+    def sweep(self, kept: set[str]) -> list[str]:
+        swept = []
+        for path in self.region_dir.glob(f"*{REGION_SUFFIX}"):
+            kernel_id = path.name[: -len(REGION_SUFFIX)]
+            if kernel_id not in kept:
+                self.release(kernel_id)
+                swept.append(kernel_id)
+        return swept
+
+
+def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *, simulate: bool) -> int:
     """Run a command inside a fresh slice and return its exit status (128 + N if killed by signal N).
 
     Signals sent to this process are passed on to the command, so Ctrl-C reaches the program
     rather than leaving it running in a slice whose region is being removed.
     """
-    region = create_region(spec, device)
+    holder, name = LocalHolder(default_region_dir(standalone=True), simulate=simulate), uuidlib.uuid4().hex
+    region = holder.new_region(name, limits, device)
     try:
         env = slice_environment(region, simulate=simulate)
         try:
@@ -82,4 +196,4 @@ def run_in_slice(command: Sequence[str], spec: SliceSpec, device: Device, *, sim
         return 128 - status if status < 0 else status
     finally:
         region.close()
-        region.path.unlink(missing_ok=True)
+        holder.release(name)

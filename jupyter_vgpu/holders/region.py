@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
 
 import cffi
 
 from jupyter_vgpu.native import region_header_path
+from jupyter_vgpu.model import SliceLimits
 from jupyter_vgpu.model.sizes import POLICIES
 
 _U64 = (1 << 64) - 1
@@ -57,12 +57,6 @@ def limits_check(memory_limit: int, sm_share: int, policy: int) -> int:
         ^ (((policy + 1) * 0x165667B19E3779F9) & _U64)
         ^ magic
     )
-
-
-class Limits(NamedTuple):
-    memory_limit: int  # bytes; 0 = no cap
-    sm_share: int  # percent
-    policy: str  # "hard" | "burst"
 
 
 @dataclass(frozen=True)
@@ -134,7 +128,7 @@ class Region:
             encoded = device_uuid.encode()[: consts["VGPU_DEVICE_UUID_SIZE"] - 1]
             ffi.memmove(raw.device_uuid, encoded, len(encoded))
             raw.device_index = device_index
-            region._publish(Limits(memory_limit, sm_share, policy))
+            region._publish(SliceLimits(memory_limit, sm_share, policy))
             os.rename(staging, path)
         except BaseException:
             os.close(fd)
@@ -192,7 +186,7 @@ class Region:
     # -- limits ------------------------------------------------------------------------------
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> SliceLimits:
         """The limits in force, read with the sequence protocol of region.h."""
         raw = self.raw
         for _ in range(1000):
@@ -209,16 +203,16 @@ class Region:
             or policy >= len(POLICIES)
         ):
             raise RegionError(f"slice region {self.path} is corrupt (limits fail their check)")
-        return Limits(memory_limit, sm_share, POLICIES[policy])
+        return SliceLimits(memory_limit, sm_share, POLICIES[policy])
 
     def set_limits(
         self, memory_limit: int | None = None, sm_share: int | None = None, policy: str | None = None
-    ) -> Limits:
+    ) -> SliceLimits:
         """Publish new limits; every process of the slice applies them on its next hooked call."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             current = self.limits
-            new = Limits(
+            new = SliceLimits(
                 current.memory_limit if memory_limit is None else memory_limit,
                 current.sm_share if sm_share is None else sm_share,
                 current.policy if policy is None else policy,
@@ -228,9 +222,16 @@ class Region:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _publish(self, limits: Limits) -> None:
-        if limits.memory_limit < 0 or not 1 <= limits.sm_share <= 100 or limits.policy not in POLICIES:
-            raise ValueError(f"invalid limits {limits}")
+    def restore(self, limits: SliceLimits) -> None:
+        """Publish ``limits`` whatever the region holds now, a corrupt copy included: the server
+        re-asserting the ledger's limits over a region someone else wrote."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            self._publish(limits)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _publish(self, limits: SliceLimits) -> None:
         raw = self.raw
         spare_index = (raw.active_limits & 1) ^ 1
         spare = raw.limits[spare_index]

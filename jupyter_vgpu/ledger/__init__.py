@@ -1,0 +1,31 @@
+"""The ledger seam: which slices each GPU holds and whether one more fits.
+
+Two implementations of one protocol (:class:`Ledger`): :class:`EmbeddedLedger`, an SQLite file
+in the server (the default, one server), and :class:`RemoteLedger`, a client of a ledger served
+over HTTP by :mod:`jupyter_vgpu.ledger.service` (one ledger for a node's many servers). Both pass
+the same contract tests (tests/ledger).
+"""
+
+from jupyter_vgpu.ledger.base import (
+    Allocation,
+    CapacityError,
+    DeviceUsage,
+    Ledger,
+    LedgerError,
+    LedgerFileError,
+    SliceExists,
+    UnknownSlice,
+)
+from jupyter_vgpu.ledger.embedded import EmbeddedLedger
+
+__all__ = [
+    "Allocation",
+    "CapacityError",
+    "DeviceUsage",
+    "EmbeddedLedger",
+    "Ledger",
+    "LedgerError",
+    "LedgerFileError",
+    "SliceExists",
+    "UnknownSlice",
+]

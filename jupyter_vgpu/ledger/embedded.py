@@ -1,4 +1,4 @@
-"""The GPU ledger: which kernel slices each device holds, and whether one more fits.
+"""The embedded ledger: the slices of this machine's GPUs in an SQLite file.
 
 Every decision (admit, resize, release, reconcile) is one SQLite ``BEGIN IMMEDIATE`` transaction
 on a file, so concurrent kernel starts in many threads and processes never over-commit a device,
@@ -25,13 +25,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from jupyter_vgpu.model import sizes
 from jupyter_vgpu._version import __version__
-from jupyter_vgpu.model.sizes import SliceValueError, format_size
+from jupyter_vgpu.ledger.base import (
+    Allocation,
+    CapacityError,
+    DeviceUsage,
+    LedgerFileError,
+    SliceExists,
+    UnknownSlice,
+)
+from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits, SliceValueError, format_size, select_device
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PLACEMENTS = ("binpack", "spread")
-FULL_SHARE = 100
 # Long enough to wait out a burst of concurrent kernel starts (a decision holds the write lock for
 # well under a millisecond), short enough that a wedged peer is reported rather than waited on.
 BUSY_TIMEOUT_S = 30.0
@@ -50,120 +56,18 @@ _SCHEMA = (
     )""",
     "CREATE INDEX allocations_by_device ON allocations (device_uuid)",
 )
-_COLUMNS = "kernel_id, device_uuid, device_index, memory_limit, sm_share, policy, owner, created_at, metadata"
+# Each step takes the file from version N to N + 1, so a ledger of any older version opens.
+_MIGRATIONS = {
+    # 2: where a slice lives (a local region, a pod on a node), so a slice can be held by
+    # another backend than this machine's region files.
+    1: (
+        "ALTER TABLE allocations ADD COLUMN holder TEXT NOT NULL DEFAULT 'local'",
+        "ALTER TABLE allocations ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+    ),
+}
+_COLUMNS = "kernel_id, device_uuid, device_index, memory_limit, sm_share, policy, owner, created_at, metadata, holder, node"
 
 log = logging.getLogger(__name__)
-
-
-class LedgerFileError(RuntimeError):
-    """A ledger file this version cannot use: not a database, or of an unknown schema version."""
-
-
-class CapacityError(Exception):
-    """A slice that does not fit; the message says what is free and what to ask for instead.
-
-    ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
-    ``slices`` (this server's limits), ``devices`` (none to place on). ``requested`` and
-    ``available`` are in that resource's unit (bytes, percent, slices).
-    """
-
-    def __init__(self, message: str, *, resource: str, requested: int, available: int):
-        super().__init__(message)
-        self.resource = resource
-        self.requested = requested
-        self.available = available
-
-
-class _MessageKeyError(KeyError):
-    # KeyError's str() is the repr of its argument; these carry sentences for people.
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class UnknownSlice(_MessageKeyError):
-    """No slice is held for this kernel id."""
-
-
-class SliceExists(_MessageKeyError):
-    """A slice is already held for this kernel id."""
-
-
-@dataclass(frozen=True)
-class DeviceCapacity:
-    uuid: str
-    index: int
-    name: str
-    memory_total: int
-    sm_count: int
-
-
-def _memory_bytes(value: int | str) -> int:
-    """Bytes from an int (already bytes) or a size string (parsed the way every entry point does)."""
-    if isinstance(value, str):
-        return sizes.parse_size(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SliceValueError(f"memory size {value!r} must be more than zero bytes, or {sizes.SIZE_HELP}")
-    return value
-
-
-@dataclass(frozen=True)
-class SliceRequest:
-    """What a kernel asks for. ``memory_limit`` is bytes (a size string like ``4GiB`` is accepted)."""
-
-    memory_limit: int
-    sm_share: int = FULL_SHARE
-    policy: str = "hard"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "memory_limit", _memory_bytes(self.memory_limit))
-        object.__setattr__(self, "sm_share", sizes.parse_sm_share(self.sm_share))
-        object.__setattr__(self, "policy", sizes.parse_policy(self.policy))
-
-    @property
-    def hard_share(self) -> int:
-        """The share this slice holds against the 100% that hard slices may add up to."""
-        return self.sm_share if self.policy == "hard" else 0
-
-
-@dataclass(frozen=True)
-class Allocation:
-    kernel_id: str
-    device_uuid: str
-    device_index: int
-    memory_limit: int
-    sm_share: int
-    policy: str
-    owner: str
-    created_at: float
-    metadata: dict = field(default_factory=dict)
-
-    @property
-    def request(self) -> SliceRequest:
-        return SliceRequest(self.memory_limit, self.sm_share, self.policy)
-
-
-@dataclass(frozen=True)
-class DeviceUsage:
-    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst)."""
-
-    device: DeviceCapacity
-    memory_capacity: int
-    memory_allocated: int
-    memory_free: int
-    hard_share: int
-    total_share: int
-    share_capacity: int
-    slices: int
-
-    def share_free(self, policy: str) -> int:
-        """The largest share one more slice of this policy could have."""
-        total_free = self.share_capacity - self.total_share
-        if policy == "hard":
-            return max(0, min(FULL_SHARE - self.hard_share, total_free))
-        return max(0, total_free)
-
-    def fits(self, request: SliceRequest) -> bool:
-        return self.memory_free >= request.memory_limit and self.share_free(request.policy) >= request.sm_share
 
 
 @dataclass(frozen=True)
@@ -176,11 +80,11 @@ class _Held:
 
 
 def _allocation(row: tuple) -> Allocation:
-    *columns, metadata = row
-    return Allocation(*columns, metadata=json.loads(metadata))
+    *columns, metadata, holder, node = row
+    return Allocation(*columns, metadata=json.loads(metadata), holder=holder, node=node)
 
 
-def _gpu(device: DeviceCapacity) -> str:
+def _gpu(device: Device) -> str:
     return f"GPU {device.index}"
 
 
@@ -215,6 +119,12 @@ def _open(path: Path) -> sqlite3.Connection:
             if version == 0:
                 for statement in _SCHEMA:
                     connection.execute(statement)
+                version = 1
+            if 0 < version < SCHEMA_VERSION:
+                while version < SCHEMA_VERSION:
+                    for statement in _MIGRATIONS[version]:
+                        connection.execute(statement)
+                    version += 1
                 connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
             connection.execute("ROLLBACK")
@@ -229,7 +139,7 @@ def _open(path: Path) -> sqlite3.Connection:
         raise LedgerFileError(
             f"ledger file {path} is not a jupyter-vgpu ledger ({error}); move it away to start an empty ledger"
         ) from None
-    if version not in (0, SCHEMA_VERSION):
+    if version != SCHEMA_VERSION:
         connection.close()
         raise LedgerFileError(
             f"ledger file {path} has schema version {version}, but jupyter-vgpu {__version__} reads version "
@@ -239,21 +149,21 @@ def _open(path: Path) -> sqlite3.Connection:
     return connection
 
 
-class Ledger:
+class EmbeddedLedger:
     """Slices per device, persisted in an SQLite file shared by every thread and process using it.
 
-    Open one ``Ledger`` per process; its methods may be called from any thread.
+    Open one per process; its methods may be called from any thread.
     """
 
     def __init__(
         self,
         path: str | Path,
-        devices: list[DeviceCapacity],
+        devices: list[Device],
         *,
         reserve: int = 0,
         burst_oversubscription: float = 1.0,
         placement: str = "binpack",
-        max_slice: SliceRequest | None = None,
+        max_slice: SliceLimits | None = None,
         server_memory_limit: int | None = None,
         server_slice_limit: int | None = None,
     ):
@@ -275,14 +185,14 @@ class Ledger:
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._connection = _open(self.path)
-        self._devices: list[DeviceCapacity] = []
+        self._devices: list[Device] = []
         self.set_devices(devices)
 
     def close(self) -> None:
         with self._lock:
             self._connection.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> EmbeddedLedger:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -291,10 +201,10 @@ class Ledger:
     # -- devices ---------------------------------------------------------------------------
 
     @property
-    def devices(self) -> list[DeviceCapacity]:
+    def devices(self) -> list[Device]:
         return list(self._devices)
 
-    def set_devices(self, devices: list[DeviceCapacity]) -> list[Allocation]:
+    def set_devices(self, devices: list[Device]) -> list[Allocation]:
         """Take the devices of this machine now; returns allocations stranded on vanished ones.
 
         Stranded allocations are kept (their kernels may still run, and the device may come back)
@@ -329,18 +239,6 @@ class Ledger:
         uuids = {device.uuid for device in self._devices}
         return [allocation for allocation in self.allocations() if allocation.device_uuid not in uuids]
 
-    def _select_device(self, selector: str | int) -> DeviceCapacity:
-        """The device named by an index (``0``, ``"0"``) or a UUID (a unique prefix is enough)."""
-        text = str(selector).strip()
-        if isinstance(selector, int) or text.isdigit():
-            matches = [device for device in self._devices if device.index == int(text)]
-        else:
-            matches = [device for device in self._devices if device.uuid.lower().startswith(text.lower())]
-        if len(matches) == 1 and text:
-            return matches[0]
-        choices = ", ".join(f"{device.index} ({device.uuid})" for device in self._devices) or "none"
-        raise SliceValueError(f"device {selector!r} matches no single GPU; use an index or UUID of: {choices}")
-
     # -- reading ---------------------------------------------------------------------------
 
     def get(self, kernel_id: str) -> Allocation | None:
@@ -368,15 +266,16 @@ class Ledger:
     def admit(
         self,
         kernel_id: str,
-        request: SliceRequest,
+        limits: SliceLimits,
         *,
         owner: str = "",
         device: str | int | None = None,
         metadata: dict | None = None,
+        holder: str = "local",
     ) -> Allocation:
         """Place a slice for a kernel on ``device`` or where the placement policy puts it."""
-        self._check_max_slice(request)
-        named = None if device is None else self._select_device(device)
+        self._check_max_slice(limits)
+        named = None if device is None else select_device(self._devices, device)
         metadata_text = json.dumps(metadata or {})
         with self._decision() as db:
             existing = self._get(db, kernel_id)
@@ -387,24 +286,25 @@ class Ledger:
                 )
             held = self._held(db)
             self._check_server_slices(held.slices)
-            self._check_server_memory(held.memory, request.memory_limit)
+            self._check_server_memory(held.memory, limits.memory_limit)
             usages = self._usages(held)
             if named is not None:
                 usages = [usage for usage in usages if usage.device.uuid == named.uuid]
-            chosen = self._place(request, usages, named=named is not None)
+            chosen = self._place(limits, usages, named=named is not None)
             allocation = Allocation(
                 kernel_id=kernel_id,
                 device_uuid=chosen.uuid,
                 device_index=chosen.index,
-                memory_limit=request.memory_limit,
-                sm_share=request.sm_share,
-                policy=request.policy,
+                memory_limit=limits.memory_limit,
+                sm_share=limits.sm_share,
+                policy=limits.policy,
                 owner=owner,
                 created_at=time.time(),
                 metadata=json.loads(metadata_text),  # what get() will return: JSON, not the caller's objects
+                holder=holder,
             )
             db.execute(
-                f"INSERT INTO allocations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO allocations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     allocation.kernel_id,
                     allocation.device_uuid,
@@ -415,6 +315,8 @@ class Ledger:
                     allocation.owner,
                     allocation.created_at,
                     metadata_text,
+                    allocation.holder,
+                    allocation.node,
                 ),
             )
         return allocation
@@ -423,8 +325,8 @@ class Ledger:
         self,
         kernel_id: str,
         *,
-        memory_limit: int | str | None = None,
-        sm_share: int | str | None = None,
+        memory_limit: int | None = None,
+        sm_share: int | None = None,
         policy: str | None = None,
     ) -> Allocation:
         """Change a slice in place (a kernel does not move between devices while it runs).
@@ -436,12 +338,12 @@ class Ledger:
             current = self._get(db, kernel_id)
             if current is None:
                 raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
-            wanted = SliceRequest(
+            wanted = SliceLimits(
                 current.memory_limit if memory_limit is None else memory_limit,
                 current.sm_share if sm_share is None else sm_share,
                 current.policy if policy is None else policy,
             )
-            self._check_max_slice(wanted, current=current.request)
+            self._check_max_slice(wanted, current=current.limits)
             others = self._held(db, excluding=kernel_id)
             if wanted.memory_limit > current.memory_limit:
                 self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
@@ -547,10 +449,10 @@ class Ledger:
             )
         return usages
 
-    def _place(self, request: SliceRequest, usages: list[DeviceUsage], *, named: bool) -> DeviceCapacity:
-        fitting = [usage for usage in usages if usage.fits(request)]
+    def _place(self, limits: SliceLimits, usages: list[DeviceUsage], *, named: bool) -> Device:
+        fitting = [usage for usage in usages if usage.fits(limits)]
         if not fitting:
-            raise _no_room(request, usages, named=named)
+            raise _no_room(limits, usages, named=named)
         if self.placement == "binpack":
             # Fill the fullest device that still fits, keeping big holes for big slices.
             chosen = min(fitting, key=lambda usage: (usage.memory_free, usage.device.index))
@@ -558,23 +460,26 @@ class Ledger:
             chosen = min(fitting, key=lambda usage: (-usage.memory_free, usage.device.index))
         return chosen.device
 
-    def _check_max_slice(self, request: SliceRequest, current: SliceRequest | None = None) -> None:
-        """Refuse a slice above the server's largest; a resize is held to it only where it grows."""
+    def _check_max_slice(self, limits: SliceLimits, current: SliceLimits | None = None) -> None:
+        """Refuse a slice without a memory cap or above the server's largest; a resize is held to
+        the largest only where it grows."""
+        if limits.memory_limit <= 0:
+            raise SliceValueError("a slice needs a memory cap of more than zero bytes")
         largest = self.max_slice
         if largest is None:
             return
-        grown_memory = current is None or request.memory_limit > current.memory_limit
-        if grown_memory and request.memory_limit > largest.memory_limit:
+        grown_memory = current is None or limits.memory_limit > current.memory_limit
+        if grown_memory and limits.memory_limit > largest.memory_limit:
             most = format_size(largest.memory_limit)
             raise SliceValueError(
                 f"a slice may have at most {most} of GPU memory on this server, not "
-                f"{format_size(request.memory_limit)}; ask for {most} or less"
+                f"{format_size(limits.memory_limit)}; ask for {most} or less"
             )
-        grown_share = current is None or request.sm_share > current.sm_share
-        if grown_share and request.sm_share > largest.sm_share:
+        grown_share = current is None or limits.sm_share > current.sm_share
+        if grown_share and limits.sm_share > largest.sm_share:
             raise SliceValueError(
                 f"a slice may have at most {largest.sm_share}% of a GPU's SMs on this server, not "
-                f"{request.sm_share}%; ask for {largest.sm_share}% or less"
+                f"{limits.sm_share}%; ask for {largest.sm_share}% or less"
             )
 
     def _check_server_slices(self, held_slices: int) -> None:
@@ -609,10 +514,10 @@ class Ledger:
             available=free,
         )
 
-    def _check_resize_fits(self, kernel_id: str, current: Allocation, wanted: SliceRequest, others: _Held) -> None:
+    def _check_resize_fits(self, kernel_id: str, current: Allocation, wanted: SliceLimits, others: _Held) -> None:
         grows = (
             wanted.memory_limit > current.memory_limit,
-            wanted.hard_share > current.request.hard_share,
+            wanted.hard_share > current.limits.hard_share,
             wanted.sm_share > current.sm_share,
         )
         if not any(grows):
@@ -653,22 +558,22 @@ def _either(options: list[str]) -> str:
     return options[0] if len(options) == 1 else f"{', '.join(options[:-1])}, or {options[-1]}"
 
 
-def _no_room(request: SliceRequest, usages: list[DeviceUsage], *, named: bool) -> CapacityError:
+def _no_room(limits: SliceLimits, usages: list[DeviceUsage], *, named: bool) -> CapacityError:
     """The refusal of a slice that fits on none of ``usages``: what is short, where, and what to ask."""
     if not usages:
         return CapacityError(
             "this server has no GPU to place a slice on", resource="devices", requested=1, available=0
         )
-    memory = format_size(request.memory_limit)
-    share_word = f"of its SMs free for a {request.policy} slice"
-    with_share = [usage for usage in usages if usage.share_free(request.policy) >= request.sm_share]
-    with_memory = [usage for usage in usages if usage.memory_free >= request.memory_limit]
+    memory = format_size(limits.memory_limit)
+    share_word = f"of its SMs free for a {limits.policy} slice"
+    with_share = [usage for usage in usages if usage.share_free(limits.policy) >= limits.sm_share]
+    with_memory = [usage for usage in usages if usage.memory_free >= limits.memory_limit]
     if not with_memory:
         # Suggest the most memory on a device where the share fits as well, if there is one.
         best = max(with_share or usages, key=lambda usage: (usage.memory_free, -usage.device.index))
 
         def describe(usage: DeviceUsage) -> str:
-            short_share = "" if usage in with_share else f" (but only {usage.share_free(request.policy)}% {share_word})"
+            short_share = "" if usage in with_share else f" (but only {usage.share_free(limits.policy)}% {share_word})"
             holder = "it" if named else _gpu(usage.device)
             return f"{holder} has {format_size(usage.memory_free)}{short_share}"
 
@@ -679,19 +584,19 @@ def _no_room(request: SliceRequest, usages: list[DeviceUsage], *, named: bool) -
             advice = f"ask for at most {format_size(best.memory_free)}, or stop a kernel"
         else:
             advice = (
-                f"ask for at most {format_size(best.memory_free)} and {best.share_free(request.policy)}%, "
+                f"ask for at most {format_size(best.memory_free)} and {best.share_free(limits.policy)}%, "
                 "or stop a kernel"
             )
         return CapacityError(
             f"{subject} {memory} of GPU memory free: {', '.join(map(describe, usages))} free; {advice}",
             resource="memory",
-            requested=request.memory_limit,
+            requested=limits.memory_limit,
             available=best.memory_free,
         )
-    best = max(with_memory, key=lambda usage: (usage.share_free(request.policy), -usage.device.index))
-    most = best.share_free(request.policy)
+    best = max(with_memory, key=lambda usage: (usage.share_free(limits.policy), -usage.device.index))
+    most = best.share_free(limits.policy)
     free = ", ".join(
-        f"{'it' if named else _gpu(usage.device)} has {usage.share_free(request.policy)}%" for usage in with_memory
+        f"{'it' if named else _gpu(usage.device)} has {usage.share_free(limits.policy)}%" for usage in with_memory
     )
     subject = (
         f"{_gpu(usages[0].device)} does not have"
@@ -699,12 +604,12 @@ def _no_room(request: SliceRequest, usages: list[DeviceUsage], *, named: bool) -
         else f"no device with {memory} of GPU memory free has"
     )
     options = [f"ask for at most {most}%"] if most else []
-    if request.policy == "hard" and any(usage.share_free("burst") >= request.sm_share for usage in with_memory):
+    if limits.policy == "hard" and any(usage.share_free("burst") >= limits.sm_share for usage in with_memory):
         options.append("ask for a burst slice")
     options.append("stop a kernel" if options else "stop a kernel to free some")
     return CapacityError(
-        f"{subject} {request.sm_share}% {share_word}: {free}; {_either(options)}",
+        f"{subject} {limits.sm_share}% {share_word}: {free}; {_either(options)}",
         resource="sm_share",
-        requested=request.sm_share,
+        requested=limits.sm_share,
         available=most,
     )

@@ -1,0 +1,23 @@
+"""The model: the words every layer shares (sizes, a slice's limits, devices). Imports nothing
+of jupyter_vgpu above it."""
+
+from jupyter_vgpu.model.devices import Device, DeviceError, list_devices, select_device, use_simulator
+from jupyter_vgpu.model.limits import DEFAULT_LIMITS, FULL_SHARE, SliceLimits, decide_limits
+from jupyter_vgpu.model.sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "decide_limits",
+    "FULL_SHARE",
+    "Device",
+    "DeviceError",
+    "SliceLimits",
+    "SliceValueError",
+    "format_size",
+    "list_devices",
+    "parse_policy",
+    "parse_size",
+    "parse_sm_share",
+    "select_device",
+    "use_simulator",
+]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pynvml
 
+from jupyter_vgpu.model.sizes import SliceValueError
 from jupyter_vgpu.native import simulator_dir
 
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -28,12 +29,28 @@ class DeviceError(RuntimeError):
 
 @dataclass(frozen=True)
 class Device:
-    index: int
+    """A GPU as the ledger and the holders know it (``memory_used`` is a reading at listing
+    time, for people; nothing decides on it)."""
+
     uuid: str
+    index: int
     name: str
     memory_total: int
-    memory_used: int
     sm_count: int
+    memory_used: int = 0
+
+
+def select_device(devices, selector: str | int) -> Device:
+    """The device named by an index (``0``) or a UUID (``GPU-...``; a unique prefix is enough)."""
+    text = str(selector).strip()
+    if isinstance(selector, int) or (text.isascii() and text.isdigit()):
+        matches = [device for device in devices if device.index == int(text)]
+    else:
+        matches = [device for device in devices if text and device.uuid.lower().startswith(text.lower())]
+    if len(matches) == 1:
+        return matches[0]
+    choices = ", ".join(f"{device.index} ({device.uuid})" for device in devices) or "none"
+    raise SliceValueError(f"device {str(selector)[:60]!r} matches no single GPU; use an index or UUID of: {choices}")
 
 
 def simulated_state_path() -> Path:

@@ -1,4 +1,4 @@
-"""The slice vocabulary at the edge: memory sizes, SM shares and policies.
+"""The words of a slice at the edge: memory sizes, SM shares and policies, parsed from text.
 
 Every entry point (CLI flags, REST bodies, config values, the %vgpu magic) parses through these
 functions, so they accept and refuse the same things with the same messages.
@@ -26,7 +26,12 @@ _UNITS = {
     "tb": 1 << 40,
     "tib": 1 << 40,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+# ASCII digits only: str.isdigit() and \d also take "²" and other digits int() refuses.
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SHARE = re.compile(r"^\s*([0-9]{1,3})\s*%?\s*$")
+# Larger than any GPU for decades, small enough that every size stays an exact int64 in the
+# region, the ledger and JSON.
+MAX_SIZE = 1 << 60
 
 SIZE_HELP = "a size like 512MiB, 4GiB, 4G or a bare number of MiB"
 SM_SHARE_HELP = "a whole percentage from 1 to 100"
@@ -38,25 +43,32 @@ class SliceValueError(ValueError):
     """A slice parameter that is not accepted; the message says what is."""
 
 
-def parse_size(value: str | int) -> int:
+def parse_size(value: str | int | float) -> int:
     """Bytes from a size: ``512MiB``, ``4GiB``, ``4G``, ``1.5GiB`` or a bare number of MiB.
 
-    Units are binary (``G`` and ``GB`` mean GiB, as nvidia-smi and Kubernetes' ``Gi`` do).
+    A bare number means MiB whether it comes as text, an int or a float (JSON ``2048`` and
+    ``2048.0`` alike), as HAMi's ``nvidia.com/gpumem`` does. Units are binary (``G`` and ``GB``
+    mean GiB, as nvidia-smi and Kubernetes' ``Gi`` do).
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
-    if isinstance(value, int):
-        number, unit = float(value), ""
-    else:
-        match = _SIZE.match(str(value))
-        if not match:
+    if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):
             raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
+        # A float of a huge int overflows; any such int is beyond MAX_SIZE anyway.
+        number, unit = (float(value) if abs(value) <= MAX_SIZE else float("inf")), ""
+    else:
+        match = _SIZE.match(value)
+        if not match:
+            raise SliceValueError(f"memory size {value[:40]!r} is not {SIZE_HELP}")
         number, unit = float(match.group(1)), match.group(2).lower()
         if unit not in _UNITS:
-            raise SliceValueError(f"memory size {value!r} has an unknown unit {match.group(2)!r}; use {SIZE_HELP}")
+            raise SliceValueError(f"memory size {value[:40]!r} has an unknown unit {match.group(2)[:10]!r}; use {SIZE_HELP}")
+    if number * _UNITS[unit] > MAX_SIZE:
+        raise SliceValueError(f"memory size {str(value)[:40]!r} is larger than any GPU; use {SIZE_HELP}")
     size = int(number * _UNITS[unit])
     if size <= 0:
-        raise SliceValueError(f"memory size {value!r} must be more than zero; use {SIZE_HELP}")
+        raise SliceValueError(f"memory size {str(value)[:40]!r} must be more than zero; use {SIZE_HELP}")
     return size
 
 
@@ -71,31 +83,17 @@ def format_size(size: int) -> str:
 
 def parse_sm_share(value: str | int) -> int:
     """An SM share in percent: an integer 1..100 (a trailing ``%`` is allowed)."""
-    text = str(value).strip().rstrip("%").strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= 100:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise SliceValueError(f"SM share {value!r} is not {SM_SHARE_HELP}")
-    return int(text)
+    match = _SHARE.match(str(value))
+    if not match or not 1 <= int(match.group(1)) <= 100:
+        raise SliceValueError(f"SM share {str(value)[:40]!r} is not {SM_SHARE_HELP}")
+    return int(match.group(1))
 
 
 def parse_policy(value: str) -> str:
     """A pacing policy: ``hard`` or ``burst``."""
-    policy = str(value).strip().lower()
+    policy = value.strip().lower() if isinstance(value, str) else None
     if policy not in POLICIES:
-        raise SliceValueError(f"policy {value!r} is not {POLICY_HELP}")
+        raise SliceValueError(f"policy {str(value)[:40]!r} is not {POLICY_HELP}")
     return policy
-
-
-def select_device(devices, selector: str | int):
-    """The device named by an index (``0``) or a UUID (``GPU-...``; a unique prefix is enough).
-
-    ``devices`` are any objects with ``index`` and ``uuid`` (NVML devices, ledger capacities).
-    """
-    text = str(selector).strip()
-    if isinstance(selector, int) or text.isdigit():
-        matches = [device for device in devices if device.index == int(text)]
-    else:
-        matches = [device for device in devices if text and device.uuid.lower().startswith(text.lower())]
-    if len(matches) == 1:
-        return matches[0]
-    choices = ", ".join(f"{device.index} ({device.uuid})" for device in devices) or "none"
-    raise SliceValueError(f"device {selector!r} matches no single GPU; use an index or UUID of: {choices}")

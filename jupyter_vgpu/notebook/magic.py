@@ -25,7 +25,7 @@ def describe_slice(model: dict, devices: list[dict]) -> str:
         [
             f"GPU slice of {slice_name(model)} ({model['kernel_id']}), {model['state']}",
             f"  device  {device_label(model, devices)}",
-            f"  memory  {format_size(usage['memory'])} used of {format_size(limits['memory'])} cap",
+            f"  memory  {format_size(usage['memory_bytes'])} used of {format_size(limits['memory_bytes'])} cap",
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
             f"  policy  {limits['policy']}",
         ]

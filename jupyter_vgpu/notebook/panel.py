@@ -78,10 +78,10 @@ class SliceRow:
         own = " (this kernel)" if self.kernel_id == self.panel.client.kernel_id else ""
         self.name.value = slice_name(model) + own
         self.device.value = device_label(model, devices)
-        self.memory_bar.max = float(limits["memory"])
-        self.memory_bar.value = float(min(usage["memory"], limits["memory"]))
-        self.memory_bar.bar_style = "danger" if usage["memory"] >= limits["memory"] else ""
-        self.memory_label.value = f"{format_size(usage['memory'])} / {format_size(limits['memory'])}"
+        self.memory_bar.max = float(limits["memory_bytes"])
+        self.memory_bar.value = float(min(usage["memory_bytes"], limits["memory_bytes"]))
+        self.memory_bar.bar_style = "danger" if usage["memory_bytes"] >= limits["memory_bytes"] else ""
+        self.memory_label.value = f"{format_size(usage['memory_bytes'])} / {format_size(limits['memory_bytes'])}"
         self.sm_bar.max = float(limits["cores"])
         self.sm_bar.value = float(min(usage["sm_util"], limits["cores"]))
         self.sm_label.value = f"{usage['sm_util']:.0f} / {limits['cores']} %"
@@ -91,8 +91,8 @@ class SliceRow:
     def _follow_limits(self, limits: dict[str, Any]) -> None:
         """Controls show the current limits, except where the user has typed something else."""
         previous, self.limits = self.limits, dict(limits)
-        if not previous or self.memory_input.value == exact_size(previous["memory"]):
-            self.memory_input.value = exact_size(limits["memory"])
+        if not previous or self.memory_input.value == exact_size(previous["memory_bytes"]):
+            self.memory_input.value = exact_size(limits["memory_bytes"])
         if not previous or self.cores_input.value == previous["cores"]:
             self.cores_input.value = limits["cores"]
         if not previous or self.policy_input.value == previous["policy"]:
@@ -101,7 +101,7 @@ class SliceRow:
     def changes(self) -> dict[str, str]:
         """What the controls ask for that differs from the current limits."""
         changes = {}
-        if parse_size(self.memory_input.value) != self.limits["memory"]:
+        if parse_size(self.memory_input.value) != self.limits["memory_bytes"]:
             changes["memory"] = self.memory_input.value.strip()
         if self.cores_input.value != self.limits["cores"]:
             changes["cores"] = str(self.cores_input.value)

@@ -1,4 +1,4 @@
-"""The server extension: configuration, the ledger and slice manager, the REST handlers."""
+"""The server extension: configuration, the ledger, holders and slice manager, the REST handlers."""
 
 from __future__ import annotations
 
@@ -9,11 +9,26 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
-from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
-from jupyter_vgpu.server.handlers import HANDLERS
-from jupyter_vgpu.ledger.embedded import DeviceCapacity, Ledger, SliceRequest
-from jupyter_vgpu.model.sizes import SliceValueError, parse_policy, parse_size, parse_sm_share, select_device
+from jupyter_vgpu.holders import LocalHolder
+from jupyter_vgpu.holders.local import default_region_dir, private_folder
+from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.manager import SliceManager
+from jupyter_vgpu.model import (
+    DEFAULT_LIMITS,
+    DeviceError,
+    SliceLimits,
+    SliceValueError,
+    format_size,
+    list_devices,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+    select_device,
+    use_simulator,
+)
+from jupyter_vgpu.provisioning.local import MANAGER_SETTING
+from jupyter_vgpu.server.errors import refusal_for_http
+from jupyter_vgpu.server.handlers import HANDLERS
 
 
 def _size_or_none(value: str) -> int | None:
@@ -27,16 +42,28 @@ class VGPUApp(ExtensionApp):
     simulate = Bool(False, config=True, help="Use the simulated GPU (for trying jupyter-vgpu without one).")
     devices = List(Unicode(), config=True, help="GPUs slices may use, by index or UUID. Empty: every GPU NVML reports.")
     reserve = Unicode("0", config=True, help="Memory kept free on each GPU (not given to slices): a size like 1GiB, or 0.")
-    default_memory = Unicode("4GiB", config=True, help="Memory cap of a slice when a kernel asks for none.")
-    default_cores = Int(100, config=True, help="SM share (percent) of a slice when a kernel asks for none.")
-    default_policy = Unicode("hard", config=True, help="SM policy of a slice when a kernel asks for none: hard or burst.")
+    default_memory = Unicode(
+        format_size(DEFAULT_LIMITS.memory_limit),
+        config=True,
+        help="Memory cap of a slice when neither the start request nor the kernelspec sets one.",
+    )
+    default_cores = Int(
+        DEFAULT_LIMITS.sm_share,
+        config=True,
+        help="SM share (percent) of a slice when neither the start request nor the kernelspec sets one.",
+    )
+    default_policy = Unicode(
+        DEFAULT_LIMITS.policy,
+        config=True,
+        help="SM policy of a slice (hard or burst) when neither the start request nor the kernelspec sets one.",
+    )
     max_memory = Unicode("", config=True, help="Largest memory cap one slice may have. Empty: a whole GPU.")
     max_cores = Int(100, config=True, help="Largest SM share one slice may have, in percent.")
     server_memory_limit = Unicode("", config=True, help="Memory all slices of this server may hold together. Empty: no limit.")
     server_slice_limit = Int(0, config=True, help="Number of slices this server may hold at once. 0: no limit.")
     burst_oversubscription = Float(1.0, config=True, help="Burst slices' shares may add up to this many times 100% per GPU (>= 1.0).")
     placement = Unicode("binpack", config=True, help="Where new slices go: binpack (fill a GPU first) or spread (even out).")
-    region_dir = Unicode("", config=True, help="Folder of slice region files. Empty: <jupyter runtime dir>/vgpu.")
+    region_dir = Unicode("", config=True, help="Folder of slice region files. Empty: <jupyter runtime dir>/vgpu/regions.")
     ledger_path = Unicode("", config=True, help="SQLite file of the GPU ledger. Empty: <jupyter runtime dir>/vgpu/ledger.sqlite.")
     watch_interval = Float(0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released.")
 
@@ -77,9 +104,6 @@ class VGPUApp(ExtensionApp):
             raise TraitError("VGPUApp.burst_oversubscription must be 1.0 or more")
         return proposal["value"]
 
-    def _runtime_path(self, configured: str, default: str) -> Path:
-        return Path(configured) if configured else Path(jupyter_runtime_dir()) / "vgpu" / default
-
     def initialize_settings(self) -> None:
         if self.simulate:
             use_simulator()
@@ -88,12 +112,12 @@ class VGPUApp(ExtensionApp):
             chosen = [select_device(found, selector) for selector in self.devices] if self.devices else found
         except (DeviceError, SliceValueError) as error:
             raise SystemExit(f"jupyter_vgpu: {error}") from None
-        max_slice = None
-        if self.max_memory.strip():
-            max_slice = SliceRequest(parse_size(self.max_memory), self.max_cores)
-        ledger = Ledger(
-            self._runtime_path(self.ledger_path, "ledger.sqlite"),
-            [DeviceCapacity(d.uuid, d.index, d.name, d.memory_total, d.sm_count) for d in chosen],
+        max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
+        ledger_path = Path(self.ledger_path) if self.ledger_path else Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
+        private_folder(ledger_path.parent)
+        ledger = EmbeddedLedger(
+            ledger_path,
+            chosen,
             reserve=0 if self.reserve.strip() in ("", "0") else parse_size(self.reserve),
             burst_oversubscription=self.burst_oversubscription,
             placement=self.placement,
@@ -102,13 +126,16 @@ class VGPUApp(ExtensionApp):
             server_slice_limit=self.server_slice_limit or None,
         )
         manager = SliceManager(
-            ledger, chosen, self._runtime_path(self.region_dir, "regions"), self.simulate, parent=self
+            ledger,
+            [LocalHolder(Path(self.region_dir) if self.region_dir else default_region_dir(), simulate=self.simulate)],
+            SliceLimits(parse_size(self.default_memory), self.default_cores, self.default_policy),
+            start_error=refusal_for_http,
+            parent=self,
         )
         for released in manager.reconcile():
             self.log.info("released the slice of kernel %s, which did not survive the last server", released.kernel_id)
-        manager.make_current()
-        self.settings["vgpu_slice_manager"] = manager
-        self._watcher = PeriodicCallback(self._release_dead_kernels, self.watch_interval * 1000)
+        self.settings[MANAGER_SETTING] = manager
+        self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
         self.log.info(
             "jupyter_vgpu: %d GPU(s)%s: %s",
@@ -117,13 +144,19 @@ class VGPUApp(ExtensionApp):
             ", ".join(f"{d.index} {d.name}" for d in chosen),
         )
 
-    def _release_dead_kernels(self) -> None:
-        """A kernel whose process died and that its kernel manager will not restart frees its slice."""
-        manager: SliceManager = self.settings["vgpu_slice_manager"]
+    def _watch_slices(self) -> None:
+        """Free the slices of kernels that are gone, and put back limits a kernel rewrote.
+
+        A kernel is gone when its kernel manager no longer knows it and its process no longer
+        runs: a kernel still starting is not known yet but runs (or has not launched, and then
+        holds no pid), and one its restarter is bringing back is still known.
+        """
+        manager: SliceManager = self.settings[MANAGER_SETTING]
         kernel_manager = self.serverapp.kernel_manager
-        starting = getattr(kernel_manager, "_pending_kernels", {})
-        for allocation in manager.ledger.allocations():
-            if allocation.kernel_id not in kernel_manager and allocation.kernel_id not in starting:
+        for status in manager.statuses():  # reading the holders re-asserts drifted limits
+            allocation = status.allocation
+            launched = "provisioner_info" in allocation.metadata
+            if launched and allocation.kernel_id not in kernel_manager and not manager.holder(allocation).is_alive(allocation):
                 manager.release(allocation.kernel_id)
 
     def initialize_handlers(self) -> None:

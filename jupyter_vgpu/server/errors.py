@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from tornado.web import HTTPError
 
+from jupyter_vgpu.manager import SliceRefused
+
+REFUSAL_STATUS = {"capacity": 409, "invalid": 400}
+
 
 class VGPUHTTPError(HTTPError):
     """An HTTPError with a plain message (no %-formatting).
@@ -23,3 +27,17 @@ class VGPUHTTPError(HTTPError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class StartRefused(VGPUHTTPError, SliceRefused):
+    """A kernel start the slice manager refused, as the error jupyter_server passes on to the
+    client of POST /api/kernels with its status (409 or 400) and message; POST /api/sessions
+    turns any start error into a 500 but keeps the message."""
+
+    def __init__(self, refusal: SliceRefused):
+        VGPUHTTPError.__init__(self, REFUSAL_STATUS[refusal.reason], f"Kernel not started. {refusal}")
+        self.reason = refusal.reason
+
+
+def refusal_for_http(refusal: SliceRefused) -> StartRefused:
+    return StartRefused(refusal)

@@ -22,29 +22,39 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
-from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.client import CREDENTIAL_HEADER
-from jupyter_vgpu.ledger.embedded import Allocation, CapacityError, UnknownSlice
-from jupyter_vgpu.provisioning.local import PROVISIONER_NAME, SliceAdmissionError
-from jupyter_vgpu.model.sizes import SliceValueError
-from jupyter_vgpu.manager import SliceManager, SliceStatus
+from jupyter_vgpu.ledger import CapacityError, DeviceUsage, UnknownSlice
+from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
+from jupyter_vgpu.provisioning.local import MANAGER_SETTING, PROVISIONER_NAME
+from jupyter_vgpu.server.errors import VGPUHTTPError
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
 KERNEL_FIELDS = SLICE_FIELDS | {"name", "device", "path"}
+# What each field of a request body may be (JSON types); the values themselves are checked by
+# the model's parsers, which say what is accepted.
+FIELD_TYPES = {
+    "memory": (str, int, float),
+    "cores": (str, int),
+    "policy": (str,),
+    "name": (str,),
+    "device": (str, int),
+    "path": (str,),
+}
+MAX_BODY = 64 * 1024
 
 
-def device_model(usage) -> dict[str, Any]:
+def device_model(usage: DeviceUsage) -> dict[str, Any]:
     device = usage.device
     return {
         "index": device.index,
         "uuid": device.uuid,
         "name": device.name,
-        "memory_total": device.memory_total,
         "sm_count": device.sm_count,
-        "memory_capacity": usage.memory_capacity,
-        "memory_allocated": usage.memory_allocated,
-        "memory_free": usage.memory_free,
+        "memory_total_bytes": device.memory_total,
+        "memory_capacity_bytes": usage.memory_capacity,
+        "memory_allocated_bytes": usage.memory_allocated,
+        "memory_free_bytes": usage.memory_free,
         "sm_share_allocated": usage.total_share,
         "sm_share_hard_allocated": usage.hard_share,
         "sm_share_capacity": usage.share_capacity,
@@ -53,23 +63,27 @@ def device_model(usage) -> dict[str, Any]:
 
 
 def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str, Any]:
-    allocation = status.allocation
+    """A slice in the API. Memory is in bytes and says so; ``cores`` is the SM share in percent
+    (HAMi's word for it)."""
+    allocation, usage = status.allocation, status.usage
     return {
         "kernel_id": allocation.kernel_id,
         "kernelspec": allocation.metadata.get("kernelspec", ""),
         "path": session_paths.get(allocation.kernel_id, ""),
+        "owner": allocation.owner,
+        "holder": allocation.holder,
+        "state": usage.state,
         "device": {"index": allocation.device_index, "uuid": allocation.device_uuid},
-        "limits": {"memory": allocation.memory_limit, "cores": allocation.sm_share, "policy": allocation.policy},
+        "limits": {"memory_bytes": allocation.memory_limit, "cores": allocation.sm_share, "policy": allocation.policy},
         "usage": {
-            "memory": status.memory_used,
-            "sm_util": status.sm_util_percent,
+            "memory_bytes": usage.memory_used,
+            "sm_util": usage.sm_util_percent,
             "processes": [
-                {"pid": p.pid, "memory": p.used, "sm_util": p.sm_util_permille / 10, "oom_refusals": p.oom_refusals}
-                for p in status.processes
+                {"pid": p.pid, "memory_bytes": p.used, "sm_util": p.sm_util_permille / 10, "oom_refusals": p.oom_refusals}
+                for p in usage.processes
             ],
         },
-        "owner": allocation.owner,
-        "state": status.state,
+        "warnings": status.warnings,
     }
 
 
@@ -109,18 +123,33 @@ class VGPUHandler(APIHandler):
 
     @property
     def slices(self) -> SliceManager:
-        return self.settings["vgpu_slice_manager"]
+        return self.settings[MANAGER_SETTING]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        # Whatever escapes a handler still answers JSON the client can show.
+        exception = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exception, VGPUHTTPError):
+            self.finish(json.dumps({"message": exception.message}))
+        else:
+            super().write_error(status_code, **kwargs)
 
     def json_body(self, allowed: set[str]) -> dict[str, Any]:
+        if len(self.request.body or b"") > MAX_BODY:
+            raise VGPUHTTPError(400, f"the request body is larger than {MAX_BODY // 1024} KiB")
         try:
             body = json.loads(self.request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise VGPUHTTPError(400, "the request body is not JSON") from None
         if not isinstance(body, dict):
-            raise VGPUHTTPError(400, "the request body must be a JSON object")
+            raise VGPUHTTPError(400, f"the request body must be a JSON object with the fields {', '.join(sorted(allowed))}")
         unknown = set(body) - allowed
         if unknown:
-            raise VGPUHTTPError(400, f"unknown field(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(allowed))}")
+            shown = ", ".join(sorted(str(key)[:40] for key in unknown)[:5])
+            raise VGPUHTTPError(400, f"unknown field(s) {shown}; accepted: {', '.join(sorted(allowed))}")
+        for key, value in body.items():
+            if not isinstance(value, FIELD_TYPES[key]) or isinstance(value, bool):
+                kinds = " or ".join({str: "a string", int: "a number", float: "a number"}[kind] for kind in FIELD_TYPES[key])
+                raise VGPUHTTPError(400, f"field {key!r} must be {kinds}, not {json.dumps(value)[:40]}")
         return body
 
     async def session_paths(self) -> dict[str, str]:
@@ -166,12 +195,10 @@ class SliceHandler(VGPUHandler):
         if not body:
             raise VGPUHTTPError(400, "nothing to change; send memory, cores and/or policy")
         try:
-            self.slices.resize(
-                kernel_id, memory_limit=body.get("memory"), sm_share=body.get("cores"), policy=body.get("policy")
-            )
+            self.slices.resize(kernel_id, memory=body.get("memory"), cores=body.get("cores"), policy=body.get("policy"))
         except UnknownSlice as error:
             raise VGPUHTTPError(404, str(error)) from None
-        except SliceValueError as error:
+        except ValueError as error:
             raise VGPUHTTPError(400, str(error)) from None
         except CapacityError as error:
             raise VGPUHTTPError(409, str(error)) from None
@@ -194,18 +221,17 @@ class KernelsHandler(VGPUHandler):
         provisioner = spec.metadata.get("kernel_provisioner", {}).get("provisioner_name")
         if provisioner != PROVISIONER_NAME:
             raise VGPUHTTPError(400, f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec")
-        requested = {key: str(body[key]) for key in ("memory", "cores", "policy", "device") if key in body}
+        requested = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         requested["owner"] = getattr(self.current_user, "username", "")
         kernel_id = str(uuid.uuid4())
         try:
             await self.kernel_manager.start_kernel(
                 kernel_id=kernel_id, kernel_name=name, path=body.get("path"), vgpu_slice=requested
             )
-        except SliceAdmissionError:
-            # jupyter_client keeps a kernel whose start failed among its pending kernels, where
-            # it lingers and breaks shutdown_all; it never started, so forget it.
-            self.kernel_manager._pending_kernels.pop(kernel_id, None)
-            raise
+        except SliceRefused as refusal:
+            if isinstance(refusal, VGPUHTTPError):
+                raise
+            raise VGPUHTTPError(409 if refusal.reason == "capacity" else 400, str(refusal)) from None
         model = self.kernel_manager.kernel_model(kernel_id)
         status = self.slices.status(self.slices.get(kernel_id))
         self.set_status(201)
@@ -233,13 +259,22 @@ class MetricsHandler(VGPUHandler):
         share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
         util = Gauge("vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry)
         for status in self.slices.statuses():
-            allocation: Allocation = status.allocation
+            allocation = status.allocation
             labels = (allocation.kernel_id, str(allocation.device_index), allocation.policy)
             limit.labels(*labels).set(allocation.memory_limit)
-            used.labels(*labels).set(status.memory_used)
+            used.labels(*labels).set(status.usage.memory_used)
             share.labels(*labels).set(allocation.sm_share)
-            util.labels(*labels).set(status.sm_util_percent)
+            util.labels(*labels).set(status.usage.sm_util_percent)
         self.finish(generate_latest(registry), set_content_type=CONTENT_TYPE_LATEST)
+
+
+class NotFoundHandler(VGPUHandler):
+    """Any other path under /api/vgpu/ (a kernel id like ``..``): a JSON 404, not Jupyter's page."""
+
+    kernel_actions = frozenset({"read", "write"})
+
+    def prepare(self):
+        raise VGPUHTTPError(404, f"no such vGPU API path {self.request.path[:80]!r}; see the API description in api.yaml")
 
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
@@ -249,4 +284,5 @@ HANDLERS = [
     (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
+    (r"/api/vgpu/.*", NotFoundHandler),
 ]

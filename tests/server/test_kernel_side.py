@@ -77,14 +77,14 @@ async def test_vgpu_resize_reaches_the_kernels_next_cuda_call(jp_fetch, vgpu_ker
     granted = await run_in_kernel(kernel_id, "%vgpu resize --memory 3GiB --cores 20 --policy burst")
     assert granted.strip() == "resize granted: memory cap 3GiB, SM share 20%, policy burst"
     assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(3 * GIB)
-    assert (await slice_of(jp_fetch, kernel_id))["limits"] == {"memory": 3 * GIB, "cores": 20, "policy": "burst"}
+    assert (await slice_of(jp_fetch, kernel_id))["limits"] == {"memory_bytes": 3 * GIB, "cores": 20, "policy": "burst"}
 
 
 async def test_vgpu_resize_the_ledger_refuses_prints_the_servers_reason(jp_fetch, vgpu_kernelspec, run_in_kernel):
     kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", device=0)
     refused = (await run_in_kernel(kernel_id, "%vgpu resize --memory 12GiB")).strip()
     assert refused.startswith("resize refused: ") and "memory" in refused and "8GiB" in refused
-    assert (await slice_of(jp_fetch, kernel_id))["limits"]["memory"] == GIB
+    assert (await slice_of(jp_fetch, kernel_id))["limits"]["memory_bytes"] == GIB
 
 
 async def test_kernel_credential_reads_slices_and_resizes_only_its_own(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel):

@@ -32,25 +32,25 @@ async def start_sliced(jp_fetch, kernelspec, **fields):
 
 async def test_devices_report_capacity_and_what_slices_hold(jp_fetch, vgpu_kernelspec):
     devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
-    assert [(d["index"], d["name"], d["memory_total"], d["sm_count"]) for d in devices] == [
+    assert [(d["index"], d["name"], d["memory_total_bytes"], d["sm_count"]) for d in devices] == [
         (0, "Sim Small", 8 * GIB, 50),
         (1, "Sim Large", 16 * GIB, 100),
     ]
-    assert all(d["memory_free"] == d["memory_capacity"] == d["memory_total"] for d in devices)
+    assert all(d["memory_free_bytes"] == d["memory_capacity_bytes"] == d["memory_total_bytes"] for d in devices)
     await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", cores=40, device=1)
     large = (await fetch_json(jp_fetch, "api", "vgpu", "devices"))[1]
-    assert (large["memory_allocated"], large["memory_free"], large["sm_share_allocated"]) == (3 * GIB, 13 * GIB, 40)
+    assert (large["memory_allocated_bytes"], large["memory_free_bytes"], large["sm_share_allocated"]) == (3 * GIB, 13 * GIB, 40)
 
 
 async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     kernel_id, sliced = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", cores=30, policy="burst")
-    assert sliced["limits"] == {"memory": 2 * GIB, "cores": 30, "policy": "burst"}
+    assert sliced["limits"] == {"memory_bytes": 2 * GIB, "cores": 30, "policy": "burst"}
     out = await run_in_kernel(kernel_id, cuda_prelude + "print(memory()[1]); print(allocate(512 << 20))")
     assert out.split() == [str(2 * GIB), "0"]
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
     assert listed["kernel_id"] == kernel_id and listed["state"] == "running"
-    assert listed["usage"]["memory"] == 512 << 20
-    assert [p["memory"] for p in listed["usage"]["processes"]] == [512 << 20]
+    assert listed["usage"]["memory_bytes"] == 512 << 20
+    assert [p["memory_bytes"] for p in listed["usage"]["processes"]] == [512 << 20]
 
 
 async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
@@ -58,14 +58,14 @@ async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_
     out = await run_in_kernel(reply["id"], cuda_prelude + "print(memory()[1])")
     assert out.strip() == str(1 * GIB)
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
-    assert listed["limits"] == {"memory": GIB, "cores": 50, "policy": "hard"}
+    assert listed["limits"] == {"memory_bytes": GIB, "cores": 50, "policy": "hard"}
 
 
 async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     await run_in_kernel(kernel_id, cuda_prelude)
     resized = await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "3GiB", "cores": 20})
-    assert resized["limits"]["memory"] == 3 * GIB and resized["limits"]["cores"] == 20
+    assert resized["limits"]["memory_bytes"] == 3 * GIB and resized["limits"]["cores"] == 20
     assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(3 * GIB)
     await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "512MiB"})
     assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(512 << 20)
@@ -84,7 +84,10 @@ async def test_a_kernel_that_does_not_fit_fails_to_start_with_what_is_free(jp_fe
         jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, "memory": "20GiB"}
     )
     assert code == 409
-    assert "16GiB" in message and "8GiB" in message  # what each device has free
+    # Short enough for JupyterLab's dialog: the most one device has free, and what to do.
+    assert message == (
+        "Kernel not started. Its 20GiB GPU slice does not fit: 16GiB is free. To start it, ask for less or stop a kernel."
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,7 +113,7 @@ async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch,
     [
         ('{"memory": "1TiB-ish"}', "512MiB, 4GiB"),
         ('{"cores": 101}', "1 to 100"),
-        ('{"policy": 3}', "'hard'"),
+        ('{"policy": 3}', "must be a string"),
         ("[1, 2]", "must be a JSON object"),
         ("{not json", "not JSON"),
         ("{}", "nothing to change"),
@@ -149,7 +152,7 @@ async def test_twenty_concurrent_starts_against_room_for_ten_admit_exactly_ten(j
     admitted = [outcome for outcome in outcomes if outcome == "admitted"]
     refused = [outcome for outcome in outcomes if outcome != "admitted"]
     assert len(admitted) == 10 and len(refused) == 10
-    assert all("20% of its SMs free" in message for message in refused)
+    assert all("slice of 20 percent of the SMs does not fit: 0 percent is free" in message for message in refused)
     devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
     assert [d["sm_share_allocated"] for d in devices] == [100, 100]
 
@@ -158,17 +161,17 @@ async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(j
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB")
     await run_in_kernel(kernel_id, cuda_prelude + "print(allocate(1 << 30))")
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
-    assert listed["usage"]["memory"] == 1 << 30
+    assert listed["usage"]["memory_bytes"] == 1 << 30
     kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
     kernel.autorestart = False
     os.kill(kernel.provisioner.pid, signal.SIGKILL)
     await kernel.provisioner.wait()
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
-    assert listed["usage"]["memory"] == 0 and listed["state"] == "idle"
+    assert listed["usage"]["memory_bytes"] == 0 and listed["state"] == "idle"
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert await fetch_json(jp_fetch, "api", "vgpu", "slices") == []
     devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
-    assert all(d["memory_free"] == d["memory_capacity"] for d in devices)
+    assert all(d["memory_free_bytes"] == d["memory_capacity_bytes"] for d in devices)
 
 
 async def test_metrics_expose_devices_and_slices(jp_fetch, vgpu_kernelspec):

@@ -143,7 +143,7 @@ def test_server_killed_and_restarted_leaks_nothing(user_env, tmp_path, cuda_prel
     try:
         assert restarted.api("GET", "api/vgpu/slices") == []
         devices = restarted.api("GET", "api/vgpu/devices")
-        assert all(d["memory_free"] == d["memory_capacity"] and d["sm_share_allocated"] == 0 for d in devices)
+        assert all(d["memory_free_bytes"] == d["memory_capacity_bytes"] and d["sm_share_allocated"] == 0 for d in devices)
 
         def orphan_gone() -> bool:
             try:

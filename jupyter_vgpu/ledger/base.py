@@ -1,0 +1,147 @@
+"""What every ledger speaks: its records, its refusals and the protocol both implementations
+(the embedded SQLite ledger and the client of a remote one) follow.
+
+A ledger decides; it knows nothing of kernels, provisioners, regions or pods. The slice
+manager tells it which kernels are alive (:meth:`Ledger.reconcile`) and carries out its
+decisions through the holders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits
+
+
+class LedgerError(RuntimeError):
+    """A ledger that cannot be used: an unreadable file, an unreachable or refusing broker."""
+
+
+class LedgerFileError(LedgerError):
+    """A ledger file this version cannot use: not a database, or of an unknown schema version."""
+
+
+class CapacityError(Exception):
+    """A slice that does not fit; the message says what is free and what to ask for instead.
+
+    ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
+    ``slices`` (this server's limits), ``devices`` (none to place on). ``requested`` and
+    ``available`` are in that resource's unit (bytes, percent, slices).
+    """
+
+    def __init__(self, message: str, *, resource: str, requested: int, available: int):
+        super().__init__(message)
+        self.resource = resource
+        self.requested = requested
+        self.available = available
+
+
+class _MessageKeyError(KeyError):
+    # KeyError's str() is the repr of its argument; these carry sentences for people.
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnknownSlice(_MessageKeyError):
+    """No slice is held for this kernel id."""
+
+
+class SliceExists(_MessageKeyError):
+    """A slice is already held for this kernel id."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A slice the ledger holds. ``holder`` says where the slice lives (``local``: a region file
+    on this machine; ``pod``: a Kubernetes pod on ``node``)."""
+
+    kernel_id: str
+    device_uuid: str
+    device_index: int
+    memory_limit: int
+    sm_share: int
+    policy: str
+    owner: str
+    created_at: float
+    metadata: dict = field(default_factory=dict)
+    holder: str = "local"
+    node: str = ""
+
+    @property
+    def limits(self) -> SliceLimits:
+        return SliceLimits(self.memory_limit, self.sm_share, self.policy)
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst)."""
+
+    device: Device
+    memory_capacity: int
+    memory_allocated: int
+    memory_free: int
+    hard_share: int
+    total_share: int
+    share_capacity: int
+    slices: int
+
+    def share_free(self, policy: str) -> int:
+        """The largest share one more slice of this policy could have."""
+        total_free = self.share_capacity - self.total_share
+        if policy == "hard":
+            return max(0, min(FULL_SHARE - self.hard_share, total_free))
+        return max(0, total_free)
+
+    def fits(self, limits: SliceLimits) -> bool:
+        return self.memory_free >= limits.memory_limit and self.share_free(limits.policy) >= limits.sm_share
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """The slices of a node's GPUs and the decisions on them; every method may be called from
+    any thread. Decisions are atomic: two concurrent admissions never over-commit a device."""
+
+    @property
+    def devices(self) -> list[Device]: ...
+
+    def devices_usage(self) -> list[DeviceUsage]: ...
+
+    def get(self, kernel_id: str) -> Allocation | None: ...
+
+    def allocations(self) -> list[Allocation]:
+        """Every allocation, oldest first."""
+        ...
+
+    def admit(
+        self,
+        kernel_id: str,
+        limits: SliceLimits,
+        *,
+        owner: str = "",
+        device: str | int | None = None,
+        metadata: dict | None = None,
+        holder: str = "local",
+    ) -> Allocation:
+        """Place a slice on ``device`` or where the placement policy puts it; raises
+        CapacityError (no room), SliceValueError (a bad device or size), SliceExists."""
+        ...
+
+    def resize(
+        self, kernel_id: str, *, memory_limit: int | None = None, sm_share: int | None = None, policy: str | None = None
+    ) -> Allocation:
+        """Change a slice in place; only what grows is checked against capacity."""
+        ...
+
+    def release(self, kernel_id: str) -> Allocation | None:
+        """Free a kernel's slice; returns what it held, or None if it held nothing."""
+        ...
+
+    def update_metadata(self, kernel_id: str, **fields) -> Allocation: ...
+
+    def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
+        """Release every allocation whose kernel is gone; returns the released."""
+        ...
+
+    def close(self) -> None: ...

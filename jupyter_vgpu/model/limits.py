@@ -1,0 +1,84 @@
+"""One slice's limits, the one type every layer passes around: the parser at the edge, the
+ledger, the holders and the region all speak :class:`SliceLimits`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from jupyter_vgpu.model.sizes import (
+    POLICIES,
+    POLICY_HELP,
+    SM_SHARE_HELP,
+    SliceValueError,
+    format_size,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+)
+
+FULL_SHARE = 100
+
+
+@dataclass(frozen=True)
+class SliceLimits:
+    """What a slice may use.
+
+    ``memory_limit``: bytes of device memory (0 only in a region, where it means "no cap").
+    ``sm_share``: the share of the device's streaming multiprocessors in percent, 1..100. The
+    REST API, the CLI and kernelspecs call it ``cores``, as HAMi's ``nvidia.com/gpucores`` does.
+    ``policy``: ``hard`` (never above the share) or ``burst`` (may use idle SMs).
+    """
+
+    memory_limit: int
+    sm_share: int = FULL_SHARE
+    policy: str = "hard"
+
+    def __post_init__(self) -> None:
+        # The constructor takes values already parsed (ints, a policy word); text from people
+        # goes through parse(), which says what is accepted.
+        if isinstance(self.memory_limit, bool) or not isinstance(self.memory_limit, int) or self.memory_limit < 0:
+            raise SliceValueError(f"memory limit {self.memory_limit!r} must be a whole number of bytes, 0 or more")
+        if isinstance(self.sm_share, bool) or not isinstance(self.sm_share, int) or not 1 <= self.sm_share <= FULL_SHARE:
+            raise SliceValueError(f"SM share {self.sm_share!r} is not {SM_SHARE_HELP}")
+        if self.policy not in POLICIES:
+            raise SliceValueError(f"policy {self.policy!r} is not {POLICY_HELP}")
+
+    @classmethod
+    def parse(cls, memory: str | int | float, cores: str | int = FULL_SHARE, policy: str = "hard") -> SliceLimits:
+        """Limits from what people write: ``memory`` a size (a bare number is MiB), ``cores`` a
+        percentage, ``policy`` hard or burst."""
+        return cls(parse_size(memory), parse_sm_share(cores), parse_policy(policy))
+
+    def changed(self, memory=None, cores=None, policy=None) -> SliceLimits:
+        """These limits with the given ones (in the parse() vocabulary) changed; None keeps one."""
+        return replace(
+            self,
+            memory_limit=self.memory_limit if memory is None else parse_size(memory),
+            sm_share=self.sm_share if cores is None else parse_sm_share(cores),
+            policy=self.policy if policy is None else parse_policy(policy),
+        )
+
+    @property
+    def hard_share(self) -> int:
+        """The share this slice holds against the 100% that hard slices may add up to."""
+        return self.sm_share if self.policy == "hard" else 0
+
+    def describe(self) -> str:
+        """``memory cap 6GiB, SM share 40%, policy hard``."""
+        memory = format_size(self.memory_limit) if self.memory_limit else "none"
+        return f"memory cap {memory}, SM share {self.sm_share}%, policy {self.policy}"
+
+
+# A slice's size when nobody chose one: the start request, the kernelspec and the server's
+# configuration all left it unset.
+DEFAULT_LIMITS = SliceLimits(4 << 30, FULL_SHARE, "hard")
+
+
+def decide_limits(defaults: SliceLimits, *layers: dict) -> SliceLimits:
+    """The one rule for a slice's size: each layer (e.g. the kernelspec's config, then the start
+    request) overrides the one before, ``defaults`` first; in each, ``memory``, ``cores`` and
+    ``policy`` are in the parse() vocabulary and an empty or missing value is unset."""
+    limits = defaults
+    for layer in layers:
+        limits = limits.changed(**{key: value for key, value in layer.items() if value not in (None, "")})
+    return limits
