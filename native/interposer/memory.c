@@ -270,13 +270,18 @@ static CUresult charge(struct charge *charge_out, const char *call, uint64_t byt
 }
 
 /* Moves a charge to `actual` bytes once the driver said what it really took. Growing it is
- * checked against the cap (the limits of this instant) like a new request. */
+ * checked against the cap (the limits of this instant) like a new request, and refused like
+ * one when the limits cannot be read: unreadable limits are no cap to check against, not a
+ * cap of "none". */
 static CUresult recharge(struct charge *c, const char *call, uint64_t actual)
 {
     if (actual > c->bytes && c->slot) {
         struct vgpu_limits_snapshot limits;
-        uint64_t limit = vgpu_read_limits(&limits) == 0 ? limits.memory_limit : 0;
-        CUresult result = add_within_cap(c->slot, call, actual - c->bytes, actual, limit);
+        if (vgpu_read_limits(&limits) != 0) {
+            vgpu_report_fail_closed();
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        CUresult result = add_within_cap(c->slot, call, actual - c->bytes, actual, limits.memory_limit);
         if (result != CUDA_SUCCESS)
             return result;
     } else if (actual < c->bytes) {

@@ -11,7 +11,7 @@ import pytest
 
 from jupyter_vgpu.holders.region import constants, limits_check
 
-from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, process_start_time
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, live_slots, process_start_time
 
 COMMANDS = ("init", "alloc:1M", "vmm:2M", "managed:1M", "info", "total")
 
@@ -113,3 +113,23 @@ def test_region_with_every_slot_held_by_a_live_process_refuses_and_says_why(prob
     raw.procs[5].pid = 0  # one frees up: the next process gets it
     run = probe(env, "init", "alloc:1M")
     assert run.rc(1) == 0, run.stderr
+
+
+def test_limits_unreadable_when_a_pitch_grows_its_charge_refuse_the_allocation(
+    probe, build_shared, sim_env, make_slice, interactive, tmp_path
+):
+    """The driver chose a wider pitch than the interposer charged for, and the limits turned
+    unreadable meanwhile: the extra bytes cannot be checked against any cap, so the allocation
+    is refused (and given back to the driver), never charged as if the slice had no cap."""
+    fake = build_shared("driver_scribbling_limits", "libcuda.so.1")  # scribbles, pitch aligned to 4 KiB
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    env["LD_LIBRARY_PATH"] = f"{fake.parent}:{env['LD_LIBRARY_PATH']}"
+    program = interactive([probe.executable, "pitch:1000:400", "wait"], env, stderr_path=tmp_path / "stderr")
+    lines = program.read_until("wait")
+    assert lines[0][:2] == ["pitch", str(CUDA_ERROR_OUT_OF_MEMORY)]
+    (slot,) = live_slots(region)
+    assert slot.allocated == 0
+    program.send()
+    assert program.finish() == 0
+    stderr = [line for line in (tmp_path / "stderr").read_text().splitlines() if line.strip()]
+    assert len(stderr) == 1 and "is corrupt" in stderr[0] and "allocations are refused" in stderr[0]
