@@ -1,12 +1,18 @@
-"""How a kernel reaches the Jupyter server that holds its slice.
+"""The one REST client of ``/api/vgpu/``, for the CLI and for code running in a sliced kernel.
 
-The provisioner hands every sliced kernel three environment variables: the server's URL, the
-kernel's id and a per-kernel credential. The credential is not the server's token: the server
-accepts it only for reading devices and slices and for resizing this kernel's own slice (see
-handlers.py), so code running in the kernel cannot start kernels, read files or act as the user.
-This module is the one place that reads those variables; it holds the REST client the %vgpu
-magic and the panel share, and the names both show slices by. The client uses the standard
-library only, so it works from any thread.
+Both talk to the same handlers and differ only in who they are:
+
+- the CLI is the user: it sends the Jupyter server's token (``Authorization: token ...``), found
+  in Jupyter's runtime files like ``jupyter server list`` does, or ``--server URL`` with
+  ``$JUPYTER_TOKEN``;
+- a kernel is itself: the provisioner hands every sliced kernel three environment variables, the
+  server's URL, the kernel's id and a per-kernel credential. The credential is not the server's
+  token: the server accepts it only for reading devices and slices and for resizing this kernel's
+  own slice (see server/handlers.py), so code in the kernel cannot start kernels, read files or
+  act as the user. This module is the one place that reads those variables.
+
+The client uses the standard library only, so it works from any thread and in any kernel, and
+the module also holds the names the %vgpu magic, the panel and the CLI show slices by.
 """
 
 from __future__ import annotations
@@ -27,15 +33,17 @@ KERNEL_ID_VARIABLE = "JUPYTER_VGPU_KERNEL_ID"
 CREDENTIAL_VARIABLE = "JUPYTER_VGPU_KERNEL_CREDENTIAL"
 KERNEL_VARIABLES = (SERVER_URL_VARIABLE, KERNEL_ID_VARIABLE, CREDENTIAL_VARIABLE)
 CREDENTIAL_HEADER = "X-VGPU-Kernel-Credential"
+TOKEN_VARIABLE = "JUPYTER_TOKEN"  # what `--server URL` authenticates with, as in jupyter_server
 
 NOT_IN_A_SERVER = (
     "this kernel was not started by a Jupyter server with jupyter-vgpu, so it has no GPU slice to "
     "show or resize; start it from a vGPU kernelspec (e.g. 'Python 3 (GPU slice)') in such a server"
 )
+NO_RUNNING_SERVER = "no running Jupyter server found; start one (jupyter lab) or pass --server URL"
 
 
 class ServerUnavailable(RuntimeError):
-    """The kernel cannot talk to a vGPU server: not started by one, or the server is unreachable."""
+    """There is no vGPU server to ask: none found, not started by one, or it does not answer."""
 
 
 class RequestRefused(RuntimeError):
@@ -54,26 +62,42 @@ def kernel_environment(server_url: str, kernel_id: str, credential: str) -> dict
 
 @dataclass(frozen=True)
 class ServerClient:
-    """The REST API of this kernel's server, authenticated with the kernel's own credential."""
+    """The REST API of one Jupyter server's jupyter-vgpu extension.
+
+    Build it with :meth:`for_user` (the CLI) or :meth:`for_kernel` (the magic and the panel);
+    ``kernel_id`` is the calling kernel's, empty for a user.
+    """
 
     server_url: str
-    kernel_id: str
-    credential: str = field(repr=False)  # a notebook that shows the client must not show the secret
+    # (header, value); out of the repr because a notebook that shows the client must not show it
+    authorization: tuple[str, str] | None = field(default=None, repr=False)
+    kernel_id: str = ""
     timeout: float = 5.0
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> ServerClient:
+    def for_kernel(cls, environ: Mapping[str, str] = os.environ) -> ServerClient:
+        """This kernel's server, with this kernel's credential (from the provisioner's variables)."""
         values = [environ.get(name, "") for name in KERNEL_VARIABLES]
         if not all(values):
             raise ServerUnavailable(NOT_IN_A_SERVER)
         server_url, kernel_id, credential = values
-        scheme = urllib.parse.urlsplit(server_url).scheme
-        if scheme not in ("http", "https"):
-            raise ServerUnavailable(
-                f"the vGPU server listens at {server_url}, which this kernel cannot reach "
-                "(only http and https servers are supported, not Unix sockets)"
-            )
-        return cls(server_url, kernel_id, credential)
+        return cls(_reachable(server_url, "this kernel"), (CREDENTIAL_HEADER, credential), kernel_id)
+
+    @classmethod
+    def for_user(cls, server_url: str = "", environ: Mapping[str, str] = os.environ, timeout: float = 30.0) -> ServerClient:
+        """A server as its user: ``server_url`` with ``$JUPYTER_TOKEN``, or else the running server
+        Jupyter's runtime files name, with the token they hold."""
+        if server_url:
+            token = environ.get(TOKEN_VARIABLE, "")
+        else:
+            from jupyter_server.serverapp import list_running_servers  # only the CLI needs the server package
+
+            servers = list(list_running_servers())
+            if not servers:
+                raise ServerUnavailable(NO_RUNNING_SERVER)
+            server_url, token = servers[-1]["url"], servers[-1].get("token", "")
+        # No header without a token: a server with password login then says 403 in its own words.
+        return cls(_reachable(server_url, "jupyter vgpu"), ("Authorization", f"token {token}") if token else None, timeout=timeout)
 
     def devices(self) -> list[dict[str, Any]]:
         return self._request("GET", "devices")
@@ -84,17 +108,17 @@ class ServerClient:
     def slice(self, kernel_id: str | None = None) -> dict[str, Any]:
         return self._request("GET", "slices", kernel_id or self.kernel_id)
 
-    def resize(self, kernel_id: str | None = None, **changes: str) -> dict[str, Any]:
-        """PATCH a slice with ``memory``, ``cores`` and/or ``policy`` as the REST API takes them."""
+    def resize(self, kernel_id: str | None = None, **changes: str | int) -> dict[str, Any]:
+        """PATCH a slice with ``memory`` (a size, or MiB), ``cores`` and/or ``policy``."""
         return self._request("PATCH", "slices", kernel_id or self.kernel_id, body=changes)
 
     def _request(self, method: str, *path: str, body: dict | None = None) -> Any:
-        url = self.server_url.rstrip("/") + "/api/vgpu/" + "/".join(urllib.parse.quote(part) for part in path)
+        url = self.server_url.rstrip("/") + "/api/vgpu/" + "/".join(urllib.parse.quote(part, safe="") for part in path)
+        headers = {"Content-Type": "application/json"}
+        if self.authorization:
+            headers[self.authorization[0]] = self.authorization[1]
         request = urllib.request.Request(
-            url,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={CREDENTIAL_HEADER: self.credential, "Content-Type": "application/json"},
+            url, method=method, data=None if body is None else json.dumps(body).encode(), headers=headers
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -106,12 +130,24 @@ class ServerClient:
             raise ServerUnavailable(f"cannot reach the vGPU server at {self.server_url}: {reason}") from None
 
 
+def _reachable(server_url: str, who: str) -> str:
+    """``server_url`` if urllib can reach it; jupyter_server may also listen on a Unix socket."""
+    if urllib.parse.urlsplit(server_url).scheme not in ("http", "https"):
+        raise ServerUnavailable(
+            f"the vGPU server listens at {server_url}, which {who} cannot reach "
+            "(only http and https servers are supported, not Unix sockets)"
+        )
+    return server_url
+
+
 def _error_message(error: urllib.error.HTTPError) -> str:
-    """The ``{"message": ...}`` of a REST error, or the HTTP reason when the body is not one."""
+    """The ``{"message": ...}`` of a REST error, or the HTTP reason when the body is not one
+    (a proxy's page, or Jupyter's own HTML 403)."""
     try:
-        return json.loads(error.read())["message"]
+        message = json.loads(error.read())["message"]
     except (ValueError, KeyError, TypeError, OSError):
         return f"HTTP {error.code} {error.reason}"
+    return message if isinstance(message, str) else f"HTTP {error.code} {error.reason}"
 
 
 def describe_limits(model: dict[str, Any]) -> str:

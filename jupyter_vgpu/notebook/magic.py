@@ -28,6 +28,7 @@ def describe_slice(model: dict, devices: list[dict]) -> str:
             f"  memory  {format_size(usage['memory_bytes'])} used of {format_size(limits['memory_bytes'])} cap",
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
             f"  policy  {limits['policy']}",
+            *(f"  warning {warning}" for warning in model.get("warnings", ())),
         ]
     )
 
@@ -51,7 +52,7 @@ def requested_changes(memory: str | None, cores: str | None, policy: str | None)
 
 @magics_class
 class VGPUMagics(Magics):
-    def __init__(self, shell, client_factory: Callable[[], ServerClient] = ServerClient.from_environment):
+    def __init__(self, shell, client_factory: Callable[[], ServerClient] = ServerClient.for_kernel):
         super().__init__(shell)
         self.client_factory = client_factory
         self.panel = None  # one live panel per kernel, shown again by every %vgpu panel

@@ -63,12 +63,13 @@ class SliceRow:
         self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
         self.apply_button.on_click(lambda _button: self.apply())
         self.message = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
+        self.warnings = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
         controls = widgets.HBox(
             [self.memory_input, self.cores_input, self.policy_input, self.apply_button],
             layout=widgets.Layout(margin=_INDENT, align_items="center", grid_gap="0.5em"),
         )
         self.widget = widgets.VBox(
-            [_row(self.name, self.device, memory, sm, self.policy), controls, self.message],
+            [_row(self.name, self.device, memory, sm, self.policy), self.warnings, controls, self.message],
             layout=widgets.Layout(margin="0 0 0.6em 0"),
         )
         self.update(model, devices)
@@ -86,6 +87,11 @@ class SliceRow:
         self.sm_bar.value = float(min(usage["sm_util"], limits["cores"]))
         self.sm_label.value = f"{usage['sm_util']:.0f} / {limits['cores']} %"
         self.policy.value = limits["policy"]
+        # What the server noticed about the slice (limits rewritten from inside the kernel and
+        # restored, ...): said where its numbers are, in JupyterLab's warning colour.
+        self.warnings.value = "<br>".join(
+            f'<span style="color: var(--jp-warn-color1, #f57c00)">{_escape(warning)}</span>' for warning in model.get("warnings", ())
+        )
         self._follow_limits(limits)
 
     def _follow_limits(self, limits: dict[str, Any]) -> None:

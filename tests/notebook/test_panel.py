@@ -1,71 +1,25 @@
-"""The %vgpu panel's widget models, driven by a scripted client in place of the server."""
+"""The %vgpu panel's widget models, driven by a scripted client in place of the server
+(tests/notebook/conftest.py)."""
 
 from __future__ import annotations
 
 import copy
-import threading
-import time
+import queue
 
 import pytest
 
-from jupyter_vgpu.client import RequestRefused, ServerUnavailable
+from jupyter_vgpu.client import RequestRefused
 from jupyter_vgpu.notebook.panel import SlicePanel
 
 GIB = 1 << 30
-DEVICES = [
-    {"index": 0, "uuid": "GPU-small", "name": "Sim Small"},
-    {"index": 1, "uuid": "GPU-large", "name": "Sim Large"},
-]
-
-
-def model(kernel_id, path="", device=0, memory=4 * GIB, cores=30, policy="hard", used=GIB, util=12.0):
-    return {
-        "kernel_id": kernel_id,
-        "path": path,
-        "device": {"index": device, "uuid": DEVICES[device]["uuid"]},
-        "limits": {"memory": memory, "cores": cores, "policy": policy},
-        "usage": {"memory": used, "sm_util": util, "processes": []},
-        "state": "running",
-    }
-
-
-class ScriptedClient:
-    """Answers like kernel_client.ServerClient from lists the test edits; records resizes."""
-
-    kernel_id = "own-kernel"
-
-    def __init__(self, slices):
-        self.listed = slices
-        self.resizes: list[tuple[str, dict]] = []
-        self.refusal: RequestRefused | None = None
-        self.unreachable = False
-
-    def slices(self):
-        if self.unreachable:
-            raise ServerUnavailable("cannot reach the vGPU server at http://localhost:8888/: Connection refused")
-        return copy.deepcopy(self.listed)
-
-    def devices(self):
-        return DEVICES
-
-    def resize(self, kernel_id, **changes):
-        self.resizes.append((kernel_id, changes))
-        if self.refusal:
-            raise self.refusal
-        (resized,) = [m for m in self.listed if m["kernel_id"] == kernel_id]
-        limits = resized["limits"]
-        limits["memory"] = int(changes["memory"].removesuffix("GiB")) * GIB if "memory" in changes else limits["memory"]
-        limits["cores"] = int(changes.get("cores", limits["cores"]))
-        limits["policy"] = changes.get("policy", limits["policy"])
-        return copy.deepcopy(resized)
 
 
 @pytest.fixture
-def client():
-    return ScriptedClient(
+def client(scripted_client, slice_model):
+    return scripted_client(
         [
-            model("own-kernel", path="work/train.ipynb", device=1, memory=4 * GIB, used=GIB, cores=30, util=12.0),
-            model("abcdef012345", memory=2 * GIB, used=3 * GIB // 2, cores=50, util=61.0, policy="burst"),
+            slice_model("own-kernel", path="work/train.ipynb", device=1, memory=4 * GIB, used=GIB, cores=30, util=12.0),
+            slice_model("abcdef012345", memory=2 * GIB, used=3 * GIB // 2, cores=50, util=61.0, policy="burst"),
         ]
     )
 
@@ -92,9 +46,9 @@ def test_one_row_per_slice_with_its_bars(panel):
     assert panel.children == (panel.header, own.widget, other.widget, panel.status)
 
 
-def test_rows_follow_kernels_as_they_come_and_go(panel, client):
+def test_rows_follow_kernels_as_they_come_and_go(panel, client, slice_model):
     gone = panel.rows["abcdef012345"]
-    client.listed = [client.listed[0], model("new-kernel", path="eval.ipynb", memory=GIB, used=0)]
+    client.listed = [client.listed[0], slice_model("new-kernel", path="eval.ipynb", memory=GIB, used=0)]
     panel.refresh()
     assert list(panel.rows) == ["own-kernel", "new-kernel"]
     assert panel.rows["new-kernel"].name.value == "eval.ipynb"
@@ -106,7 +60,7 @@ def test_rows_follow_kernels_as_they_come_and_go(panel, client):
 
 
 def test_bars_follow_usage_and_a_full_slice_shows_danger(panel, client):
-    client.listed[0]["usage"]["memory"] = 4 * GIB
+    client.listed[0]["usage"]["memory_bytes"] = 4 * GIB
     client.listed[0]["usage"]["sm_util"] = 29.4
     panel.refresh()
     own = panel.rows["own-kernel"]
@@ -124,8 +78,8 @@ def test_apply_sends_what_changed_and_shows_the_new_limits(panel, client):
     assert own.memory_label.value == "1GiB / 6GiB" and own.policy.value == "burst"
 
 
-def test_a_cap_that_format_size_would_round_is_not_sent_back_changed(client):
-    client.listed = [model("own-kernel", memory=1400 << 20)]
+def test_a_cap_that_format_size_would_round_is_not_sent_back_changed(client, slice_model):
+    client.listed = [slice_model("own-kernel", memory=1400 << 20)]
     shown = SlicePanel(client)
     shown.refresh()
     row = shown.rows["own-kernel"]
@@ -158,7 +112,7 @@ def test_a_bad_size_is_refused_before_anything_is_sent(panel, client):
 def test_controls_follow_the_server_unless_the_user_is_editing_them(panel, client):
     own = panel.rows["own-kernel"]
     own.cores_input.value = 45  # being edited
-    client.listed[0]["limits"].update(memory=8 * GIB, cores=20, policy="burst")  # resized elsewhere
+    client.listed[0]["limits"].update(memory_bytes=8 * GIB, cores=20, policy="burst")  # resized elsewhere
     panel.refresh()
     assert (own.memory_input.value, own.cores_input.value, own.policy_input.value) == ("8GiB", 45, "burst")
 
@@ -170,25 +124,42 @@ def test_an_unreachable_server_is_reported_and_the_rows_kept(panel, client):
     assert list(panel.rows) == ["own-kernel", "abcdef012345"]
 
 
-def wait_for(condition, deadline_s=10.0):
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.01)
+def test_the_servers_warnings_show_under_their_row_and_go_when_it_stops_saying_them(panel, client):
+    restored = "limits changed from inside the kernel were restored <to 4GiB>"
+    client.listed[1]["warnings"] = [restored]
+    panel.refresh()
+    other = panel.rows["abcdef012345"]
+    assert "limits changed from inside the kernel were restored &lt;to 4GiB&gt;" in other.warnings.value
+    assert other.warnings in other.widget.children
+    assert panel.rows["own-kernel"].warnings.value == ""
+    client.listed[1]["warnings"] = []
+    panel.refresh()
+    assert other.warnings.value == ""
 
 
-def test_background_refresh_updates_rows_without_blocking_the_caller(client):
-    answer = threading.Event()
-    slow = ScriptedClient(client.listed)
-    slow.slices = lambda: answer.wait() and copy.deepcopy(slow.listed)  # the server is slow to answer
-    shown = SlicePanel(slow, interval=0.05)
+def test_background_refresh_updates_rows_without_blocking_the_caller(client, scripted_client, slice_model):
+    """The server answers only when the test says so; each listing the panel asks for after an
+    answer proves the answer before it was shown (refresh asks, then shows, then asks again)."""
+    answers, asked = queue.Queue(), queue.Queue()
+    slow = scripted_client(client.listed)
+
+    def slices():
+        asked.put(True)
+        return copy.deepcopy(answers.get(timeout=30))
+
+    slow.slices = slices
+    shown = SlicePanel(slow, interval=0)
     try:
         shown.start()  # returns at once although the first refresh is waiting for the server
+        asked.get(timeout=30)
         assert shown.rows == {}
-        answer.set()
-        wait_for(lambda: list(shown.rows) == ["own-kernel", "abcdef012345"])
-        slow.listed = [model("late-kernel", path="late.ipynb")]
-        wait_for(lambda: list(shown.rows) == ["late-kernel"])
+        answers.put(client.listed)
+        asked.get(timeout=30)
+        assert list(shown.rows) == ["own-kernel", "abcdef012345"]
+        answers.put([slice_model("late-kernel", path="late.ipynb")])
+        asked.get(timeout=30)
+        assert list(shown.rows) == ["late-kernel"]
     finally:
+        answers.put([])  # the refresh under way gets its answer, then sees the panel closed
         shown.close()
     assert not shown._thread.is_alive()
