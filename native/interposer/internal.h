@@ -11,7 +11,7 @@
  *   pacing.c   the SM-share limiter: per-thread token caches, the shared pool, the controller
  *   log.c      logging (stderr only, silent unless asked, except the out-of-memory line)
  * All symbols here have hidden visibility (the build passes -fvisibility=hidden); only hooks
- * and dlsym are exported, through exports.map.
+ * and dlsym are exported, through the version script native/build.py generates from hooks.def.
  */
 #ifndef VGPU_INTERPOSER_INTERNAL_H
 #define VGPU_INTERPOSER_INTERNAL_H

@@ -1,18 +1,24 @@
 """libvgpu.so exports exactly its hooks (hooks.def) and dlsym: nothing else of ours leaks into
-the program's symbol namespace, and no hook is forgotten in exports.map."""
+the program's symbol namespace, and no hook is forgotten. The export list is generated from
+hooks.def at build time (native/build.py), never kept by hand."""
 
 from __future__ import annotations
 
 import re
+import runpy
 import subprocess
 from pathlib import Path
 
-INTERPOSER = Path(__file__).resolve().parents[2] / "native" / "interposer"
+ROOT = Path(__file__).resolve().parents[2]
+INTERPOSER = ROOT / "native" / "interposer"
 
 
-def hooks_def_names() -> set[str]:
-    text = (INTERPOSER / "hooks.def").read_text()
+def hooks_def_names(text: str) -> set[str]:
     return set(re.findall(r"^VGPU_(?:CUDA|NVML)_HOOK\((\w+)\)", text, re.M))
+
+
+def global_names(script: str) -> set[str]:
+    return set(re.findall(r"(\w+)\s*;", script.split("global:")[1].split("local:")[0]))
 
 
 def test_exported_dynamic_symbols_are_the_hooks_and_dlsym(native_libs):
@@ -20,11 +26,19 @@ def test_exported_dynamic_symbols_are_the_hooks_and_dlsym(native_libs):
         ["nm", "-D", "--defined-only", str(native_libs.vgpu)], check=True, capture_output=True, text=True
     ).stdout
     exported = {line.split()[-1].split("@")[0] for line in output.splitlines() if line.strip()}
-    assert exported == hooks_def_names() | {"dlsym"}
+    assert exported == hooks_def_names((INTERPOSER / "hooks.def").read_text()) | {"dlsym"}
 
 
-def test_exports_map_lists_exactly_the_hooks_and_dlsym():
-    text = (INTERPOSER / "exports.map").read_text()
-    global_part = text.split("global:")[1].split("local:")[0]
-    listed = set(re.findall(r"(\w+)\s*;", global_part))
-    assert listed == hooks_def_names() | {"dlsym"}
+def test_the_version_script_follows_hooks_def(tmp_path):
+    """A hook added to hooks.def is exported without another list to edit (none is kept in the
+    tree), and everything else stays local."""
+    assert not (INTERPOSER / "exports.map").exists()
+    hooks_def = tmp_path / "hooks.def"
+    hooks_def.write_text((INTERPOSER / "hooks.def").read_text().replace(
+        "#undef VGPU_CUDA_HOOK", "VGPU_CUDA_HOOK(cuMemHostAlloc)\nVGPU_NVML_HOOK(nvmlDeviceGetCount_v2)\n#undef VGPU_CUDA_HOOK"
+    ))
+    script = runpy.run_path(str(ROOT / "native" / "build.py"))["version_script"](hooks_def)
+    names = hooks_def_names(hooks_def.read_text())
+    assert {"cuMemHostAlloc", "nvmlDeviceGetCount_v2"} <= names
+    assert global_names(script) == names | {"dlsym"}
+    assert re.search(r"local:\s*\*;", script)
