@@ -24,13 +24,13 @@ WARNINGS_KEY = "warnings"
 
 
 class SliceRefused(Exception):
-    """A slice that cannot be had; ``reason`` is ``capacity`` (no room: try less or stop a
+    """A slice that cannot be had; ``kind`` is ``capacity`` (no room: try less or stop a
     kernel) or ``invalid`` (the request itself is wrong). The message is short, whole sentences,
     free of ``%`` (jupyter_server doubles it in the error it makes of a failed session start)."""
 
-    def __init__(self, message: str, *, reason: str):
+    def __init__(self, message: str, *, kind: str):
         super().__init__(message)
-        self.reason = reason
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class SliceManager(LoggingConfigurable):
         try:
             return decide_limits(self.defaults, configured or {}, requested or {})
         except ValueError as error:
-            raise SliceRefused(str(error), reason="invalid") from None
+            raise SliceRefused(str(error), kind="invalid") from None
 
     def admit(
         self,
@@ -111,9 +111,9 @@ class SliceManager(LoggingConfigurable):
                 kernel_id, limits, owner=owner, device=device, metadata=metadata, holder=holder
             )
         except CapacityError as error:
-            raise SliceRefused(start_refusal(error), reason="capacity") from error
+            raise SliceRefused(start_refusal(error), kind="capacity") from error
         except ValueError as error:
-            raise SliceRefused(str(error).replace("%", " percent"), reason="invalid") from None
+            raise SliceRefused(str(error).replace("%", " percent"), kind="invalid") from None
         try:
             self.holder(allocation).create(allocation)
         except BaseException:

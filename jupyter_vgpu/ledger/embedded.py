@@ -16,6 +16,7 @@ so promising more than 100% of them is safe; hard slices are a guarantee, so it 
 from __future__ import annotations
 
 import json
+import os
 import logging
 import sqlite3
 import threading
@@ -183,7 +184,12 @@ class EmbeddedLedger:
         # One connection per Ledger: threads of this process take turns through the lock (cheaper
         # than each waiting on SQLite's file lock), other processes wait in SQLite's busy handler.
         self._lock = threading.Lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Kernel ids, pids and credential hashes: the user's alone. SQLite gives the -wal and
+        # -shm files the mode of the database file, so making that one private is enough.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        if self.path.stat().st_mode & 0o077:
+            self.path.chmod(0o600)
         self._connection = _open(self.path)
         self._devices: list[Device] = []
         self.set_devices(devices)

@@ -124,7 +124,7 @@ class VGPUProvisioner(LocalProvisioner):
         try:
             limits = decide_limits(DEFAULT_LIMITS, self._configured(), requested)
         except ValueError as error:
-            raise SliceRefused(str(error), reason="invalid") from None
+            raise SliceRefused(str(error), kind="invalid") from None
         kwargs = await super().pre_launch(**kwargs)
         if self._standalone_region is None:
             if self.simulate:

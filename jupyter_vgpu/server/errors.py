@@ -35,8 +35,8 @@ class StartRefused(VGPUHTTPError, SliceRefused):
     turns any start error into a 500 but keeps the message."""
 
     def __init__(self, refusal: SliceRefused):
-        VGPUHTTPError.__init__(self, REFUSAL_STATUS[refusal.reason], f"Kernel not started. {refusal}")
-        self.reason = refusal.reason
+        VGPUHTTPError.__init__(self, REFUSAL_STATUS[refusal.kind], f"Kernel not started. {refusal}")
+        self.kind = refusal.kind
 
 
 def refusal_for_http(refusal: SliceRefused) -> StartRefused:

@@ -231,7 +231,7 @@ class KernelsHandler(VGPUHandler):
         except SliceRefused as refusal:
             if isinstance(refusal, VGPUHTTPError):
                 raise
-            raise VGPUHTTPError(409 if refusal.reason == "capacity" else 400, str(refusal)) from None
+            raise VGPUHTTPError(409 if refusal.kind == "capacity" else 400, str(refusal)) from None
         model = self.kernel_manager.kernel_model(kernel_id)
         status = self.slices.status(self.slices.get(kernel_id))
         self.set_status(201)

@@ -29,6 +29,9 @@ def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
             "simulate": True,
             "ledger_path": str(tmp_path / "ledger.sqlite"),
             "region_dir": str(tmp_path / "regions"),
+            # Not the built-in 4GiB, so a test can tell the server's default was used.
+            "default_memory": "2GiB",
+            "default_cores": 40,
         },
     }
 
@@ -54,6 +57,21 @@ def vgpu_kernelspec(jp_data_dir):
         )
     )
     return KERNEL_NAME
+
+
+@pytest.fixture
+def unsized_kernelspec(jp_data_dir):
+    """A vGPU kernelspec that sets no size, like the one jupyter-vgpu ships."""
+    folder = jp_data_dir / "kernels" / "vgpu-unsized"
+    folder.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (GPU slice, no size)",
+        "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner"}},
+    }
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    return "vgpu-unsized"
 
 
 @pytest.fixture

@@ -99,6 +99,10 @@ async def test_a_kernel_that_does_not_fit_fails_to_start_with_what_is_free(jp_fe
         ({"policy": "soft"}, "'hard' (never above the share) or 'burst'"),
         ({"device": "9"}, "matches no single GPU"),
         ({"colour": "red"}, "unknown field(s) colour"),
+        ({"cores": "\u00b2"}, "whole percentage from 1 to 100"),  # isdigit() but not an int
+        ({"memory": "9" * 400}, "larger than any GPU"),
+        ({"memory": 9e300}, "larger than any GPU"),
+        ({"memory": True}, "must be a string or a number"),
     ],
 )
 async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch, vgpu_kernelspec, body, accepted):
@@ -117,6 +121,11 @@ async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch,
         ("[1, 2]", "must be a JSON object"),
         ("{not json", "not JSON"),
         ("{}", "nothing to change"),
+        ('{"cores": "\u00b2"}', "1 to 100"),
+        ('{"memory": "' + "9" * 400 + '"}', "larger than any GPU"),
+        ("[" * 50_000, "not JSON"),  # deep enough to exhaust the parser's recursion
+        ("[" * 100_000, "larger than 64 KiB"),
+        ('{"memory": 0.0}', "more than zero"),
     ],
 )
 async def test_bad_resize_fields_get_400(jp_fetch, vgpu_kernelspec, raw, accepted):
@@ -124,6 +133,22 @@ async def test_bad_resize_fields_get_400(jp_fetch, vgpu_kernelspec, raw, accepte
     code, message = await error_of(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", raw=raw)
     assert code == 400
     assert accepted in message
+
+
+@pytest.mark.parametrize("memory, expected", [(2048, 2 << 30), (2048.0, 2 << 30), ("2048", 2 << 30), ("1.5GiB", 3 << 29)])
+async def test_a_bare_number_for_memory_is_mib_on_every_path(jp_fetch, vgpu_kernelspec, memory, expected):
+    started = await fetch_json(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, "memory": memory})
+    assert started["slice"]["limits"]["memory_bytes"] == expected
+    resized = await fetch_json(
+        jp_fetch, "api", "vgpu", "slices", started["kernel"]["id"], method="PATCH", body={"memory": memory}
+    )
+    assert resized["limits"]["memory_bytes"] == expected
+
+
+@pytest.mark.parametrize("path", ["slices/..%2F..", "slices/a.b", "nothing-here", "slices/x/y"])
+async def test_any_other_path_under_the_api_gets_a_json_404(jp_fetch, path):
+    code, message = await error_of(jp_fetch, "api", "vgpu", *path.split("/"))
+    assert code == 404 and "no such vGPU API path" in message
 
 
 async def test_unknown_kernels_get_404(jp_fetch):
@@ -212,3 +237,36 @@ async def test_every_handler_refuses_unauthorised_and_unauthenticated_requests(
     with pytest.raises(tornado.httpclient.HTTPClientError) as caught:
         await jp_fetch("api", "vgpu", *path.split("/"), method=method, body=body)
     assert caught.value.code == 403
+
+
+async def test_limits_a_kernel_rewrites_in_its_region_are_restored_and_the_slice_flagged(jp_fetch, jp_serverapp, vgpu_kernelspec):
+    from jupyter_vgpu.holders.region import Region
+
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", cores=30)
+    holder = jp_serverapp.web_app.settings["vgpu_slice_manager"].holder("local")
+    # What a process of the kernel can do: its region file is writable by its Unix user.
+    with Region.open(holder.path(kernel_id)) as region:
+        region.set_limits(memory_limit=16 * GIB, sm_share=100)
+        listed = await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id)
+        assert region.limits.memory_limit == 3 * GIB and region.limits.sm_share == 30
+    assert listed["limits"] == {"memory_bytes": 3 * GIB, "cores": 30, "policy": "hard"}
+    (warning,) = listed["warnings"]
+    assert "memory cap 16GiB, SM share 100%" in warning and "the server restored them" in warning
+    # It stays flagged after the server put things right.
+    assert (await fetch_json(jp_fetch, "api", "vgpu", "slices"))[0]["warnings"] == [warning]
+
+
+async def test_a_slice_is_sized_by_the_request_then_the_kernelspec_then_the_server_defaults(
+    jp_fetch, vgpu_kernelspec, unsized_kernelspec
+):
+    # The kernelspec sets none: the server's VGPUApp.default_memory / default_cores (2GiB, 40).
+    _, default = await start_sliced(jp_fetch, unsized_kernelspec)
+    assert default["limits"] == {"memory_bytes": 2 * GIB, "cores": 40, "policy": "hard"}
+    # The kernelspec sets 1GiB and 50: it wins over the defaults, the request over both.
+    _, from_spec = await start_sliced(jp_fetch, vgpu_kernelspec)
+    assert from_spec["limits"] == {"memory_bytes": GIB, "cores": 50, "policy": "hard"}
+    _, asked = await start_sliced(jp_fetch, vgpu_kernelspec, memory=512, policy="burst")
+    assert asked["limits"] == {"memory_bytes": 512 << 20, "cores": 50, "policy": "burst"}
+    # JupyterLab's own path (no sizes at all) gets the same rule.
+    model = await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": unsized_kernelspec})
+    assert (await fetch_json(jp_fetch, "api", "vgpu", "slices", model["id"]))["limits"]["memory_bytes"] == 2 * GIB
