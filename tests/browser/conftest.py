@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -75,16 +76,31 @@ class Lab:
         (self.root / name).write_text(json.dumps(notebook))
         return name
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(30)
+    def stop(self, timeout: float = 30) -> float | None:
+        """SIGTERM, as Ctrl-C or a service manager stops it; returns the seconds the server took
+        to exit, or None when it had not exited after `timeout` seconds (it is then killed)."""
+        if self.process.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+        return time.monotonic() - started
 
 
-def write_private_jupyter_env(tmp_path: Path) -> dict[str, str]:
-    """JUPYTER_* dirs of this test only: a vGPU kernelspec, and lab settings that keep the news
-    and update prompts out of the page (and the screenshots)."""
+def write_private_jupyter_env(tmp_path: Path, labextension: Path) -> dict[str, str]:
+    """JUPYTER_* dirs of this test only: a vGPU kernelspec of the test's own and the one this
+    project ships (kernels/python3-vgpu, "Python 3 (GPU slice)"), the lab extension as built from
+    this checkout (found before any installed copy), and lab settings that keep the news and
+    update prompts out of the page (and the screenshots)."""
     data = tmp_path / "data"
+    (data / "labextensions").mkdir(parents=True)
+    (data / "labextensions" / "jupyter-vgpu").symlink_to(labextension, target_is_directory=True)
+    shutil.copytree(ROOT / "kernels" / "python3-vgpu", data / "kernels" / "python3-vgpu")
     spec = data / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
@@ -103,20 +119,38 @@ def write_private_jupyter_env(tmp_path: Path) -> dict[str, str]:
         "JUPYTER_CONFIG_DIR": str(config),
         "JUPYTER_DATA_DIR": str(data),
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        # In a virtualenv Jupyter looks in the environment's share/jupyter before the user's data
+        # dir; the user's (this test's) must come first, or an installed copy of the extension wins.
+        "JUPYTER_PREFER_ENV_PATH": "0",
     }
 
 
+@pytest.fixture(scope="session")
+def labextension_build() -> Path:
+    """Builds labextension/ from this checkout once per test session (as native_libs builds
+    native/), so the browser runs the extension as it is in the tree, not a stale installed copy."""
+    assert shutil.which("npm"), "npm is missing; the browser tests build the lab extension with it"
+    result = subprocess.run(
+        ["npm", "--prefix", str(ROOT / "labextension"), "run", "build"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, f"building the lab extension failed:\n{result.stdout}\n{result.stderr}"
+    output = ROOT / "jupyter_vgpu" / "labextension"
+    assert (output / "package.json").is_file(), f"the lab extension build left no {output / 'package.json'}"
+    return output
+
+
 @pytest.fixture
-def lab(sim_env, tmp_path):
+def lab(sim_env, tmp_path, labextension_build):
     env = dict(sim_env)
     env.pop("LD_LIBRARY_PATH")  # the server points its kernels at the simulated driver itself
     # ipykernel forwards what C code writes to fd 2 (the OOM line) unless it sees this variable.
     env.pop("PYTEST_CURRENT_TEST", None)
     env["VGPU_SIM_DEVICES"] = BROWSER_DEVICE
-    env.update(write_private_jupyter_env(tmp_path))
+    env.update(write_private_jupyter_env(tmp_path, labextension_build))
     server = Lab(tmp_path, env)
     yield server
-    server.stop()
+    if server.stop() is None:
+        pytest.fail(f"jupyter lab did not exit within 30 s of SIGTERM; its log:\n{server.log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,11 @@ async function waitForIdleKernel(page) {
     .waitFor();
 }
 
+/** A RegExp matching exactly `text` (a locator's hasText with a string matches substrings). */
+function exactText(text) {
+  return new RegExp(`^${text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`);
+}
+
 function cell(page, index) {
   return page.locator('.jp-NotebookPanel:visible .jp-Notebook .jp-Cell').nth(index);
 }
@@ -138,6 +143,40 @@ const scenarios = {
     await openSidebar(page);
     const sidebar = await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Status').innerText();
     return { statusItemVisible: await page.locator('.jp-vgpu-StatusItem').isVisible(), sidebar };
+  },
+
+  /**
+   * A new notebook from the launcher's card of a sliced kernelspec (JupyterLab's own path:
+   * POST /api/sessions) on a GPU without room: JupyterLab's "Error Starting Kernel" dialog, what
+   * it says, and whether all of it is in view (no scrolling inside the dialog).
+   */
+  async refusedStart(browser) {
+    const page = await openLab(browser, '');
+    const notebooks = page.locator('.jp-Launcher-section', {
+      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
+    });
+    await notebooks
+      .locator('.jp-LauncherCard', {
+        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(settings.kernel) })
+      })
+      .click();
+    const dialog = page.locator('.jp-Dialog', {
+      has: page.locator('.jp-Dialog-header', { hasText: 'Error Starting Kernel' })
+    });
+    const body = dialog.locator('.jp-Dialog-body');
+    await body.waitFor();
+    const message = await body.locator('pre').first().innerText();
+    const extent = await body.evaluate(node => ({
+      scrollWidth: node.scrollWidth,
+      clientWidth: node.clientWidth,
+      scrollHeight: node.scrollHeight,
+      clientHeight: node.clientHeight
+    }));
+    await dialog.locator('.jp-Dialog-content').screenshot({ path: `${settings.screenshots}/refused-start.png` });
+    await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
+    await dialog.waitFor({ state: 'detached' });
+    const inView = extent.scrollWidth <= extent.clientWidth && extent.scrollHeight <= extent.clientHeight;
+    return { message, inView, extent };
   },
 
   /** The launcher's dialog: a refused size is explained, a good one starts a kernel of that size. */

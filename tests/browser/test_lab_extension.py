@@ -1,12 +1,12 @@
 """The JupyterLab extension in a real browser: status bar, "GPU slices" sidebar, resize from the
-sidebar, the start dialog, and the OOM line of a kernel at its cap, against a live `jupyter lab`
-on the simulated GPU (8 GiB, 50 SMs)."""
+sidebar, the start dialog, the OOM line of a kernel at its cap, and JupyterLab's own kernel start
+refused for want of room, against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 
 import runpy
 
-from conftest import ROOT
+from conftest import KERNEL_NAME, ROOT
 
 # The same ctypes prelude the server tests run in kernels: memory() and allocate(size).
 CUDA_PRELUDE = runpy.run_path(str(ROOT / "tests" / "server" / "conftest.py"))["CUDA_PRELUDE"]
@@ -34,7 +34,7 @@ def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(la
     assert "--memory 4GiB" in seen["oom"] and "big 2" in seen["oom"]  # 2 = CUDA_ERROR_OUT_OF_MEMORY
 
     (slice_,) = [s for s in lab.api("GET", "api/vgpu/slices") if s["kernel_id"] == seen["kernelId"]]
-    assert slice_["limits"]["memory"] == 2 * GIB
+    assert slice_["limits"]["memory_bytes"] == 2 * GIB
     assert slice_["path"] == "sliced.ipynb"
     assert all((screenshots / name).stat().st_size > 0 for name in ("sidebar.png", "statusbar.png"))
 
@@ -50,7 +50,7 @@ def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size
     assert seen["status"] == "GPU 0 / 768 MiB · SM 0 / 20 %"
     assert f"total {768 * MIB}" in seen["total"]
     (slice_,) = lab.api("GET", "api/vgpu/slices")
-    assert slice_["limits"] == {"memory": 768 * MIB, "cores": 20, "policy": "burst"}
+    assert slice_["limits"] == {"memory_bytes": 768 * MIB, "cores": 20, "policy": "burst"}
     assert slice_["path"].startswith("Untitled") and slice_["path"].endswith(".ipynb")
 
 
@@ -61,3 +61,30 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
 
     assert seen == {"statusItemVisible": False, "sidebar": "No kernel holds a GPU slice."}
     assert [session["kernel"]["name"] for session in lab.api("GET", "api/sessions")] == ["python3"]
+
+
+def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
+    # 6 of the device's 8 GiB go to another kernel; "Python 3 (GPU slice)" asks for 4 GiB.
+    filler = lab.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "6GiB"})
+
+    seen = drive("refusedStart", kernel="Python 3 (GPU slice)")
+    slices = [s["kernel_id"] for s in lab.api("GET", "api/vgpu/slices")]
+    # A refused start used to leave the server hanging on SIGTERM (stop() timed out after 30 s).
+    stopped_in = lab.stop(timeout=15)
+
+    message = seen["message"]
+    problems = [
+        problem
+        for problem, found in [
+            ("it does not say what the device has free (2GiB)", "2GiB" not in message),
+            ("it does not say what to do (stop a kernel)", "stop a kernel" not in message),
+            ("it doubles '%'", "%%" in message),
+            (f"the dialog must scroll to show it all: {seen['extent']}", not seen["inView"]),
+            (f"the refused start holds a slice: {slices}", slices != [filler["kernel"]["id"]]),
+            ("jupyter lab did not exit within 15 s of SIGTERM", stopped_in is None),
+        ]
+        if found
+    ]
+    assert not problems, f"JupyterLab's dialog said {message!r}:\n- " + "\n- ".join(problems) + (
+        f"\n--- lab log ---\n{lab.log.read_text()[-3000:]}" if stopped_in is None else ""
+    )
