@@ -1,0 +1,373 @@
+"""A client of a ledger served over HTTP (:mod:`jupyter_vgpu.ledger.service`): the same protocol
+as :class:`~jupyter_vgpu.ledger.embedded.EmbeddedLedger`, so the slice manager does not know
+which of the two it holds.
+
+Standard library only (``http.client`` and ``json``): a single-user server that talks to its
+node's broker needs no HTTP stack of its own, and the ledger package stays free of tornado
+outside the service.
+
+Refusals come back as the exceptions the embedded ledger raises, with the same messages
+(:class:`CapacityError` with its ``resource``, ``requested`` and ``available``,
+:class:`UnknownSlice`, :class:`SliceExists`, :class:`SliceValueError`). Everything else (a
+service that cannot be reached, refuses the token, times out or answers something that is not
+the ledger API) is a :class:`LedgerError` that names the service's address and what went wrong.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+from jupyter_vgpu._version import __version__
+from jupyter_vgpu.ledger.base import (
+    Allocation,
+    CapacityError,
+    DeviceUsage,
+    LedgerError,
+    SliceExists,
+    UnknownSlice,
+)
+from jupyter_vgpu.model import Device, SliceLimits, SliceValueError
+
+# Longer than the embedded ledger waits for a busy file (30 s), so that a decision the service is
+# still waiting to make is answered rather than abandoned half-way by the client.
+DEFAULT_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
+
+
+class _Unreadable(ValueError):
+    """A reply that is not what the ledger API answers; turned into a LedgerError with context."""
+
+
+def _checked(value: Any, expected: type | tuple[type, ...], what: str) -> Any:
+    # bool is an int to Python but never a count of bytes or an index in a reply.
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise _Unreadable(f"{what} is {type(value).__name__} {str(value)[:60]!r}")
+    return value
+
+
+def _record(cls: type[T], value: Any, types: dict[str, type | tuple[type, ...]]) -> T:
+    """A dataclass from a JSON object, every field checked; fields a newer service adds are
+    ignored, so an older client keeps working against it."""
+    name = cls.__name__
+    _checked(value, dict, name)
+    missing = [field.name for field in fields(cls) if field.name not in value]
+    if missing:
+        raise _Unreadable(f"{name} lacks {', '.join(missing)}")
+    return cls(**{key: _checked(value[key], kind, f"{name}.{key}") for key, kind in types.items()})
+
+
+def _device(value: Any) -> Device:
+    return _record(
+        Device,
+        value,
+        {"uuid": str, "index": int, "name": str, "memory_total": int, "sm_count": int, "memory_used": int},
+    )
+
+
+_USAGE_NUMBERS = (
+    "memory_capacity",
+    "memory_allocated",
+    "memory_free",
+    "hard_share",
+    "total_share",
+    "share_capacity",
+    "slices",
+)
+
+
+def _usage(value: Any) -> DeviceUsage:
+    _checked(value, dict, "DeviceUsage")
+    types = {"device": Device, **dict.fromkeys(_USAGE_NUMBERS, int)}
+    return _record(DeviceUsage, {**value, "device": _device(value.get("device"))}, types)
+
+
+def _allocation(value: Any) -> Allocation:
+    allocation = _record(
+        Allocation,
+        value,
+        {
+            "kernel_id": str,
+            "device_uuid": str,
+            "device_index": int,
+            "memory_limit": int,
+            "sm_share": int,
+            "policy": str,
+            "owner": str,
+            "created_at": (float, int),
+            "metadata": dict,
+            "holder": str,
+            "node": str,
+        },
+    )
+    # A float, as the service holds it: reconcile sends it back to name this very allocation.
+    return replace(allocation, created_at=float(allocation.created_at))
+
+
+def _listed(reply: Any, key: str, read: Callable[[Any], T]) -> list[T]:
+    _checked(reply, dict, "the reply")
+    return [read(item) for item in _checked(reply.get(key), list, f"the reply's {key!r}")]
+
+
+def _dropped(connection: http.client.HTTPConnection) -> bool:
+    """Whether the service closed a kept-alive connection while it sat idle.
+
+    An idle connection has nothing to read; if its socket is readable, the peer closed it (or
+    sent something unasked). Checking before reuse, rather than retrying after a failure, means
+    a request is never sent twice, so a decision is never made twice.
+    """
+    if connection.sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([connection.sock], [], [], 0)
+    except (OSError, ValueError):  # a socket closed under us has no file descriptor
+        return True
+    return bool(readable)
+
+
+class RemoteLedger:
+    """The :class:`~jupyter_vgpu.ledger.base.Ledger` protocol over HTTP.
+
+    ``url`` is where the service mounts the ledger (``http://127.0.0.1:8081/services/vgpu/ledger``),
+    ``token`` the credential it accepts (sent as ``Authorization: token ...``). Methods may be
+    called from any thread: each request takes a kept-alive connection of its own from a pool.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the ledger service URL must be http:// or https:// with a host, not {url!r}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"the ledger service URL {url!r} must not have a query or fragment")
+        if not token:
+            raise ValueError("the ledger service needs a token; the service refuses requests without one")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be more than zero seconds, not {timeout!r}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._scheme = parts.scheme
+        self._host = parts.hostname
+        self._port = parts.port
+        self._base_path = parts.path.rstrip("/")
+        self._ssl_context = ssl_context
+        self._headers = {
+            "Authorization": f"token {token}",
+            "Accept": "application/json",
+            "User-Agent": f"jupyter-vgpu/{__version__}",
+        }
+        self._lock = threading.Lock()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._closed = False
+
+    def close(self) -> None:
+        """Close the pooled connections; a connection in use is closed when its request ends."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def __enter__(self) -> RemoteLedger:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteLedger({self.url!r})"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def devices(self) -> list[Device]:
+        return self._call("GET", "/devices", read=lambda reply: _listed(reply, "devices", _device))
+
+    def devices_usage(self) -> list[DeviceUsage]:
+        return self._call("GET", "/usage", read=lambda reply: _listed(reply, "usage", _usage))
+
+    def get(self, kernel_id: str) -> Allocation | None:
+        try:
+            return self._call("GET", _slice_path(kernel_id), read=_allocation)
+        except UnknownSlice:
+            return None
+
+    def allocations(self) -> list[Allocation]:
+        """Every allocation, oldest first."""
+        return self._call("GET", "/allocations", read=lambda reply: _listed(reply, "allocations", _allocation))
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def admit(
+        self,
+        kernel_id: str,
+        limits: SliceLimits,
+        *,
+        owner: str = "",
+        device: str | int | None = None,
+        metadata: dict | None = None,
+        holder: str = "local",
+    ) -> Allocation:
+        """Place a slice on ``device`` or where the service's placement policy puts it."""
+        _slice_path(kernel_id)  # the same refusal of an unusable id as every other call
+        body = {
+            "kernel_id": kernel_id,
+            "memory_limit": limits.memory_limit,
+            "sm_share": limits.sm_share,
+            "policy": limits.policy,
+            "owner": owner,
+            "device": device,
+            "metadata": metadata or {},
+            "holder": holder,
+        }
+        return self._call("POST", "/allocations", body, read=_allocation)
+
+    def resize(
+        self,
+        kernel_id: str,
+        *,
+        memory_limit: int | None = None,
+        sm_share: int | None = None,
+        policy: str | None = None,
+    ) -> Allocation:
+        """Change a slice in place; only what grows is checked against capacity."""
+        body = {"memory_limit": memory_limit, "sm_share": sm_share, "policy": policy}
+        return self._call("PATCH", _slice_path(kernel_id), body, read=_allocation)
+
+    def release(self, kernel_id: str) -> Allocation | None:
+        """Free a kernel's slice; returns what it held, or None if it held nothing."""
+        try:
+            return self._call("DELETE", _slice_path(kernel_id), read=_allocation)
+        except UnknownSlice:
+            return None
+
+    def update_metadata(self, kernel_id: str, **fields) -> Allocation:
+        """Merge ``fields`` into a slice's metadata."""
+        return self._call("PATCH", f"{_slice_path(kernel_id)}/metadata", fields, read=_allocation)
+
+    def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
+        """Release every allocation whose kernel is gone; returns the released.
+
+        ``is_alive`` runs here, where the kernels are known; the service then releases each dead
+        allocation only if it is still the one judged (same kernel id and creation time), not a
+        kernel that took the same id meanwhile.
+        """
+        dead = [allocation for allocation in self.allocations() if not is_alive(allocation)]
+        if not dead:
+            return []
+        body = {"dead": [{"kernel_id": a.kernel_id, "created_at": a.created_at} for a in dead]}
+        return self._call("POST", "/reconcile", body, read=lambda reply: _listed(reply, "released", _allocation))
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: dict | None = None, *, read: Callable[[Any], T]) -> T:
+        """One request; its reply read by ``read``, or its refusal raised as the ledger's exception."""
+        status, reason, data = self._exchange(method, path, body)
+        try:
+            reply = json.loads(data) if data else None
+        except ValueError:  # also UnicodeDecodeError
+            reply = None
+        request = f"{method} {self._base_path}{path}"
+        if 200 <= status < 300 and reply is not None:
+            try:
+                return read(reply)
+            except _Unreadable as error:
+                raise LedgerError(
+                    f"the ledger service at {self.url} answered {request} with a reply this client cannot read "
+                    f"({error}); is it a jupyter-vgpu of another version?"
+                ) from None
+        raise self._refusal(request, status, reason, reply, data)
+
+    def _refusal(self, request: str, status: int, reason: str, reply: Any, data: bytes) -> Exception:
+        message = reply.get("message") if isinstance(reply, dict) else None
+        if not isinstance(message, str):
+            snippet = data[:80].decode("utf-8", "replace")
+            return LedgerError(
+                f"the ledger service at {self.url} answered {request} with {status} {reason} and no ledger reply "
+                f"({snippet!r}); check that the URL is the ledger's address"
+            )
+        error = reply.get("error")
+        if status == 409 and error == "CapacityError":
+            numbers = [reply.get(name) for name in ("requested", "available")]
+            resource = reply.get("resource")
+            if isinstance(resource, str) and all(type(number) is int for number in numbers):
+                return CapacityError(message, resource=resource, requested=numbers[0], available=numbers[1])
+        elif status == 409 and error == "SliceExists":
+            return SliceExists(message)
+        elif status == 404 and error == "UnknownSlice":
+            return UnknownSlice(message)
+        elif status == 400:
+            # This client sends only well-formed bodies, so a 400 is a value the ledger refused.
+            return SliceValueError(message)
+        elif status in (401, 403):
+            return LedgerError(f"the ledger service at {self.url} refused this server's token ({status}): {message}")
+        return LedgerError(f"the ledger service at {self.url} answered {request} with {status} {reason}: {message}")
+
+    def _exchange(self, method: str, path: str, body: dict | None) -> tuple[int, str, bytes]:
+        headers = dict(self._headers)
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        connection = self._connection()
+        try:
+            connection.request(method, f"{self._base_path}{path}", body=payload, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        except TimeoutError:
+            connection.close()
+            outcome = "" if method == "GET" else "; the decision may or may not have been made"
+            raise LedgerError(
+                f"the ledger service at {self.url} did not answer {method} {path} within {self.timeout:g} s{outcome}"
+            ) from None
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            why = error.strerror if isinstance(error, OSError) and error.strerror else f"{type(error).__name__}: {error}"
+            raise LedgerError(f"cannot reach the ledger service at {self.url}: {why}") from error
+        if response.will_close:
+            connection.close()
+        else:
+            self._give_back(connection)
+        return response.status, response.reason, data
+
+    def _connection(self) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._closed:
+                raise LedgerError(f"this client of the ledger service at {self.url} is closed")
+            while self._idle:
+                connection = self._idle.pop()
+                if not _dropped(connection):
+                    return connection
+                connection.close()
+        if self._scheme == "https":
+            context = self._ssl_context or ssl.create_default_context()
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=context)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+    def _give_back(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+
+def _slice_path(kernel_id: str) -> str:
+    if not isinstance(kernel_id, str) or not kernel_id:
+        raise SliceValueError(f"a kernel id must be a non-empty string, not {kernel_id!r}")
+    # Every character escaped, "/" too: the id is one path segment, whatever it holds.
+    return f"/allocations/{quote(kernel_id, safe='')}"

@@ -1,0 +1,402 @@
+"""The ledger over HTTP: tornado request handlers that serve one
+:class:`~jupyter_vgpu.ledger.base.Ledger` (an EmbeddedLedger in practice) to its clients,
+:class:`~jupyter_vgpu.ledger.remote.RemoteLedger`.
+
+The node's broker (a JupyterHub managed service) mounts :func:`ledger_handlers` in its tornado
+application so that every user's server decides against one ledger; the tests mount the same
+handlers on a bare application. Routes, under a prefix:
+
+=======  ==================================  ==================================================
+GET      ``devices``                         ``{"devices": [device, ...]}``
+GET      ``usage``                           ``{"usage": [device usage, ...]}``
+GET      ``allocations``                     ``{"allocations": [allocation, ...]}``, oldest first
+POST     ``allocations``                     admit: 201, the allocation
+GET      ``allocations/<kernel id>``         the allocation
+PATCH    ``allocations/<kernel id>``         resize: the allocation
+DELETE   ``allocations/<kernel id>``         release: the allocation it held
+PATCH    ``allocations/<kernel id>/metadata`` merge the body's fields: the allocation
+POST     ``reconcile``                       release ``{"dead": [{"kernel_id", "created_at"}]}``
+                                             where still the same: ``{"released": [...]}``
+=======  ==================================  ==================================================
+
+Records are the dataclasses of :mod:`jupyter_vgpu.ledger.base` as JSON objects, field for field.
+Every request carries ``Authorization: token <token>`` (or ``Bearer <token>``). Every refusal is
+JSON, ``{"message": ..., "error": <kind>}``, with ``resource``, ``requested`` and ``available``
+for a CapacityError: 400 a body or value not accepted, 401 no token, 403 a wrong token, 404 no
+slice for that kernel (or no such route), 409 no room or a slice that exists, 503 the ledger
+itself failed (its file). Bodies are checked here, at the edge (types, sizes, unknown fields),
+so nothing a client sends reaches the ledger in a shape it does not take or becomes a 500.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+from tornado import web
+from tornado.ioloop import IOLoop
+
+from jupyter_vgpu.ledger.base import CapacityError, Ledger, LedgerError, SliceExists, UnknownSlice
+from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError
+
+# Far more than any decision needs (a reconcile of a few thousand dead kernels fits), small
+# enough that a client cannot make the service parse megabytes.
+MAX_BODY_BYTES = 256 * 1024
+# Kernel ids are UUIDs; owners, holders and device selectors are short words.
+MAX_TEXT = 256
+# Metadata is a flat record in practice (pid, region path, pod name); deep nesting is refused
+# before it can exhaust the recursion of the JSON encoder inside the ledger.
+MAX_METADATA_DEPTH = 16
+# SQLite's INTEGER: a number past it would fail inside the ledger, not be refused by it.
+INT64 = (-(1 << 63), (1 << 63) - 1)
+# update_metadata(kernel_id, **fields) cannot take fields of its own parameters' names.
+RESERVED_METADATA = ("kernel_id", "self")
+
+T = TypeVar("T")
+
+
+class Refusal(web.HTTPError):
+    """A request the ledger or this edge does not carry out, answered as a JSON body that the
+    client turns back into the same exception."""
+
+    def __init__(self, status_code: int, message: str, error: str, **fields: Any):
+        # No log_message: a refusal is an answer, not a fault of the service, so tornado logs
+        # it in the access log only.
+        super().__init__(status_code)
+        self.body = {"message": message, "error": error, **fields}
+
+
+def _bad(message: str) -> Refusal:
+    return Refusal(400, message, "BadRequest")
+
+
+# -- checking bodies at the edge ---------------------------------------------------------------
+
+_REQUIRED = object()
+
+
+def _text(name: str, value: Any, *, empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"{name} must be a string, not {json.dumps(value)[:60]}")
+    if not value and not empty:
+        raise _bad(f"{name} must not be empty")
+    if len(value) > MAX_TEXT:
+        raise _bad(f"{name} must be at most {MAX_TEXT} characters, not {len(value)}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON) that no UTF-8 store takes
+        raise _bad(f"{name} must be text that UTF-8 can hold") from None
+    return value
+
+
+def _kernel_id(name: str, value: Any) -> str:
+    return _text(name, value, empty=False)
+
+
+def _whole(name: str, value: Any) -> int:
+    # Only the type and the storable range are checked here; whether the number is an accepted
+    # size or share is the ledger's to say, in the same words as for its other callers.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{name} must be a whole number, not {json.dumps(value)[:60]}")
+    if not INT64[0] <= value <= INT64[1]:
+        raise _bad(f"{name} {value} is out of range")
+    return value
+
+
+def _device(name: str, value: Any) -> int | str:
+    return _whole(name, value) if isinstance(value, int) and not isinstance(value, bool) else _text(name, value)
+
+
+def _metadata(name: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise _bad(f"{name} must be a JSON object, not {json.dumps(value)[:60]}")
+    level, depth = [value], 1
+    while level:
+        if depth > MAX_METADATA_DEPTH:
+            raise _bad(f"{name} is nested more than {MAX_METADATA_DEPTH} levels deep")
+        children = [item for node in level for item in (node.values() if isinstance(node, dict) else node)]
+        level, depth = [item for item in children if isinstance(item, (dict, list))], depth + 1
+    return value
+
+
+def _created_at(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"{name} must be a number, not {json.dumps(value)[:60]}")
+    return float(value)
+
+
+def _optional(check: Callable[[str, Any], T]) -> Callable[[str, Any], T | None]:
+    return lambda name, value: None if value is None else check(name, value)
+
+
+def _fields(
+    body: Any, spec: dict[str, tuple[Callable[[str, Any], Any], Any]], where: str = "the request body"
+) -> dict[str, Any]:
+    """The checked fields of ``body`` (a JSON object): every one known, every required one there."""
+    if not isinstance(body, dict):
+        raise _bad(f"{where} must be a JSON object")
+    unknown = sorted(set(body) - set(spec))
+    if unknown:
+        names = ", ".join(repr(name[:40]) for name in unknown[:5])
+        raise _bad(f"{where} has unknown field {names}; it takes {', '.join(spec)}")
+    checked = {}
+    for name, (check, default) in spec.items():
+        if name in body:
+            checked[name] = check(name, body[name])
+        elif default is _REQUIRED:
+            raise _bad(f"{where} lacks {name!r}")
+        else:
+            checked[name] = default
+    return checked
+
+
+def _dead(name: str, value: Any) -> set[tuple[str, float]]:
+    if not isinstance(value, list):
+        raise _bad(f"{name} must be a list of {{kernel_id, created_at}} objects")
+    spec = {"kernel_id": (_kernel_id, _REQUIRED), "created_at": (_created_at, _REQUIRED)}
+    items = [_fields(item, spec, where=f"{name}[{number}]") for number, item in enumerate(value)]
+    return {(item["kernel_id"], item["created_at"]) for item in items}
+
+
+ADMIT_FIELDS = {
+    "kernel_id": (_kernel_id, _REQUIRED),
+    "memory_limit": (_whole, _REQUIRED),
+    "sm_share": (_whole, FULL_SHARE),
+    "policy": (_text, "hard"),
+    "owner": (_text, ""),
+    "device": (_optional(_device), None),
+    "metadata": (_optional(_metadata), None),
+    "holder": (_text, "local"),
+}
+RESIZE_FIELDS = {
+    "memory_limit": (_optional(_whole), None),
+    "sm_share": (_optional(_whole), None),
+    "policy": (_optional(_text), None),
+}
+RECONCILE_FIELDS = {"dead": (_dead, _REQUIRED)}
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e999
+        raise ValueError(f"number {text[:40]} is out of range")
+    return number
+
+
+def _not_a_number(text: str) -> None:
+    raise ValueError(f"{text} is not JSON")
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+class LedgerHandler(web.RequestHandler):
+    """What every route shares: token authentication, JSON bodies and replies, refusals as JSON,
+    and ledger calls off the event loop."""
+
+    def initialize(self, ledger: Ledger, token: str) -> None:
+        self.ledger = ledger
+        self.token = token
+
+    def set_default_headers(self) -> None:
+        # Decisions and usage change from one moment to the next; nothing on the way may keep them.
+        self.set_header("Cache-Control", "no-store")
+
+    def check_xsrf_cookie(self) -> None:
+        # The credential is a header a browser never adds by itself, not a cookie, so a
+        # cross-site form cannot make a request in a user's name; an application that mounts
+        # these handlers with xsrf_cookies on must not refuse their clients for lack of one.
+        return None
+
+    def prepare(self) -> None:
+        self.authenticate()
+
+    def authenticate(self) -> None:
+        """Refuse a request without the service's token (401) or with another one (403).
+
+        A service that authenticates otherwise (the broker asks the hub) overrides this.
+        """
+        scheme, _, credential = self.request.headers.get("Authorization", "").strip().partition(" ")
+        credential = credential.strip()
+        if scheme.lower() not in ("token", "bearer") or not credential:
+            raise Refusal(
+                401, "the ledger service needs a token: send 'Authorization: token <token>'", "Unauthorized"
+            )
+        if not hmac.compare_digest(credential.encode("utf-8", "replace"), self.token.encode("utf-8")):
+            raise Refusal(403, "the ledger service does not accept this token", "Forbidden")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(error, Refusal):
+            body = error.body
+        elif isinstance(error, web.HTTPError):
+            # Raised by tornado itself: a method this route does not have, a path that is not UTF-8.
+            detail = error.log_message % error.args if error.log_message and error.args else error.log_message
+            body = {"message": f"{self._reason}: {detail}" if detail else self._reason, "error": "HTTPError"}
+        else:
+            body = {"message": "the ledger service failed on this request; its log says why", "error": "InternalError"}
+        if status_code == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="jupyter-vgpu ledger"')
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.finish(json.dumps(body))
+
+    def reply(self, value: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.finish(json.dumps(value))
+
+    def body(self, spec: dict[str, tuple[Callable[[str, Any], Any], Any]] | None) -> dict[str, Any]:
+        """The request's JSON object, checked against ``spec`` (None: any object of fields)."""
+        if len(self.request.body) > MAX_BODY_BYTES:
+            raise _bad(f"the request body must be at most {MAX_BODY_BYTES} bytes, not {len(self.request.body)}")
+        try:
+            value = json.loads(self.request.body, parse_float=_finite, parse_constant=_not_a_number)
+        except (ValueError, RecursionError) as error:  # RecursionError: [[[[...]]]] past the parser's depth
+            raise _bad(f"the request body is not JSON ({str(error)[:80]})") from None
+        if spec is None:
+            return _metadata("the request body", value)
+        return _fields(value, spec)
+
+    async def decide(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one ledger call in a worker thread and turn its refusals into answers.
+
+        Off the event loop because a decision may wait for the ledger file's lock (another
+        process holds it); meanwhile every other request of the service is still served.
+        """
+        try:
+            return await IOLoop.current().run_in_executor(None, functools.partial(call, *args, **kwargs))
+        except CapacityError as error:
+            raise Refusal(
+                409,
+                str(error),
+                "CapacityError",
+                resource=error.resource,
+                requested=error.requested,
+                available=error.available,
+            ) from None
+        except SliceExists as error:
+            raise Refusal(409, str(error), "SliceExists") from None
+        except UnknownSlice as error:
+            raise Refusal(404, str(error), "UnknownSlice") from None
+        except SliceValueError as error:
+            raise Refusal(400, str(error), "SliceValueError") from None
+        except LedgerError as error:
+            raise Refusal(503, str(error), "LedgerError") from None
+
+    def kernel_id(self, escaped: str) -> str:
+        # tornado has already decoded the path segment (and refused one that is not UTF-8).
+        return _kernel_id("the kernel id", escaped)
+
+
+class DevicesHandler(LedgerHandler):
+    async def get(self) -> None:
+        devices = await self.decide(lambda: self.ledger.devices)
+        self.reply({"devices": [asdict(device) for device in devices]})
+
+
+class UsageHandler(LedgerHandler):
+    async def get(self) -> None:
+        usage = await self.decide(self.ledger.devices_usage)
+        self.reply({"usage": [asdict(device_usage) for device_usage in usage]})
+
+
+class AllocationsHandler(LedgerHandler):
+    async def get(self) -> None:
+        allocations = await self.decide(self.ledger.allocations)
+        self.reply({"allocations": [asdict(allocation) for allocation in allocations]})
+
+    async def post(self) -> None:
+        body = self.body(ADMIT_FIELDS)
+        try:
+            limits = SliceLimits(body["memory_limit"], body["sm_share"], body["policy"])
+        except SliceValueError as error:
+            raise Refusal(400, str(error), "SliceValueError") from None
+        allocation = await self.decide(
+            self.ledger.admit,
+            body["kernel_id"],
+            limits,
+            owner=body["owner"],
+            device=body["device"],
+            metadata=body["metadata"],
+            holder=body["holder"],
+        )
+        self.reply(asdict(allocation), status=201)
+
+
+class SliceHandler(LedgerHandler):
+    async def get(self, kernel_id: str) -> None:
+        kernel_id = self.kernel_id(kernel_id)
+        allocation = await self.decide(self.ledger.get, kernel_id)
+        if allocation is None:
+            raise Refusal(404, f"no slice is held for kernel {kernel_id!r}", "UnknownSlice")
+        self.reply(asdict(allocation))
+
+    async def patch(self, kernel_id: str) -> None:
+        kernel_id = self.kernel_id(kernel_id)
+        body = self.body(RESIZE_FIELDS)
+        self.reply(asdict(await self.decide(self.ledger.resize, kernel_id, **body)))
+
+    async def delete(self, kernel_id: str) -> None:
+        kernel_id = self.kernel_id(kernel_id)
+        allocation = await self.decide(self.ledger.release, kernel_id)
+        if allocation is None:
+            raise Refusal(404, f"no slice is held for kernel {kernel_id!r}", "UnknownSlice")
+        self.reply(asdict(allocation))
+
+
+class MetadataHandler(LedgerHandler):
+    async def patch(self, kernel_id: str) -> None:
+        kernel_id = self.kernel_id(kernel_id)
+        fields = self.body(None)
+        reserved = [name for name in RESERVED_METADATA if name in fields]
+        if reserved:
+            raise _bad(f"metadata fields may not be named {' or '.join(map(repr, reserved))}")
+        self.reply(asdict(await self.decide(self.ledger.update_metadata, kernel_id, **fields)))
+
+
+class ReconcileHandler(LedgerHandler):
+    async def post(self) -> None:
+        dead = self.body(RECONCILE_FIELDS)["dead"]
+        # The ledger releases what it is told is not alive only while it is still the allocation
+        # the client judged (same kernel id, same creation time).
+        released = await self.decide(
+            self.ledger.reconcile, lambda allocation: (allocation.kernel_id, allocation.created_at) not in dead
+        )
+        self.reply({"released": [asdict(allocation) for allocation in released]})
+
+
+class NotFoundHandler(LedgerHandler):
+    """Any other path under the prefix: a JSON 404 (after authentication, so that it tells a
+    stranger nothing), which a client can tell apart from a wrong address."""
+
+    def _not_found(self, *args: Any) -> None:
+        raise Refusal(404, f"the ledger service has no route {self.request.path[:200]!r}", "NotFound")
+
+    get = post = put = patch = delete = head = options = _not_found
+
+
+def ledger_handlers(prefix: str, ledger: Ledger, token: str) -> list[tuple[str, type[web.RequestHandler], dict]]:
+    """The routes that serve ``ledger`` under ``prefix`` (``/services/vgpu/ledger``) to clients that
+    present ``token``, for a tornado ``Application`` (or ``add_handlers``)."""
+    if not token:
+        raise ValueError("the ledger service needs a token: it never serves a ledger without one")
+    if prefix and not prefix.startswith("/"):
+        raise ValueError(f"the ledger service's prefix must start with '/', not {prefix!r}")
+    base = re.escape(prefix.rstrip("/"))
+    options = {"ledger": ledger, "token": token}
+    segment = "([^/]+)"
+    return [
+        (rf"{base}/devices", DevicesHandler, options),
+        (rf"{base}/usage", UsageHandler, options),
+        (rf"{base}/allocations", AllocationsHandler, options),
+        (rf"{base}/allocations/{segment}", SliceHandler, options),
+        (rf"{base}/allocations/{segment}/metadata", MetadataHandler, options),
+        (rf"{base}/reconcile", ReconcileHandler, options),
+        (rf"{base}/.*", NotFoundHandler, options),
+    ]
