@@ -4,7 +4,7 @@ import type { KernelSpec } from '@jupyterlab/services';
 
 import type { ISliceForm } from './slice-values';
 
-/** The name of the provisioner whose kernels run in slices (jupyter_vgpu/provisioner.py). */
+/** The name of the provisioner whose kernels run in slices (jupyter_vgpu/provisioning/local.py). */
 export const PROVISIONER_NAME = 'vgpu-provisioner';
 
 export interface ISlicedKernelspec {

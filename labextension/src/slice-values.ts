@@ -1,7 +1,7 @@
 /**
  * The slice vocabulary in the browser: sizes, SM shares and policies, read and written exactly as
- * jupyter_vgpu/sizes.py does, so the sidebar and the dialog refuse bad input before it reaches the
- * server, with the server's own wording. The server validates again; this only saves a round trip.
+ * jupyter_vgpu/model/sizes.py does, so the sidebar and the dialog refuse bad input before it
+ * reaches the server, with the server's own wording. The server validates again; this only saves a round trip.
  */
 
 export const MIB = 2 ** 20;
