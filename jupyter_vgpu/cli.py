@@ -9,13 +9,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Unicode
+from traitlets.config import Configurable
 
 from jupyter_vgpu._version import __version__
+from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
 from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
 from jupyter_vgpu.native import NativeLibraryMissing, interposer_path, simulator_dir
 from jupyter_vgpu.holders.local import LocalHolder, default_region_dir, run_in_slice, slice_environment
@@ -44,23 +44,23 @@ class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2, nothing started."""
 
 
-class ServerRefused(Exception):
-    """The server answered with an error (or could not be reached): exit status 1."""
-
-
 class _VGPUSubcommand(JupyterApp):
     version = __version__
     simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
     flags = {"simulate": ({"_VGPUSubcommand": {"simulate": True}}, simulate.help)}
 
     def start(self) -> None:
+        command = self.name.replace("-", " ")  # jupyter vgpu kernelspec install
         try:
             self.exit(self.run() or 0)
         except UsageError as error:
-            print(f"jupyter vgpu {self.name.split('-')[-1]}: {error}", file=sys.stderr)
+            print(f"{command}: {error}", file=sys.stderr)
             self.exit(2)
-        except (DeviceError, NativeLibraryMissing, FileNotFoundError, ServerRefused) as error:
-            print(f"jupyter vgpu {self.name.split('-')[-1]}: {error}", file=sys.stderr)
+        except RequestRefused as error:
+            print(f"{command}: {error.message} (HTTP {error.status})", file=sys.stderr)
+            self.exit(1)
+        except (DeviceError, NativeLibraryMissing, FileNotFoundError, ServerUnavailable) as error:
+            print(f"{command}: {error}", file=sys.stderr)
             self.exit(1)
 
     def run(self) -> int:
@@ -236,47 +236,34 @@ class DoctorApp(_VGPUSubcommand):
         return 0 if problems == 0 else 1
 
 
-class _ServerClient(_VGPUSubcommand):
-    """A subcommand that talks to the running Jupyter server's /api/vgpu, with its token."""
+class _ServerCommand(_VGPUSubcommand):
+    """A subcommand that talks to the running Jupyter server's /api/vgpu as its user."""
 
-    server = Unicode("", config=True, help="URL of the Jupyter server. Empty: the one found in Jupyter's runtime files.")
+    server = Unicode(
+        "",
+        config=True,
+        help="URL of the Jupyter server, with its token in $JUPYTER_TOKEN. Empty: the one found in Jupyter's runtime files.",
+    )
 
-    def request(self, method: str, path: str, body: dict | None = None):
-        from jupyter_server.serverapp import list_running_servers
-
-        if self.server:
-            url, token = self.server.rstrip("/") + "/", os.environ.get("JUPYTER_TOKEN", "")
-        else:
-            servers = list(list_running_servers())
-            if not servers:
-                raise UsageError("no running Jupyter server found; start one (jupyter lab) or pass --server URL")
-            url, token = servers[-1]["url"], servers[-1].get("token", "")
-        request = urllib.request.Request(
-            url + "api/vgpu/" + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            try:
-                message = json.loads(error.read()).get("message", error.reason)
-            except ValueError:
-                message = error.reason
-            raise ServerRefused(f"{message} (HTTP {error.code})") from None
-        except urllib.error.URLError as error:
-            raise ServerRefused(f"cannot reach the Jupyter server at {url}: {error.reason}") from None
+    def client(self) -> ServerClient:
+        return ServerClient.for_user(self.server)
 
 
-class StatusApp(_ServerClient):
+def short_ids(kernel_ids: list[str]) -> dict[str, str]:
+    """Each kernel id cut to 8 characters, or to as many as tell the ids apart."""
+    length = 8
+    while len({kernel_id[:length] for kernel_id in kernel_ids}) < len(set(kernel_ids)):
+        length += 1
+    return {kernel_id: kernel_id[:length] for kernel_id in kernel_ids}
+
+
+class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
     aliases = {"server": "StatusApp.server"}
 
     def run(self) -> int:
-        slices = self.request("GET", "slices")
+        slices = self.client().slices()
         print(f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE")
         for item in slices:
             limits, usage = item["limits"], item["usage"]
@@ -286,12 +273,14 @@ class StatusApp(_ServerClient):
                 f"{item['kernel_id'][:8]:<10}{(item['path'] or '-')[-27:]:<28}{item['device']['index']:>4}"
                 f"{memory:>22}{sm:>15}{limits['policy']:>8}  {item['state']}"
             )
+            for warning in item.get("warnings", ()):
+                print(f"{'':<10}warning: {warning}")
         if not slices:
             print("(no slices)")
         return 0
 
 
-class ResizeApp(_ServerClient):
+class ResizeApp(_ServerCommand):
     name = "jupyter-vgpu-resize"
     description = "Resize a running kernel's slice: jupyter vgpu resize KERNEL_ID [--memory] [--cores] [--policy]."
     memory = Unicode("", config=True, help="New memory cap: 512MiB, 4GiB, 4G or MiB.")
@@ -307,11 +296,11 @@ class ResizeApp(_ServerClient):
     def run(self) -> int:
         if len(self.extra_args) != 1:
             raise UsageError("usage: jupyter vgpu resize KERNEL_ID [--memory SIZE] [--cores PCT] [--policy hard|burst]")
-        change = {}
+        change: dict[str, str | int] = {}
         try:
             if self.memory:
                 parse_size(self.memory)  # refuse a bad size here, before asking the server
-                change["memory"] = self.memory
+                change["memory"] = self.memory.strip()
             if self.cores:
                 change["cores"] = parse_sm_share(self.cores)
             if self.policy:
@@ -320,14 +309,27 @@ class ResizeApp(_ServerClient):
             raise UsageError(error) from None
         if not change:
             raise UsageError("nothing to change; give --memory, --cores and/or --policy")
-        wanted = self.extra_args[0]
-        matches = [item["kernel_id"] for item in self.request("GET", "slices") if item["kernel_id"].startswith(wanted)]
-        if len(matches) != 1:
-            raise UsageError(f"{wanted!r} matches {len(matches)} sliced kernels; give more of the kernel id")
-        item = self.request("PATCH", f"slices/{matches[0]}", change)
-        limits = item["limits"]
-        print(f"resized {matches[0][:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}")
+        client = self.client()
+        kernel_id = self.find_kernel(self.extra_args[0], client.slices())
+        limits = client.resize(kernel_id, **change)["limits"]
+        print(f"resized {kernel_id[:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}")
         return 0
+
+    @staticmethod
+    def find_kernel(wanted: str, slices: list[dict]) -> str:
+        """The one sliced kernel whose id starts with ``wanted``; else say which ones there are,
+        so the next try can be typed from the message."""
+        matches = [item for item in slices if item["kernel_id"].startswith(wanted)]
+        if len(matches) == 1:
+            return matches[0]["kernel_id"]
+        if not slices:
+            raise UsageError(f"no kernel id starts with {wanted!r}: this server has no sliced kernels")
+        shown = matches or slices
+        ids = short_ids([item["kernel_id"] for item in shown])
+        listed = ", ".join(f"{ids[item['kernel_id']]} ({item['path'] or 'no notebook'})" for item in shown)
+        if matches:
+            raise UsageError(f"{wanted!r} matches {len(matches)} sliced kernels: {listed}; give more of the kernel id")
+        raise UsageError(f"no sliced kernel's id starts with {wanted!r}; the sliced kernels are {listed}")
 
 
 class KernelspecInstallApp(_VGPUSubcommand):
@@ -379,8 +381,42 @@ class KernelspecInstallApp(_VGPUSubcommand):
 
 class KernelspecApp(JupyterApp):
     name = "jupyter-vgpu-kernelspec"
+    version = __version__
     description = "Manage vGPU kernelspecs."
     subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}
+
+    def start(self) -> None:
+        if self.subapp is None:
+            print("usage: jupyter vgpu kernelspec install [options]  (jupyter vgpu kernelspec install --help)", file=sys.stderr)
+            self.exit(2)
+        super().start()
+
+
+def own_options_help(cls: type[Configurable]) -> str:
+    """``--Class.name=<Type>`` and the help of every option ``cls`` itself defines, as
+    ``--help-all`` shows them: jupyter_server's own help lists no extension's options, and the
+    options an extension app inherits (``open_browser``, ``default_url``, ...) are not ours."""
+    traits = cls.class_own_traits(config=True)
+    return "\n".join(cls.class_get_trait_help(traits[name]) for name in sorted(traits))
+
+
+class ConfigApp(JupyterApp):
+    name = "jupyter-vgpu-config"
+    version = __version__
+    description = "Print the options of the server extension (VGPUApp) and of the kernel provisioner, with their help."
+
+    def start(self) -> None:
+        # Imported here: the server extension pulls in jupyter_server, which `run` never needs.
+        from jupyter_vgpu.provisioning.local import VGPUProvisioner
+        from jupyter_vgpu.server.app import VGPUApp
+
+        print("VGPUApp: the server extension. Set on the command line (jupyter lab --VGPUApp.simulate=True)")
+        print("or in jupyter_server_config.py (c.VGPUApp.simulate = True).\n")
+        print(own_options_help(VGPUApp))
+        print("\nVGPUProvisioner: the slice of each kernel a vGPU kernelspec starts. Set in the kernelspec's")
+        print('metadata, {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "8GiB"}}},')
+        print("which wins over the server's config (c.VGPUProvisioner.memory = '8GiB').\n")
+        print(own_options_help(VGPUProvisioner))
 
 
 class VGPUCommand(JupyterApp):
@@ -394,6 +430,7 @@ class VGPUCommand(JupyterApp):
         "status": (StatusApp, StatusApp.description),
         "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
         "kernelspec": (KernelspecApp, KernelspecApp.description),
+        "config": (ConfigApp, ConfigApp.description),
     }
 
     def start(self) -> None:
