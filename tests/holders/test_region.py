@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from jupyter_vgpu.holders.region import Limits, Region, RegionError, constants
+from jupyter_vgpu.holders.region import Region, RegionError, constants
+from jupyter_vgpu.model import SliceLimits
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def region(native_libs, tmp_path):
 def test_created_region_carries_header_and_limits(region):
     reopened = Region.open(region.path)
     assert reopened.raw.magic == constants()["VGPU_REGION_MAGIC"]
-    assert reopened.limits == Limits(4 << 30, 30, "burst")
+    assert reopened.limits == SliceLimits(4 << 30, 30, "burst")
     assert reopened.device_uuid == "GPU-test"
     assert reopened.device_index == 2
     reopened.close()
@@ -29,9 +30,9 @@ def test_created_region_carries_header_and_limits(region):
 
 def test_set_limits_changes_only_what_is_given(region):
     region.set_limits(sm_share=50)
-    assert Region.open(region.path).limits == Limits(4 << 30, 50, "burst")
+    assert Region.open(region.path).limits == SliceLimits(4 << 30, 50, "burst")
     region.set_limits(memory_limit=1 << 30, policy="hard")
-    assert Region.open(region.path).limits == Limits(1 << 30, 50, "hard")
+    assert Region.open(region.path).limits == SliceLimits(1 << 30, 50, "hard")
 
 
 def test_limits_alternate_between_the_two_copies(region):
