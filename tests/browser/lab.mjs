@@ -133,6 +133,43 @@ const scenarios = {
     return { kernelId, allocated, status, sidebarDevice, invalid, tooBig, granted, total, oom };
   },
 
+  /**
+   * A notebook whose kernel rewrites its own slice's limits (cell 0): the server's warning shows
+   * under the slice's title in the sidebar, in the warn colour, and the status item turns to it.
+   */
+  async sliceWarning(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    await runCell(page, 0, 'rewritten');
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    await openSidebar(page);
+    const warning = sliceRow(page, kernelId).locator('.jp-vgpu-Warning');
+    await warning.waitFor();
+    const item = page.locator('.jp-vgpu-StatusItem.jp-vgpu-mod-warned');
+    await item.waitFor();
+    await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-warning.png` });
+    const colours = await warning.evaluate(node => ({
+      text: getComputedStyle(node).color,
+      // The theme's warn colour, resolved the same way.
+      warn: (() => {
+        const probe = document.createElement('span');
+        probe.style.color = 'var(--jp-warn-color1)';
+        node.append(probe);
+        const colour = getComputedStyle(probe).color;
+        probe.remove();
+        return colour;
+      })(),
+      title: getComputedStyle(node.parentElement.previousElementSibling).color
+    }));
+    return {
+      kernelId,
+      warnings: await sliceRow(page, kernelId).locator('.jp-vgpu-Warning').allInnerTexts(),
+      afterTitle: await warning.evaluate(node => node.parentElement.previousElementSibling.className),
+      colours,
+      statusTooltip: await item.getAttribute('title')
+    };
+  },
+
   /** A notebook whose kernel has no slice: once a poll has seen the server, no GPU item shows. */
   async plainNotebook(browser) {
     const page = await openLab(browser, `tree/${settings.notebook}`);

@@ -1,6 +1,7 @@
 """The JupyterLab extension in a real browser: status bar, "GPU slices" sidebar, resize from the
-sidebar, the start dialog, the OOM line of a kernel at its cap, and JupyterLab's own kernel start
-refused for want of room, against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
+sidebar, the start dialog, the OOM line of a kernel at its cap, the server's warning about a slice
+whose limits the kernel rewrote, and JupyterLab's own kernel start refused for want of room,
+against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size
     (slice_,) = lab.api("GET", "api/vgpu/slices")
     assert slice_["limits"] == {"memory_bytes": 768 * MIB, "cores": 20, "policy": "burst"}
     assert slice_["path"].startswith("Untitled") and slice_["path"].endswith(".ipynb")
+
+
+def test_limits_rewritten_from_inside_the_kernel_show_as_a_warning_under_the_slice_and_in_the_status_bar(lab, drive):
+    # What code in the kernel can do: its region file is writable by its Unix user.
+    notebook = lab.write_notebook("tampered.ipynb", [
+        "import os\n"
+        "from jupyter_vgpu.holders.region import Region\n"
+        "with Region.open(os.environ['VGPU_REGION']) as region:\n"
+        "    region.set_limits(memory_limit=16 << 30, sm_share=100)\n"
+        "print('rewritten')",
+    ])
+
+    seen = drive("sliceWarning", notebook=notebook)
+
+    (slice_,) = lab.api("GET", "api/vgpu/slices")
+    assert slice_["warnings"], "the server did not flag the rewritten limits"
+    assert seen["warnings"] == slice_["warnings"]  # each, whole, one line apiece
+    assert seen["afterTitle"] == "jp-vgpu-Slice-title"
+    assert seen["colours"]["text"] == seen["colours"]["warn"] != seen["colours"]["title"]
+    assert seen["statusTooltip"].splitlines()[1:] == slice_["warnings"]
+    assert slice_["limits"] == {"memory_bytes": GIB, "cores": 50, "policy": "hard"}  # restored
 
 
 def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
