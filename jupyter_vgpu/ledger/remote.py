@@ -126,11 +126,13 @@ def _dropped(connection: http.client.HTTPConnection) -> bool:
     """
     if connection.sock is None:
         return True
+    # poll, not select: a server with many kernels may well have file descriptors past 1024.
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([connection.sock], [], [], 0)
+        poller.register(connection.sock, select.POLLIN)
     except (OSError, ValueError):  # a socket closed under us has no file descriptor
         return True
-    return bool(readable)
+    return bool(poller.poll(0))
 
 
 class RemoteLedger:
@@ -324,20 +326,31 @@ class RemoteLedger:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         connection = self._connection()
+        if connection.sock is None:
+            # Connecting on its own, so that a service that cannot be reached is told apart from
+            # one that failed after a decision was asked of it.
+            try:
+                connection.connect()
+            except OSError as error:
+                connection.close()
+                raise LedgerError(f"cannot reach the ledger service at {self.url}: {_why(error)}") from error
+        # Once the request is sent, the service may have decided even if no answer comes back.
+        outcome = "" if method == "GET" else "; the decision may or may not have been made"
         try:
             connection.request(method, f"{self._base_path}{path}", body=payload, headers=headers)
             response = connection.getresponse()
             data = response.read()
         except TimeoutError:
             connection.close()
-            outcome = "" if method == "GET" else "; the decision may or may not have been made"
             raise LedgerError(
                 f"the ledger service at {self.url} did not answer {method} {path} within {self.timeout:g} s{outcome}"
             ) from None
         except (OSError, http.client.HTTPException) as error:
             connection.close()
-            why = error.strerror if isinstance(error, OSError) and error.strerror else f"{type(error).__name__}: {error}"
-            raise LedgerError(f"cannot reach the ledger service at {self.url}: {why}") from error
+            raise LedgerError(
+                f"the connection to the ledger service at {self.url} failed during {method} {path}: "
+                f"{_why(error)}{outcome}"
+            ) from error
         if response.will_close:
             connection.close()
         else:
@@ -364,6 +377,11 @@ class RemoteLedger:
                 self._idle.append(connection)
                 return
         connection.close()
+
+
+def _why(error: Exception) -> str:
+    """``Connection refused`` rather than ``[Errno 111] Connection refused``."""
+    return error.strerror if isinstance(error, OSError) and error.strerror else f"{type(error).__name__}: {error}"
 
 
 def _slice_path(kernel_id: str) -> str:

@@ -639,7 +639,7 @@ class LedgerAgainstModel(RuleBasedStateMachine):
 
 
 # Each remote example starts services over HTTP; fewer of them still cover every rule many times.
-MODEL_EXAMPLES = {"embedded": 300, "remote": 100}
+MODEL_EXAMPLES = {"embedded": 300, "remote": 50}
 
 
 def test_the_ledger_against_a_model(open_ledger, gpu):

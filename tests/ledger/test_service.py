@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -175,7 +176,7 @@ ADMIT = {"kernel_id": "k2", "memory_limit": GIB}
         ("POST", "/allocations", b"\xff\xfe{", "the request body is not JSON"),
         ("POST", "/allocations", b"[" * 100_000, "the request body is not JSON"),
         ("POST", "/allocations", b"[1]", "the request body must be a JSON object"),
-        ("POST", "/allocations", {**ADMIT, "colour": "red"}, "unknown field 'colour'; it takes kernel_id, memory_limit,"),
+        ("POST", "/allocations", {**ADMIT, "colour": "red"}, "unknown field 'colour'; it takes kernel_id, memory_"),
         ("POST", "/allocations", {"kernel_id": "k2"}, "lacks 'memory_limit'"),
         ("POST", "/allocations", {**ADMIT, "memory_limit": "4GiB"}, 'memory_limit must be a whole number, not "4GiB"'),
         ("POST", "/allocations", {**ADMIT, "memory_limit": True}, "memory_limit must be a whole number, not true"),
@@ -283,6 +284,25 @@ def test_a_service_that_does_not_answer_in_time_is_a_ledger_error():
             client.admit("k1", SliceLimits(GIB))
 
 
+def test_a_connection_lost_after_the_request_says_the_decision_may_have_been_made():
+    # The service takes the request and goes away before answering (killed, restarted).
+    with socket.socket() as vanishing:
+        vanishing.bind(("127.0.0.1", 0))
+        vanishing.listen()
+
+        def take_the_request_and_go() -> None:
+            connection, _ = vanishing.accept()
+            with connection:
+                connection.recv(65536)
+
+        taker = threading.Thread(target=take_the_request_and_go)
+        taker.start()
+        client = RemoteLedger(f"http://127.0.0.1:{vanishing.getsockname()[1]}/ledger", TOKEN)
+        with pytest.raises(LedgerError, match="failed during POST /allocations: .*the decision may or may not have"):
+            client.admit("k1", SliceLimits(GIB))
+        taker.join()
+
+
 class CannedHandler(web.RequestHandler):
     def initialize(self, status: int, content_type: str, body: str) -> None:
         self.canned = (status, content_type, body)
@@ -303,7 +323,7 @@ class CannedHandler(web.RequestHandler):
         (200, "application/json", '{"devices": [{"uuid": 1}]}', r"a reply this client cannot read \(Device lacks"),
         (200, "application/json", '{"devices": {}}', r"cannot read \(the reply's 'devices' is dict"),
         (200, "application/json", "[]", r"cannot read \(the reply is list"),
-        (502, "application/json", '{"message": "upstream gone"}', r"answered GET /api/devices with 502 Bad Gateway: up"),
+        (502, "application/json", '{"message": "upstream gone"}', r"GET /api/devices with 502 Bad Gateway: upstream"),
     ],
 )
 def test_a_reply_that_is_not_the_ledger_api_is_a_ledger_error(service_loop, status, content_type, body, message):
@@ -372,7 +392,7 @@ def test_a_client_refuses_an_unusable_address_or_no_token(url, token, message):
 
 
 @pytest.mark.parametrize("prefix, token, message", [("/ledger", "", "needs a token"), ("ledger", TOKEN, "start with")])
-def test_the_handlers_refuse_to_serve_without_a_token_or_with_a_relative_prefix(ledger_path, gpu, prefix, token, message):
+def test_the_handlers_refuse_to_serve_without_a_token_or_a_relative_prefix(ledger_path, gpu, prefix, token, message):
     with EmbeddedLedger(ledger_path, [gpu(0, 8)]) as ledger, pytest.raises(ValueError, match=message):
         ledger_handlers(prefix, ledger, token)
 
