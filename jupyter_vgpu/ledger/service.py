@@ -289,9 +289,9 @@ class LedgerHandler(web.RequestHandler):
         except LedgerError as error:
             raise Refusal(503, str(error), "LedgerError") from None
 
-    def kernel_id(self, escaped: str) -> str:
+    def kernel_id(self, segment: str) -> str:
         # tornado has already decoded the path segment (and refused one that is not UTF-8).
-        return _kernel_id("the kernel id", escaped)
+        return _kernel_id("the kernel id", segment)
 
 
 class DevicesHandler(LedgerHandler):
