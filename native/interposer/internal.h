@@ -1,15 +1,28 @@
 /*
- * What the files of libvgpu.so share. One concern per file:
- *   resolve.c  symbol resolution: real dlsym, the dlsym override (dlsym_entry.S), the hook
- *              table built from hooks.def, cuGetProcAddress, lazy lookup of real entry points
- *   state.c    the one struct of process state, environment (read here and nowhere else),
- *              region attach / validation / fail-closed reason, proc slot, fork handling,
- *              the monitor thread (reaper + driver memory refresh)
- *   memory.c   allocation hooks, the allocation table, the cap check, virtualised totals
- *   nvml.c     NVML hooks
- *   launch.c   launch hooks: cost of a launch, then vgpu_launch_admit()
- *   pacing.c   the SM-share limiter: per-thread token caches, the shared pool, the controller
- *   log.c      logging (stderr only, silent unless asked, except the out-of-memory line)
+ * What the files of libvgpu.so share. One concern per file, listed from the bottom up: a file
+ * calls only files listed before it, so no two files call each other.
+ *   state.c          the one struct of mutable process state (defined there), the environment
+ *                    (read there and nowhere else), the clock
+ *   log.c            logging (stderr only, silent unless asked, except the out-of-memory line)
+ *   resolve.c        symbol resolution: real dlsym, the dlsym override (dlsym_entry.S), the hook
+ *                    table built from hooks.def, cuGetProcAddress, lazy lookup of real entry points
+ *   region.c         the slice's region: attach and validate, limits, the fail-closed reason,
+ *                    this process's slot, reaping the slots of processes that are gone
+ *   device.c         which device is the slice's: one verdict cache, for CUDA devices and NVML
+ *                    handles alike
+ *   alloc_table.c    the table of live allocations and what each was charged
+ *   driver_memory.c  driver memory beyond allocations (contexts), from NVML's per-process
+ *                    figures, and the pid NVML lists this process under (PID namespaces)
+ *   monitor.c        the monitor thread of a process that uses the GPU: reaper and driver
+ *                    memory refresh
+ *   charge.c         charging allocations to this process's slot within the cap, giving back
+ *   graph_prices.c   what a launch of each graph executable costs
+ *   pacing.c         the SM-share limiter: per-thread token caches, the shared pool, the controller
+ *   memory.c         allocation and free hooks
+ *   context.c        context hooks
+ *   view.c           what the program is shown of memory (cuMemGetInfo, cuDeviceTotalMem)
+ *   nvml.c           NVML hooks
+ *   launch.c         launch hooks: cost of a launch, then vgpu_launch_admit()
  * All symbols here have hidden visibility (the build passes -fvisibility=hidden); only hooks
  * and dlsym are exported, through the version script native/build.py generates from hooks.def.
  */
@@ -19,13 +32,39 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "vgpu/cuda_abi.h"
 #include "vgpu/nvml_abi.h"
 #include "vgpu/region.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
+
+/* ---- state.c ------------------------------------------------------------------------ */
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t vgpu_now_ns(void);
+
+enum vgpu_log_level { VGPU_LOG_OFF = 0, VGPU_LOG_ERROR, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };
+
+/* The environment, read once (the first call) and never again. */
+struct vgpu_env {
+    pthread_once_t once;
+    enum vgpu_log_level log_level; /* VGPU_LOG_LEVEL */
+    char region_path[PATH_MAX];    /* VGPU_REGION, or empty */
+    char kernel_id[64];            /* JUPYTER_VGPU_KERNEL_ID: the Jupyter kernel of this slice, or empty */
+};
+const struct vgpu_env *vgpu_env(void);
+
+/* ---- log.c -------------------------------------------------------------------------- */
+
+void vgpu_log(enum vgpu_log_level level, const char *format, ...) __attribute__((format(printf, 2, 3)));
+/* The one line a refused allocation prints, whatever the log level. */
+void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_t limit);
+/* Writes a whole line to stderr with write(2): no stdio, no locks a hook could deadlock on. */
+void vgpu_write_stderr(const char *text, size_t length);
 
 /* ---- resolve.c ---------------------------------------------------------------------- */
 
@@ -35,6 +74,14 @@ enum vgpu_hook_id {
 #define VGPU_NVML_HOOK(symbol) VGPU_HOOK_##symbol,
 #include "hooks.def"
     VGPU_HOOK_COUNT
+};
+
+/* What a hook returns when the installed library lacks its real entry point: the status its
+ * own library uses for a missing function. */
+enum {
+#define VGPU_CUDA_HOOK(symbol) VGPU_MISSING_##symbol = CUDA_ERROR_NOT_FOUND,
+#define VGPU_NVML_HOOK(symbol) VGPU_MISSING_##symbol = NVML_ERROR_FUNCTION_NOT_FOUND,
+#include "hooks.def"
 };
 
 /* Function-pointer types named after each entry point: vgpu_pfn_cuMemAlloc_v2, ... */
@@ -50,6 +97,16 @@ enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML, VGPU_LIB_COUNT };
  * time. */
 static inline void *vgpu_real(enum vgpu_hook_id id);
 void *vgpu_real_lookup(enum vgpu_hook_id id);
+#define VGPU_REAL(name) ((vgpu_pfn_##name)vgpu_real(VGPU_HOOK_##name))
+
+/* Opens every hook: declares `real`, the real entry point behind hook `name`. When the installed
+ * library lacks it, the hook returns that library's "not found" at once, before doing anything
+ * else: it never calls through NULL, never charges an allocation nobody can make, never
+ * holds a launch back. */
+#define VGPU_HOOK_REAL(name)                                                                      \
+    vgpu_pfn_##name real = VGPU_REAL(name);                                                       \
+    if (__builtin_expect(real == NULL, 0))                                                        \
+    return VGPU_MISSING_##name
 
 /* The real entry point of any symbol of the driver or NVML (hooked or not), or NULL. Not
  * cached: callers on a hot path keep what it returns. */
@@ -78,19 +135,27 @@ enum vgpu_called_id {
 void *vgpu_real_called(enum vgpu_called_id id);
 #define VGPU_CALLED(name) ((vgpu_pfn_##name)vgpu_real_called(VGPU_CALLED_##name))
 
-/* Builds the hook-name table; state.c's constructor calls it before anything else. */
-void vgpu_resolve_init(void);
+#define VGPU_REAL_UNRESOLVED 0
+#define VGPU_REAL_MISSING 1
+#define VGPU_NAME_TABLE_SIZE 256 /* power of two, > 2 x hooks */
+#define VGPU_REVERSE_TABLE_SIZE 256
+struct vgpu_resolve_state {
+    _Atomic(void *) real_dlsym;
+    _Atomic(void *) library_handle[VGPU_LIB_COUNT];
+    /* VGPU_REAL_UNRESOLVED, VGPU_REAL_MISSING (the loaded library lacks it), or the real entry
+     * point. */
+    _Atomic uintptr_t real_entry[VGPU_HOOK_COUNT];
+    _Atomic uintptr_t called_entry[VGPU_CALLED_COUNT];
+    /* Open addressing, hook id + 1 per slot (0: empty); filled once before `names_ready`. */
+    uint8_t name_slots[VGPU_NAME_TABLE_SIZE];
+    atomic_int names_ready;
+    /* Real entry point -> hook id + 1, filled once under `reverse_once`. */
+    pthread_once_t reverse_once;
+    uintptr_t reverse_real[VGPU_REVERSE_TABLE_SIZE];
+    uint16_t reverse_hook[VGPU_REVERSE_TABLE_SIZE];
+};
 
-/* Calls the real entry point behind hook `name`; a hook whose real function the installed
- * driver lacks reports it as missing instead of calling through NULL. */
-#define VGPU_FORWARD_CUDA(name, ...)                                                          \
-    do {                                                                                     \
-        vgpu_pfn_##name real_ = (vgpu_pfn_##name)vgpu_real(VGPU_HOOK_##name);                \
-        return real_ ? real_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND;                            \
-    } while (0)
-#define VGPU_REAL(name) ((vgpu_pfn_##name)vgpu_real(VGPU_HOOK_##name))
-
-/* ---- state.c ------------------------------------------------------------------------ */
+/* ---- region.c ----------------------------------------------------------------------- */
 
 /* The slice's limits as read at one instant (seqlock read of region.h's `limits`). */
 struct vgpu_limits_snapshot {
@@ -104,16 +169,16 @@ struct vgpu_limits_snapshot {
 int vgpu_read_limits(struct vgpu_limits_snapshot *out);
 const char *vgpu_fail_reason(void);
 
-/* The Jupyter kernel whose slice this is (for messages), or "" outside a Jupyter server. */
-const char *vgpu_kernel_id(void);
-
 /* Prints vgpu_fail_reason() on stderr, once per process, whatever the log level: the slice is
  * failed closed and the user must learn why their allocations are refused. */
 void vgpu_report_fail_closed(void);
 
-/* The mapped region and this process's slot; NULL when failed closed. vgpu_self_slot() claims
- * a slot on its first call in a process (and again in a forked child). */
+/* The mapped region; NULL when failed closed. */
 struct vgpu_region *vgpu_region(void);
+
+/* This process's slot, claimed on the first call in a process (and again in a forked child);
+ * NULL when failed closed. Processes that use the GPU claim it through vgpu_gpu_slot()
+ * (monitor.c), which also starts their monitor thread. */
 struct vgpu_proc_slot *vgpu_self_slot(void);
 
 /* How many slots from the start of `procs` may be in use (the high water, bounded): scans
@@ -137,91 +202,90 @@ uint64_t vgpu_slice_usage(void);
 /* Frees the slots of processes that are gone; returns how many were reaped. */
 int vgpu_reap_dead_slots(void);
 
-/* ---- memory.c ----------------------------------------------------------------------- */
-
-/* Sets this process's driver_reserved from NVML's figure for it (contexts and other driver
- * memory beyond what the hooks counted). Called by the monitor thread and after contexts. */
-void vgpu_refresh_driver_reserved(void);
-
-/* Forgets the allocation table: a forked child owns none of its parent's allocations. */
-void vgpu_memory_forget_after_fork(void);
-
-/* What the program is shown for the slice's device, from what the driver reports. Returns 0
- * when the driver's figures stand (no cap), 1 when `view` replaces them: total = the cap,
- * used = the slice's usage, free = what is left (never below 0, never above the device's own
- * free memory). A failed-closed slice shows no free memory. */
-struct vgpu_slice_view {
-    uint64_t total, used, free;
+enum vgpu_fail_kind {
+    VGPU_FAIL_NONE = 0,
+    VGPU_FAIL_ATTACH,        /* no usable region: unset, missing, foreign, corrupt header */
+    VGPU_FAIL_LIMITS,        /* the region's published limits do not pass their check */
+    VGPU_FAIL_NO_SLOT,       /* every proc slot of the region is held by a live process */
 };
-int vgpu_slice_view(uint64_t real_total, uint64_t real_free, struct vgpu_slice_view *view);
-
-/* ---- pacing.c ----------------------------------------------------------------------- */
-
-/* Called by every launch hook before it forwards; blocks while the slice is over its SM
- * share. `cost` is the launch's work in warps (blocks x ceil(threads per block / 32)). */
-void vgpu_launch_admit(uint64_t cost);
-
-/* Prices of graph executables, kept by pacing.c: launch.c prices a graph's kernels (where the
- * driver can list them) when an executable is instantiated from it, and again when an update
- * gives the executable another graph's kernels (the new price replaces the old); a graph launch
- * is admitted at that price.
- * An executable without a price is charged a nominal one; the controller's measured cost per
- * token turns that into the right rate all the same. */
-#define VGPU_GRAPH_PRICE_UNKNOWN UINT64_MAX
-void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost);
-uint64_t vgpu_graph_exec_cost(CUgraphExec exec);
-void vgpu_graph_exec_forget(CUgraphExec exec);
-
-/* ---- log.c -------------------------------------------------------------------------- */
-
-enum vgpu_log_level { VGPU_LOG_OFF = 0, VGPU_LOG_ERROR, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };
-void vgpu_log(enum vgpu_log_level level, const char *format, ...) __attribute__((format(printf, 2, 3)));
-/* The one line a refused allocation prints, whatever the log level. */
-void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_t limit);
-/* Writes a whole line to stderr with write(2): no stdio, no locks a hook could deadlock on. */
-void vgpu_write_stderr(const char *text, size_t length);
-/* Parses VGPU_LOG_LEVEL's value (NULL or unknown: off). */
-enum vgpu_log_level vgpu_parse_log_level(const char *value);
-
-/* ---- the one struct of mutable process state ---------------------------------------- */
-/*
- * Everything libvgpu.so changes at run time lives in `vgpu_state` (defined in state.c) or in
- * the shared region; everything else is const. Each concern keeps its part in a member
- * named after its file. Shared-memory fields of the region are plain integers in region.h
- * (cffi reads the same text), so the C side accesses them with __atomic builtins; fields
- * here are C11 atomics.
- */
-
-/* resolve.c: name table, real entry points, reverse map for cuGetProcAddress. */
-#define VGPU_REAL_UNRESOLVED 0
-#define VGPU_REAL_MISSING 1
-#define VGPU_NAME_TABLE_SIZE 256 /* power of two, > 2 x hooks */
-#define VGPU_REVERSE_TABLE_SIZE 256
-struct vgpu_resolve_state {
-    _Atomic(void *) real_dlsym;
-    _Atomic(void *) library_handle[VGPU_LIB_COUNT];
-    /* VGPU_REAL_UNRESOLVED, VGPU_REAL_MISSING (the loaded library lacks it), or the real entry
-     * point. */
-    _Atomic uintptr_t real_entry[VGPU_HOOK_COUNT];
-    _Atomic uintptr_t called_entry[VGPU_CALLED_COUNT];
-    /* Open addressing, hook id + 1 per slot (0: empty); filled once before `names_ready`. */
-    uint8_t name_slots[VGPU_NAME_TABLE_SIZE];
-    atomic_int names_ready;
-    /* Real entry point -> hook id + 1, filled once under `reverse_once`. */
-    pthread_once_t reverse_once;
-    uintptr_t reverse_real[VGPU_REVERSE_TABLE_SIZE];
-    uint16_t reverse_hook[VGPU_REVERSE_TABLE_SIZE];
+struct vgpu_region_state {
+    pthread_once_t init_once;
+    struct vgpu_region *region;      /* set once by init; NULL when attaching failed */
+    char attach_failure[PATH_MAX + 512];      /* why attaching failed, written once by init */
+    char limits_failure[PATH_MAX + 512];      /* the message for corrupt limits, written once by init */
+    char slot_failure[PATH_MAX + 512];        /* the message for a full region, written once by init */
+    atomic_int last_failure;         /* enum vgpu_fail_kind of the latest refusal */
+    atomic_uint reported_failures;   /* bit per enum vgpu_fail_kind already printed */
+    /* This process's slot: -1 none yet, -2 being claimed by a thread, -3 given back at exit,
+     * else its index. */
+    atomic_int slot_index;
 };
 
-/* memory.c: the table of live allocations, sharded by key, one lock per shard. */
-#define VGPU_ALLOC_SHARDS 64
+/* ---- device.c ----------------------------------------------------------------------- */
+
+/* Whether a device is the slice's device: a CUDA device, the current context's device, an
+ * NVML handle. When the driver cannot say, it is: a process of a slice sees its slice rather
+ * than the whole device. */
+int vgpu_cuda_device_is_slice(CUdevice device);
+int vgpu_current_cuda_device_is_slice(void);
+int vgpu_nvml_device_is_slice(nvmlDevice_t device);
+
+/* A device's identity does not change while the process runs, so each verdict is asked once:
+ * a lock-free list of (device, verdict) cells, claimed with compare-and-swap, then published. */
+#define VGPU_VERDICT_CACHE 128
+struct vgpu_device_state {
+    _Atomic uintptr_t key[VGPU_VERDICT_CACHE]; /* the device, tagged with its library; 0: free */
+    _Atomic uint8_t verdict[VGPU_VERDICT_CACHE];
+    /* Visible CUDA devices (0: not asked yet, -1: unknown); with one, no need to ask which
+     * device the current context is on. */
+    atomic_int cuda_device_count;
+};
+
+/* ---- alloc_table.c ------------------------------------------------------------------ */
+
+enum vgpu_alloc_kind {
+    VGPU_KIND_EMPTY = 0,
+    VGPU_KIND_DEVICE_POINTER, /* cuMemAlloc*, cuMemAllocPitch, cuMemAllocManaged, async and pool allocations */
+    VGPU_KIND_VMM_HANDLE,     /* cuMemCreate */
+    VGPU_KIND_ARRAY,          /* cuArrayCreate, cuArray3DCreate */
+    VGPU_KIND_MIPMAPPED_ARRAY,/* cuMipmappedArrayCreate */
+    VGPU_KIND_DELETED = 0xff,
+};
+
+/* Which call an allocation came from, for logs. */
+enum vgpu_alloc_family {
+    VGPU_FAMILY_ALLOC,
+    VGPU_FAMILY_PITCH,
+    VGPU_FAMILY_MANAGED,
+    VGPU_FAMILY_ASYNC,
+    VGPU_FAMILY_POOL,
+    VGPU_FAMILY_VMM,
+    VGPU_FAMILY_ARRAY,
+    VGPU_FAMILY_MIPMAPPED_ARRAY,
+};
+
 struct vgpu_alloc_entry {
-    uint64_t key;  /* device pointer, VMM handle or array handle */
-    uint64_t size; /* bytes charged to the slot */
+    uint64_t key;     /* device pointer, VMM handle or array handle */
+    uint64_t size;    /* bytes charged to the slot */
     uint64_t context; /* CUcontext that owns it (the driver frees it with the context); 0: none */
-    uint8_t kind;  /* enum vgpu_alloc_kind (memory.c); 0: empty slot, 0xff: deleted */
-    uint8_t family;/* enum vgpu_alloc_family (memory.c), for logs */
+    uint8_t kind;     /* enum vgpu_alloc_kind; VGPU_KIND_EMPTY: empty slot */
+    uint8_t family;   /* enum vgpu_alloc_family */
 };
+
+/* Records an allocation. If the key is already there, the driver handed out again something
+ * we thought live (freed behind our back, e.g. with its context): returns the bytes that old
+ * entry held, so the caller gives them back. Returns -1 when out of host memory. */
+int64_t vgpu_table_insert(const struct vgpu_alloc_entry *entry);
+
+/* Takes (kind, key) out of the table; returns 1 and the entry if it was there. A free takes
+ * its entry out before the driver frees it, so that an allocation reusing the address right
+ * after the free can never be mistaken for the old one. */
+int vgpu_table_take(uint8_t kind, uint64_t key, struct vgpu_alloc_entry *out);
+
+/* Takes every entry owned by `context` out of the table; returns the bytes they held. */
+uint64_t vgpu_table_take_context(uint64_t context);
+
+#define VGPU_ALLOC_SHARDS 64
 struct vgpu_alloc_shard {
     pthread_mutex_t lock;
     struct vgpu_alloc_entry *entries; /* capacity entries, power of two; NULL until used */
@@ -229,27 +293,31 @@ struct vgpu_alloc_shard {
     uint32_t used;   /* live + deleted: what probing has to walk over */
     uint32_t live;
 } __attribute__((aligned(64)));
-#define VGPU_CUDA_DEVICE_CACHE 64
-/* memory.c: what NVML showed of the device's processes at one refresh. */
+struct vgpu_alloc_table_state {
+    pthread_once_t fork_handler_once;
+    struct vgpu_alloc_shard shards[VGPU_ALLOC_SHARDS];
+};
+
+/* ---- driver_memory.c ---------------------------------------------------------------- */
+
+/* Sets this process's driver_reserved from NVML's figure for it (contexts and other driver
+ * memory beyond what the hooks counted). Called by the monitor thread and after contexts. */
+void vgpu_refresh_driver_reserved(void);
+
+/* Charging calls this on every change of this process's `allocated` (inline, end of file), so
+ * that a refresh can tell whether allocations moved while NVML was being asked. */
+static inline void vgpu_note_allocated_change(void);
+
+/* What NVML showed of the device's processes at one refresh. */
 #define VGPU_NVML_SAMPLE 64
 struct vgpu_nvml_sample {
     unsigned int count;
     unsigned int pid[VGPU_NVML_SAMPLE];
     uint64_t used[VGPU_NVML_SAMPLE];
 };
-
-struct vgpu_memory_state {
-    struct vgpu_alloc_shard shards[VGPU_ALLOC_SHARDS];
-    /* Bumped on every change of this process's `allocated`, so that a driver_reserved
-     * refresh can tell whether allocations moved while NVML was being asked. */
-    _Atomic uint64_t accounting_changes;
-    /* Per CUDA device ordinal: 0 unknown, 1 the slice's device, 2 another device. */
-    _Atomic uint8_t cuda_device_verdict[VGPU_CUDA_DEVICE_CACHE];
-    /* Per CUDA device ordinal: its primary context, as cuDevicePrimaryCtxRetain returned it. */
-    _Atomic(CUcontext) primary_context[VGPU_CUDA_DEVICE_CACHE];
-    /* Visible CUDA devices (0: not asked yet, -1: unknown); with one, no need to ask which
-     * device the current context is on. */
-    atomic_int cuda_device_count;
+struct vgpu_driver_memory_state {
+    _Atomic uint64_t allocated_changes;
+    pthread_once_t fork_handler_once;
     /* The slice's device as NVML knows it, for the per-process memory figure. */
     atomic_int nvml_ready;   /* 0: not tried, 1: ready, -1: unavailable (no NVML) */
     pthread_mutex_t nvml_lock;
@@ -261,45 +329,178 @@ struct vgpu_memory_state {
     int previous_valid;
 };
 
-/* nvml.c: per NVML device handle, whether it is the slice's device. */
-#define VGPU_NVML_HANDLE_CACHE 64
-struct vgpu_nvml_state {
-    _Atomic(nvmlDevice_t) handle[VGPU_NVML_HANDLE_CACHE];
-    _Atomic uint8_t verdict[VGPU_NVML_HANDLE_CACHE]; /* 1 slice's device, 2 another */
+/* ---- monitor.c ---------------------------------------------------------------------- */
+
+/* This process's slot (vgpu_self_slot), for a process that uses the GPU: its monitor thread
+ * runs from the first call on. NULL when failed closed. */
+struct vgpu_proc_slot *vgpu_gpu_slot(void);
+
+struct vgpu_monitor_state {
+    pthread_once_t handlers_once; /* exit and fork handlers, registered once per process tree */
+    atomic_int started;   /* the monitor was started in this process, or could not be */
+    pthread_mutex_t lock; /* held by the monitor while it works, and across fork */
+    int stopping;         /* under lock */
 };
 
-/* state.c: environment, region, slot, monitor thread. */
-enum vgpu_fail_kind {
-    VGPU_FAIL_NONE = 0,
-    VGPU_FAIL_ATTACH,        /* no usable region: unset, missing, foreign, corrupt header */
-    VGPU_FAIL_LIMITS,        /* the region's published limits do not pass their check */
-    VGPU_FAIL_NO_SLOT,       /* every proc slot of the region is held by a live process */
-};
-struct vgpu_process_state {
-    pthread_once_t init_once;
-    enum vgpu_log_level log_level;
-    char region_path[PATH_MAX];
-    char kernel_id[64]; /* JUPYTER_VGPU_KERNEL_ID: the Jupyter kernel this slice belongs to, or empty */
-    struct vgpu_region *region;      /* set once by init; NULL when attaching failed */
-    char attach_failure[PATH_MAX + 512];      /* why attaching failed, written once by init */
-    char limits_failure[PATH_MAX + 512];      /* the message for corrupt limits, written once by init */
-    char slot_failure[PATH_MAX + 512];        /* the message for a full region, written once by init */
-    atomic_int last_failure;         /* enum vgpu_fail_kind of the latest refusal */
-    atomic_uint reported_failures;   /* bit per enum vgpu_fail_kind already printed */
-    /* This process's slot: -1 none yet, -2 being claimed by a thread, else its index. */
-    atomic_int slot_index;
-    /* Monitor thread: reaps dead slots and refreshes driver_reserved. */
-    atomic_int monitor_started;
-    pthread_mutex_t monitor_lock;
-    int monitor_stopping;            /* under monitor_lock */
-    atomic_int exit_handler_registered; /* kept across fork: atexit handlers are inherited */
+/* ---- charge.c ----------------------------------------------------------------------- */
+
+/* An allocation charged to this process's slot. slot NULL: nothing was charged (the process
+ * is exiting and gave its slot back). */
+struct vgpu_charge {
+    struct vgpu_proc_slot *slot;
+    uint64_t bytes;
 };
 
+/* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
+ * no lock: see charge.c). On CUDA_SUCCESS the caller calls the driver and then
+ * vgpu_settle_charge(); otherwise it returns the refusal. */
+CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+
+/* Moves a charge to `actual` bytes once the driver said what it really took; growing it is
+ * checked like a new request. */
+CUresult vgpu_recharge(struct vgpu_charge *charge, const char *call, uint64_t actual);
+
+/* After the driver answered: keeps the charge and records the allocation (kind, key), or gives
+ * it back. Returns `result`. */
+CUresult vgpu_settle_charge(const struct vgpu_charge *charge, CUresult result, uint8_t kind, uint64_t key,
+                            uint8_t family);
+
+/* Gives a charge back whole (the allocation was undone). */
+void vgpu_uncharge(const struct vgpu_charge *charge);
+
+/* After the driver answered a free of an entry vgpu_table_take() took out: gives the entry's
+ * bytes back, or puts the entry back if the driver refused the free. `known`: whether the
+ * table knew the freed thing at all. */
+void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresult result);
+
+/* A context that went took its allocations with it: they stop counting. Returns their bytes. */
+uint64_t vgpu_release_context(CUcontext context);
+
+/* ---- graph_prices.c ----------------------------------------------------------------- */
+
+/* Prices of graph executables: launch.c prices a graph's kernels (where the driver can list
+ * them) when an executable is instantiated from it, and again when an update gives the
+ * executable another graph's kernels (the new price replaces the old); a graph launch is
+ * admitted at that price. An executable without a price is charged a nominal one; the
+ * controller's measured cost per token turns that into the right rate all the same. */
+#define VGPU_GRAPH_PRICE_UNKNOWN UINT64_MAX
+#define VGPU_MAX_LAUNCH_COST (UINT64_C(1) << 48)
+void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost);
+uint64_t vgpu_graph_exec_cost(CUgraphExec exec);
+void vgpu_graph_exec_forget(CUgraphExec exec);
+
+#define VGPU_GRAPH_TABLE_SIZE 1024 /* power of two */
+struct vgpu_graph_price {
+    _Atomic uintptr_t exec;
+    _Atomic uint64_t cost_plus_one; /* 0 while the entry is being filled */
+};
+struct vgpu_graph_prices_state {
+    struct vgpu_graph_price entries[VGPU_GRAPH_TABLE_SIZE];
+};
+
+/* ---- pacing.c ----------------------------------------------------------------------- */
+
+/* Called by every launch hook before it forwards; blocks while the slice is over its SM
+ * share. `cost` is the launch's work in warps (blocks x ceil(threads per block / 32)). */
+void vgpu_launch_admit(uint64_t cost);
+
+enum vgpu_pool_mode {
+    VGPU_MODE_OFF,     /* sm_share 100: launches do not draw; the controller only measures */
+    VGPU_MODE_OPEN,    /* burst on an idle device, or the token cost is not learned yet */
+    VGPU_MODE_LIMITED, /* refilled at the rate that meets the share */
+};
+
+/* State of the controller thread; only that thread touches it (apart from resets while no
+ * controller thread runs). */
+struct vgpu_controller {
+    /* NVML, resolved once per process (kept across lease changes). */
+    int nvml_state; /* 0 not tried, 1 ready, -1 unavailable */
+    nvmlDevice_t device;
+    vgpu_pfn_nvmlDeviceGetProcessUtilization process_utilization;
+    nvmlProcessUtilizationSample_t *samples;
+    unsigned int sample_capacity;
+    unsigned long long last_seen_us; /* NVML's lastSeenTimeStamp: end of the last window */
+    nvmlReturn_t last_result;
+    unsigned unattributed_periods; /* in a row: the slice drew tokens, NVML showed none of its pids */
+    int warned;                    /* the "cannot measure" warning was printed */
+
+    /* Pool bookkeeping since the last measurement. */
+    int pool_known;
+    int64_t pool_after_refill;
+    int64_t granted; /* tokens the last refill set aside for waiting processes */
+    uint64_t spent;   /* tokens drawn since the last measurement */
+    double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
+    uint64_t last_draw_ns;
+    int drained;      /* the pool ran dry at some tick: launches were held back */
+    int window_clean; /* launches drew tokens throughout the window (no MODE_OFF tick) */
+    double carry;     /* fraction of a token owed by the last refill */
+
+    /* The cost estimate: utilisation-seconds per token = util_seconds / token_count. */
+    double util_seconds;
+    double token_count;
+    double integral; /* correction to the target utilisation (fraction of the device) */
+    uint32_t share;  /* the limits the last decision was made for */
+    uint32_t policy;
+    unsigned limited_periods;
+    uint64_t others_busy_until_ns;
+
+    enum vgpu_pool_mode mode;
+    int learning; /* open only until the cost of a token is known */
+    double rate;  /* tokens per second while limited */
+    uint64_t last_tick_ns;
+    uint64_t last_control_ns;
+};
+
+struct vgpu_pacing_state {
+    pthread_once_t once;
+    pthread_key_t thread_exit_key; /* its destructor folds an exiting thread's launch count */
+    pid_t pid;                     /* cached: getpid() is a system call */
+    struct vgpu_region *region;    /* cached at init: launches peek at the share through it */
+    atomic_int controller_running;
+    pthread_mutex_t lock; /* guards `stopping`; `wake` ends the controller's tick sleep */
+    pthread_cond_t wake;
+    int stopping;
+    struct vgpu_controller controller;
+};
+
+/* ---- context.c ---------------------------------------------------------------------- */
+
+#define VGPU_CUDA_DEVICE_CACHE 64
+struct vgpu_context_state {
+    /* Per CUDA device ordinal: its primary context, as cuDevicePrimaryCtxRetain returned it. */
+    _Atomic(CUcontext) primary_context[VGPU_CUDA_DEVICE_CACHE];
+};
+
+/* ---- view.c ------------------------------------------------------------------------- */
+
+/* What the program is shown for the slice's device, from what the driver reports. Returns 0
+ * when the driver's figures stand (no cap), 1 when `view` replaces them: total = the cap,
+ * used = the slice's usage, free = what is left (never below 0, never above the device's own
+ * free memory). A failed-closed slice shows no free memory. */
+struct vgpu_slice_view {
+    uint64_t total, used, free;
+};
+int vgpu_slice_view(uint64_t real_total, uint64_t real_free, struct vgpu_slice_view *view);
+
+/* ---- the one struct of mutable process state ---------------------------------------- */
+/*
+ * Everything libvgpu.so changes at run time lives in `vgpu_state` (defined in state.c), in
+ * the shared region, or in a thread-local variable of the file that owns it (per-thread by
+ * nature); everything else is const. Each concern keeps its part in a member named after its
+ * file. Shared-memory fields of the region are plain integers in region.h (cffi reads the same
+ * text), so the C side accesses them with __atomic builtins; fields here are C11 atomics.
+ */
 struct vgpu_state {
-    struct vgpu_process_state process;
+    struct vgpu_env env;
     struct vgpu_resolve_state resolve;
-    struct vgpu_memory_state memory;
-    struct vgpu_nvml_state nvml;
+    struct vgpu_region_state region;
+    struct vgpu_device_state device;
+    struct vgpu_alloc_table_state alloc_table;
+    struct vgpu_driver_memory_state driver_memory;
+    struct vgpu_monitor_state monitor;
+    struct vgpu_graph_prices_state graph_prices;
+    struct vgpu_pacing_state pacing;
+    struct vgpu_context_state context;
 };
 
 extern struct vgpu_state vgpu_state;
@@ -310,7 +511,9 @@ static inline void *vgpu_real(enum vgpu_hook_id id)
     return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_lookup(id);
 }
 
-/* CLOCK_MONOTONIC in nanoseconds. */
-uint64_t vgpu_now_ns(void);
+static inline void vgpu_note_allocated_change(void)
+{
+    atomic_fetch_add_explicit(&vgpu_state.driver_memory.allocated_changes, 1, memory_order_relaxed);
+}
 
 #endif /* VGPU_INTERPOSER_INTERNAL_H */

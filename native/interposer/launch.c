@@ -19,8 +19,9 @@ static uint64_t launch_cost(unsigned int gx, unsigned int gy, unsigned int gz, u
                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm, \
                               CUstream stream, void **params, void **extra)                        \
     {                                                                                              \
+        VGPU_HOOK_REAL(name);                                                                      \
         vgpu_launch_admit(launch_cost(gx, gy, gz, bx, by, bz));                                    \
-        VGPU_FORWARD_CUDA(name, f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);            \
+        return real(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);                        \
     }
 LAUNCH_HOOK(cuLaunchKernel)
 LAUNCH_HOOK(cuLaunchKernel_ptsz)
@@ -30,8 +31,9 @@ LAUNCH_HOOK(cuLaunchKernel_ptsz)
                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm, \
                               CUstream stream, void **params)                                      \
     {                                                                                              \
+        VGPU_HOOK_REAL(name);                                                                      \
         vgpu_launch_admit(launch_cost(gx, gy, gz, bx, by, bz));                                    \
-        VGPU_FORWARD_CUDA(name, f, gx, gy, gz, bx, by, bz, shm, stream, params);                   \
+        return real(f, gx, gy, gz, bx, by, bz, shm, stream, params);                               \
     }
 COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel)
 COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz)
@@ -40,11 +42,12 @@ COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz)
     VGPU_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params,           \
                               void **extra)                                                        \
     {                                                                                              \
+        VGPU_HOOK_REAL(name);                                                                      \
         if (config)                                                                                \
             vgpu_launch_admit(launch_cost(config->gridDimX, config->gridDimY, config->gridDimZ,    \
                                           config->blockDimX, config->blockDimY,                    \
                                           config->blockDimZ));                                     \
-        VGPU_FORWARD_CUDA(name, config, f, params, extra);                                         \
+        return real(config, f, params, extra);                                                     \
     }
 LAUNCH_EX_HOOK(cuLaunchKernelEx)
 LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
@@ -54,7 +57,7 @@ LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
  * executable is instantiated, and again when an update gives it another graph's kernels, the
  * graph's kernel nodes are priced like launches (child graphs included), through the driver's
  * introspection calls when it has them. A graph that cannot be priced (no such calls, or a
- * conditional node whose body runs a data-dependent number of times) is charged pacing.c's
+ * conditional node whose body runs a data-dependent number of times) is charged graph_prices.c's
  * nominal price, which the controller calibrates from measurements.
  */
 #define VGPU_DECLARE_OPTIONAL_PFN(ret, name, params) typedef ret(*vgpu_pfn_##name) params;
@@ -141,9 +144,7 @@ static void price_graph_exec(const CUgraphExec *exec, CUgraph graph)
 #define GRAPH_EXEC_HOOK(name, made, params, ...)                                                   \
     VGPU_EXPORT CUresult name params                                                               \
     {                                                                                              \
-        vgpu_pfn_##name real = VGPU_REAL(name);                                                    \
-        if (!real)                                                                                 \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
+        VGPU_HOOK_REAL(name);                                                                      \
         CUresult result = real(exec, graph, __VA_ARGS__);                                          \
         if (result == CUDA_SUCCESS)                                                                \
             price_graph_exec(made, graph);                                                         \
@@ -167,14 +168,16 @@ GRAPH_EXEC_HOOK(cuGraphExecUpdate, &exec,
 #define GRAPH_LAUNCH_HOOK(name)                                                                    \
     VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                   \
     {                                                                                              \
+        VGPU_HOOK_REAL(name);                                                                      \
         vgpu_launch_admit(vgpu_graph_exec_cost(exec));                                             \
-        VGPU_FORWARD_CUDA(name, exec, stream);                                                     \
+        return real(exec, stream);                                                                 \
     }
 GRAPH_LAUNCH_HOOK(cuGraphLaunch)
 GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)
 
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
+    VGPU_HOOK_REAL(cuGraphExecDestroy);
     vgpu_graph_exec_forget(exec);
-    VGPU_FORWARD_CUDA(cuGraphExecDestroy, exec);
+    return real(exec);
 }

@@ -9,7 +9,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -28,20 +27,9 @@ void vgpu_write_stderr(const char *text, size_t length)
     }
 }
 
-enum vgpu_log_level vgpu_parse_log_level(const char *value)
-{
-    static const char *const names[] = {"off", "error", "warn", "info", "debug"};
-    if (!value)
-        return VGPU_LOG_OFF;
-    for (size_t level = 0; level < sizeof names / sizeof names[0]; level++)
-        if (strcasecmp(value, names[level]) == 0)
-            return (enum vgpu_log_level)level;
-    return VGPU_LOG_OFF;
-}
-
 void vgpu_log(enum vgpu_log_level level, const char *format, ...)
 {
-    if (level == VGPU_LOG_OFF || level > vgpu_state.process.log_level)
+    if (level == VGPU_LOG_OFF || level > vgpu_env()->log_level)
         return;
     char line[1024];
     int prefix = snprintf(line, sizeof line, "jupyter-vgpu[%d]: ", (int)getpid());
@@ -94,7 +82,7 @@ void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_
     format_suggested_cap(suggested, sizeof suggested, needed);
     /* The resize that helps depends on who holds the slice: a Jupyter kernel is resized live
      * from its notebook or the CLI; a `jupyter vgpu run` slice is fixed for the run. */
-    const char *kernel = vgpu_kernel_id();
+    const char *kernel = vgpu_env()->kernel_id;
     char advice[192];
     if (kernel[0])
         snprintf(advice, sizeof advice, "Resize it with `%%vgpu resize --memory %s` in the notebook or `jupyter vgpu resize %.8s --memory %s`.",

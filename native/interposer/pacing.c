@@ -59,28 +59,11 @@
 #define INTEGRAL_GAIN 0.2             /* per control period, on the utilisation error */
 #define NO_SAMPLE_PATIENCE_US 500000ULL /* wait this long for NVML to sample fresh launches */
 #define NVML_RESOLUTION 0.01          /* smUtil is a whole percent */
-#define MAX_LAUNCH_COST (UINT64_C(1) << 48)
 
 /* An open pool: far above anything a period draws, far below overflow. Levels above the
  * floor mean "open" even after threads drew from it. */
 #define POOL_OPEN_LEVEL (INT64_C(1) << 62)
 #define POOL_OPEN_FLOOR (INT64_C(1) << 61)
-
-/* Price of a graph launch whose kernels are unknown (the driver cannot list them, or a
- * conditional node runs a data-dependent number of times). The unit is arbitrary: the
- * controller learns device time per token from what it measures, so a fixed price per graph
- * launch still yields the right rate for a program that launches such graphs. */
-#define GRAPH_NOMINAL_COST (UINT64_C(1) << 16)
-#define GRAPH_TABLE_SIZE 1024 /* power of two */
-#define GRAPH_PROBES 16       /* an executable lives within this many slots of its home */
-#define GRAPH_SLOT_EMPTY ((uintptr_t)0)
-#define GRAPH_SLOT_FREED ((uintptr_t)1)
-
-enum pool_mode {
-    MODE_OFF,     /* sm_share 100: launches do not draw; the controller only measures */
-    MODE_OPEN,    /* burst on an idle device, or the token cost is not learned yet */
-    MODE_LIMITED, /* refilled at the rate that meets the share */
-};
 
 /* Per-thread launch state: only its own thread touches it, so the hot path shares no cache
  * line with another thread. initial-exec: a %fs-relative access, no __tls_get_addr call. */
@@ -91,70 +74,7 @@ struct thread_cache {
 };
 static __thread struct thread_cache thread_cache __attribute__((tls_model("initial-exec")));
 
-/* State of the controller thread; only that thread touches it (apart from resets while no
- * controller thread runs). */
-struct controller {
-    /* NVML, resolved once per process (kept across lease changes). */
-    int nvml_state; /* 0 not tried, 1 ready, -1 unavailable */
-    nvmlDevice_t device;
-    vgpu_pfn_nvmlDeviceGetProcessUtilization process_utilization;
-    nvmlProcessUtilizationSample_t *samples;
-    unsigned int sample_capacity;
-    unsigned long long last_seen_us; /* NVML's lastSeenTimeStamp: end of the last window */
-    nvmlReturn_t last_result;
-    unsigned unattributed_periods; /* in a row: the slice drew tokens, NVML showed none of its pids */
-    int warned;                    /* the "cannot measure" warning was printed */
-
-    /* Pool bookkeeping since the last measurement. */
-    int pool_known;
-    int64_t pool_after_refill;
-    int64_t granted; /* tokens the last refill set aside for waiting processes */
-    uint64_t spent;   /* tokens drawn since the last measurement */
-    double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
-    uint64_t last_draw_ns;
-    int drained;      /* the pool ran dry at some tick: launches were held back */
-    int window_clean; /* launches drew tokens throughout the window (no MODE_OFF tick) */
-    double carry;     /* fraction of a token owed by the last refill */
-
-    /* The cost estimate: utilisation-seconds per token = util_seconds / token_count. */
-    double util_seconds;
-    double token_count;
-    double integral; /* correction to the target utilisation (fraction of the device) */
-    uint32_t share;  /* the limits the last decision was made for */
-    uint32_t policy;
-    unsigned limited_periods;
-    uint64_t others_busy_until_ns;
-
-    enum pool_mode mode;
-    int learning; /* open only until the cost of a token is known */
-    double rate;  /* tokens per second while limited */
-    uint64_t last_tick_ns;
-    uint64_t last_control_ns;
-};
-
-/* Atomic entries of the table of graph executables' prices. */
-struct graph_price {
-    _Atomic uintptr_t exec;
-    _Atomic uint64_t cost_plus_one; /* 0 while the entry is being filled */
-};
-
-/* The limiter's part of the process state (internal.h keeps the rest in vgpu_state). */
-static struct limiter {
-    pthread_once_t once;
-    pthread_key_t thread_exit_key; /* its destructor folds an exiting thread's launch count */
-    pid_t pid;                     /* cached: getpid() is a system call */
-    struct vgpu_region *region;    /* cached at init: launches peek at the share through it */
-    atomic_int controller_running;
-    pthread_mutex_t lock; /* guards `stopping`; `wake` ends the controller's tick sleep */
-    pthread_cond_t wake;
-    int stopping;
-    struct controller controller;
-    struct graph_price graphs[GRAPH_TABLE_SIZE];
-} limiter = {
-    .once = PTHREAD_ONCE_INIT,
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-    .wake = PTHREAD_COND_INITIALIZER,
-};
+#define L (vgpu_state.pacing)
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
@@ -190,7 +110,7 @@ static void fold_launches(struct thread_cache *cache)
 {
     if (cache->launches_unflushed == 0)
         return;
-    struct vgpu_proc_slot *slot = vgpu_self_slot();
+    struct vgpu_proc_slot *slot = vgpu_gpu_slot();
     if (slot)
         __atomic_fetch_add(&slot->launches, cache->launches_unflushed, __ATOMIC_RELAXED);
     cache->launches_unflushed = 0;
@@ -205,34 +125,34 @@ static void after_fork_child(void)
 {
     /* The child is a new process of the slice: it counts from zero, holds no lease and has no
      * controller thread (threads do not survive fork). */
-    limiter.pid = getpid();
-    atomic_store(&limiter.controller_running, 0);
-    pthread_mutex_init(&limiter.lock, NULL);
-    pthread_cond_init(&limiter.wake, NULL);
-    limiter.stopping = 0;
+    L.pid = getpid();
+    atomic_store(&L.controller_running, 0);
+    pthread_mutex_init(&L.lock, NULL);
+    pthread_cond_init(&L.wake, NULL);
+    L.stopping = 0;
     memset(&thread_cache, 0, sizeof thread_cache);
 }
 
 static void limiter_init(void)
 {
-    limiter.pid = getpid();
-    limiter.region = vgpu_region();
-    pthread_key_create(&limiter.thread_exit_key, thread_exit_flush);
+    L.pid = getpid();
+    L.region = vgpu_region();
+    pthread_key_create(&L.thread_exit_key, thread_exit_flush);
     pthread_atfork(NULL, NULL, after_fork_child);
 }
 
 static void release_lease(struct vgpu_region *region)
 {
-    int32_t self = limiter.pid;
+    int32_t self = L.pid;
     __atomic_compare_exchange_n(&region->controller_pid, &self, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
 
 __attribute__((destructor)) static void limiter_exit(void)
 {
     fold_launches(&thread_cache);
-    pthread_mutex_lock(&limiter.lock);
-    limiter.stopping = 1;
-    pthread_cond_broadcast(&limiter.wake);
+    pthread_mutex_lock(&L.lock);
+    L.stopping = 1;
+    pthread_cond_broadcast(&L.wake);
     /* Let the controller finish its tick so it is not inside NVML while libraries unload. */
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -241,19 +161,19 @@ __attribute__((destructor)) static void limiter_exit(void)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
-    while (atomic_load(&limiter.controller_running) &&
-           pthread_cond_clockwait(&limiter.wake, &limiter.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    while (atomic_load(&L.controller_running) &&
+           pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
     }
-    pthread_mutex_unlock(&limiter.lock);
+    pthread_mutex_unlock(&L.lock);
     /* Hand the lease back so another process of the slice takes over at once. */
-    struct vgpu_region *region = limiter.pid ? vgpu_region() : NULL;
+    struct vgpu_region *region = L.pid ? vgpu_region() : NULL;
     if (region)
         release_lease(region);
 }
 
 /* ---- the controller ------------------------------------------------------------------ */
 
-static void nvml_open(struct controller *c, struct vgpu_region *region)
+static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
 {
     if (c->nvml_state != 0)
         return;
@@ -313,7 +233,7 @@ static uint32_t permille(double percent)
 /* Reads utilisation since the last window. Returns 1 with a fresh window, 0 when NVML has no
  * sample of recent launches yet (try again next period), -1 when NVML fails. Writes the
  * slice's and each slot's sm_util_permille and device_busy_permille. */
-static int measure(struct controller *c, struct vgpu_region *region, struct utilisation *out)
+static int measure(struct vgpu_controller *c, struct vgpu_region *region, struct utilisation *out)
 {
     unsigned long long now_us = realtime_us();
     unsigned int count = c->sample_capacity;
@@ -355,7 +275,7 @@ static int measure(struct controller *c, struct vgpu_region *region, struct util
     uint32_t slots = vgpu_slots_in_use(region);
     for (uint32_t i = 0; i < slots; i++) {
         struct vgpu_proc_slot *slot = &region->procs[i];
-        /* NVML knows the process by its nvml_pid once memory.c found it (a PID namespace). */
+        /* NVML knows the process by its nvml_pid once driver_memory.c found it (a PID namespace). */
         int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
         int32_t nvml_pid = __atomic_load_n(&slot->nvml_pid, __ATOMIC_ACQUIRE);
         int32_t pid = owner > 0 && nvml_pid > 0 ? nvml_pid : owner;
@@ -386,12 +306,12 @@ static int measure(struct controller *c, struct vgpu_region *region, struct util
 }
 
 /* Utilisation-seconds per token, or 0 while unknown. */
-static double token_cost(const struct controller *c)
+static double token_cost(const struct vgpu_controller *c)
 {
     return c->token_count > 0 && c->util_seconds > 0 ? c->util_seconds / c->token_count : 0;
 }
 
-static void learn(struct controller *c, const struct utilisation *u)
+static void learn(struct vgpu_controller *c, const struct utilisation *u)
 {
     if (!c->window_clean)
         return;
@@ -409,7 +329,7 @@ static void learn(struct controller *c, const struct utilisation *u)
 /* Integral action on what the feed-forward misses. It winds up only when launches were held
  * back (a slice that launches less than its share must not bank a correction), and always
  * winds down when the slice is over its share. */
-static void integrate(struct controller *c, const struct utilisation *u, uint32_t share)
+static void integrate(struct vgpu_controller *c, const struct utilisation *u, uint32_t share)
 {
     double error = share / 100.0 - u->slice_permille / 1000.0;
     if (error > 0 && !c->drained)
@@ -422,21 +342,21 @@ static void integrate(struct controller *c, const struct utilisation *u, uint32_
         c->integral = -bound;
 }
 
-static void decide(struct controller *c, const struct vgpu_limits_snapshot *limits, uint64_t now_ns)
+static void decide(struct vgpu_controller *c, const struct vgpu_limits_snapshot *limits, uint64_t now_ns)
 {
     double cost = token_cost(c);
-    enum pool_mode mode;
+    enum vgpu_pool_mode mode;
     if (limits->sm_share >= VGPU_SM_SHARE_MAX)
-        mode = MODE_OFF;
+        mode = VGPU_MODE_OFF;
     else if (limits->policy == VGPU_POLICY_BURST && now_ns >= c->others_busy_until_ns)
-        mode = MODE_OPEN; /* nobody else wants the device */
+        mode = VGPU_MODE_OPEN; /* nobody else wants the device */
     else if (cost <= 0)
-        mode = MODE_OPEN; /* open a moment to learn what a token costs */
+        mode = VGPU_MODE_OPEN; /* open a moment to learn what a token costs */
     else
-        mode = MODE_LIMITED;
-    c->learning = mode == MODE_OPEN && cost <= 0 &&
+        mode = VGPU_MODE_LIMITED;
+    c->learning = mode == VGPU_MODE_OPEN && cost <= 0 &&
                   !(limits->policy == VGPU_POLICY_BURST && now_ns >= c->others_busy_until_ns);
-    if (mode == MODE_LIMITED) {
+    if (mode == VGPU_MODE_LIMITED) {
         double share = limits->sm_share / 100.0;
         double target = share + c->integral;
         if (target < share * 0.25)
@@ -446,7 +366,7 @@ static void decide(struct controller *c, const struct vgpu_limits_snapshot *limi
     } else {
         c->limited_periods = 0;
     }
-    if (mode == MODE_OFF)
+    if (mode == VGPU_MODE_OFF)
         c->window_clean = 0; /* launches stop drawing: tokens no longer say what ran */
     if (mode != c->mode)
         vgpu_log(VGPU_LOG_DEBUG, "pacing: share %u%% %s, mode %d -> %d, %.0f tokens/s", limits->sm_share,
@@ -454,7 +374,7 @@ static void decide(struct controller *c, const struct vgpu_limits_snapshot *limi
     c->mode = mode;
 }
 
-static void control(struct controller *c, struct vgpu_region *region, const struct vgpu_limits_snapshot *limits,
+static void control(struct vgpu_controller *c, struct vgpu_region *region, const struct vgpu_limits_snapshot *limits,
                     uint64_t now_ns)
 {
     if (limits->sm_share != c->share || limits->policy != c->policy) {
@@ -484,7 +404,7 @@ static void control(struct controller *c, struct vgpu_region *region, const stru
                  c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c), c->rate,
                  c->integral, c->drained ? ", held back" : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
-        if (c->mode == MODE_LIMITED && c->limited_periods >= 2)
+        if (c->mode == VGPU_MODE_LIMITED && c->limited_periods >= 2)
             integrate(c, &u, limits->sm_share);
         c->spent = 0;
         c->drained = 0;
@@ -510,14 +430,14 @@ static int64_t take_back_grants(struct vgpu_region *region, struct vgpu_proc_slo
     return returned;
 }
 
-static void refill(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
+static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
     uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
     if (elapsed > CONTROL_PERIOD_NS)
         elapsed = CONTROL_PERIOD_NS; /* after a stall, no flood */
     c->last_tick_ns = now_ns;
 
-    int limited = c->mode == MODE_LIMITED;
+    int limited = c->mode == VGPU_MODE_LIMITED;
     double owed = 0, cap_tokens = 0;
     if (limited) {
         owed = c->rate * (double)elapsed / 1e9 + c->carry;
@@ -574,9 +494,9 @@ static void refill(struct controller *c, struct vgpu_region *region, uint64_t no
 
 /* A new lease holder starts from the rate the last one published while limited, so a takeover
  * does not open the pool while it relearns the cost. */
-static void controller_reset(struct controller *c, struct vgpu_region *region, uint64_t now_ns)
+static void controller_reset(struct vgpu_controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
-    struct controller kept = *c;
+    struct vgpu_controller kept = *c;
     memset(c, 0, sizeof *c);
     c->nvml_state = kept.nvml_state;
     c->device = kept.device;
@@ -589,7 +509,7 @@ static void controller_reset(struct controller *c, struct vgpu_region *region, u
     c->last_control_ns = now_ns;
     c->last_draw_ns = now_ns;
     c->window_clean = 1;
-    c->mode = MODE_OPEN;
+    c->mode = VGPU_MODE_OPEN;
 
     struct vgpu_limits_snapshot limits;
     if (vgpu_read_limits(&limits) != 0)
@@ -610,19 +530,19 @@ static void controller_reset(struct controller *c, struct vgpu_region *region, u
 static int controller_sleep(uint64_t deadline_ns)
 {
     struct timespec deadline = {(time_t)(deadline_ns / 1000000000ULL), (long)(deadline_ns % 1000000000ULL)};
-    pthread_mutex_lock(&limiter.lock);
-    while (!limiter.stopping &&
-           pthread_cond_clockwait(&limiter.wake, &limiter.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    pthread_mutex_lock(&L.lock);
+    while (!L.stopping &&
+           pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
     }
-    int stopping = limiter.stopping;
-    pthread_mutex_unlock(&limiter.lock);
+    int stopping = L.stopping;
+    pthread_mutex_unlock(&L.lock);
     return stopping;
 }
 
 static void *controller_main(void *arg)
 {
     struct vgpu_region *region = arg;
-    struct controller *c = &limiter.controller;
+    struct vgpu_controller *c = &L.controller;
     pthread_setname_np(pthread_self(), "vgpu-pacer");
     nvml_open(c, region);
     uint64_t now = vgpu_now_ns();
@@ -631,7 +551,7 @@ static void *controller_main(void *arg)
     vgpu_log(VGPU_LOG_INFO, "pacing: controller of the slice runs in this process");
     for (;;) {
         /* Another process took the lease (this one stalled past the stale limit): stand down. */
-        if (__atomic_load_n(&region->controller_pid, __ATOMIC_ACQUIRE) != limiter.pid)
+        if (__atomic_load_n(&region->controller_pid, __ATOMIC_ACQUIRE) != L.pid)
             break;
         now = vgpu_now_ns();
         __atomic_store_n(&region->controller_heartbeat_ns, now, __ATOMIC_RELEASE);
@@ -641,7 +561,7 @@ static void *controller_main(void *arg)
             int resized = limits.sm_share != c->share || limits.policy != c->policy;
             /* An idle slice (a notebook between cells) costs NVML a query every REPORT_PERIOD_NS;
              * its first draw brings the fast period back at the next tick. */
-            int idle = c->mode == MODE_OFF || now - c->last_draw_ns > IDLE_AFTER_NS;
+            int idle = c->mode == VGPU_MODE_OFF || now - c->last_draw_ns > IDLE_AFTER_NS;
             /* Open only to learn the cost: measure as soon as launches have drawn, so the
              * pool is open for a couple of ticks, not a whole period. */
             uint64_t period = idle                          ? REPORT_PERIOD_NS
@@ -659,21 +579,21 @@ static void *controller_main(void *arg)
         if (controller_sleep(next_tick))
             break;
     }
-    pthread_mutex_lock(&limiter.lock);
-    atomic_store(&limiter.controller_running, 0);
-    pthread_cond_broadcast(&limiter.wake);
-    pthread_mutex_unlock(&limiter.lock);
+    pthread_mutex_lock(&L.lock);
+    atomic_store(&L.controller_running, 0);
+    pthread_cond_broadcast(&L.wake);
+    pthread_mutex_unlock(&L.lock);
     return NULL;
 }
 
 static void start_controller(struct vgpu_region *region)
 {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&limiter.controller_running, &expected, 1))
+    if (!atomic_compare_exchange_strong(&L.controller_running, &expected, 1))
         return;
-    pthread_mutex_lock(&limiter.lock);
-    int stopping = limiter.stopping;
-    pthread_mutex_unlock(&limiter.lock);
+    pthread_mutex_lock(&L.lock);
+    int stopping = L.stopping;
+    pthread_mutex_unlock(&L.lock);
     int result = -1;
     if (!stopping) {
         pthread_attr_t attr;
@@ -691,7 +611,7 @@ static void start_controller(struct vgpu_region *region)
             vgpu_log(VGPU_LOG_WARN, "pacing: cannot start the controller thread (error %d)", result);
     }
     if (result != 0) {
-        atomic_store(&limiter.controller_running, 0);
+        atomic_store(&L.controller_running, 0);
         release_lease(region);
     }
 }
@@ -701,8 +621,8 @@ static void start_controller(struct vgpu_region *region)
 static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
 {
     int32_t holder = __atomic_load_n(&region->controller_pid, __ATOMIC_ACQUIRE);
-    if (holder == limiter.pid) {
-        if (!atomic_load_explicit(&limiter.controller_running, memory_order_acquire))
+    if (holder == L.pid) {
+        if (!atomic_load_explicit(&L.controller_running, memory_order_acquire))
             start_controller(region);
         return;
     }
@@ -715,7 +635,7 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
         if (age < LEASE_STALE_NS && process_exists(holder))
             return;
     }
-    if (__atomic_compare_exchange_n(&region->controller_pid, &holder, limiter.pid, 0, __ATOMIC_ACQ_REL,
+    if (__atomic_compare_exchange_n(&region->controller_pid, &holder, L.pid, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED)) {
         if (holder != 0)
             vgpu_log(VGPU_LOG_INFO, "pacing: took the controller lease from process %d (heartbeat %.0f ms old)", holder,
@@ -732,9 +652,9 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
  * limiter is off). */
 static __attribute__((noinline)) void flush_launches(struct thread_cache *cache)
 {
-    pthread_once(&limiter.once, limiter_init);
+    pthread_once(&L.once, limiter_init);
     if (cache->flush_at == 0)
-        pthread_setspecific(limiter.thread_exit_key, cache);
+        pthread_setspecific(L.thread_exit_key, cache);
     cache->flush_at = LAUNCH_FLUSH_EVERY;
     fold_launches(cache);
     struct vgpu_region *region = vgpu_region();
@@ -759,12 +679,12 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
     struct vgpu_region *region = vgpu_region();
     if (!region)
         return;
-    pthread_once(&limiter.once, limiter_init);
-    if (cost > MAX_LAUNCH_COST)
-        cost = MAX_LAUNCH_COST;
+    pthread_once(&L.once, limiter_init);
+    if (cost > VGPU_MAX_LAUNCH_COST)
+        cost = VGPU_MAX_LAUNCH_COST;
     uint64_t now = vgpu_now_ns(), wait_started = 0;
     keep_controller_alive(region, now);
-    struct vgpu_proc_slot *slot = vgpu_self_slot();
+    struct vgpu_proc_slot *slot = vgpu_gpu_slot();
     if (slot)
         __atomic_fetch_add(&slot->wanting, 1, __ATOMIC_ACQ_REL);
     uint64_t need = cost - cache->tokens;
@@ -774,8 +694,8 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
         uint64_t batch = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED) /
                          (1000000000ULL / THREAD_BATCH_NS);
         uint64_t take = need > batch ? need : batch;
-        if (take > MAX_LAUNCH_COST)
-            take = MAX_LAUNCH_COST;
+        if (take > VGPU_MAX_LAUNCH_COST)
+            take = VGPU_MAX_LAUNCH_COST;
         if ((slot && draw_from(&slot->granted, take)) || draw_from(&region->tokens, take)) {
             cache->tokens = cache->tokens + take - cost;
             break;
@@ -814,7 +734,7 @@ void vgpu_launch_admit(uint64_t cost)
      * flush_launches, which set `region`); a share read from a copy being replaced is the old
      * or the new one, either a share that was published. Only a share below 100 is worth the
      * validated read. */
-    struct vgpu_region *region = limiter.region;
+    struct vgpu_region *region = L.region;
     if (!region)
         return; /* no slice: launches are not paced */
     uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE) & 1;
@@ -824,65 +744,4 @@ void vgpu_launch_admit(uint64_t cost)
     if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
         return;
     draw_tokens(cache, cost);
-}
-
-/* ---- graph executables' prices ------------------------------------------------------- */
-
-static struct graph_price *graph_slot(uintptr_t exec, size_t probe)
-{
-    size_t home = (size_t)((exec >> 4) * 0x9e3779b97f4a7c15ULL >> 32);
-    return &limiter.graphs[(home + probe) & (GRAPH_TABLE_SIZE - 1)];
-}
-
-/* The entry of an executable already in the table, or NULL. */
-static struct graph_price *graph_entry(uintptr_t key)
-{
-    for (size_t probe = 0; probe < GRAPH_PROBES; probe++) {
-        struct graph_price *entry = graph_slot(key, probe);
-        uintptr_t seen = atomic_load_explicit(&entry->exec, memory_order_acquire);
-        if (seen == key)
-            return entry;
-        if (seen == GRAPH_SLOT_EMPTY)
-            break;
-    }
-    return NULL;
-}
-
-void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
-{
-    uintptr_t key = (uintptr_t)exec;
-    if (key <= GRAPH_SLOT_FREED)
-        return;
-    if (cost == VGPU_GRAPH_PRICE_UNKNOWN)
-        cost = GRAPH_NOMINAL_COST;
-    if (cost > MAX_LAUNCH_COST)
-        cost = MAX_LAUNCH_COST;
-    /* An update re-prices the executable's own entry, which may lie past a freed slot. */
-    struct graph_price *entry = graph_entry(key);
-    for (size_t probe = 0; !entry && probe < GRAPH_PROBES; probe++) {
-        struct graph_price *candidate = graph_slot(key, probe);
-        uintptr_t seen = atomic_load(&candidate->exec);
-        if ((seen == GRAPH_SLOT_EMPTY || seen == GRAPH_SLOT_FREED) &&
-            atomic_compare_exchange_strong(&candidate->exec, &seen, key))
-            entry = candidate;
-    }
-    /* No room near its home: this executable is charged the nominal price. */
-    if (entry)
-        atomic_store(&entry->cost_plus_one, cost + 1);
-}
-
-uint64_t vgpu_graph_exec_cost(CUgraphExec exec)
-{
-    struct graph_price *entry = graph_entry((uintptr_t)exec);
-    uint64_t cost_plus_one = entry ? atomic_load_explicit(&entry->cost_plus_one, memory_order_relaxed) : 0;
-    return cost_plus_one ? cost_plus_one - 1 : GRAPH_NOMINAL_COST;
-}
-
-void vgpu_graph_exec_forget(CUgraphExec exec)
-{
-    struct graph_price *entry = graph_entry((uintptr_t)exec);
-    if (entry) {
-        atomic_store(&entry->cost_plus_one, 0);
-        atomic_store(&entry->exec, GRAPH_SLOT_FREED);
-    }
 }

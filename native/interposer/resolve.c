@@ -144,7 +144,8 @@ static uint32_t name_hash(const char *name)
     return hash;
 }
 
-void vgpu_resolve_init(void)
+/* At load, before the program's first dlsym can ask (hook_by_name scans until then). */
+__attribute__((constructor)) static void build_name_table(void)
 {
     if (atomic_load_explicit(&R.names_ready, memory_order_acquire))
         return;
@@ -261,9 +262,7 @@ static void *hook_for_real_entry(void *entry)
 VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus)
 {
-    vgpu_pfn_cuGetProcAddress_v2 real = VGPU_REAL(cuGetProcAddress_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    VGPU_HOOK_REAL(cuGetProcAddress_v2);
     CUresult result = real(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (result == CUDA_SUCCESS && pfn)
         *pfn = hook_for_real_entry(*pfn);
@@ -272,9 +271,7 @@ VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
 
 VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-    vgpu_pfn_cuGetProcAddress real = VGPU_REAL(cuGetProcAddress);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    VGPU_HOOK_REAL(cuGetProcAddress);
     CUresult result = real(symbol, pfn, cudaVersion, flags);
     if (result == CUDA_SUCCESS && pfn)
         *pfn = hook_for_real_entry(*pfn);

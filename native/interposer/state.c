@@ -1,58 +1,33 @@
 /*
- * Process state: the one struct of everything libvgpu.so changes at run time, the environment
- * (read here and nowhere else), attaching to the slice's region, this process's slot in it,
- * fork handling, and the monitor thread that reaps dead slots and refreshes driver memory.
- *
- * Failing closed: a process of a slice that cannot read its region (unset, missing, another
- * version, corrupt) must not run unbounded, so every allocation is refused and the reason is
- * printed once. Nothing is refused before the program asks for GPU memory, so tools that
- * merely inherit LD_PRELOAD (a shell, git) stay silent.
- *
- * Slots (region.h): pid 0 is free; a claimant swaps 0 -> -pid, fills the slot, then publishes
- * pid. A reaper swaps a dead owner's pid -> 0 in one compare-and-swap, so two reapers never both
- * free it and a reaper that dies mid-reap leaves a valid state either way. A claimant that dies
- * between its two steps leaves -pid, which reapers free once that pid is gone.
+ * Process state: the one struct of everything libvgpu.so changes at run time (each member
+ * belongs to the file it is named after), the environment (read here and nowhere else), and
+ * the clock.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <sched.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "internal.h"
-#include "vgpu/proc.h"
 
 struct vgpu_state vgpu_state = {
-    .process =
-        {
-            .init_once = PTHREAD_ONCE_INIT,
-            .slot_index = -1,
-            .monitor_lock = PTHREAD_MUTEX_INITIALIZER,
-        },
+    .env = {.once = PTHREAD_ONCE_INIT},
     .resolve = {.reverse_once = PTHREAD_ONCE_INIT},
-    .memory =
+    .region = {.init_once = PTHREAD_ONCE_INIT, .slot_index = -1},
+    .alloc_table =
         {
+            .fork_handler_once = PTHREAD_ONCE_INIT,
             .shards = {[0 ... VGPU_ALLOC_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}},
-            .nvml_lock = PTHREAD_MUTEX_INITIALIZER,
+        },
+    .driver_memory = {.fork_handler_once = PTHREAD_ONCE_INIT, .nvml_lock = PTHREAD_MUTEX_INITIALIZER},
+    .monitor = {.handlers_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
+    .pacing =
+        {
+            .once = PTHREAD_ONCE_INIT,
+            .lock = PTHREAD_MUTEX_INITIALIZER,
+            .wake = PTHREAD_COND_INITIALIZER,
         },
 };
-
-#define P (vgpu_state.process)
-
-#define MONITOR_PERIOD_NS 500000000L
-#define SLOT_FREE 0
-#define SLOT_NONE (-1)
-#define SLOT_CLAIMING (-2)
-#define SLOT_RELEASED (-3) /* given back at exit: later calls are no longer counted */
 
 uint64_t vgpu_now_ns(void)
 {
@@ -61,462 +36,36 @@ uint64_t vgpu_now_ns(void)
     return (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec;
 }
 
-/* ---- attaching ------------------------------------------------------------------------ */
-
-static const char RESTART_HINT[] = "restart the kernel from a matching jupyter-vgpu";
-
-static int attach_failed(const char *format, ...) __attribute__((format(printf, 1, 2)));
-static int attach_failed(const char *format, ...)
+/* NULL or unknown: off, so that a typo never makes a program's stderr noisy. */
+static enum vgpu_log_level parse_log_level(const char *value)
 {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(P.attach_failure, sizeof P.attach_failure, format, args);
-    va_end(args);
-    return -1;
+    static const char *const names[] = {"off", "error", "warn", "info", "debug"};
+    if (!value)
+        return VGPU_LOG_OFF;
+    for (size_t level = 0; level < sizeof names / sizeof names[0]; level++)
+        if (strcasecmp(value, names[level]) == 0)
+            return (enum vgpu_log_level)level;
+    return VGPU_LOG_OFF;
 }
 
-/* Maps the region and checks its header; on failure fills P.attach_failure. */
-static int attach_region(const char *path)
+/* Copies an environment value, cut to fit: what does not fit names no file we could open. */
+static void copy_value(char *out, size_t size, const char *value)
 {
-    if (!path || !*path)
-        return attach_failed("jupyter-vgpu: VGPU_REGION is not set, so this process is in no slice: GPU "
-                             "allocations are refused; start it from jupyter-vgpu (a vGPU kernel or "
-                             "`jupyter vgpu run`)");
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return attach_failed("jupyter-vgpu: slice region %s cannot be opened (%s): allocations are "
-                             "refused; %s",
-                             path, strerror(errno), RESTART_HINT);
-    struct vgpu_region header;
-    struct stat info;
-    ssize_t got = pread(fd, &header, offsetof(struct vgpu_region, device_uuid), 0);
-    if (fstat(fd, &info) != 0 || got != (ssize_t)offsetof(struct vgpu_region, device_uuid) ||
-        header.magic != VGPU_REGION_MAGIC) {
-        close(fd);
-        return attach_failed("jupyter-vgpu: %s is not a jupyter-vgpu slice region: allocations are "
-                             "refused; %s",
-                             path, RESTART_HINT);
-    }
-    if (header.version != VGPU_REGION_VERSION) {
-        close(fd);
-        return attach_failed("jupyter-vgpu: slice region %s is version %u, this libvgpu.so reads version "
-                             "%d: allocations are refused; %s",
-                             path, header.version, VGPU_REGION_VERSION, RESTART_HINT);
-    }
-    if (header.region_size != sizeof(struct vgpu_region) || header.max_procs != VGPU_REGION_MAX_PROCS ||
-        (uint64_t)info.st_size < sizeof(struct vgpu_region)) {
-        close(fd);
-        return attach_failed("jupyter-vgpu: slice region %s is corrupt (region_size %u, max_procs %u, "
-                             "file size %lld; expected %zu, %d, at least %zu): allocations are refused; %s",
-                             path, header.region_size, header.max_procs, (long long)info.st_size,
-                             sizeof(struct vgpu_region), VGPU_REGION_MAX_PROCS, sizeof(struct vgpu_region),
-                             RESTART_HINT);
-    }
-    void *mapped = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int mmap_errno = errno;
-    close(fd);
-    if (mapped == MAP_FAILED)
-        return attach_failed("jupyter-vgpu: slice region %s cannot be mapped (%s): allocations are "
-                             "refused; %s",
-                             path, strerror(mmap_errno), RESTART_HINT);
-    P.region = mapped;
-    return 0;
+    size_t length = value ? strnlen(value, size - 1) : 0;
+    memcpy(out, value ? value : "", length);
+    out[length] = '\0';
 }
 
-/* A slot that already holds this pid belongs to the image this process ran before an exec
- * (this image has claimed none yet): the exec released its GPU memory, so it stops counting. */
-static void release_slots_of_previous_image(struct vgpu_region *region)
+static void read_environment(void)
 {
-    int32_t pid = (int32_t)getpid();
-    uint32_t limit = vgpu_slots_in_use(region);
-    for (uint32_t index = 0; index < limit; index++) {
-        int32_t owner = pid;
-        if (__atomic_compare_exchange_n(&region->procs[index].pid, &owner, SLOT_FREE, 0, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_RELAXED))
-            vgpu_log(VGPU_LOG_INFO, "gave back slot %u of this process's image before exec", index);
-    }
+    struct vgpu_env *env = &vgpu_state.env;
+    env->log_level = parse_log_level(getenv("VGPU_LOG_LEVEL"));
+    copy_value(env->region_path, sizeof env->region_path, getenv("VGPU_REGION"));
+    copy_value(env->kernel_id, sizeof env->kernel_id, getenv("JUPYTER_VGPU_KERNEL_ID"));
 }
 
-static void after_fork_in_child(void);
-static void before_fork(void);
-static void after_fork_in_parent(void);
-
-static void initialise(void)
+const struct vgpu_env *vgpu_env(void)
 {
-    vgpu_resolve_init();
-    P.log_level = vgpu_parse_log_level(getenv("VGPU_LOG_LEVEL"));
-    const char *path = getenv("VGPU_REGION");
-    const char *kernel_id = getenv("JUPYTER_VGPU_KERNEL_ID");
-    snprintf(P.kernel_id, sizeof P.kernel_id, "%s", kernel_id ? kernel_id : "");
-    snprintf(P.region_path, sizeof P.region_path, "%s", path ? path : "");
-    snprintf(P.limits_failure, sizeof P.limits_failure,
-             "jupyter-vgpu: slice region %s is corrupt (its published limits fail their check): "
-             "allocations are refused; %s",
-             P.region_path, RESTART_HINT);
-    snprintf(P.slot_failure, sizeof P.slot_failure,
-             "jupyter-vgpu: slice region %s has no free process slot (all %d are held by running "
-             "processes): allocations of this process are refused",
-             P.region_path, VGPU_REGION_MAX_PROCS);
-    if (attach_region(path) == 0) {
-        vgpu_log(VGPU_LOG_INFO, "attached to slice region %s", P.region_path);
-        release_slots_of_previous_image(P.region);
-    } else
-        vgpu_log(VGPU_LOG_WARN, "%s", P.attach_failure);
-    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
-}
-
-static inline void ensure_initialised(void)
-{
-    pthread_once(&P.init_once, initialise);
-}
-
-/* Cheap work at load (a few syscalls), so that the first hooked call finds everything ready;
- * the slot is claimed only when the process first uses the GPU. */
-__attribute__((constructor)) static void vgpu_constructor(void)
-{
-    ensure_initialised();
-}
-
-struct vgpu_region *vgpu_region(void)
-{
-    ensure_initialised();
-    return P.region;
-}
-
-/* ---- limits ----------------------------------------------------------------------------- */
-
-static int limits_valid(uint64_t memory_limit, uint32_t sm_share, uint32_t policy, uint64_t check)
-{
-    return sm_share >= VGPU_SM_SHARE_MIN && sm_share <= VGPU_SM_SHARE_MAX &&
-           (policy == VGPU_POLICY_HARD || policy == VGPU_POLICY_BURST) &&
-           check == vgpu_limits_check(memory_limit, sm_share, policy);
-}
-
-static int fail(enum vgpu_fail_kind kind)
-{
-    atomic_store_explicit(&P.last_failure, kind, memory_order_relaxed);
-    return -1;
-}
-
-int vgpu_read_limits(struct vgpu_limits_snapshot *out)
-{
-    ensure_initialised();
-    struct vgpu_region *region = P.region;
-    if (!region)
-        return fail(VGPU_FAIL_ATTACH);
-    /* Seqlock read (region.h). A writer holds a copy odd only for a few stores, so the loop
-     * ends at once in practice; the bound only keeps a scribbled region from hanging us. */
-    for (int attempt = 0; attempt < 100000; attempt++) {
-        uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE);
-        if (active > 1)
-            break;
-        struct vgpu_limits *copy = &region->limits[active];
-        uint64_t before = __atomic_load_n(&copy->sequence, __ATOMIC_ACQUIRE);
-        if (before & 1) {
-            if (attempt > 64)
-                sched_yield();
-            continue;
-        }
-        uint64_t memory_limit = __atomic_load_n(&copy->memory_limit, __ATOMIC_RELAXED);
-        uint32_t sm_share = __atomic_load_n(&copy->sm_share, __ATOMIC_RELAXED);
-        uint32_t policy = __atomic_load_n(&copy->policy, __ATOMIC_RELAXED);
-        uint64_t check = __atomic_load_n(&copy->check, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&copy->sequence, __ATOMIC_RELAXED) != before)
-            continue;
-        if (!limits_valid(memory_limit, sm_share, policy, check))
-            break;
-        out->memory_limit = memory_limit;
-        out->sm_share = sm_share;
-        out->policy = policy;
-        return 0;
-    }
-    return fail(VGPU_FAIL_LIMITS);
-}
-
-const char *vgpu_kernel_id(void)
-{
-    return P.kernel_id;
-}
-
-const char *vgpu_fail_reason(void)
-{
-    ensure_initialised();
-    switch (atomic_load_explicit(&P.last_failure, memory_order_relaxed)) {
-    case VGPU_FAIL_ATTACH:
-        return P.attach_failure;
-    case VGPU_FAIL_LIMITS:
-        return P.limits_failure;
-    case VGPU_FAIL_NO_SLOT:
-        return P.slot_failure;
-    default:
-        return P.region ? "" : P.attach_failure;
-    }
-}
-
-void vgpu_report_fail_closed(void)
-{
-    int kind = atomic_load_explicit(&P.last_failure, memory_order_relaxed);
-    unsigned bit = 1u << kind;
-    if (atomic_fetch_or_explicit(&P.reported_failures, bit, memory_order_relaxed) & bit)
-        return;
-    const char *reason = vgpu_fail_reason();
-    char line[sizeof P.attach_failure + 1];
-    int length = snprintf(line, sizeof line, "%s\n", reason);
-    if (length > 0)
-        vgpu_write_stderr(line, (size_t)length < sizeof line ? (size_t)length : sizeof line - 1);
-}
-
-/* ---- slots ------------------------------------------------------------------------------ */
-
-/* Whether the owner of a slot still runs. Without /proc (start time 0) only kill(2) can tell. */
-static int slot_owner_alive(pid_t pid, uint64_t start_time)
-{
-    if (start_time == 0)
-        return kill(pid, 0) == 0 || errno != ESRCH;
-    return vgpu_proc_alive(pid, start_time);
-}
-
-static void raise_high_water(struct vgpu_region *region, uint32_t at_least)
-{
-    uint32_t seen = __atomic_load_n(&region->procs_high_water, __ATOMIC_SEQ_CST);
-    while (seen < at_least &&
-           !__atomic_compare_exchange_n(&region->procs_high_water, &seen, at_least, 0, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_SEQ_CST))
-        ;
-}
-
-uint32_t vgpu_slots_in_use(const struct vgpu_region *region)
-{
-    uint32_t high_water = __atomic_load_n(&region->procs_high_water, __ATOMIC_SEQ_CST);
-    return high_water < VGPU_REGION_MAX_PROCS ? high_water : VGPU_REGION_MAX_PROCS;
-}
-
-/* Takes a free slot and publishes it zeroed. Returns its index or -1. */
-static int claim_slot(struct vgpu_region *region)
-{
-    int32_t pid = (int32_t)getpid();
-    uint64_t start_time = vgpu_proc_start_time(pid);
-    /* Processes of the slice that died since anyone last looked stop counting before this
-     * one's first allocation is checked against the cap. */
-    vgpu_reap_dead_slots();
-    for (int index = 0; index < VGPU_REGION_MAX_PROCS; index++) {
-        struct vgpu_proc_slot *slot = &region->procs[index];
-        int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
-        if (owner != SLOT_FREE)
-            continue;
-        if (!__atomic_compare_exchange_n(&slot->pid, &owner, -pid, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-            continue;
-        __atomic_store_n(&slot->start_time, start_time, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->allocated, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->driver_reserved, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->launches, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->throttled_ns, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->sm_util_permille, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->oom_refusals, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->wanting, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->granted, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->nvml_pid, 0, __ATOMIC_RELAXED);
-        /* High water first: once the pid is public, every summer must reach this slot. */
-        raise_high_water(region, (uint32_t)index + 1);
-        __atomic_store_n(&slot->pid, pid, __ATOMIC_SEQ_CST);
-        return index;
-    }
-    return -1;
-}
-
-int vgpu_reap_dead_slots(void)
-{
-    struct vgpu_region *region = vgpu_region();
-    if (!region)
-        return 0;
-    int32_t self = (int32_t)getpid();
-    uint32_t limit = vgpu_slots_in_use(region);
-    int reaped = 0;
-    for (uint32_t index = 0; index < limit; index++) {
-        struct vgpu_proc_slot *slot = &region->procs[index];
-        int32_t owner = __atomic_load_n(&slot->pid, __ATOMIC_ACQUIRE);
-        if (owner == SLOT_FREE || owner == self || owner == -self)
-            continue;
-        int alive = owner > 0 ? slot_owner_alive(owner, __atomic_load_n(&slot->start_time, __ATOMIC_RELAXED))
-                              : (kill(-owner, 0) == 0 || errno != ESRCH); /* mid-claim: start time not yet set */
-        if (alive)
-            continue;
-        if (__atomic_compare_exchange_n(&slot->pid, &owner, SLOT_FREE, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
-            reaped++;
-            vgpu_log(VGPU_LOG_INFO, "reaped slot %u of process %d, which is gone", index, owner > 0 ? owner : -owner);
-        }
-    }
-    return reaped;
-}
-
-uint64_t vgpu_slice_usage(void)
-{
-    struct vgpu_region *region = vgpu_region();
-    if (!region)
-        return 0;
-    uint32_t limit = vgpu_slots_in_use(region);
-    uint64_t total = 0;
-    for (uint32_t index = 0; index < limit; index++) {
-        struct vgpu_proc_slot *slot = &region->procs[index];
-        if (__atomic_load_n(&slot->pid, __ATOMIC_SEQ_CST) <= 0)
-            continue;
-        total += __atomic_load_n(&slot->allocated, __ATOMIC_SEQ_CST);
-        total += __atomic_load_n(&slot->driver_reserved, __ATOMIC_SEQ_CST);
-    }
-    return total;
-}
-
-static void start_monitor(void);
-
-struct vgpu_proc_slot *vgpu_claimed_slot(void)
-{
-    int index = atomic_load_explicit(&P.slot_index, memory_order_acquire);
-    return index >= 0 && P.region ? &P.region->procs[index] : NULL;
-}
-
-int vgpu_is_slice_uuid(const char *uuid)
-{
-    struct vgpu_region *region = vgpu_region();
-    if (!region || !region->device_uuid[0])
-        return 1;
-    return strncasecmp(uuid, region->device_uuid, VGPU_DEVICE_UUID_SIZE) == 0;
-}
-
-struct vgpu_proc_slot *vgpu_self_slot(void)
-{
-    struct vgpu_region *region = vgpu_region();
-    if (!region)
-        return NULL;
-    int index = atomic_load_explicit(&P.slot_index, memory_order_acquire);
-    if (index >= 0)
-        return &region->procs[index];
-    if (index == SLOT_RELEASED)
-        return NULL;
-    int expected = SLOT_NONE;
-    if (atomic_compare_exchange_strong_explicit(&P.slot_index, &expected, SLOT_CLAIMING, memory_order_acq_rel,
-                                                memory_order_acquire)) {
-        index = claim_slot(region);
-        atomic_store_explicit(&P.slot_index, index >= 0 ? index : SLOT_NONE, memory_order_release);
-        if (index < 0) {
-            fail(VGPU_FAIL_NO_SLOT);
-            return NULL;
-        }
-        vgpu_log(VGPU_LOG_INFO, "claimed slot %d of slice region %s", index, P.region_path);
-        start_monitor();
-        return &region->procs[index];
-    }
-    /* Another thread is claiming: a few microseconds. */
-    while ((index = atomic_load_explicit(&P.slot_index, memory_order_acquire)) == SLOT_CLAIMING)
-        sched_yield();
-    if (index == SLOT_RELEASED)
-        return NULL;
-    if (index < 0) {
-        fail(VGPU_FAIL_NO_SLOT);
-        return NULL;
-    }
-    return &region->procs[index];
-}
-
-int vgpu_slot_released(void)
-{
-    return atomic_load_explicit(&P.slot_index, memory_order_acquire) == SLOT_RELEASED;
-}
-
-/* A process that exits normally gives its slot back itself: its memory goes with it, and the
- * slice should not wait for a reaper to notice. Runs after the program's exit handlers and the
- * driver's own teardown (libvgpu.so is loaded first, so finalised last; priority 101 puts it
- * after this library's other destructors), so their frees find the slot still there. */
-__attribute__((destructor(101))) static void release_slot_at_exit(void)
-{
-    struct vgpu_region *region = P.region;
-    int index = atomic_exchange_explicit(&P.slot_index, SLOT_RELEASED, memory_order_acq_rel);
-    if (!region || index < 0)
-        return;
-    int32_t self = (int32_t)getpid();
-    __atomic_compare_exchange_n(&region->procs[index].pid, &self, SLOT_FREE, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
-}
-
-/* ---- monitor thread ---------------------------------------------------------------------- */
-
-/* Reaps the slots of dead processes of the slice and refreshes this process's driver memory,
- * every half second. Started only once the process uses the GPU (a process that merely
- * inherited LD_PRELOAD stays single-threaded), and again in a forked child that does. */
-static void *monitor_main(void *unused)
-{
-    (void)unused;
-    for (;;) {
-        struct timespec period = {0, MONITOR_PERIOD_NS};
-        while (nanosleep(&period, &period) != 0 && errno == EINTR)
-            ;
-        pthread_mutex_lock(&P.monitor_lock);
-        if (P.monitor_stopping) {
-            pthread_mutex_unlock(&P.monitor_lock);
-            return NULL;
-        }
-        vgpu_reap_dead_slots();
-        vgpu_refresh_driver_reserved();
-        pthread_mutex_unlock(&P.monitor_lock);
-    }
-}
-
-/* At exit, before the driver's and NVML's own exit handlers (registered earlier, so run
- * later), wait for the monitor to finish what it is doing and keep it from starting again. */
-static void stop_monitor(void)
-{
-    pthread_mutex_lock(&P.monitor_lock);
-    P.monitor_stopping = 1;
-    pthread_mutex_unlock(&P.monitor_lock);
-}
-
-static void start_monitor(void)
-{
-    if (atomic_exchange_explicit(&P.monitor_started, 1, memory_order_acq_rel))
-        return;
-    if (!atomic_exchange_explicit(&P.exit_handler_registered, 1, memory_order_acq_rel))
-        atexit(stop_monitor);
-    /* The thread blocks every signal so the program's handlers keep running on its threads. */
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attributes, 256 * 1024);
-    pthread_t thread;
-    int failed = pthread_create(&thread, &attributes, monitor_main, NULL);
-    pthread_attr_destroy(&attributes);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    if (failed) {
-        atomic_store_explicit(&P.monitor_started, 0, memory_order_release);
-        vgpu_log(VGPU_LOG_WARN, "cannot start the monitor thread (%s): dead processes are reaped by "
-                                "others only", strerror(failed));
-        return;
-    }
-    pthread_setname_np(thread, "vgpu-monitor");
-}
-
-/* ---- fork ------------------------------------------------------------------------------- */
-
-/* Keep the monitor out of NVML while the process forks, so the child never inherits a lock
- * that a thread which no longer exists would hold. */
-static void before_fork(void)
-{
-    pthread_mutex_lock(&P.monitor_lock);
-}
-
-static void after_fork_in_parent(void)
-{
-    pthread_mutex_unlock(&P.monitor_lock);
-}
-
-/* A forked child is a process of its own: it counts separately from zero, with a slot of its
- * own claimed on its first GPU call, and owns none of its parent's allocations. */
-static void after_fork_in_child(void)
-{
-    pthread_mutex_init(&P.monitor_lock, NULL);
-    P.monitor_stopping = 0;
-    atomic_store_explicit(&P.monitor_started, 0, memory_order_relaxed);
-    atomic_store_explicit(&P.slot_index, SLOT_NONE, memory_order_relaxed);
-    vgpu_memory_forget_after_fork();
+    pthread_once(&vgpu_state.env.once, read_environment);
+    return &vgpu_state.env;
 }

@@ -1,0 +1,173 @@
+/*
+ * The table of live allocations: key (device pointer, VMM handle, array handle) -> what it was
+ * charged, sharded by key with one lock per shard, so that a free gives back exactly what its
+ * allocation added and threads allocating at once rarely share a lock.
+ */
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define T (vgpu_state.alloc_table)
+
+#define TABLE_MIN_CAPACITY 64
+
+static uint64_t mix64(uint64_t value)
+{
+    value ^= value >> 33;
+    value *= 0xff51afd7ed558ccdULL;
+    value ^= value >> 33;
+    value *= 0xc4ceb9fe1a85ec53ULL;
+    value ^= value >> 33;
+    return value;
+}
+
+static uint64_t entry_hash(uint8_t kind, uint64_t key)
+{
+    return mix64(key ^ ((uint64_t)kind << 58));
+}
+
+static struct vgpu_alloc_shard *shard_of(uint64_t hash)
+{
+    _Static_assert((VGPU_ALLOC_SHARDS & (VGPU_ALLOC_SHARDS - 1)) == 0, "shards are a power of two");
+    return &T.shards[hash >> 58 & (VGPU_ALLOC_SHARDS - 1)];
+}
+
+/* The slot of (kind, key) in the shard, or of the first free place for it; NULL if full. */
+static struct vgpu_alloc_entry *shard_probe(struct vgpu_alloc_shard *shard, uint64_t hash, uint8_t kind,
+                                            uint64_t key, int for_insert)
+{
+    if (!shard->capacity)
+        return NULL;
+    uint32_t mask = shard->capacity - 1;
+    struct vgpu_alloc_entry *reusable = NULL;
+    for (uint32_t step = 0, index = (uint32_t)hash & mask; step < shard->capacity; step++, index = (index + 1) & mask) {
+        struct vgpu_alloc_entry *entry = &shard->entries[index];
+        if (entry->kind == VGPU_KIND_EMPTY)
+            return for_insert ? (reusable ? reusable : entry) : NULL;
+        if (entry->kind == VGPU_KIND_DELETED) {
+            if (!reusable)
+                reusable = entry;
+        } else if (entry->kind == kind && entry->key == key) {
+            return entry;
+        }
+    }
+    return for_insert ? reusable : NULL;
+}
+
+/* Rebuilds the shard's array at a size that keeps probing short and drops deleted entries. */
+static int shard_grow(struct vgpu_alloc_shard *shard)
+{
+    uint32_t capacity = TABLE_MIN_CAPACITY;
+    while (capacity < shard->live * 4u)
+        capacity *= 2;
+    struct vgpu_alloc_entry *entries = calloc(capacity, sizeof *entries);
+    if (!entries)
+        return -1;
+    struct vgpu_alloc_entry *old = shard->entries;
+    uint32_t old_capacity = shard->capacity;
+    shard->entries = entries;
+    shard->capacity = capacity;
+    shard->used = shard->live;
+    for (uint32_t index = 0; index < old_capacity; index++) {
+        struct vgpu_alloc_entry *entry = &old[index];
+        if (entry->kind != VGPU_KIND_EMPTY && entry->kind != VGPU_KIND_DELETED)
+            *shard_probe(shard, entry_hash(entry->kind, entry->key), entry->kind, entry->key, 1) = *entry;
+    }
+    free(old);
+    return 0;
+}
+
+static void register_fork_handler(void);
+
+/* Before a shard is first locked: a fork while another thread holds a shard's lock must leave
+ * the child a table it can use. */
+static void prepare_for_fork(void)
+{
+    pthread_once(&T.fork_handler_once, register_fork_handler);
+}
+
+/* Records an allocation. If the key is already there, the driver handed out again something
+ * we thought live (freed behind our back, e.g. with its context): returns the bytes that old
+ * entry held, so the caller gives them back. Returns -1 when out of host memory. */
+int64_t vgpu_table_insert(const struct vgpu_alloc_entry *new_entry)
+{
+    prepare_for_fork();
+    uint64_t hash = entry_hash(new_entry->kind, new_entry->key);
+    struct vgpu_alloc_shard *shard = shard_of(hash);
+    int64_t replaced = 0;
+    pthread_mutex_lock(&shard->lock);
+    if ((shard->used + 1) * 2 > shard->capacity && shard_grow(shard) != 0) {
+        pthread_mutex_unlock(&shard->lock);
+        return -1;
+    }
+    struct vgpu_alloc_entry *entry = shard_probe(shard, hash, new_entry->kind, new_entry->key, 1);
+    if (entry->kind == new_entry->kind && entry->key == new_entry->key) {
+        replaced = (int64_t)entry->size;
+    } else {
+        if (entry->kind == VGPU_KIND_EMPTY)
+            shard->used++;
+        shard->live++;
+    }
+    *entry = *new_entry;
+    pthread_mutex_unlock(&shard->lock);
+    return replaced;
+}
+
+/* Takes every entry owned by `context` out of the table; returns the bytes they held. */
+uint64_t vgpu_table_take_context(uint64_t context)
+{
+    prepare_for_fork();
+    uint64_t bytes = 0;
+    for (int index = 0; index < VGPU_ALLOC_SHARDS; index++) {
+        struct vgpu_alloc_shard *shard = &T.shards[index];
+        pthread_mutex_lock(&shard->lock);
+        for (uint32_t slot = 0; slot < shard->capacity; slot++) {
+            struct vgpu_alloc_entry *entry = &shard->entries[slot];
+            if (entry->kind != VGPU_KIND_EMPTY && entry->kind != VGPU_KIND_DELETED && entry->context == context) {
+                bytes += entry->size;
+                entry->kind = VGPU_KIND_DELETED;
+                shard->live--;
+            }
+        }
+        pthread_mutex_unlock(&shard->lock);
+    }
+    return bytes;
+}
+
+/* Takes (kind, key) out of the table; returns 1 and the entry if it was there. Taken out
+ * before the driver frees it, so that an allocation reusing the address right after the free
+ * can never be mistaken for the old one. */
+int vgpu_table_take(uint8_t kind, uint64_t key, struct vgpu_alloc_entry *out)
+{
+    prepare_for_fork();
+    uint64_t hash = entry_hash(kind, key);
+    struct vgpu_alloc_shard *shard = shard_of(hash);
+    pthread_mutex_lock(&shard->lock);
+    struct vgpu_alloc_entry *entry = shard_probe(shard, hash, kind, key, 0);
+    int found = entry != NULL;
+    if (found) {
+        *out = *entry;
+        entry->kind = VGPU_KIND_DELETED;
+        shard->live--;
+    }
+    pthread_mutex_unlock(&shard->lock);
+    return found;
+}
+
+/* A forked child owns none of its parent's allocations: it starts from an empty table (and
+ * from unlocked shards, whoever held them in the parent). */
+static void forget_after_fork(void)
+{
+    for (int index = 0; index < VGPU_ALLOC_SHARDS; index++) {
+        struct vgpu_alloc_shard *shard = &T.shards[index];
+        pthread_mutex_init(&shard->lock, NULL);
+        free(shard->entries);
+        shard->entries = NULL;
+        shard->capacity = shard->used = shard->live = 0;
+    }
+}
+
+static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, forget_after_fork);
+}

@@ -1,0 +1,168 @@
+/*
+ * Charging GPU memory to this process's slot: every allocation family is charged before the
+ * driver makes it and capped, and every free gives back exactly what its allocation was
+ * charged (the allocation table remembers it).
+ *
+ * The cap check takes no lock, across threads and processes: a request is first added to this
+ * process's `allocated` (an atomic add), then the live slots are summed; over the cap, the
+ * request is taken back and refused. Two racing requests therefore both see each other's add
+ * at least from one side: near the cap both may be refused, but never both granted over it.
+ *
+ * A free of something the table does not know (allocated before the library loaded, or by the
+ * parent before a fork) goes to the driver untouched and returns the driver's answer: RMM and
+ * others rely on that.
+ */
+#include "internal.h"
+
+/* For debug logs: which kind of allocation an entry came from. */
+static const char *const family_names[] = {
+    [VGPU_FAMILY_ALLOC] = "cuMemAlloc",          [VGPU_FAMILY_PITCH] = "cuMemAllocPitch",
+    [VGPU_FAMILY_MANAGED] = "cuMemAllocManaged", [VGPU_FAMILY_ASYNC] = "cuMemAllocAsync",
+    [VGPU_FAMILY_POOL] = "cuMemAllocFromPoolAsync", [VGPU_FAMILY_VMM] = "cuMemCreate",
+    [VGPU_FAMILY_ARRAY] = "cuArrayCreate",       [VGPU_FAMILY_MIPMAPPED_ARRAY] = "cuMipmappedArrayCreate",
+};
+
+static void slot_add(struct vgpu_proc_slot *slot, uint64_t bytes)
+{
+    __atomic_fetch_add(&slot->allocated, bytes, __ATOMIC_SEQ_CST);
+    vgpu_note_allocated_change();
+}
+
+static void slot_subtract(struct vgpu_proc_slot *slot, uint64_t bytes)
+{
+    if (!slot || !bytes)
+        return;
+    __atomic_fetch_sub(&slot->allocated, bytes, __ATOMIC_SEQ_CST);
+    vgpu_note_allocated_change();
+}
+
+static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t request, uint64_t usage,
+                       uint64_t limit)
+{
+    __atomic_fetch_add(&slot->oom_refusals, 1, __ATOMIC_RELAXED);
+    vgpu_report_oom(call, request, usage, limit);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Adds `bytes` to the slot and checks the slice against the cap; over it, takes them back and
+ * refuses. `request` is the whole allocation the OOM line names (more than `bytes` when part
+ * of it was charged before). */
+static CUresult add_within_cap(struct vgpu_proc_slot *slot, const char *call, uint64_t bytes, uint64_t request,
+                               uint64_t limit)
+{
+    if (limit && bytes > limit) {
+        uint64_t usage = vgpu_slice_usage(), charged_before = request - bytes;
+        return refuse(slot, call, request, usage > charged_before ? usage - charged_before : 0, limit);
+    }
+    slot_add(slot, bytes);
+    if (limit) {
+        uint64_t usage = vgpu_slice_usage();
+        if (usage > limit) {
+            slot_subtract(slot, bytes);
+            return refuse(slot, call, request, usage > request ? usage - request : 0, limit);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult vgpu_charge(struct vgpu_charge *charge_out, const char *call, uint64_t bytes)
+{
+    struct vgpu_limits_snapshot limits;
+    struct vgpu_proc_slot *slot = NULL;
+    if (vgpu_read_limits(&limits) != 0 || (!(slot = vgpu_gpu_slot()) && !vgpu_slot_released())) {
+        vgpu_report_fail_closed();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (!slot) { /* exiting, slot given back: the driver frees everything in a moment */
+        *charge_out = (struct vgpu_charge){NULL, 0};
+        return CUDA_SUCCESS;
+    }
+    CUresult result = add_within_cap(slot, call, bytes, bytes, limits.memory_limit);
+    if (result == CUDA_SUCCESS)
+        *charge_out = (struct vgpu_charge){slot, bytes};
+    return result;
+}
+
+/* Moves a charge to `actual` bytes once the driver said what it really took. Growing it is
+ * checked against the cap (the limits of this instant) like a new request, and refused like
+ * one when the limits cannot be read: unreadable limits are no cap to check against, not a
+ * cap of "none". */
+CUresult vgpu_recharge(struct vgpu_charge *c, const char *call, uint64_t actual)
+{
+    if (actual > c->bytes && c->slot) {
+        struct vgpu_limits_snapshot limits;
+        if (vgpu_read_limits(&limits) != 0) {
+            vgpu_report_fail_closed();
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        CUresult result = add_within_cap(c->slot, call, actual - c->bytes, actual, limits.memory_limit);
+        if (result != CUDA_SUCCESS)
+            return result;
+    } else if (actual < c->bytes) {
+        slot_subtract(c->slot, c->bytes - actual);
+    }
+    c->bytes = actual;
+    return CUDA_SUCCESS;
+}
+
+/* The context an allocation made now belongs to. VMM memory belongs to no context: it lives
+ * until cuMemRelease. */
+static uint64_t owning_context(uint8_t kind)
+{
+    vgpu_pfn_cuCtxGetCurrent get_current = VGPU_CALLED(cuCtxGetCurrent);
+    CUcontext context = NULL;
+    if (kind == VGPU_KIND_VMM_HANDLE || !get_current || get_current(&context) != CUDA_SUCCESS)
+        return 0;
+    return (uint64_t)(uintptr_t)context;
+}
+
+static void record(const struct vgpu_charge *c, uint8_t kind, uint64_t key, uint8_t family)
+{
+    struct vgpu_alloc_entry entry = {
+        .key = key, .size = c->bytes, .context = owning_context(kind), .kind = kind, .family = family};
+    int64_t replaced = vgpu_table_insert(&entry);
+    vgpu_log(VGPU_LOG_DEBUG, "%s %#llx: %llu bytes charged", family_names[family], (unsigned long long)key,
+             (unsigned long long)c->bytes);
+    if (replaced > 0) {
+        vgpu_log(VGPU_LOG_DEBUG, "allocation %#llx was freed behind our back; its %lld bytes are given back",
+                 (unsigned long long)key, (long long)replaced);
+        slot_subtract(c->slot, (uint64_t)replaced);
+    } else if (replaced < 0) {
+        /* Kept charged (the safe side) though no free will find it. */
+        vgpu_log(VGPU_LOG_ERROR, "out of host memory recording allocation %#llx", (unsigned long long)key);
+    }
+}
+
+CUresult vgpu_settle_charge(const struct vgpu_charge *c, CUresult result, uint8_t kind, uint64_t key, uint8_t family)
+{
+    if (result == CUDA_SUCCESS)
+        record(c, kind, key, family);
+    else
+        slot_subtract(c->slot, c->bytes);
+    return result;
+}
+
+void vgpu_uncharge(const struct vgpu_charge *c)
+{
+    slot_subtract(c->slot, c->bytes);
+}
+
+void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresult result)
+{
+    if (!known)
+        return;
+    vgpu_log(VGPU_LOG_DEBUG, "%s %#llx freed (%d): %llu bytes %s", family_names[entry->family],
+             (unsigned long long)entry->key, result, (unsigned long long)entry->size,
+             result == CUDA_SUCCESS ? "given back" : "still held");
+    if (result == CUDA_SUCCESS)
+        slot_subtract(vgpu_claimed_slot(), entry->size);
+    else
+        vgpu_table_insert(entry);
+}
+
+uint64_t vgpu_release_context(CUcontext context)
+{
+    uint64_t bytes = vgpu_table_take_context((uint64_t)(uintptr_t)context);
+    slot_subtract(vgpu_claimed_slot(), bytes);
+    return bytes;
+}
