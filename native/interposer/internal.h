@@ -13,11 +13,11 @@
  *   alloc_table.c    the table of live allocations and what each was charged
  *   driver_memory.c  driver memory beyond allocations (contexts), from NVML's per-process
  *                    figures, and the pid NVML lists this process under (PID namespaces)
- *   monitor.c        the monitor thread of a process that uses the GPU: reaper and driver
- *                    memory refresh
- *   charge.c         charging allocations to this process's slot within the cap, giving back
  *   graph_prices.c   what a launch of each graph executable costs
  *   pacing.c         the SM-share limiter: per-thread token caches, the shared pool, the controller
+ *   monitor.c        the monitor thread of a process that uses the GPU: reaper, driver memory
+ *                    refresh, and a controller for the slice it launches in
+ *   charge.c         charging allocations to this process's slot within the cap, giving back
  *   memory.c         allocation and free hooks
  *   context.c        context hooks
  *   view.c           what the program is shown of memory (cuMemGetInfo, cuDeviceTotalMem)
@@ -146,9 +146,9 @@ struct vgpu_resolve_state {
      * point. */
     _Atomic uintptr_t real_entry[VGPU_HOOK_COUNT];
     _Atomic uintptr_t called_entry[VGPU_CALLED_COUNT];
-    /* Open addressing, hook id + 1 per slot (0: empty); filled once before `names_ready`. */
+    /* Open addressing, hook id + 1 per slot (0: empty); filled once under `names_once`. */
+    pthread_once_t names_once;
     uint8_t name_slots[VGPU_NAME_TABLE_SIZE];
-    atomic_int names_ready;
     /* Real entry point -> hook id + 1, filled once under `reverse_once`. */
     pthread_once_t reverse_once;
     uintptr_t reverse_real[VGPU_REVERSE_TABLE_SIZE];
@@ -212,8 +212,9 @@ struct vgpu_region_state {
     pthread_once_t init_once;
     struct vgpu_region *region;      /* set once by init; NULL when attaching failed */
     char attach_failure[PATH_MAX + 512];      /* why attaching failed, written once by init */
-    char limits_failure[PATH_MAX + 512];      /* the message for corrupt limits, written once by init */
-    char slot_failure[PATH_MAX + 512];        /* the message for a full region, written once by init */
+    pthread_once_t messages_once;
+    char limits_failure[PATH_MAX + 512];      /* the message for corrupt limits, written once */
+    char slot_failure[PATH_MAX + 512];        /* the message for a full region, written once */
     atomic_int last_failure;         /* enum vgpu_fail_kind of the latest refusal */
     atomic_uint reported_failures;   /* bit per enum vgpu_fail_kind already printed */
     /* This process's slot: -1 none yet, -2 being claimed by a thread, -3 given back at exit,
@@ -329,53 +330,6 @@ struct vgpu_driver_memory_state {
     int previous_valid;
 };
 
-/* ---- monitor.c ---------------------------------------------------------------------- */
-
-/* This process's slot (vgpu_self_slot), for a process that uses the GPU: its monitor thread
- * runs from the first call on. NULL when failed closed. */
-struct vgpu_proc_slot *vgpu_gpu_slot(void);
-
-struct vgpu_monitor_state {
-    pthread_once_t handlers_once; /* exit and fork handlers, registered once per process tree */
-    atomic_int started;   /* the monitor was started in this process, or could not be */
-    pthread_mutex_t lock; /* held by the monitor while it works, and across fork */
-    int stopping;         /* under lock */
-};
-
-/* ---- charge.c ----------------------------------------------------------------------- */
-
-/* An allocation charged to this process's slot. slot NULL: nothing was charged (the process
- * is exiting and gave its slot back). */
-struct vgpu_charge {
-    struct vgpu_proc_slot *slot;
-    uint64_t bytes;
-};
-
-/* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
- * no lock: see charge.c). On CUDA_SUCCESS the caller calls the driver and then
- * vgpu_settle_charge(); otherwise it returns the refusal. */
-CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
-
-/* Moves a charge to `actual` bytes once the driver said what it really took; growing it is
- * checked like a new request. */
-CUresult vgpu_recharge(struct vgpu_charge *charge, const char *call, uint64_t actual);
-
-/* After the driver answered: keeps the charge and records the allocation (kind, key), or gives
- * it back. Returns `result`. */
-CUresult vgpu_settle_charge(const struct vgpu_charge *charge, CUresult result, uint8_t kind, uint64_t key,
-                            uint8_t family);
-
-/* Gives a charge back whole (the allocation was undone). */
-void vgpu_uncharge(const struct vgpu_charge *charge);
-
-/* After the driver answered a free of an entry vgpu_table_take() took out: gives the entry's
- * bytes back, or puts the entry back if the driver refused the free. `known`: whether the
- * table knew the freed thing at all. */
-void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresult result);
-
-/* A context that went took its allocations with it: they stop counting. Returns their bytes. */
-uint64_t vgpu_release_context(CUcontext context);
-
 /* ---- graph_prices.c ----------------------------------------------------------------- */
 
 /* Prices of graph executables: launch.c prices a graph's kernels (where the driver can list
@@ -401,8 +355,16 @@ struct vgpu_graph_prices_state {
 /* ---- pacing.c ----------------------------------------------------------------------- */
 
 /* Called by every launch hook before it forwards; blocks while the slice is over its SM
- * share. `cost` is the launch's work in warps (blocks x ceil(threads per block / 32)). */
-void vgpu_launch_admit(uint64_t cost);
+ * share. `cost` is the launch's work in warps (blocks x ceil(threads per block / 32)).
+ * Returns nonzero on the calling thread's first launch. */
+int vgpu_launch_admit(uint64_t cost);
+
+/* Called by the monitor every period: a process that has launched makes sure the slice has a
+ * controller (takes the lease when nobody holds it, or its holder is gone). With the limiter
+ * off the controller only measures utilisation for reports, so it is started from here rather
+ * than by the first launch: a process that ends within the monitor's first period starts no
+ * thread for it. */
+void vgpu_keep_slice_paced(void);
 
 enum vgpu_pool_mode {
     VGPU_MODE_OFF,     /* sm_share 100: launches do not draw; the controller only measures */
@@ -455,13 +417,63 @@ struct vgpu_pacing_state {
     pthread_once_t once;
     pthread_key_t thread_exit_key; /* its destructor folds an exiting thread's launch count */
     pid_t pid;                     /* cached: getpid() is a system call */
+    atomic_int launched;           /* a thread of this process has launched */
     struct vgpu_region *region;    /* cached at init: launches peek at the share through it */
     atomic_int controller_running;
-    pthread_mutex_t lock; /* guards `stopping`; `wake` ends the controller's tick sleep */
+    pthread_mutex_t lock; /* guards `stopping` and `in_nvml`; `wake` ends the controller's tick
+                             sleep, and the exit's wait for it to leave NVML */
     pthread_cond_t wake;
     int stopping;
+    int in_nvml; /* the controller is calling NVML */
     struct vgpu_controller controller;
 };
+
+/* ---- monitor.c ---------------------------------------------------------------------- */
+
+/* This process's slot (vgpu_self_slot), for a process that uses the GPU: its monitor thread
+ * runs from the first call on. NULL when failed closed. */
+struct vgpu_proc_slot *vgpu_gpu_slot(void);
+
+struct vgpu_monitor_state {
+    pthread_once_t handlers_once; /* exit and fork handlers, registered once per process tree */
+    atomic_int started;   /* the monitor was started in this process, or could not be */
+    pthread_mutex_t lock; /* held by the monitor while it works, and across fork */
+    int stopping;         /* under lock */
+};
+
+/* ---- charge.c ----------------------------------------------------------------------- */
+
+/* An allocation charged to this process's slot. slot NULL: nothing was charged (the process
+ * is exiting and gave its slot back). */
+struct vgpu_charge {
+    struct vgpu_proc_slot *slot;
+    uint64_t bytes;
+};
+
+/* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
+ * no lock: see charge.c). On CUDA_SUCCESS the caller calls the driver and then
+ * vgpu_settle_charge(); otherwise it returns the refusal. */
+CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+
+/* Moves a charge to `actual` bytes once the driver said what it really took; growing it is
+ * checked like a new request. */
+CUresult vgpu_recharge(struct vgpu_charge *charge, const char *call, uint64_t actual);
+
+/* After the driver answered: keeps the charge and records the allocation (kind, key), or gives
+ * it back. Returns `result`. */
+CUresult vgpu_settle_charge(const struct vgpu_charge *charge, CUresult result, uint8_t kind, uint64_t key,
+                            uint8_t family);
+
+/* Gives a charge back whole (the allocation was undone). */
+void vgpu_uncharge(const struct vgpu_charge *charge);
+
+/* After the driver answered a free of an entry vgpu_table_take() took out: gives the entry's
+ * bytes back, or puts the entry back if the driver refused the free. `known`: whether the
+ * table knew the freed thing at all. */
+void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresult result);
+
+/* A context that went took its allocations with it: they stop counting. Returns their bytes. */
+uint64_t vgpu_release_context(CUcontext context);
 
 /* ---- context.c ---------------------------------------------------------------------- */
 

@@ -14,13 +14,22 @@ static uint64_t launch_cost(unsigned int gx, unsigned int gy, unsigned int gz, u
     return blocks * ((threads + 31) / 32);
 }
 
+/* Admits a launch (pacing.c). A thread's first launch also makes sure the process has its
+ * monitor: a process may launch in a context it made without a hooked call, and allocate
+ * nothing through one. */
+static inline void admit(uint64_t cost)
+{
+    if (__builtin_expect(vgpu_launch_admit(cost), 0))
+        vgpu_gpu_slot();
+}
+
 #define LAUNCH_HOOK(name)                                                                          \
     VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,     \
                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm, \
                               CUstream stream, void **params, void **extra)                        \
     {                                                                                              \
         VGPU_HOOK_REAL(name);                                                                      \
-        vgpu_launch_admit(launch_cost(gx, gy, gz, bx, by, bz));                                    \
+        admit(launch_cost(gx, gy, gz, bx, by, bz));                                                \
         return real(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);                        \
     }
 LAUNCH_HOOK(cuLaunchKernel)
@@ -32,7 +41,7 @@ LAUNCH_HOOK(cuLaunchKernel_ptsz)
                               CUstream stream, void **params)                                      \
     {                                                                                              \
         VGPU_HOOK_REAL(name);                                                                      \
-        vgpu_launch_admit(launch_cost(gx, gy, gz, bx, by, bz));                                    \
+        admit(launch_cost(gx, gy, gz, bx, by, bz));                                                \
         return real(f, gx, gy, gz, bx, by, bz, shm, stream, params);                               \
     }
 COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel)
@@ -44,9 +53,8 @@ COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz)
     {                                                                                              \
         VGPU_HOOK_REAL(name);                                                                      \
         if (config)                                                                                \
-            vgpu_launch_admit(launch_cost(config->gridDimX, config->gridDimY, config->gridDimZ,    \
-                                          config->blockDimX, config->blockDimY,                    \
-                                          config->blockDimZ));                                     \
+            admit(launch_cost(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, \
+                              config->blockDimY, config->blockDimZ));                              \
         return real(config, f, params, extra);                                                     \
     }
 LAUNCH_EX_HOOK(cuLaunchKernelEx)
@@ -169,7 +177,7 @@ GRAPH_EXEC_HOOK(cuGraphExecUpdate, &exec,
     VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                   \
     {                                                                                              \
         VGPU_HOOK_REAL(name);                                                                      \
-        vgpu_launch_admit(vgpu_graph_exec_cost(exec));                                             \
+        admit(vgpu_graph_exec_cost(exec));                                                         \
         return real(exec, stream);                                                                 \
     }
 GRAPH_LAUNCH_HOOK(cuGraphLaunch)

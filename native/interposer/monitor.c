@@ -1,7 +1,8 @@
 /*
  * The monitor thread of a process that uses the GPU: every half second it reaps the slots of
- * processes of the slice that are gone and refreshes this process's driver memory. Started on
- * the process's first GPU call, so a process that merely inherited LD_PRELOAD stays
+ * processes of the slice that are gone, refreshes this process's driver memory, and sees that
+ * a slice this process launches in has a controller. Started on the process's first GPU call
+ * (a context, an allocation, a launch), so a process that merely inherited LD_PRELOAD stays
  * single-threaded; started again in a forked child that uses the GPU.
  */
 #include <errno.h>
@@ -19,6 +20,9 @@
 static void *monitor_main(void *unused)
 {
     (void)unused;
+    /* Named by itself (one prctl): naming another thread goes through /proc, three system
+     * calls on the path of the hook that started it. */
+    pthread_setname_np(pthread_self(), "vgpu-monitor");
     for (;;) {
         struct timespec period = {0, MONITOR_PERIOD_NS};
         while (nanosleep(&period, &period) != 0 && errno == EINTR)
@@ -30,6 +34,7 @@ static void *monitor_main(void *unused)
         }
         vgpu_reap_dead_slots();
         vgpu_refresh_driver_reserved();
+        vgpu_keep_slice_paced();
         pthread_mutex_unlock(&MON.lock);
     }
 }
@@ -88,12 +93,9 @@ static void start_monitor(void)
     int failed = pthread_create(&thread, &attributes, monitor_main, NULL);
     pthread_attr_destroy(&attributes);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    if (failed) { /* not tried again: `started` stays set */
+    if (failed) /* not tried again: `started` stays set */
         vgpu_log(VGPU_LOG_WARN, "cannot start the monitor thread (%s): dead processes are reaped by "
                                 "others only", strerror(failed));
-        return;
-    }
-    pthread_setname_np(thread, "vgpu-monitor");
 }
 
 struct vgpu_proc_slot *vgpu_gpu_slot(void)

@@ -104,13 +104,21 @@ static int process_exists(pid_t pid)
     return kill(pid, 0) == 0 || errno != ESRCH;
 }
 
+/* The active share, peeked at without the validated read: a share read from a copy being
+ * replaced is the old or the new one, either a share that was published. */
+static inline uint32_t active_share(struct vgpu_region *region)
+{
+    uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE) & 1;
+    return __atomic_load_n(&region->limits[active].sm_share, __ATOMIC_RELAXED);
+}
+
 /* ---- per-process setup, fork, exit --------------------------------------------------- */
 
 static void fold_launches(struct thread_cache *cache)
 {
     if (cache->launches_unflushed == 0)
         return;
-    struct vgpu_proc_slot *slot = vgpu_gpu_slot();
+    struct vgpu_proc_slot *slot = vgpu_self_slot();
     if (slot)
         __atomic_fetch_add(&slot->launches, cache->launches_unflushed, __ATOMIC_RELAXED);
     cache->launches_unflushed = 0;
@@ -130,6 +138,8 @@ static void after_fork_child(void)
     pthread_mutex_init(&L.lock, NULL);
     pthread_cond_init(&L.wake, NULL);
     L.stopping = 0;
+    L.in_nvml = 0;
+    atomic_store(&L.launched, 0);
     memset(&thread_cache, 0, sizeof thread_cache);
 }
 
@@ -153,7 +163,9 @@ __attribute__((destructor)) static void limiter_exit(void)
     pthread_mutex_lock(&L.lock);
     L.stopping = 1;
     pthread_cond_broadcast(&L.wake);
-    /* Let the controller finish its tick so it is not inside NVML while libraries unload. */
+    /* Let the controller leave NVML before libraries unload (it enters no more: `stopping`).
+     * Only then: waiting for the thread to end would make every short process wait for a
+     * controller that has barely started. */
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_nsec += 100 * 1000 * 1000;
@@ -161,8 +173,7 @@ __attribute__((destructor)) static void limiter_exit(void)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
-    while (atomic_load(&L.controller_running) &&
-           pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    while (L.in_nvml && pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
     }
     pthread_mutex_unlock(&L.lock);
     /* Hand the lease back so another process of the slice takes over at once. */
@@ -172,6 +183,24 @@ __attribute__((destructor)) static void limiter_exit(void)
 }
 
 /* ---- the controller ------------------------------------------------------------------ */
+
+/* The controller calls NVML only between these two, and never once the process is exiting. */
+static int nvml_enter(void)
+{
+    pthread_mutex_lock(&L.lock);
+    int allowed = !L.stopping;
+    L.in_nvml = allowed;
+    pthread_mutex_unlock(&L.lock);
+    return allowed;
+}
+
+static void nvml_leave(void)
+{
+    pthread_mutex_lock(&L.lock);
+    L.in_nvml = 0;
+    pthread_cond_broadcast(&L.wake);
+    pthread_mutex_unlock(&L.lock);
+}
 
 static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
 {
@@ -385,8 +414,15 @@ static void control(struct vgpu_controller *c, struct vgpu_region *region, const
     c->share = limits->sm_share;
     c->policy = limits->policy;
 
+    /* NVML is opened by the first measurement, not when the controller starts: a process that
+     * ends before then (with the limiter off, the first is a quarter second away) never pays
+     * for it, nor waits for it at exit. */
     struct utilisation u;
+    if (!nvml_enter())
+        return; /* exiting */
+    nvml_open(c, region);
     int measured = c->nvml_state > 0 ? measure(c, region, &u) : -1;
+    nvml_leave();
     if (!c->warned && c->nvml_state > 0 && (measured < 0 || c->unattributed_periods >= 40)) {
         c->warned = 1;
         if (measured < 0)
@@ -544,7 +580,6 @@ static void *controller_main(void *arg)
     struct vgpu_region *region = arg;
     struct vgpu_controller *c = &L.controller;
     pthread_setname_np(pthread_self(), "vgpu-pacer");
-    nvml_open(c, region);
     uint64_t now = vgpu_now_ns();
     controller_reset(c, region, now);
     uint64_t next_tick = now;
@@ -650,14 +685,28 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
 /* A thread's first launch, and every LAUNCH_FLUSH_EVERY-th: fold the launch count into the
  * slot, and see that the slice has a controller (it also reports utilisation when the
  * limiter is off). */
-static __attribute__((noinline)) void flush_launches(struct thread_cache *cache)
+static __attribute__((noinline)) int flush_launches(struct thread_cache *cache)
 {
     pthread_once(&L.once, limiter_init);
-    if (cache->flush_at == 0)
+    int first = cache->flush_at == 0;
+    if (first)
         pthread_setspecific(L.thread_exit_key, cache);
     cache->flush_at = LAUNCH_FLUSH_EVERY;
     fold_launches(cache);
-    struct vgpu_region *region = vgpu_region();
+    atomic_store_explicit(&L.launched, 1, memory_order_release);
+    /* With the limiter on, the slice needs its controller now; off, the controller only
+     * measures for reports, and vgpu_keep_slice_paced() starts it from the monitor. */
+    struct vgpu_region *region = L.region;
+    if (region && active_share(region) < VGPU_SM_SHARE_MAX)
+        keep_controller_alive(region, vgpu_now_ns());
+    return first;
+}
+
+void vgpu_keep_slice_paced(void)
+{
+    if (!atomic_load_explicit(&L.launched, memory_order_acquire))
+        return;
+    struct vgpu_region *region = L.region; /* set before `launched` */
     if (region)
         keep_controller_alive(region, vgpu_now_ns());
 }
@@ -684,7 +733,7 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
         cost = VGPU_MAX_LAUNCH_COST;
     uint64_t now = vgpu_now_ns(), wait_started = 0;
     keep_controller_alive(region, now);
-    struct vgpu_proc_slot *slot = vgpu_gpu_slot();
+    struct vgpu_proc_slot *slot = vgpu_self_slot();
     if (slot)
         __atomic_fetch_add(&slot->wanting, 1, __ATOMIC_ACQ_REL);
     uint64_t need = cost - cache->tokens;
@@ -718,30 +767,26 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
         __atomic_fetch_add(&slot->throttled_ns, vgpu_now_ns() - wait_started, __ATOMIC_RELAXED);
 }
 
-void vgpu_launch_admit(uint64_t cost)
+int vgpu_launch_admit(uint64_t cost)
 {
     struct thread_cache *cache = &thread_cache;
+    int first = 0;
     if (__builtin_expect(++cache->launches_unflushed >= cache->flush_at, 0))
-        flush_launches(cache);
+        first = flush_launches(cache);
     /* Tokens in the cache mean the limiter was on when they were drawn, a millisecond ago at
      * most: spend them without asking for the limits. */
     if (__builtin_expect(cache->tokens >= cost, 1)) {
         cache->tokens -= cost;
-        return;
+        return first;
     }
     /* An empty cache: the limits say whether to draw. With the limiter off every launch comes
      * here, so it peeks at the active share alone (every thread has passed limiter_init in
-     * flush_launches, which set `region`); a share read from a copy being replaced is the old
-     * or the new one, either a share that was published. Only a share below 100 is worth the
-     * validated read. */
+     * flush_launches, which set `region`); only a share below 100 is worth the validated read. */
     struct vgpu_region *region = L.region;
-    if (!region)
-        return; /* no slice: launches are not paced */
-    uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE) & 1;
-    if (__atomic_load_n(&region->limits[active].sm_share, __ATOMIC_RELAXED) >= VGPU_SM_SHARE_MAX)
-        return;
+    if (!region || active_share(region) >= VGPU_SM_SHARE_MAX)
+        return first; /* no slice, or the limiter is off */
     struct vgpu_limits_snapshot limits;
-    if (vgpu_read_limits(&limits) != 0 || limits.sm_share >= VGPU_SM_SHARE_MAX)
-        return;
-    draw_tokens(cache, cost);
+    if (vgpu_read_limits(&limits) == 0 && limits.sm_share < VGPU_SM_SHARE_MAX)
+        draw_tokens(cache, cost);
+    return first;
 }

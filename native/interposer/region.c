@@ -122,14 +122,6 @@ static void after_fork_in_child(void)
 static void initialise(void)
 {
     const struct vgpu_env *env = vgpu_env();
-    snprintf(R.limits_failure, sizeof R.limits_failure,
-             "jupyter-vgpu: slice region %s is corrupt (its published limits fail their check): "
-             "allocations are refused; %s",
-             env->region_path, RESTART_HINT);
-    snprintf(R.slot_failure, sizeof R.slot_failure,
-             "jupyter-vgpu: slice region %s has no free process slot (all %d are held by running "
-             "processes): allocations of this process are refused",
-             env->region_path, VGPU_REGION_MAX_PROCS);
     if (attach_region(env->region_path) == 0) {
         vgpu_log(VGPU_LOG_INFO, "attached to slice region %s", env->region_path);
         release_slots_of_previous_image(R.region);
@@ -207,9 +199,25 @@ int vgpu_read_limits(struct vgpu_limits_snapshot *out)
     return fail(VGPU_FAIL_LIMITS);
 }
 
+/* Written when first needed, not at load: most processes never fail, and formatting is the
+ * costliest part of what a process would otherwise do at start-up. */
+static void format_failure_messages(void)
+{
+    const char *path = vgpu_env()->region_path;
+    snprintf(R.limits_failure, sizeof R.limits_failure,
+             "jupyter-vgpu: slice region %s is corrupt (its published limits fail their check): "
+             "allocations are refused; %s",
+             path, RESTART_HINT);
+    snprintf(R.slot_failure, sizeof R.slot_failure,
+             "jupyter-vgpu: slice region %s has no free process slot (all %d are held by running "
+             "processes): allocations of this process are refused",
+             path, VGPU_REGION_MAX_PROCS);
+}
+
 const char *vgpu_fail_reason(void)
 {
     ensure_initialised();
+    pthread_once(&R.messages_once, format_failure_messages);
     switch (atomic_load_explicit(&R.last_failure, memory_order_relaxed)) {
     case VGPU_FAIL_ATTACH:
         return R.attach_failure;

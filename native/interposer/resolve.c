@@ -66,9 +66,9 @@ static void *library_handle(enum vgpu_library library, int may_load)
     void *handle = atomic_load_explicit(&R.library_handle[library], memory_order_acquire);
     if (handle)
         return handle;
-    handle = dlopen(library_names[library], RTLD_LAZY | RTLD_NOLOAD);
-    if (!handle && may_load)
-        handle = dlopen(library_names[library], RTLD_LAZY);
+    /* One dlopen either way: a library already loaded is found without loading it again, and
+     * an RTLD_NOLOAD probe first would search the library path for nothing. */
+    handle = dlopen(library_names[library], may_load ? RTLD_LAZY : RTLD_LAZY | RTLD_NOLOAD);
     if (!handle)
         return NULL;
     void *expected = NULL;
@@ -144,18 +144,16 @@ static uint32_t name_hash(const char *name)
     return hash;
 }
 
-/* At load, before the program's first dlsym can ask (hook_by_name scans until then). */
-__attribute__((constructor)) static void build_name_table(void)
+/* Built by the first dlsym of a name that could be ours, not at load: most processes never
+ * ask, and start-up is paid by every process that inherits LD_PRELOAD. */
+static void build_name_table(void)
 {
-    if (atomic_load_explicit(&R.names_ready, memory_order_acquire))
-        return;
     for (int id = 0; id < VGPU_HOOK_COUNT; id++) {
         uint32_t slot = name_hash(hook_table[id].name) & (VGPU_NAME_TABLE_SIZE - 1);
         while (R.name_slots[slot])
             slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1);
         R.name_slots[slot] = (uint8_t)(id + 1);
     }
-    atomic_store_explicit(&R.names_ready, 1, memory_order_release);
 }
 
 /* The hook id of `name`, or -1. Every dlsym of the process comes through here, so names that
@@ -164,13 +162,7 @@ static int hook_by_name(const char *name)
 {
     if (!((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && strncmp(name, "nvml", 4) == 0)))
         return -1;
-    if (!atomic_load_explicit(&R.names_ready, memory_order_acquire)) {
-        /* Asked before our constructor ran (another library's constructor): scan. */
-        for (int id = 0; id < VGPU_HOOK_COUNT; id++)
-            if (strcmp(hook_table[id].name, name) == 0)
-                return id;
-        return -1;
-    }
+    pthread_once(&R.names_once, build_name_table);
     uint32_t slot = name_hash(name) & (VGPU_NAME_TABLE_SIZE - 1);
     for (uint8_t entry; (entry = R.name_slots[slot]) != 0; slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1))
         if (strcmp(hook_table[entry - 1].name, name) == 0)

@@ -12,8 +12,8 @@
 
 struct vgpu_state vgpu_state = {
     .env = {.once = PTHREAD_ONCE_INIT},
-    .resolve = {.reverse_once = PTHREAD_ONCE_INIT},
-    .region = {.init_once = PTHREAD_ONCE_INIT, .slot_index = -1},
+    .resolve = {.names_once = PTHREAD_ONCE_INIT, .reverse_once = PTHREAD_ONCE_INIT},
+    .region = {.init_once = PTHREAD_ONCE_INIT, .messages_once = PTHREAD_ONCE_INIT, .slot_index = -1},
     .alloc_table =
         {
             .fork_handler_once = PTHREAD_ONCE_INIT,

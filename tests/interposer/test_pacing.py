@@ -257,18 +257,23 @@ def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, mak
         assert abs(measured.get(load.pid, 0) - share / 2) <= TOLERANCE_PP, measured
 
 
-def test_unlimited_share_does_not_throttle(programs, device_env, make_slice):
+def test_unlimited_share_does_not_throttle_and_is_still_measured(programs, device_env, make_slice):
+    """With the limiter off the slice still gets a controller, which measures its utilisation
+    for reports (started by the process's monitor rather than by its first launch)."""
     load_program, monitor = programs
     slice_env, region = make_slice(device_env, sm_share=100, policy="hard")
     load = start_load(load_program, slice_env, seconds=2.2)
 
     measured = window(monitor, device_env, load, 1.0, 2.0)[load.pid]
     process = next(p for p in region.processes() if p.pid == load.pid)
+    controller, reported = region.raw.controller_pid, region.raw.sm_util_permille
     load.finish()
 
     assert measured >= 90
     assert process.throttled_ns == 0
     assert process.launches > 0
+    assert controller == load.pid
+    assert abs(reported / 10 - measured) <= TOLERANCE_PP, (reported, measured)
 
 
 def test_share_holds_in_a_pid_namespace_where_nvml_shows_host_pids(programs, device_env, make_slice, tmp_path):
