@@ -54,6 +54,11 @@ static CUresult add_within_cap(struct vgpu_proc_slot *slot, const char *call, ui
         uint64_t usage = vgpu_slice_usage(), charged_before = request - bytes;
         return refuse(slot, call, request, usage > charged_before ? usage - charged_before : 0, limit);
     }
+    /* A context counted at the slice's recorded size is measured before a decision it could
+     * change (were it twice that size), and before this charge, which NVML cannot see yet. */
+    uint64_t estimated = vgpu_estimated_driver_memory();
+    if (__builtin_expect(estimated != 0, 0) && limit && vgpu_slice_usage() + bytes + estimated > limit)
+        vgpu_measure_driver_memory();
     slot_add(slot, bytes);
     if (limit) {
         uint64_t usage = vgpu_slice_usage();

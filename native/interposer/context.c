@@ -1,17 +1,17 @@
 /*
  * Context hooks. A context holds driver memory from the moment it exists, so creating one counts
  * it at once (driver_memory.c); a context that goes takes its allocations with it, without a
- * free for each, so they stop counting then.
+ * free for each, so they stop counting then, and so does its driver memory.
  */
 #include "internal.h"
 
 #define C (vgpu_state.context)
 
 /* A new context holds driver memory from the start: count it now, not half a second later. */
-static CUresult after_context(CUresult result)
+static CUresult after_context(CUresult result, const CUcontext *made)
 {
-    if (result == CUDA_SUCCESS && vgpu_gpu_slot())
-        vgpu_refresh_driver_reserved();
+    if (result == CUDA_SUCCESS && made && vgpu_gpu_slot())
+        vgpu_driver_memory_context_created(*made);
     return result;
 }
 
@@ -22,8 +22,7 @@ static void context_gone(CUcontext context)
     if (!context)
         return;
     uint64_t bytes = vgpu_release_context(context);
-    if (vgpu_claimed_slot())
-        vgpu_refresh_driver_reserved();
+    vgpu_driver_memory_context_gone(context);
     vgpu_log(VGPU_LOG_INFO, "context %p is gone with %llu bytes of allocations", (void *)context,
              (unsigned long long)bytes);
 }
@@ -38,14 +37,14 @@ static CUcontext primary_context_of(CUdevice dev)
 VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     VGPU_HOOK_REAL(cuCtxCreate_v2);
-    return after_context(real(pctx, flags, dev));
+    return after_context(real(pctx, flags, dev), pctx);
 }
 
 VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
                                     CUdevice dev)
 {
     VGPU_HOOK_REAL(cuCtxCreate_v4);
-    return after_context(real(pctx, ctxCreateParams, flags, dev));
+    return after_context(real(pctx, ctxCreateParams, flags, dev), pctx);
 }
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -54,7 +53,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CUresult result = real(pctx, dev);
     if (result == CUDA_SUCCESS && dev >= 0 && dev < VGPU_CUDA_DEVICE_CACHE)
         atomic_store_explicit(&C.primary_context[dev], *pctx, memory_order_release);
-    return after_context(result);
+    return after_context(result, pctx);
 }
 
 VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)

@@ -4,6 +4,14 @@
  * beyond this process's `allocated` is the driver's, and counts against the cap as the slot's
  * driver_reserved.
  *
+ * A new context counts at once. The first process of a slice to create one measures it and
+ * records the figure in the region; a later process counts that recorded size for its first
+ * context instead of loading and starting NVML on its start-up path (about 0.15 ms on the
+ * simulated GPU, tens of milliseconds on a real one: every DataLoader worker and subprocess that
+ * uses CUDA would pay it), and its monitor measures the real figure at its first period. Until
+ * then the figure is an estimate, which a cap decision never rests on: one it could change is
+ * measured first (charge.c).
+ *
  * In a container with its own PID namespace NVML lists the process under the host's pid, not
  * getpid(): the pid is then found as the one whose memory moved between two samples by exactly
  * what this process's own allocations moved.
@@ -129,13 +137,16 @@ static unsigned int find_nvml_pid(const struct vgpu_proc_slot *self, const struc
     return found;
 }
 
-/* A forked child starts over: NVML initialised anew, and no sample of the parent's, which says
- * nothing of the child's allocations. */
+/* A forked child starts over: NVML initialised anew, no sample of the parent's (it says
+ * nothing of the child's allocations), and no context counted yet. */
 static void after_fork_in_child(void)
 {
     pthread_mutex_init(&D.nvml_lock, NULL);
     atomic_store_explicit(&D.nvml_ready, 0, memory_order_relaxed);
     D.previous_valid = 0;
+    D.counted = 0;
+    D.estimated_context = NULL;
+    atomic_store_explicit(&D.estimated, 0, memory_order_relaxed);
 }
 
 static void register_fork_handler(void)
@@ -143,14 +154,18 @@ static void register_fork_handler(void)
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
-void vgpu_refresh_driver_reserved(void)
+/* Before nvml_lock is first taken: a fork while another thread holds it must leave the child a
+ * lock it can take. */
+static void prepare_for_fork(void)
 {
-    /* Before the lock is first taken: a fork while another thread holds it must leave the
-     * child a lock it can take. */
     pthread_once(&D.fork_handler_once, register_fork_handler);
-    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
-    if (!slot || pthread_mutex_trylock(&D.nvml_lock) != 0)
-        return; /* no GPU use yet, or a refresh is already under way */
+}
+
+/* Sets the slot's driver_reserved from NVML, under nvml_lock. Returns the figure NVML gave
+ * for this process, or -1 when it gave none (no NVML, allocations moved meanwhile, this process
+ * not listed or listed without a figure). */
+static int64_t measure_locked(struct vgpu_proc_slot *slot)
+{
     nvmlDevice_t device = slice_nvml_device();
     struct vgpu_nvml_sample sample;
     /* Allocations are charged before the driver makes them and given back after it freed them,
@@ -160,6 +175,7 @@ void vgpu_refresh_driver_reserved(void)
     uint64_t allocated = __atomic_load_n(&slot->allocated, __ATOMIC_SEQ_CST);
     int steady = device && nvml_sample(device, &sample) &&
                  atomic_load_explicit(&D.allocated_changes, memory_order_seq_cst) == changes;
+    int64_t measured = -1;
     if (steady) {
         unsigned int pid = (unsigned int)__atomic_load_n(&slot->nvml_pid, __ATOMIC_ACQUIRE);
         if (!pid && (pid = find_nvml_pid(slot, &sample, allocated)) != 0) {
@@ -170,11 +186,91 @@ void vgpu_refresh_driver_reserved(void)
         /* Not listed: no context on the device yet, so no driver memory either. */
         int64_t used = pid ? sampled_use(&sample, pid) : NOT_LISTED;
         uint64_t reserved = used > 0 && (uint64_t)used > allocated ? (uint64_t)used - allocated : 0;
-        if (used != NOT_AVAILABLE)
+        if (used != NOT_AVAILABLE) {
             __atomic_store_n(&slot->driver_reserved, reserved, __ATOMIC_SEQ_CST);
+            D.estimated_context = NULL;
+            atomic_store_explicit(&D.estimated, 0, memory_order_relaxed);
+        }
+        if (used >= 0)
+            measured = (int64_t)reserved;
         D.previous = sample;
         D.previous_allocated = allocated;
     }
     D.previous_valid = steady;
+    return measured;
+}
+
+void vgpu_refresh_driver_reserved(void)
+{
+    prepare_for_fork();
+    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
+    if (!slot || pthread_mutex_trylock(&D.nvml_lock) != 0)
+        return; /* no GPU use yet, or a refresh is already under way */
+    measure_locked(slot);
+    pthread_mutex_unlock(&D.nvml_lock);
+}
+
+void vgpu_measure_driver_memory(void)
+{
+    prepare_for_fork();
+    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
+    if (!slot)
+        return;
+    pthread_mutex_lock(&D.nvml_lock); /* a refresh under way is waited for: it may have been early */
+    if (atomic_load_explicit(&D.estimated, memory_order_relaxed))
+        measure_locked(slot);
+    pthread_mutex_unlock(&D.nvml_lock);
+}
+
+/* Raises the slice's recorded context size to `bytes`. */
+static void record_context_memory(struct vgpu_region *region, uint64_t bytes)
+{
+    uint64_t seen = __atomic_load_n(&region->context_memory, __ATOMIC_RELAXED);
+    while (seen < bytes && !__atomic_compare_exchange_n(&region->context_memory, &seen, bytes, 1, __ATOMIC_RELAXED,
+                                                        __ATOMIC_RELAXED))
+        ;
+    __atomic_store_n(&region->context_memory_known, 1, __ATOMIC_RELEASE);
+}
+
+void vgpu_driver_memory_context_created(CUcontext context)
+{
+    prepare_for_fork();
+    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
+    struct vgpu_region *region = vgpu_region();
+    if (!slot || !region)
+        return;
+    pthread_mutex_lock(&D.nvml_lock); /* not a trylock: this context must count now */
+    int first = !D.counted;
+    D.counted = 1;
+    if (first && __atomic_load_n(&region->context_memory_known, __ATOMIC_ACQUIRE)) {
+        /* The slice knows what a context takes on its device: count that now, and leave loading
+         * and starting NVML to the monitor's first period (or to a cap decision it matters to). */
+        uint64_t recorded = __atomic_load_n(&region->context_memory, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->driver_reserved, recorded, __ATOMIC_SEQ_CST);
+        D.estimated_context = context;
+        atomic_store_explicit(&D.estimated, recorded, memory_order_relaxed);
+    } else {
+        int64_t measured = measure_locked(slot);
+        if (first && measured >= 0)
+            record_context_memory(region, (uint64_t)measured);
+    }
+    pthread_mutex_unlock(&D.nvml_lock);
+}
+
+void vgpu_driver_memory_context_gone(CUcontext context)
+{
+    prepare_for_fork();
+    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
+    if (!slot)
+        return;
+    pthread_mutex_lock(&D.nvml_lock);
+    if (context && context == D.estimated_context) {
+        /* The only driver memory counted was this context's, at the recorded size. */
+        __atomic_store_n(&slot->driver_reserved, 0, __ATOMIC_SEQ_CST);
+        D.estimated_context = NULL;
+        atomic_store_explicit(&D.estimated, 0, memory_order_relaxed);
+    } else {
+        measure_locked(slot);
+    }
     pthread_mutex_unlock(&D.nvml_lock);
 }

@@ -302,8 +302,22 @@ struct vgpu_alloc_table_state {
 /* ---- driver_memory.c ---------------------------------------------------------------- */
 
 /* Sets this process's driver_reserved from NVML's figure for it (contexts and other driver
- * memory beyond what the hooks counted). Called by the monitor thread and after contexts. */
+ * memory beyond what the hooks counted); skipped while another refresh is under way. The
+ * monitor thread calls it every period. */
 void vgpu_refresh_driver_reserved(void);
+
+/* A context was created, or went (with its allocations): its driver memory counts from now on,
+ * or stops counting. A process's first context counts at the slice's recorded context size
+ * when there is one; any other change is measured. */
+void vgpu_driver_memory_context_created(CUcontext context);
+void vgpu_driver_memory_context_gone(CUcontext context);
+
+/* Bytes of this process's driver_reserved that are the recorded context size rather than a
+ * measurement (inline, end of file); 0 once measured. */
+static inline uint64_t vgpu_estimated_driver_memory(void);
+
+/* Measures this process's driver memory now if part of it is an estimate. */
+void vgpu_measure_driver_memory(void);
 
 /* Charging calls this on every change of this process's `allocated` (inline, end of file), so
  * that a refresh can tell whether allocations moved while NVML was being asked. */
@@ -328,6 +342,12 @@ struct vgpu_driver_memory_state {
     struct vgpu_nvml_sample previous;
     uint64_t previous_allocated;
     int previous_valid;
+    /* Under nvml_lock: whether a context of this process was counted yet, and the one counted
+     * at the recorded size while that is not measured (NULL otherwise). */
+    int counted;
+    CUcontext estimated_context;
+    /* Written under nvml_lock, read by charges without it: see vgpu_estimated_driver_memory. */
+    _Atomic uint64_t estimated;
 };
 
 /* ---- graph_prices.c ----------------------------------------------------------------- */
@@ -521,6 +541,11 @@ static inline void *vgpu_real(enum vgpu_hook_id id)
 {
     uintptr_t cached = atomic_load_explicit(&vgpu_state.resolve.real_entry[id], memory_order_acquire);
     return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_lookup(id);
+}
+
+static inline uint64_t vgpu_estimated_driver_memory(void)
+{
+    return atomic_load_explicit(&vgpu_state.driver_memory.estimated, memory_order_relaxed);
 }
 
 static inline void vgpu_note_allocated_change(void)

@@ -222,6 +222,73 @@ def test_driver_memory_of_contexts_counts_against_the_cap(probe, sim_env, make_s
     assert program.finish() == 0
 
 
+CONTEXT_DEVICE = "name=context GPU,memory=16GiB,sms=100,context_memory=300MiB"
+
+
+def without_nvml(env: dict[str, str], native_libs, tmp_path) -> dict[str, str]:
+    """`env` with the simulated driver but no NVML to be found."""
+    directory = tmp_path / "driver-only"
+    directory.mkdir(exist_ok=True)
+    if not (directory / "libcuda.so.1").exists():
+        (directory / "libcuda.so.1").symlink_to(native_libs.sim_dir / "libcuda.so.1")
+    return dict(env, LD_LIBRARY_PATH=str(directory))
+
+
+def test_later_processes_count_the_slices_context_size_at_once_without_nvml(
+    probe, sim_env, make_slice, interactive, native_libs, tmp_path
+):
+    """The first process of a slice measures its context and records the size in the region; a
+    later one counts that size for its own first context at once, without starting NVML (here
+    it cannot: NVML is not there), so a subprocess's start-up does not pay for NVML."""
+    sim_env["VGPU_SIM_DEVICES"] = CONTEXT_DEVICE
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    first = interactive([probe.executable, "init", "wait"], env)
+    first.read_until("wait")
+    assert (region.raw.context_memory_known, region.raw.context_memory) == (1, 300 * MIB)
+    later = interactive([probe.executable, "init", "info", "wait"], without_nvml(env, native_libs, tmp_path))
+    lines = later.read_until("wait")
+    assert lines[1] == ["info", "0", str(GIB - 600 * MIB), str(GIB)]  # both contexts count
+    assert sorted(slot.driver_reserved for slot in live_slots(region)) == [300 * MIB, 300 * MIB]
+    for program in (later, first):
+        program.send()
+        assert program.finish() == 0
+
+
+def test_a_cap_decision_the_recorded_context_size_could_change_is_measured_first(
+    probe, sim_env, make_slice, interactive
+):
+    """A recorded size smaller than the real context: far from the cap it stands until the
+    monitor measures; a request it could decide is measured first, and refused on the real
+    figure (300 + 600 + 200 MiB is over 1 GiB, though 200 + 600 + 200 MiB would not be)."""
+    sim_env["VGPU_SIM_DEVICES"] = CONTEXT_DEVICE
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    region.raw.context_memory = 200 * MIB
+    region.raw.context_memory_known = 1
+    program = interactive([probe.executable, "init", "alloc:600M", "wait", "alloc:200M", "wait"], env)
+    lines = program.read_until("wait")
+    assert lines[1][:2] == ["alloc", "0"]  # 200 + 600 (+ 200 more at worst) is within the cap: not measured
+    program.send()
+    lines = program.read_until("wait")
+    assert lines[0][:2] == ["alloc", str(CUDA_ERROR_OUT_OF_MEMORY)]
+    (slot,) = live_slots(region)
+    assert (slot.allocated, slot.driver_reserved) == (600 * MIB, 300 * MIB)
+    program.send()
+    assert program.finish() == 0
+
+
+def test_the_monitor_replaces_the_recorded_context_size_by_a_measurement(probe, sim_env, make_slice, interactive):
+    sim_env["VGPU_SIM_DEVICES"] = CONTEXT_DEVICE
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    region.raw.context_memory = 200 * MIB
+    region.raw.context_memory_known = 1
+    program = interactive([probe.executable, "init", "wait"], env)
+    program.read_until("wait")
+    (slot,) = live_slots(region)
+    assert wait_for(lambda: slot.driver_reserved == 300 * MIB, timeout=5, message="the monitor measured the context")
+    program.send()
+    assert program.finish() == 0
+
+
 def test_context_memory_counts_in_a_pid_namespace_where_nvml_shows_host_pids(
     probe, sim_env, make_slice, interactive, tmp_path
 ):

@@ -9,7 +9,8 @@
  *   - the server (or `jupyter vgpu run`) creates the file and publishes limits;
  *   - each process of the slice owns one proc slot and is the only writer of its counters;
  *   - the controller (one process of the slice at a time, holding the lease) writes the
- *     limiter fields, the measured utilisation and the slots' `granted` tokens.
+ *     limiter fields, the measured utilisation and the slots' `granted` tokens;
+ *   - any process of the slice raises `context_memory` to what its first context measured.
  *
  * Publishing limits without torn reads: `limits` has two copies. A writer (serialised by an
  * flock on the region file) fills the copy that is not active, bumping that copy's `sequence`
@@ -99,7 +100,13 @@ struct vgpu_region {
 
     /* Highest slot index ever claimed + 1, so that sums stop early. */
     uint32_t procs_high_water;
-    uint8_t reserved4[60];
+    /* Driver memory of a process's first context on the slice's device, the most any process
+     * of the slice measured (NVML) right after creating it; valid once context_memory_known is
+     * 1. Later processes count it for their first context at once, instead of starting NVML on
+     * their start-up path, and measure their own within a monitor period. */
+    uint32_t context_memory_known;
+    uint64_t context_memory;
+    uint8_t reserved4[48];
 
     struct vgpu_proc_slot procs[VGPU_REGION_MAX_PROCS];
 };
@@ -119,5 +126,7 @@ _Static_assert(__builtin_offsetof(struct vgpu_region, active_limits) == 128, "he
 _Static_assert(__builtin_offsetof(struct vgpu_region, limits) % 64 == 0, "limits are cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) % 64 == 0, "limiter is cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, procs) % 64 == 0, "slots are cache-line aligned");
+_Static_assert(__builtin_offsetof(struct vgpu_region, procs) - __builtin_offsetof(struct vgpu_region, procs_high_water) == 64,
+               "context_memory took reserved bytes: every offset is as before");
 
 #endif /* VGPU_REGION_H */
