@@ -683,8 +683,8 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
 /* ---- the launch path ----------------------------------------------------------------- */
 
 /* A thread's first launch, and every LAUNCH_FLUSH_EVERY-th: fold the launch count into the
- * slot, and see that the slice has a controller (it also reports utilisation when the
- * limiter is off). */
+ * slot, and while the limiter is on see that the slice has a controller. Returns whether this
+ * was the thread's first launch. */
 static __attribute__((noinline)) int flush_launches(struct thread_cache *cache)
 {
     pthread_once(&L.once, limiter_init);
