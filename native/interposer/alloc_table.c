@@ -77,21 +77,11 @@ static int shard_grow(struct vgpu_alloc_shard *shard)
     return 0;
 }
 
-static void register_fork_handler(void);
-
-/* Before a shard is first locked: a fork while another thread holds a shard's lock must leave
- * the child a table it can use. */
-static void prepare_for_fork(void)
-{
-    pthread_once(&T.fork_handler_once, register_fork_handler);
-}
-
 /* Records an allocation. If the key is already there, the driver handed out again something
  * we thought live (freed behind our back, e.g. with its context): returns the bytes that old
  * entry held, so the caller gives them back. Returns -1 when out of host memory. */
 int64_t vgpu_table_insert(const struct vgpu_alloc_entry *new_entry)
 {
-    prepare_for_fork();
     uint64_t hash = entry_hash(new_entry->kind, new_entry->key);
     struct vgpu_alloc_shard *shard = shard_of(hash);
     int64_t replaced = 0;
@@ -116,7 +106,6 @@ int64_t vgpu_table_insert(const struct vgpu_alloc_entry *new_entry)
 /* Takes every entry owned by `context` out of the table; returns the bytes they held. */
 uint64_t vgpu_table_take_context(uint64_t context)
 {
-    prepare_for_fork();
     uint64_t bytes = 0;
     for (int index = 0; index < VGPU_ALLOC_SHARDS; index++) {
         struct vgpu_alloc_shard *shard = &T.shards[index];
@@ -139,7 +128,6 @@ uint64_t vgpu_table_take_context(uint64_t context)
  * can never be mistaken for the old one. */
 int vgpu_table_take(uint8_t kind, uint64_t key, struct vgpu_alloc_entry *out)
 {
-    prepare_for_fork();
     uint64_t hash = entry_hash(kind, key);
     struct vgpu_alloc_shard *shard = shard_of(hash);
     pthread_mutex_lock(&shard->lock);
@@ -167,7 +155,9 @@ static void forget_after_fork(void)
     }
 }
 
-static void register_fork_handler(void)
+/* At load: a fork while another thread holds a shard's lock must leave the child a table it can
+ * use, and a check on every allocation would cost more than registering once. */
+__attribute__((constructor)) static void register_fork_handler(void)
 {
     pthread_atfork(NULL, NULL, forget_after_fork);
 }

@@ -126,15 +126,15 @@ static void record(const struct vgpu_charge *c, uint8_t kind, uint64_t key, uint
     struct vgpu_alloc_entry entry = {
         .key = key, .size = c->bytes, .context = owning_context(kind), .kind = kind, .family = family};
     int64_t replaced = vgpu_table_insert(&entry);
-    vgpu_log(VGPU_LOG_DEBUG, "%s %#llx: %llu bytes charged", family_names[family], (unsigned long long)key,
+    VGPU_LOG(VGPU_LOG_DEBUG, "%s %#llx: %llu bytes charged", family_names[family], (unsigned long long)key,
              (unsigned long long)c->bytes);
     if (replaced > 0) {
-        vgpu_log(VGPU_LOG_DEBUG, "allocation %#llx was freed behind our back; its %lld bytes are given back",
+        VGPU_LOG(VGPU_LOG_DEBUG, "allocation %#llx was freed behind our back; its %lld bytes are given back",
                  (unsigned long long)key, (long long)replaced);
         slot_subtract(c->slot, (uint64_t)replaced);
     } else if (replaced < 0) {
         /* Kept charged (the safe side) though no free will find it. */
-        vgpu_log(VGPU_LOG_ERROR, "out of host memory recording allocation %#llx", (unsigned long long)key);
+        VGPU_LOG(VGPU_LOG_ERROR, "out of host memory recording allocation %#llx", (unsigned long long)key);
     }
 }
 
@@ -156,7 +156,7 @@ void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresu
 {
     if (!known)
         return;
-    vgpu_log(VGPU_LOG_DEBUG, "%s %#llx freed (%d): %llu bytes %s", family_names[entry->family],
+    VGPU_LOG(VGPU_LOG_DEBUG, "%s %#llx freed (%d): %llu bytes %s", family_names[entry->family],
              (unsigned long long)entry->key, result, (unsigned long long)entry->size,
              result == CUDA_SUCCESS ? "given back" : "still held");
     if (result == CUDA_SUCCESS)

@@ -23,7 +23,7 @@ static void context_gone(CUcontext context)
         return;
     uint64_t bytes = vgpu_release_context(context);
     vgpu_driver_memory_context_gone(context);
-    vgpu_log(VGPU_LOG_INFO, "context %p is gone with %llu bytes of allocations", (void *)context,
+    VGPU_LOG(VGPU_LOG_INFO, "context %p is gone with %llu bytes of allocations", (void *)context,
              (unsigned long long)bytes);
 }
 

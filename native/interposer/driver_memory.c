@@ -52,7 +52,7 @@ static nvmlDevice_t slice_nvml_device(void)
     D.nvml_slice_device = device;
     atomic_store_explicit(&D.nvml_ready, device ? 1 : -1, memory_order_release);
     if (!device)
-        vgpu_log(VGPU_LOG_WARN, "NVML cannot find the slice's device: driver memory of contexts is not counted");
+        VGPU_LOG(VGPU_LOG_WARN, "NVML cannot find the slice's device: driver memory of contexts is not counted");
     return device;
 }
 
@@ -181,7 +181,7 @@ static int64_t measure_locked(struct vgpu_proc_slot *slot)
         if (!pid && (pid = find_nvml_pid(slot, &sample, allocated)) != 0) {
             __atomic_store_n(&slot->nvml_pid, (int32_t)pid, __ATOMIC_RELEASE);
             if (pid != (unsigned int)getpid())
-                vgpu_log(VGPU_LOG_INFO, "NVML lists this process (pid %d here) as pid %u", (int)getpid(), pid);
+                VGPU_LOG(VGPU_LOG_INFO, "NVML lists this process (pid %d here) as pid %u", (int)getpid(), pid);
         }
         /* Not listed: no context on the device yet, so no driver memory either. */
         int64_t used = pid ? sampled_use(&sample, pid) : NOT_LISTED;

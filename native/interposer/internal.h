@@ -49,18 +49,26 @@ uint64_t vgpu_now_ns(void);
 
 enum vgpu_log_level { VGPU_LOG_OFF = 0, VGPU_LOG_ERROR, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };
 
-/* The environment, read once (the first call) and never again. */
+/* The environment, read once (the first call) and never again: an inline check of `ready`
+ * (end of file), so that every log call does not pay for a pthread_once call. */
 struct vgpu_env {
     pthread_once_t once;
+    atomic_int ready;
     enum vgpu_log_level log_level; /* VGPU_LOG_LEVEL */
     char region_path[PATH_MAX];    /* VGPU_REGION, or empty */
     char kernel_id[64];            /* JUPYTER_VGPU_KERNEL_ID: the Jupyter kernel of this slice, or empty */
 };
-const struct vgpu_env *vgpu_env(void);
+static inline const struct vgpu_env *vgpu_env(void);
+const struct vgpu_env *vgpu_env_read(void);
 
 /* ---- log.c -------------------------------------------------------------------------- */
 
-void vgpu_log(enum vgpu_log_level level, const char *format, ...) __attribute__((format(printf, 2, 3)));
+/* Logs one line at `level` if VGPU_LOG_LEVEL asks for it. The check is inline and comes first,
+ * so a debug line on a hot path costs one compare while logging is off (its arguments are not
+ * even evaluated). */
+#define VGPU_LOG(level, ...) (vgpu_log_wanted(level) ? vgpu_log_line((level), __VA_ARGS__) : (void)0)
+static inline int vgpu_log_wanted(enum vgpu_log_level level);
+void vgpu_log_line(enum vgpu_log_level level, const char *format, ...) __attribute__((format(printf, 2, 3)));
 /* The one line a refused allocation prints, whatever the log level. */
 void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_t limit);
 /* Writes a whole line to stderr with write(2): no stdio, no locks a hook could deadlock on. */
@@ -185,8 +193,9 @@ struct vgpu_proc_slot *vgpu_self_slot(void);
  * of the slots stop there. */
 uint32_t vgpu_slots_in_use(const struct vgpu_region *region);
 
-/* This process's slot if it claimed one already (never claims); NULL otherwise. */
-struct vgpu_proc_slot *vgpu_claimed_slot(void);
+/* This process's slot if it claimed one already (never claims); NULL otherwise. Inline (end of
+ * file): every charge and free asks. */
+static inline struct vgpu_proc_slot *vgpu_claimed_slot(void);
 
 /* Whether this process gave its slot back (it is exiting): what it does from then on is no
  * longer counted, and not refused either. */
@@ -210,6 +219,7 @@ enum vgpu_fail_kind {
 };
 struct vgpu_region_state {
     pthread_once_t init_once;
+    atomic_int ready;                /* init_once has run: checked inline before calling it */
     struct vgpu_region *region;      /* set once by init; NULL when attaching failed */
     char attach_failure[PATH_MAX + 512];      /* why attaching failed, written once by init */
     pthread_once_t messages_once;
@@ -295,7 +305,6 @@ struct vgpu_alloc_shard {
     uint32_t live;
 } __attribute__((aligned(64)));
 struct vgpu_alloc_table_state {
-    pthread_once_t fork_handler_once;
     struct vgpu_alloc_shard shards[VGPU_ALLOC_SHARDS];
 };
 
@@ -451,8 +460,10 @@ struct vgpu_pacing_state {
 /* ---- monitor.c ---------------------------------------------------------------------- */
 
 /* This process's slot (vgpu_self_slot), for a process that uses the GPU: its monitor thread
- * runs from the first call on. NULL when failed closed. */
-struct vgpu_proc_slot *vgpu_gpu_slot(void);
+ * runs from the first call on. NULL when failed closed. Inline (end of file) once both are
+ * there; vgpu_gpu_slot_start() the first time. */
+static inline struct vgpu_proc_slot *vgpu_gpu_slot(void);
+struct vgpu_proc_slot *vgpu_gpu_slot_start(void);
 
 struct vgpu_monitor_state {
     pthread_once_t handlers_once; /* exit and fork handlers, registered once per process tree */
@@ -536,6 +547,32 @@ struct vgpu_state {
 };
 
 extern struct vgpu_state vgpu_state;
+
+static inline const struct vgpu_env *vgpu_env(void)
+{
+    if (__builtin_expect(atomic_load_explicit(&vgpu_state.env.ready, memory_order_acquire), 1))
+        return &vgpu_state.env;
+    return vgpu_env_read();
+}
+
+static inline int vgpu_log_wanted(enum vgpu_log_level level)
+{
+    return __builtin_expect(level != VGPU_LOG_OFF && level <= vgpu_env()->log_level, 0);
+}
+
+static inline struct vgpu_proc_slot *vgpu_claimed_slot(void)
+{
+    int index = atomic_load_explicit(&vgpu_state.region.slot_index, memory_order_acquire);
+    return index >= 0 && vgpu_state.region.region ? &vgpu_state.region.region->procs[index] : NULL;
+}
+
+static inline struct vgpu_proc_slot *vgpu_gpu_slot(void)
+{
+    struct vgpu_proc_slot *slot = vgpu_claimed_slot();
+    if (__builtin_expect(slot && atomic_load_explicit(&vgpu_state.monitor.started, memory_order_relaxed), 1))
+        return slot;
+    return vgpu_gpu_slot_start();
+}
 
 static inline void *vgpu_real(enum vgpu_hook_id id)
 {

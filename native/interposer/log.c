@@ -27,10 +27,9 @@ void vgpu_write_stderr(const char *text, size_t length)
     }
 }
 
-void vgpu_log(enum vgpu_log_level level, const char *format, ...)
+void vgpu_log_line(enum vgpu_log_level level, const char *format, ...)
 {
-    if (level == VGPU_LOG_OFF || level > vgpu_env()->log_level)
-        return;
+    (void)level; /* VGPU_LOG checked it */
     char line[1024];
     int prefix = snprintf(line, sizeof line, "jupyter-vgpu[%d]: ", (int)getpid());
     va_list args;

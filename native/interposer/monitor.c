@@ -94,11 +94,11 @@ static void start_monitor(void)
     pthread_attr_destroy(&attributes);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     if (failed) /* not tried again: `started` stays set */
-        vgpu_log(VGPU_LOG_WARN, "cannot start the monitor thread (%s): dead processes are reaped by "
+        VGPU_LOG(VGPU_LOG_WARN, "cannot start the monitor thread (%s): dead processes are reaped by "
                                 "others only", strerror(failed));
 }
 
-struct vgpu_proc_slot *vgpu_gpu_slot(void)
+struct vgpu_proc_slot *vgpu_gpu_slot_start(void)
 {
     struct vgpu_proc_slot *slot = vgpu_self_slot();
     if (slot && !atomic_load_explicit(&MON.started, memory_order_relaxed))

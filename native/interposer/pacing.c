@@ -230,7 +230,7 @@ static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
     else
         why = "NVML does not know the slice's device";
     if (c->nvml_state < 0)
-        vgpu_log(VGPU_LOG_WARN, "SM share not enforced: %s (NVML result %d)", why, result);
+        VGPU_LOG(VGPU_LOG_WARN, "SM share not enforced: %s (NVML result %d)", why, result);
 }
 
 struct utilisation {
@@ -398,7 +398,7 @@ static void decide(struct vgpu_controller *c, const struct vgpu_limits_snapshot 
     if (mode == VGPU_MODE_OFF)
         c->window_clean = 0; /* launches stop drawing: tokens no longer say what ran */
     if (mode != c->mode)
-        vgpu_log(VGPU_LOG_DEBUG, "pacing: share %u%% %s, mode %d -> %d, %.0f tokens/s", limits->sm_share,
+        VGPU_LOG(VGPU_LOG_DEBUG, "pacing: share %u%% %s, mode %d -> %d, %.0f tokens/s", limits->sm_share,
                  limits->policy == VGPU_POLICY_BURST ? "burst" : "hard", c->mode, mode, c->rate);
     c->mode = mode;
 }
@@ -426,17 +426,17 @@ static void control(struct vgpu_controller *c, struct vgpu_region *region, const
     if (!c->warned && c->nvml_state > 0 && (measured < 0 || c->unattributed_periods >= 40)) {
         c->warned = 1;
         if (measured < 0)
-            vgpu_log(VGPU_LOG_WARN, "SM share not enforced: nvmlDeviceGetProcessUtilization fails (NVML result %d)",
+            VGPU_LOG(VGPU_LOG_WARN, "SM share not enforced: nvmlDeviceGetProcessUtilization fails (NVML result %d)",
                      c->last_result);
         else
-            vgpu_log(VGPU_LOG_WARN, "SM share not enforced: NVML lists GPU processes but none of this slice's "
+            VGPU_LOG(VGPU_LOG_WARN, "SM share not enforced: NVML lists GPU processes but none of this slice's "
                                     "(are the slice's processes in another PID namespace?)");
     }
     if (measured > 0) {
         if (u.others_permille >= OTHERS_BUSY_PERMILLE)
             c->others_busy_until_ns = now_ns + OTHERS_BUSY_HOLD_NS;
         learn(c, &u);
-        vgpu_log(VGPU_LOG_DEBUG, "pacing: mode %d, slice %u, others %u per mille over %.3f s, %llu tokens drawn, cost %.3g, rate %.0f/s, integral %.3f%s",
+        VGPU_LOG(VGPU_LOG_DEBUG, "pacing: mode %d, slice %u, others %u per mille over %.3f s, %llu tokens drawn, cost %.3g, rate %.0f/s, integral %.3f%s",
                  c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c), c->rate,
                  c->integral, c->drained ? ", held back" : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
@@ -583,7 +583,7 @@ static void *controller_main(void *arg)
     uint64_t now = vgpu_now_ns();
     controller_reset(c, region, now);
     uint64_t next_tick = now;
-    vgpu_log(VGPU_LOG_INFO, "pacing: controller of the slice runs in this process");
+    VGPU_LOG(VGPU_LOG_INFO, "pacing: controller of the slice runs in this process");
     for (;;) {
         /* Another process took the lease (this one stalled past the stale limit): stand down. */
         if (__atomic_load_n(&region->controller_pid, __ATOMIC_ACQUIRE) != L.pid)
@@ -643,7 +643,7 @@ static void start_controller(struct vgpu_region *region)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         pthread_attr_destroy(&attr);
         if (result != 0)
-            vgpu_log(VGPU_LOG_WARN, "pacing: cannot start the controller thread (error %d)", result);
+            VGPU_LOG(VGPU_LOG_WARN, "pacing: cannot start the controller thread (error %d)", result);
     }
     if (result != 0) {
         atomic_store(&L.controller_running, 0);
@@ -673,7 +673,7 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
     if (__atomic_compare_exchange_n(&region->controller_pid, &holder, L.pid, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED)) {
         if (holder != 0)
-            vgpu_log(VGPU_LOG_INFO, "pacing: took the controller lease from process %d (heartbeat %.0f ms old)", holder,
+            VGPU_LOG(VGPU_LOG_INFO, "pacing: took the controller lease from process %d (heartbeat %.0f ms old)", holder,
                      (double)age / 1e6);
         __atomic_store_n(&region->controller_heartbeat_ns, now_ns, __ATOMIC_RELEASE);
         start_controller(region);

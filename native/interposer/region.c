@@ -108,7 +108,7 @@ static void release_slots_of_previous_image(struct vgpu_region *region)
         int32_t owner = pid;
         if (__atomic_compare_exchange_n(&region->procs[index].pid, &owner, SLOT_FREE, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_RELAXED))
-            vgpu_log(VGPU_LOG_INFO, "gave back slot %u of this process's image before exec", index);
+            VGPU_LOG(VGPU_LOG_INFO, "gave back slot %u of this process's image before exec", index);
     }
 }
 
@@ -123,16 +123,20 @@ static void initialise(void)
 {
     const struct vgpu_env *env = vgpu_env();
     if (attach_region(env->region_path) == 0) {
-        vgpu_log(VGPU_LOG_INFO, "attached to slice region %s", env->region_path);
+        VGPU_LOG(VGPU_LOG_INFO, "attached to slice region %s", env->region_path);
         release_slots_of_previous_image(R.region);
     } else
-        vgpu_log(VGPU_LOG_WARN, "%s", R.attach_failure);
+        VGPU_LOG(VGPU_LOG_WARN, "%s", R.attach_failure);
     pthread_atfork(NULL, NULL, after_fork_in_child);
+    atomic_store_explicit(&R.ready, 1, memory_order_release);
 }
 
+/* Every hook comes through here: an inline check first, the pthread_once call only until the
+ * constructor (or whatever ran first) has attached. */
 static inline void ensure_initialised(void)
 {
-    pthread_once(&R.init_once, initialise);
+    if (__builtin_expect(!atomic_load_explicit(&R.ready, memory_order_acquire), 0))
+        pthread_once(&R.init_once, initialise);
 }
 
 /* Cheap work at load (a few syscalls), so that the first hooked call finds everything ready;
@@ -320,7 +324,7 @@ int vgpu_reap_dead_slots(void)
             continue;
         if (__atomic_compare_exchange_n(&slot->pid, &owner, SLOT_FREE, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
             reaped++;
-            vgpu_log(VGPU_LOG_INFO, "reaped slot %u of process %d, which is gone", index, owner > 0 ? owner : -owner);
+            VGPU_LOG(VGPU_LOG_INFO, "reaped slot %u of process %d, which is gone", index, owner > 0 ? owner : -owner);
         }
     }
     return reaped;
@@ -341,12 +345,6 @@ uint64_t vgpu_slice_usage(void)
         total += __atomic_load_n(&slot->driver_reserved, __ATOMIC_SEQ_CST);
     }
     return total;
-}
-
-struct vgpu_proc_slot *vgpu_claimed_slot(void)
-{
-    int index = atomic_load_explicit(&R.slot_index, memory_order_acquire);
-    return index >= 0 && R.region ? &R.region->procs[index] : NULL;
 }
 
 int vgpu_is_slice_uuid(const char *uuid)
@@ -376,7 +374,7 @@ struct vgpu_proc_slot *vgpu_self_slot(void)
             fail(VGPU_FAIL_NO_SLOT);
             return NULL;
         }
-        vgpu_log(VGPU_LOG_INFO, "claimed slot %d of slice region %s", index, vgpu_env()->region_path);
+        VGPU_LOG(VGPU_LOG_INFO, "claimed slot %d of slice region %s", index, vgpu_env()->region_path);
         return &region->procs[index];
     }
     /* Another thread is claiming: a few microseconds. */

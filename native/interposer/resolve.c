@@ -98,7 +98,7 @@ static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library,
     if (real == hook)
         real = NULL; /* never forward a hook to itself */
     atomic_store_explicit(cache, real ? (uintptr_t)real : VGPU_REAL_MISSING, memory_order_release);
-    vgpu_log(VGPU_LOG_DEBUG, "%s -> %s %p", name, library_names[library], real);
+    VGPU_LOG(VGPU_LOG_DEBUG, "%s -> %s %p", name, library_names[library], real);
     return real;
 }
 

@@ -14,11 +14,7 @@ struct vgpu_state vgpu_state = {
     .env = {.once = PTHREAD_ONCE_INIT},
     .resolve = {.names_once = PTHREAD_ONCE_INIT, .reverse_once = PTHREAD_ONCE_INIT},
     .region = {.init_once = PTHREAD_ONCE_INIT, .messages_once = PTHREAD_ONCE_INIT, .slot_index = -1},
-    .alloc_table =
-        {
-            .fork_handler_once = PTHREAD_ONCE_INIT,
-            .shards = {[0 ... VGPU_ALLOC_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}},
-        },
+    .alloc_table = {.shards = {[0 ... VGPU_ALLOC_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}}},
     .driver_memory = {.fork_handler_once = PTHREAD_ONCE_INIT, .nvml_lock = PTHREAD_MUTEX_INITIALIZER},
     .monitor = {.handlers_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
     .pacing =
@@ -62,9 +58,10 @@ static void read_environment(void)
     env->log_level = parse_log_level(getenv("VGPU_LOG_LEVEL"));
     copy_value(env->region_path, sizeof env->region_path, getenv("VGPU_REGION"));
     copy_value(env->kernel_id, sizeof env->kernel_id, getenv("JUPYTER_VGPU_KERNEL_ID"));
+    atomic_store_explicit(&env->ready, 1, memory_order_release);
 }
 
-const struct vgpu_env *vgpu_env(void)
+const struct vgpu_env *vgpu_env_read(void)
 {
     pthread_once(&vgpu_state.env.once, read_environment);
     return &vgpu_state.env;
