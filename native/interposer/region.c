@@ -139,8 +139,9 @@ static inline void ensure_initialised(void)
         pthread_once(&R.init_once, initialise);
 }
 
-/* Cheap work at load (a few syscalls), so that the first hooked call finds everything ready;
- * the slot is claimed only when the process first uses the GPU. */
+/* At load, not at the first GPU call: the image this pid ran before an exec may have held a
+ * slot, which must stop counting whether or not this image ever uses the GPU. A few system
+ * calls; the slot itself is claimed only when the process first uses the GPU. */
 __attribute__((constructor)) static void attach_at_load(void)
 {
     ensure_initialised();
