@@ -8,11 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support import json_stand_in
 
 from jupyter_vgpu.model.sizes import parse_size
 
@@ -100,32 +99,14 @@ def stand_in_server():
     """A StandInServer on 127.0.0.1; ``.url`` ends in '/' like a Jupyter server's."""
     server = StandInServer()
 
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            authorization = self.headers.get("Authorization")
-            server.requests.append((self.command, self.path, body, authorization))
-            status, reply = server.answer(self.command, self.path, body, authorization)
-            data = json.dumps(reply).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def respond(method, path, body, headers):
+        authorization = headers.get("Authorization")
+        server.requests.append((method, path, body, authorization))
+        return server.answer(method, path, body, authorization)
 
-        do_GET = do_PATCH = _serve
-
-        def log_message(self, *args):
-            pass  # keep pytest's captured output to the test's own
-
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    server.url = f"http://127.0.0.1:{http.server_address[1]}/"
-    yield server
-    http.shutdown()
-    thread.join()
+    with json_stand_in(respond) as url:
+        server.url = url
+        yield server
 
 
 @pytest.fixture

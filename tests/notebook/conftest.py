@@ -5,11 +5,9 @@ builds its own client) and a scripted client (for the panel, which is handed one
 from __future__ import annotations
 
 import copy
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support import json_stand_in
 from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER, KERNEL_VARIABLES, RequestRefused, ServerUnavailable, kernel_environment
@@ -83,31 +81,13 @@ class FakeServer:
 def fake_server():
     server = FakeServer()
 
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            server.requests.append((self.command, self.path, body, self.headers.get(CREDENTIAL_HEADER)))
-            status, reply = server.answer(self.command, self.path, body)
-            data = json.dumps(reply).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def respond(method, path, body, headers):
+        server.requests.append((method, path, body, headers.get(CREDENTIAL_HEADER)))
+        return server.answer(method, path, body)
 
-        do_GET = do_PATCH = _serve
-
-        def log_message(self, *args):
-            pass  # keep pytest's captured output to the test's own
-
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    server.url = f"http://127.0.0.1:{http.server_address[1]}/base/"
-    yield server
-    http.shutdown()
-    thread.join()
+    with json_stand_in(respond) as url:
+        server.url = url + "base/"
+        yield server
 
 
 @pytest.fixture
