@@ -6,8 +6,11 @@
  *   - dlopen + dlsym: our `dlsym` (dlsym_entry.S) asks vgpu_dlsym_filter below;
  *   - cuGetProcAddress(_v2): we call the real one, then swap a real entry point of a hooked
  *     function for its hook.
- * Real entry points are looked up lazily, by exact name, from the real library's handle, and
- * cached per hook with acquire/release atomics.
+ * Real entry points are looked up lazily, by exact name, and cached per hook with acquire/release
+ * atomics. A hook forwards to the next definition after libvgpu.so in the global search order
+ * when there is one (another interposer loaded after us: HAMi-core's libvgpu.so, which HAMi
+ * loads through /etc/ld.so.preload, after the libraries of LD_PRELOAD), else to the real
+ * library's own (its handle's); a name the real library lacks stays missing either way.
  */
 #include <dlfcn.h>
 #include <string.h>
@@ -81,7 +84,15 @@ static void *library_handle(enum vgpu_library library, int may_load)
 }
 
 /* Looks `name` up in the real library once and caches the answer in `cache`; a miss is cached
- * only when the library is loaded (and thus really lacks it). `hook` is ours, never an answer. */
+ * only when the library is loaded (and thus really lacks it). `hook` is ours, never an answer.
+ *
+ * For a hook (`hook` set), the answer is the next definition after libvgpu.so in the global
+ * scope when there is one, the library's own otherwise. A library preloaded after us that
+ * wraps the same entry point (HAMi-core, through /etc/ld.so.preload) is bound by nobody: the
+ * program's references bind to our export, which comes first. Forwarding to the library's own
+ * entry point would bypass it, and with it its memory cap; forwarding to the next definition
+ * chains the two, so the lower cap wins. Entry points we only call (`hook` NULL) stay the
+ * library's own. */
 static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library, const char *name,
                             const void *hook, int may_load)
 {
@@ -97,6 +108,11 @@ static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library,
     void *real = lookup(handle, name);
     if (real == hook)
         real = NULL; /* never forward a hook to itself */
+    if (real && hook) {
+        void *next = lookup(RTLD_NEXT, name); /* RTLD_NEXT from this file: after libvgpu.so */
+        if (next && next != hook)
+            real = next;
+    }
     atomic_store_explicit(cache, real ? (uintptr_t)real : VGPU_REAL_MISSING, memory_order_release);
     VGPU_LOG(VGPU_LOG_DEBUG, "%s -> %s %p", name, library_names[library], real);
     return real;
@@ -111,6 +127,16 @@ static void *resolve_real(enum vgpu_hook_id id, int may_load)
 void *vgpu_real_lookup(enum vgpu_hook_id id)
 {
     return resolve_real(id, 1);
+}
+
+/* The real library's own entry point of hook `id` (not cached, never the hook), or NULL; unlike
+ * resolve_real, never another interposer's. Never loads the library. */
+static void *library_entry(enum vgpu_hook_id id)
+{
+    void *handle = library_handle(hook_table[id].library, 0);
+    vgpu_dlsym_fn lookup = real_dlsym();
+    void *entry = handle && lookup ? lookup(handle, hook_table[id].name) : NULL;
+    return entry == hook_table[id].hook ? NULL : entry;
 }
 
 static const struct vgpu_called_info {
@@ -191,17 +217,27 @@ struct vgpu_dlsym_decision vgpu_dlsym_filter(void *handle, const char *name)
     /* Only what the program could see anyway: a hook is handed out only where the real
      * library's entry point would have been found, else what the real dlsym answers (NULL when
      * the driver lacks the name: never a hook that would have nothing to call), and a lookup
-     * never loads the driver. For the global scope (RTLD_DEFAULT, RTLD_NEXT from the program
-     * or a library before us), RTLD_NEXT asked from here sees it without our own exports. */
+     * never loads the driver. For the global scope (RTLD_DEFAULT, RTLD_NEXT), RTLD_NEXT asked
+     * from here sees it without our own exports. */
     int global_scope = handle == RTLD_NEXT || handle == RTLD_DEFAULT;
     void *found = lookup(global_scope ? RTLD_NEXT : handle, name);
-    if (global_scope)
-        return (struct vgpu_dlsym_decision){found && resolve_real(id, 0) ? hook : found, NULL};
+    if (global_scope) {
+        if (!found || !resolve_real(id, 0))
+            return (struct vgpu_dlsym_decision){found, NULL};
+        /* RTLD_NEXT is the caller's next: the real dlsym, tail-called, answers it from the
+         * caller's return address. That is our hook for the program and libraries before us,
+         * and the next definition for a library after us (an interposer looking for its real
+         * entry point, as HAMi-core's does): our hook there would forward back into it. */
+        if (handle == RTLD_NEXT)
+            return (struct vgpu_dlsym_decision){NULL, (void *)lookup};
+        return (struct vgpu_dlsym_decision){hook, NULL};
+    }
     /* An explicit handle: the driver's, NVML's, one whose dependencies include them, or the
-     * global scope (dlopen(NULL)), which finds our export first. */
+     * global scope (dlopen(NULL)), which finds our export first. The library's own entry point
+     * is swapped for the hook; another interposer's, found through its own handle, is not. */
     if (found == hook)
         return (struct vgpu_dlsym_decision){resolve_real(id, 0) ? hook : NULL, NULL};
-    if (found && found == resolve_real(id, 0))
+    if (found && found == library_entry(id))
         return (struct vgpu_dlsym_decision){hook, NULL};
     return (struct vgpu_dlsym_decision){found, NULL};
 }
@@ -214,23 +250,32 @@ static uint32_t pointer_hash(uintptr_t pointer)
     return (uint32_t)(mixed >> 40);
 }
 
+static void reverse_insert(uintptr_t real, int id)
+{
+    if (!real)
+        return;
+    uint32_t slot = pointer_hash(real) & (VGPU_REVERSE_TABLE_SIZE - 1);
+    /* Two hooks sharing one real function (a driver may alias _ptsz variants) forward to the
+     * same place, so the first one serves both. */
+    while (R.reverse_hook[slot] && R.reverse_real[slot] != real)
+        slot = (slot + 1) & (VGPU_REVERSE_TABLE_SIZE - 1);
+    if (!R.reverse_hook[slot]) {
+        R.reverse_real[slot] = real;
+        R.reverse_hook[slot] = (uint16_t)(id + 1);
+    }
+}
+
+/* Both what a hook forwards to and the driver's own entry point lead to the hook: with an
+ * interposer after us, cuGetProcAddress answers with its wrappers for the names it wraps and the
+ * driver's entry points for the rest (at most two entries per CUDA hook: the table stays under
+ * half full). */
 static void build_reverse_table(void)
 {
     for (int id = 0; id < VGPU_HOOK_COUNT; id++) {
         if (hook_table[id].library != VGPU_LIB_CUDA)
             continue;
-        uintptr_t real = (uintptr_t)vgpu_real((enum vgpu_hook_id)id);
-        if (!real)
-            continue;
-        uint32_t slot = pointer_hash(real) & (VGPU_REVERSE_TABLE_SIZE - 1);
-        /* Two hooks sharing one real function (a driver may alias _ptsz variants) forward to
-         * the same place, so the first one serves both. */
-        while (R.reverse_hook[slot] && R.reverse_real[slot] != real)
-            slot = (slot + 1) & (VGPU_REVERSE_TABLE_SIZE - 1);
-        if (!R.reverse_hook[slot]) {
-            R.reverse_real[slot] = real;
-            R.reverse_hook[slot] = (uint16_t)(id + 1);
-        }
+        reverse_insert((uintptr_t)vgpu_real((enum vgpu_hook_id)id), id);
+        reverse_insert((uintptr_t)library_entry((enum vgpu_hook_id)id), id);
     }
 }
 
