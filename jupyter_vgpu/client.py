@@ -163,7 +163,12 @@ def slice_name(model: dict[str, Any]) -> str:
 
 
 def device_label(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
-    """``1 · Sim Large`` for a slice's device (the name from GET devices, when it lists it)."""
+    """``1 · Sim Large`` for a slice's device (the name from GET devices, when it lists it); for a
+    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4096 MiB, 30%)``."""
+    if model.get("device") is None:
+        location = model.get("location") or {}
+        where = " · ".join(filter(None, [location.get("node", ""), location.get("gpu", "")]))
+        return f"pod {location.get('pod', '?')}" + (f" on {where}" if where else " (not placed yet)")
     index = model["device"]["index"]
     names = [device["name"] for device in devices if device["uuid"] == model["device"]["uuid"]]
     return f"{index} · {names[0]}" if names else str(index)

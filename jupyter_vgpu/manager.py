@@ -25,7 +25,8 @@ WARNINGS_KEY = "warnings"
 
 class SliceRefused(Exception):
     """A slice that cannot be had; ``kind`` is ``capacity`` (no room: try less or stop a
-    kernel) or ``invalid`` (the request itself is wrong). The message is short, whole sentences,
+    kernel), ``invalid`` (the request itself is wrong) or ``cluster`` (a pod kernel the cluster
+    did not run). The message is short, whole sentences,
     free of ``%`` (jupyter_server doubles it in the error it makes of a failed session start)."""
 
     def __init__(self, message: str, *, kind: str):
@@ -126,6 +127,7 @@ class SliceManager(LoggingConfigurable):
         for every process in it. Raises UnknownSlice, SliceValueError, CapacityError."""
         current = self.get(kernel_id)
         wanted = current.limits.changed(memory=memory, cores=cores, policy=policy)
+        self.holder(current).check_limits(current, wanted)
         allocation = self.ledger.resize(
             kernel_id, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy
         )
@@ -136,6 +138,17 @@ class SliceManager(LoggingConfigurable):
         allocation = self.ledger.release(kernel_id)
         for holder in self.holders.values():
             holder.release(kernel_id)
+        return allocation
+
+    def report_usage(self, kernel_id: str, report: dict) -> Allocation:
+        """Take a usage report from a kernel that runs elsewhere (a pod's agent) and return its
+        slice, whose limits the agent then puts in force. Raises UnknownSlice, and ValueError
+        for a slice whose holder reads usage itself."""
+        allocation = self.get(kernel_id)
+        record = getattr(self.holder(allocation), "record_report", None)
+        if record is None:
+            raise ValueError(f"kernel {kernel_id!r} holds a {allocation.holder} slice, whose usage the server reads itself")
+        record(allocation, report)
         return allocation
 
     def record_kernel(self, kernel_id: str, provisioner_info: dict) -> None:

@@ -197,3 +197,57 @@ def make_slice(native_libs, tmp_path):
     yield create
     for region in regions:
         region.close()
+
+
+# -- kernels of a real server (tests/server, tests/pods) ------------------------------------------
+
+
+@pytest.fixture
+def run_in_kernel(jp_serverapp):
+    """run_in_kernel(kernel_id, code) -> the kernel's stdout for that code."""
+    clients = []
+
+    async def run(kernel_id: str, code: str) -> str:
+        client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
+        client.start_channels()
+        clients.append(client)
+        await client.wait_for_ready(timeout=60)
+        chunks = []
+
+        def collect(message):
+            if message["msg_type"] == "stream":
+                chunks.append(message["content"]["text"])
+            elif message["msg_type"] == "error":
+                chunks.append("\n".join(message["content"]["traceback"]))
+
+        reply = await client.execute_interactive(code, output_hook=collect, timeout=60)
+        assert reply["content"]["status"] == "ok", "".join(chunks)
+        return "".join(chunks)
+
+    yield run
+    for client in clients:
+        client.stop_channels()
+
+
+@pytest.fixture
+def cuda_prelude() -> str:
+    """Kernel code defining memory() and allocate(size) over the CUDA driver, via ctypes."""
+    return CUDA_PRELUDE
+
+
+CUDA_PRELUDE = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+device, context = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuDeviceGet(ctypes.byref(device), 0)
+cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+cuda.cuCtxSetCurrent(context)
+def memory():
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+    return free.value, total.value
+def allocate(size):
+    pointer = ctypes.c_uint64()
+    return cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size))
+"""

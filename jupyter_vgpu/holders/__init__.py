@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from jupyter_vgpu.holders.region import ProcessUsage
 from jupyter_vgpu.ledger import Allocation
+from jupyter_vgpu.model import SliceLimits
 
 
 @dataclass(frozen=True)
@@ -21,14 +22,19 @@ class SliceUsage:
     """What a slice's processes use now, as its holder reads it.
 
     ``state``: ``running`` (a process of the kernel is in the slice), ``idle`` (none is), ``lost``
-    (the holder cannot find the slice). ``warnings``: sentences for people, e.g. limits someone
-    changed that the holder restored.
+    (the holder cannot find the slice); a pod's slice also ``scheduling``, ``pulling``,
+    ``starting``, ``stopping``, ``failed``, ``exited``, ``gone``. ``message``: that state in a
+    sentence, where there is more to say (the scheduler's reason). ``location``: where the slice
+    is beyond this machine (``node``, ``gpu``). ``warnings``: sentences for people, e.g. limits
+    someone changed that the holder restored.
     """
 
     state: str
     processes: list[ProcessUsage] = field(default_factory=list)
     sm_util_percent: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    message: str = ""
+    location: dict[str, str] = field(default_factory=dict)
 
     @property
     def memory_used(self) -> int:
@@ -41,6 +47,10 @@ class Holder(Protocol):
 
     def create(self, allocation: Allocation) -> None:
         """Make the place the slice lives in, with the allocation's limits."""
+
+    def check_limits(self, allocation: Allocation, wanted: SliceLimits) -> None:
+        """Raise CapacityError if the slice's place cannot hold ``wanted`` (a pod holds at most
+        what the cluster granted it); called before the ledger decides a resize."""
 
     def apply_limits(self, allocation: Allocation) -> None:
         """Make the allocation's (new) limits the ones in force."""
@@ -62,5 +72,6 @@ class Holder(Protocol):
 
 
 from jupyter_vgpu.holders.local import LocalHolder  # noqa: E402  (local.py needs SliceUsage)
+from jupyter_vgpu.holders.pod import PodHolder  # noqa: E402
 
-__all__ = ["Holder", "LocalHolder", "ProcessUsage", "SliceUsage"]
+__all__ = ["Holder", "LocalHolder", "PodHolder", "ProcessUsage", "SliceUsage"]

@@ -105,6 +105,9 @@ class LocalHolder:
         device = Device(allocation.device_uuid, allocation.device_index, "", 0, 0)
         self._regions[allocation.kernel_id] = self.new_region(allocation.kernel_id, allocation.limits, device)
 
+    def check_limits(self, allocation: Allocation, wanted: SliceLimits) -> None:
+        """A region holds any limits; the ledger checks the device's capacity."""
+
     def apply_limits(self, allocation: Allocation) -> None:
         self.region(allocation.kernel_id).set_limits(
             memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy

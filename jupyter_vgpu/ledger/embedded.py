@@ -279,9 +279,14 @@ class EmbeddedLedger:
         metadata: dict | None = None,
         holder: str = "local",
     ) -> Allocation:
-        """Place a slice for a kernel on ``device`` or where the placement policy puts it."""
+        """Place a slice for a kernel on ``device`` or where the placement policy puts it.
+
+        A slice held on this machine (``holder="local"``) is placed on its devices; one held
+        elsewhere (a pod) is placed by the cluster's scheduler, so only this server's own limits
+        (largest slice, memory and number of slices) apply and it takes no device's room."""
         self._check_max_slice(limits)
-        named = None if device is None else select_device(self._devices, device)
+        local = holder == "local"
+        named = None if device is None or not local else select_device(self._devices, device)
         metadata_text = json.dumps(metadata or {})
         with self._decision() as db:
             existing = self._get(db, kernel_id)
@@ -296,11 +301,11 @@ class EmbeddedLedger:
             usages = self._usages(held)
             if named is not None:
                 usages = [usage for usage in usages if usage.device.uuid == named.uuid]
-            chosen = self._place(limits, usages, named=named is not None)
+            chosen = self._place(limits, usages, named=named is not None) if local else None
             allocation = Allocation(
                 kernel_id=kernel_id,
-                device_uuid=chosen.uuid,
-                device_index=chosen.index,
+                device_uuid=chosen.uuid if chosen else "",
+                device_index=chosen.index if chosen else -1,
                 memory_limit=limits.memory_limit,
                 sm_share=limits.sm_share,
                 policy=limits.policy,
@@ -353,7 +358,8 @@ class EmbeddedLedger:
             others = self._held(db, excluding=kernel_id)
             if wanted.memory_limit > current.memory_limit:
                 self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
-            self._check_resize_fits(kernel_id, current, wanted, others)
+            if current.holder == "local":  # elsewhere, the holder checks what the cluster granted
+                self._check_resize_fits(kernel_id, current, wanted, others)
             resized = replace(
                 current, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy
             )

@@ -9,7 +9,8 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
-from jupyter_vgpu.holders import LocalHolder
+from jupyter_vgpu.holders import LocalHolder, PodHolder
+from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.holders.local import default_region_dir, private_folder
 from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.manager import SliceManager
@@ -26,7 +27,9 @@ from jupyter_vgpu.model import (
     select_device,
     use_simulator,
 )
+from jupyter_vgpu.pods.cluster import default_namespace
 from jupyter_vgpu.provisioning.local import MANAGER_SETTING
+from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
 from jupyter_vgpu.server.errors import refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 
@@ -65,6 +68,11 @@ class VGPUApp(ExtensionApp):
     placement = Unicode("binpack", config=True, help="Where new slices go: binpack (fill a GPU first) or spread (even out).")
     region_dir = Unicode("", config=True, help="Folder of slice region files. Empty: <jupyter runtime dir>/vgpu/regions.")
     ledger_path = Unicode("", config=True, help="SQLite file of the GPU ledger. Empty: <jupyter runtime dir>/vgpu/ledger.sqlite.")
+    local_gpus = Bool(
+        True,
+        config=True,
+        help="Whether this machine's GPUs hold slices. False for a server without GPUs that starts only pod kernels (vgpu-pod-provisioner).",
+    )
     watch_interval = Float(0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released.")
 
     @validate("reserve", "default_memory", "max_memory", "server_memory_limit")
@@ -108,10 +116,12 @@ class VGPUApp(ExtensionApp):
         if self.simulate:
             use_simulator()
         try:
-            found = list_devices()
+            found = list_devices() if self.local_gpus else []
             chosen = [select_device(found, selector) for selector in self.devices] if self.devices else found
         except (DeviceError, SliceValueError) as error:
-            raise SystemExit(f"jupyter_vgpu: {error}") from None
+            raise SystemExit(
+                f"jupyter_vgpu: {error}. A server that starts only pod kernels needs no GPU: set VGPUApp.local_gpus = False"
+            ) from None
         max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
         ledger_path = Path(self.ledger_path) if self.ledger_path else Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
         private_folder(ledger_path.parent)
@@ -127,7 +137,10 @@ class VGPUApp(ExtensionApp):
         )
         manager = SliceManager(
             ledger,
-            [LocalHolder(Path(self.region_dir) if self.region_dir else default_region_dir(), simulate=self.simulate)],
+            [
+                LocalHolder(Path(self.region_dir) if self.region_dir else default_region_dir(), simulate=self.simulate),
+                PodHolder(new_server_instance(), self._pod_scopes(), log=self.log),
+            ],
             SliceLimits(parse_size(self.default_memory), self.default_cores, self.default_policy),
             start_error=refusal_for_http,
             parent=self,
@@ -143,6 +156,19 @@ class VGPUApp(ExtensionApp):
             " (simulated)" if self.simulate else "",
             ", ".join(f"{d.index} {d.name}" for d in chosen),
         )
+
+    def _pod_scopes(self) -> list[PodScope]:
+        """Where this server's kernel pods go (each pod kernelspec's namespace and owner): where a
+        restarted server looks for pods its predecessor left."""
+        scopes = set()
+        for spec in self.serverapp.kernel_spec_manager.get_all_specs().values():
+            provisioner = spec.get("spec", {}).get("metadata", {}).get("kernel_provisioner", {})
+            if provisioner.get("provisioner_name") != POD_PROVISIONER_NAME:
+                continue
+            chosen = {key: value for key, value in provisioner.get("config", {}).items() if key in ("namespace", "owner")}
+            settings = VGPUPodProvisioner(config=self.config, **chosen)
+            scopes.add(PodScope(settings.namespace or default_namespace(), settings.owner or default_owner()))
+        return sorted(scopes, key=lambda scope: (scope.namespace, scope.owner))
 
     def _watch_slices(self) -> None:
         """Free the slices of kernels that are gone, and put back limits a kernel rewrote.

@@ -6,7 +6,8 @@ from tornado.web import HTTPError
 
 from jupyter_vgpu.manager import SliceRefused
 
-REFUSAL_STATUS = {"capacity": 409, "invalid": 400}
+# cluster: the Kubernetes API, its scheduler or the kernel pod said no, or the start timed out.
+REFUSAL_STATUS = {"capacity": 409, "invalid": 400, "cluster": 503}
 
 
 class VGPUHTTPError(HTTPError):
@@ -31,7 +32,7 @@ class VGPUHTTPError(HTTPError):
 
 class StartRefused(VGPUHTTPError, SliceRefused):
     """A kernel start the slice manager refused, as the error jupyter_server passes on to the
-    client of POST /api/kernels with its status (409 or 400) and message; POST /api/sessions
+    client of POST /api/kernels with its status (409, 400 or 503) and message; POST /api/sessions
     turns any start error into a 500 but keeps the message."""
 
     def __init__(self, refusal: SliceRefused):

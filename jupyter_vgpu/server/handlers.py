@@ -23,9 +23,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER
+from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, UnknownSlice
 from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
 from jupyter_vgpu.provisioning.local import MANAGER_SETTING, PROVISIONER_NAME
+from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 
 AUTH_RESOURCE = "vgpu"
@@ -40,8 +42,12 @@ FIELD_TYPES = {
     "name": (str,),
     "device": (str, int),
     "path": (str,),
+    "processes": (list,),
+    "sm_util": (int, float),
+    "limits": (dict,),
 }
 MAX_BODY = 64 * 1024
+REPORT_FIELDS = {"processes", "sm_util", "limits"}
 
 
 def device_model(usage: DeviceUsage) -> dict[str, Any]:
@@ -73,7 +79,10 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
         "owner": allocation.owner,
         "holder": allocation.holder,
         "state": usage.state,
-        "device": {"index": allocation.device_index, "uuid": allocation.device_uuid},
+        "message": usage.message,
+        "location": usage.location,
+        # A pod's slice is on no device of this machine: where it is, is in ``location``.
+        "device": {"index": allocation.device_index, "uuid": allocation.device_uuid} if allocation.device_uuid else None,
         "limits": {"memory_bytes": allocation.memory_limit, "cores": allocation.sm_share, "policy": allocation.policy},
         "usage": {
             "memory_bytes": usage.memory_used,
@@ -148,7 +157,8 @@ class VGPUHandler(APIHandler):
             raise VGPUHTTPError(400, f"unknown field(s) {shown}; accepted: {', '.join(sorted(allowed))}")
         for key, value in body.items():
             if not isinstance(value, FIELD_TYPES[key]) or isinstance(value, bool):
-                kinds = " or ".join({str: "a string", int: "a number", float: "a number"}[kind] for kind in FIELD_TYPES[key])
+                names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
+                kinds = " or ".join(dict.fromkeys(names[kind] for kind in FIELD_TYPES[key]))
                 raise VGPUHTTPError(400, f"field {key!r} must be {kinds}, not {json.dumps(value)[:40]}")
         return body
 
@@ -206,6 +216,56 @@ class SliceHandler(VGPUHandler):
         self.finish(json.dumps(slice_model(status, await self.session_paths())))
 
 
+def _whole(value: Any, name: str, lowest: int = 0, highest: int = 1 << 62) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
+        raise VGPUHTTPError(400, f"{name} must be a whole number from {lowest} to {highest}, not {json.dumps(value)[:40]}")
+    return value
+
+
+def usage_report(body: dict[str, Any]) -> dict[str, Any]:
+    """A pod agent's usage report, checked field by field (see UsageReport in api.yaml)."""
+    processes = body.get("processes", [])
+    if not isinstance(processes, list) or len(processes) > 1024:
+        raise VGPUHTTPError(400, "processes must be a list of at most 1024 process reports")
+    checked = []
+    for process in processes:
+        if not isinstance(process, dict) or set(process) - set(PROCESS_REPORT_FIELDS):
+            raise VGPUHTTPError(400, f"each process report is an object with the fields {', '.join(PROCESS_REPORT_FIELDS)}")
+        checked.append({name: _whole(process.get(name, 0), f"process field {name!r}") for name in PROCESS_REPORT_FIELDS})
+    sm_util = body.get("sm_util", 0.0)
+    if isinstance(sm_util, bool) or not isinstance(sm_util, (int, float)) or not 0 <= sm_util <= 100:
+        raise VGPUHTTPError(400, "sm_util must be a number from 0 to 100 (percent)")
+    limits = body.get("limits")
+    if limits is not None:
+        if not isinstance(limits, dict) or set(limits) != {"memory_bytes", "cores", "policy"}:
+            raise VGPUHTTPError(400, "limits must be an object with memory_bytes, cores and policy (the limits the pod has in force)")
+        _whole(limits["memory_bytes"], "limits.memory_bytes")
+        _whole(limits["cores"], "limits.cores", 1, 100)
+        if limits["policy"] not in ("hard", "burst"):
+            raise VGPUHTTPError(400, "limits.policy must be hard or burst")
+    return {"processes": checked, "sm_util": float(sm_util), "limits": limits}
+
+
+class UsageReportHandler(VGPUHandler):
+    """Where a pod kernel's in-pod agent reports its usage; the reply is the slice, whose limits
+    the agent puts in force (so a resize reaches a pod without the server reaching into it)."""
+
+    kernel_actions = frozenset({"write"})
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        body = self.json_body(REPORT_FIELDS)
+        try:
+            self.slices.report_usage(kernel_id, usage_report(body))
+            status = self.slices.status(self.slices.get(kernel_id))
+        except UnknownSlice as error:
+            raise VGPUHTTPError(404, str(error)) from None
+        except ValueError as error:
+            raise VGPUHTTPError(409, str(error)) from None
+        self.finish(json.dumps(slice_model(status, {})))
+
+
 class KernelsHandler(VGPUHandler):
     """Start a kernel with a chosen slice: the standard POST /api/kernels carries only a name."""
 
@@ -219,7 +279,7 @@ class KernelsHandler(VGPUHandler):
         except Exception:
             raise VGPUHTTPError(404, f"no kernelspec named {name!r}") from None
         provisioner = spec.metadata.get("kernel_provisioner", {}).get("provisioner_name")
-        if provisioner != PROVISIONER_NAME:
+        if provisioner not in (PROVISIONER_NAME, POD_PROVISIONER_NAME):
             raise VGPUHTTPError(400, f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec")
         requested = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         requested["owner"] = getattr(self.current_user, "username", "")
@@ -282,6 +342,7 @@ HANDLERS = [
     (r"/api/vgpu/devices", DevicesHandler),
     (r"/api/vgpu/slices", SlicesHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/usage", UsageReportHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
     (r"/api/vgpu/.*", NotFoundHandler),

@@ -60,6 +60,24 @@ def test_admit_records_where_the_slice_is_held(open_ledger, gpu):
     assert in_a_pod.holder == ledger.get("k2").holder == "pod"
 
 
+def test_a_slice_held_in_a_pod_takes_no_device_room_but_counts_for_the_server(open_ledger, gpu):
+    """The cluster's scheduler places a pod's slice: it is on none of this machine's devices (a
+    server for pod kernels may have none), resizes are not held to a device, and this server's
+    own limits (largest slice, slices and memory in all) still apply."""
+    ledger = open_ledger([], max_slice=SliceLimits(8 * GIB, 100), server_slice_limit=2, server_memory_limit=10 * GIB)
+    pod = ledger.admit("k1", SliceLimits(6 * GIB, 30), holder="pod")
+    assert (pod.device_uuid, pod.device_index) == ("", -1)
+    assert ledger.devices_usage() == []
+    assert ledger.resize("k1", memory_limit=8 * GIB).memory_limit == 8 * GIB
+    with pytest.raises(SliceValueError, match="at most 8GiB"):
+        ledger.admit("k2", SliceLimits(9 * GIB), holder="pod")
+    with pytest.raises(CapacityError, match="may hold 10GiB of GPU memory in all"):
+        ledger.admit("k2", SliceLimits(4 * GIB), holder="pod")
+    ledger.admit("k2", SliceLimits(2 * GIB), holder="pod")
+    with pytest.raises(CapacityError, match="at most 2 GPU slices"):
+        ledger.admit("k3", SliceLimits(GIB), holder="pod")
+
+
 def test_any_kernel_id_names_one_slice(open_ledger, gpu):
     # Ids reach the remote ledger in a URL path: a "/", "%", "?" or non-ASCII must not change them.
     ledger = open_ledger([gpu(0, 80)])

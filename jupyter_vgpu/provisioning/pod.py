@@ -1,0 +1,389 @@
+"""The pod kernel provisioner: each kernel a Kubernetes pod that asks the cluster's GPU-sharing
+scheduler (HAMi or alike) for its slice as extended resources.
+
+A kernelspec selects it with::
+
+    "interrupt_mode": "message",
+    "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-pod-provisioner",
+                                        "config": {"image": "...", "memory": "8GiB", "cores": 30}}}
+
+Every setting below is a traitlet, set in the server's config (``c.VGPUPodProvisioner.*``) or per
+kernelspec (its ``config``). A start admits the slice in the server's ledger (its own limits on
+slices apply; the cluster decides where it fits), creates the pod and then its Secret (the
+connection file and the kernel's credential, owned by the pod), waits until the pod runs, saying
+what it waits for, and connects to the pod's IP. Nothing in the pod calls back. A restart is a new
+pod; shutdown deletes the pod and its Secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, validate
+
+from jupyter_vgpu.holders.pod import GRANT_KEY, POD_KEY, PodHolder
+from jupyter_vgpu.manager import SliceManager, SliceRefused
+from jupyter_vgpu.model import DEFAULT_LIMITS, decide_limits
+from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
+from jupyter_vgpu.pods.cluster import Cluster, ClusterError, default_namespace
+from jupyter_vgpu.pods.manifest import PORT_NAMES, KernelPod, ManifestError, PodSettings, pod_manifest, secret_manifest
+from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
+from jupyter_vgpu.provisioning.local import MANAGER_SETTING, _forget_refused_start
+
+POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
+
+
+def default_owner() -> str:
+    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+
+class PodStartFailed(SliceRefused):
+    """A pod kernel that did not come up: the scheduler, the image, the container or the API
+    said no, or the start timed out; the message says what it waited for."""
+
+    def __init__(self, message: str):
+        super().__init__(message, kind="cluster")
+
+
+class VGPUPodProvisioner(KernelProvisionerBase):
+    """Starts a kernel as a pod in a GPU slice the cluster grants."""
+
+    # -- the slice, as for local kernels ------------------------------------------------------
+    memory = Unicode("", config=True, help=f"Memory cap of the kernel's slice: {SIZE_HELP}. Empty: the server's default.")
+    cores = Unicode("", config=True, help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty: the server's default.")
+    policy = Unicode("", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty: the server's default.")
+
+    # -- the pod ------------------------------------------------------------------------------
+    namespace = Unicode("", config=True, help="Namespace of kernel pods. Empty: the server pod's own namespace, else 'default'.")
+    image = Unicode(PodSettings.image, config=True, help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (docs/kubernetes.md).")
+    image_pull_policy = Unicode("IfNotPresent", config=True, help="Always, IfNotPresent or Never.")
+    image_pull_secrets = List(Unicode(), config=True, help="Names of Secrets to pull the image with.")
+    service_account = Unicode("", config=True, help="Service account of kernel pods (its token is not mounted). Empty: the namespace's default.")
+    scheduler_name = Unicode("", config=True, help="schedulerName of kernel pods, e.g. hami-scheduler. Empty: the cluster's default.")
+    node_selector = Dict(config=True, help="nodeSelector of kernel pods.")
+    tolerations = List(Dict(), config=True, help="tolerations of kernel pods.")
+    extra_labels = Dict(config=True, help="Labels added to kernel pods (ours win on a clash).")
+    extra_annotations = Dict(config=True, help="Annotations of kernel pods.")
+    extra_env = Dict(config=True, help="Environment of the kernel container. Nothing of the server's environment is copied.")
+    cpu_request = Unicode("", config=True, help="CPU request of the kernel container (a quantity like 500m). Empty: none.")
+    cpu_limit = Unicode("", config=True, help="CPU limit of the kernel container. Empty: none.")
+    memory_request = Unicode("", config=True, help="RAM request of the kernel container (a quantity like 4Gi). Empty: none.")
+    memory_limit = Unicode("", config=True, help="RAM limit of the kernel container. Empty: none.")
+    gpu_resource = Unicode("nvidia.com/gpu", config=True, help="Extended resource for one (virtual) GPU; 1 is asked for.")
+    memory_resource = Unicode("nvidia.com/gpumem", config=True, help="Extended resource for GPU memory (e.g. aliyun.com/gpu-mem).")
+    memory_resource_unit = Unicode("MiB", config=True, help="Unit of memory_resource: MiB (HAMi) or GiB (gpushare).")
+    cores_resource = Unicode("nvidia.com/gpucores", config=True, help="Extended resource for the SM share in percent. Empty: not asked for.")
+    pod_template = Dict(config=True, help="Merged into the generated pod: mappings merge, other values replace, null removes.")
+    python = Unicode("python", config=True, help="The Python of the kernel image.")
+    in_pod_slices = Bool(True, config=True, help="Run the kernel under jupyter-vgpu's interposer in the pod (the image must carry jupyter-vgpu): usage reports and live resizes within the pod's grant.")
+    simulate = Bool(False, config=True, help="The kernel uses the simulated GPU in its pod (trying and testing without GPUs).")
+    kernel_ports = List(Int(), default_value=list(PodSettings.ports), config=True, help=f"The kernel's five ports in its pod ({', '.join(PORT_NAMES)}).")
+
+    # -- the start ----------------------------------------------------------------------------
+    start_timeout = Float(300.0, config=True, help="Seconds a start waits for its pod to run; then the pod is deleted and the start fails saying what it waited for.")
+    poll_interval = Float(0.5, config=True, help="Seconds between readings of a starting pod.")
+    report_interval = Float(1.0, config=True, help="Seconds between the in-pod agent's usage reports (which also carry resizes to the pod).")
+    server_url = Unicode("", config=True, help="URL of this Jupyter server as kernel pods reach it. Empty: the server's own connection URL (often localhost, which a pod cannot reach).")
+    owner = Unicode("", config=True, help="Owner label of kernel pods; a restarted server deletes the pods its predecessor of the same owner left. Empty: $JUPYTERHUB_USER or the Unix user.")
+
+    @validate("start_timeout", "poll_interval", "report_interval")
+    def _positive(self, proposal):
+        if proposal["value"] <= 0:
+            raise TraitError(f"VGPUPodProvisioner.{proposal['trait'].name} must be more than 0 seconds")
+        return proposal["value"]
+
+    _pod: KernelPod | None = None
+    _starts = 0
+    _namespace = ""
+    _state: PodState | None = None
+    _state_at = 0.0
+    _standalone_cluster: Cluster | None = None
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def pod_settings(self) -> PodSettings:
+        """The traits as one checked PodSettings; ManifestError names a wrong one."""
+        settings = PodSettings(
+            namespace=self.namespace or default_namespace(),
+            image=self.image,
+            image_pull_policy=self.image_pull_policy,
+            image_pull_secrets=tuple(self.image_pull_secrets),
+            service_account=self.service_account,
+            scheduler_name=self.scheduler_name,
+            node_selector={str(k): str(v) for k, v in self.node_selector.items()},
+            tolerations=list(self.tolerations),
+            labels={str(k): str(v) for k, v in self.extra_labels.items()},
+            annotations={str(k): str(v) for k, v in self.extra_annotations.items()},
+            env={str(k): str(v) for k, v in self.extra_env.items()},
+            cpu_request=self.cpu_request,
+            cpu_limit=self.cpu_limit,
+            memory_request=self.memory_request,
+            memory_limit=self.memory_limit,
+            gpu_resource=self.gpu_resource,
+            memory_resource=self.memory_resource,
+            memory_resource_unit=self.memory_resource_unit,
+            cores_resource=self.cores_resource,
+            pod_template=dict(self.pod_template),
+            python=self.python,
+            in_pod_slices=self.in_pod_slices,
+            ports=tuple(self.kernel_ports),
+        )
+        settings.check()
+        return settings
+
+    def _configured(self) -> dict[str, str]:
+        return {"memory": self.memory, "cores": self.cores, "policy": self.policy}
+
+    def _server_app(self):
+        owner = self.parent
+        while owner is not None:
+            if hasattr(owner, "web_app") and hasattr(owner, "connection_url"):
+                return owner
+            owner = getattr(owner, "parent", None)
+        return None
+
+    def slice_manager(self) -> SliceManager | None:
+        web_app = getattr(self._server_app(), "web_app", None)
+        return web_app.settings.get(MANAGER_SETTING) if web_app is not None else None
+
+    def _holder(self) -> PodHolder | None:
+        manager = self.slice_manager()
+        return manager.holders.get(PodHolder.kind) if manager is not None else None
+
+    def _cluster(self) -> Cluster:
+        holder = self._holder()
+        if holder is not None:
+            return holder.cluster
+        if self._standalone_cluster is None:
+            self._standalone_cluster = Cluster.from_environment()
+        return self._standalone_cluster
+
+    def _server_instance(self) -> str:
+        holder = self._holder()
+        return holder.server_instance if holder is not None else f"standalone-{os.getpid()}"
+
+    async def _k8s(self, method, *args, **kwargs):
+        return await asyncio.to_thread(method, *args, **kwargs)
+
+    def _observe(self, state: PodState) -> None:
+        if self._state is None or (state.state, state.message) != (self._state.state, self._state.message):
+            self.log.info("kernel %s: %s", self.kernel_id, state.message)
+        self._state, self._state_at = state, time.monotonic()
+        holder = self._holder()
+        if holder is not None:
+            holder.observe(self.kernel_id, state)
+
+    # -- start ----------------------------------------------------------------------------------
+
+    @property
+    def has_process(self) -> bool:
+        return self._pod is not None
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        requested = kwargs.pop("vgpu_slice", None) or {}
+        size = {key: requested.get(key) for key in ("memory", "cores", "policy")}
+        manager = self.slice_manager()
+        try:
+            try:
+                settings = self.pod_settings()
+            except ManifestError as error:
+                raise SliceRefused(f"The pod kernel is misconfigured: {error}.", kind="invalid") from None
+            if manager is None:
+                try:
+                    limits = decide_limits(DEFAULT_LIMITS, self._configured(), size)
+                except ValueError as error:
+                    raise SliceRefused(str(error), kind="invalid") from None
+            else:
+                allocation = manager.ledger.get(self.kernel_id)
+                if allocation is None:  # a restart keeps the slice, resized or not
+                    allocation = manager.admit(
+                        self.kernel_id,
+                        manager.decide_limits(size, self._configured()),
+                        owner=requested.get("owner", ""),
+                        metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
+                        holder=PodHolder.kind,
+                    )
+                limits = allocation.limits
+        except SliceRefused as refusal:
+            _forget_refused_start(self)
+            raise (manager.start_error(refusal) if manager else refusal) from None
+        self._settings, self._limits = settings, limits
+        # Interrupts travel as messages on the control channel: no signal reaches a pod.
+        if self.kernel_spec is not None:
+            self.kernel_spec.interrupt_mode = "message"
+        kwargs = await super().pre_launch(**kwargs)
+        kwargs.pop("env", None)  # nothing of the server's environment goes into the pod
+        kwargs["cmd"] = []  # the pod's command comes from the settings (manifest.kernel_command)
+        return kwargs
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> dict[str, Any]:
+        manager = self.slice_manager()
+        try:
+            return await self._launch_pod(manager)
+        except (PodStartFailed, ClusterError) as error:
+            refusal = error if isinstance(error, PodStartFailed) else PodStartFailed(f"{error}.")
+            if manager is not None:
+                manager.release(self.kernel_id)
+            _forget_refused_start(self)
+            raise (manager.start_error(refusal) if manager else refusal) from None
+
+    async def _launch_pod(self, manager: SliceManager | None) -> dict[str, Any]:
+        settings, limits, km = self._settings, self._limits, self.parent
+        self._starts += 1
+        kernel = KernelPod(self.kernel_id, self.owner or default_owner(), self._server_instance(), self._starts)
+        session = km.session
+        connection = {
+            **dict(zip((f"{name}_port" for name in PORT_NAMES), settings.ports)),
+            "ip": "0.0.0.0",  # the kernel listens on the pod's network; the server connects to its IP
+            "key": session.key.decode(),
+            "transport": "tcp",
+            "signature_scheme": session.signature_scheme,
+            "kernel_name": getattr(km, "kernel_name", ""),
+        }
+        server_app = self._server_app()
+        slice_file = {
+            "kernel_id": self.kernel_id,
+            "server_url": self.server_url or (server_app.connection_url if server_app is not None else ""),
+            "credential": manager.issue_kernel_credential(self.kernel_id) if manager is not None else "",
+            "limits": {"memory_bytes": limits.memory_limit, "cores": limits.sm_share, "policy": limits.policy},
+            "report_interval": self.report_interval,
+            "simulate": self.simulate,
+        }
+        cluster, namespace = await self._k8s(self._cluster), settings.namespace  # the first use imports the client
+        if manager is not None:
+            grant = settings.granted(limits)
+            manager.ledger.update_metadata(
+                self.kernel_id,
+                **{
+                    POD_KEY: {"name": kernel.name, "namespace": namespace, "report_interval": self.report_interval},
+                    GRANT_KEY: {"memory_bytes": grant.memory_limit, "cores": grant.sm_share},
+                },
+            )
+        created = await self._k8s(cluster.create_pod, namespace, pod_manifest(settings, kernel, limits))
+        self._pod, self._namespace, self._state = kernel, namespace, None
+        try:
+            uid = (created.get("metadata") or {}).get("uid", "")
+            await self._k8s(cluster.create_secret, namespace, secret_manifest(settings, kernel, connection, slice_file, uid))
+            state = await self._wait_until_running(cluster, kernel, namespace)
+        except BaseException:
+            await self._delete_pod(grace_seconds=0)
+            raise
+        self.connection_info = {**connection, "ip": state.ip, "key": session.key}
+        if manager is not None:
+            manager.record_kernel(self.kernel_id, await self.get_provisioner_info())
+        return self.connection_info
+
+    async def _wait_until_running(self, cluster: Cluster, kernel: KernelPod, namespace: str) -> PodState:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            pod = await self._k8s(cluster.read_pod, namespace, kernel.name)
+            waiting = pod is not None and pod_state(pod).state in WAITING_STATES
+            events = await self._k8s(cluster.pod_events, namespace, kernel.name) if waiting else []
+            state = pod_state(pod, events)
+            self._observe(state)
+            if state.ready:
+                return state
+            if state.over or state.state == "stopping":
+                raise PodStartFailed(f"The kernel's pod {kernel.name} did not start: {state.message}.")
+            if time.monotonic() >= deadline:
+                raise PodStartFailed(
+                    f"The kernel's pod {kernel.name} was not running after {self.start_timeout:g} seconds and was "
+                    f"deleted. It was {state.message}."
+                )
+            await asyncio.sleep(self.poll_interval)
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def poll(self) -> int | None:
+        if self._pod is None:
+            return 0
+        if self._state is not None and time.monotonic() - self._state_at < self.poll_interval:
+            state = self._state
+        else:
+            try:
+                cluster = await self._k8s(self._cluster)
+                pod = await self._k8s(cluster.read_pod, self._namespace, self._pod.name)
+            except ClusterError as error:
+                self.log.warning("kernel %s: cannot read its pod (%s); taking it as running", self.kernel_id, error)
+                return None
+            previous = self._state
+            state = pod_state(pod)
+            self._observe(state)
+            if state.over and (previous is None or not previous.over):
+                self.log.warning("kernel %s ended: %s", self.kernel_id, state.message)
+        if state.over:
+            return 0 if state.state == "exited" else 1
+        return None
+
+    async def wait(self) -> int | None:
+        deadline = time.monotonic() + self.get_shutdown_wait_time()
+        while True:
+            status = await self.poll()
+            if status is not None or time.monotonic() >= deadline:
+                return status
+            await asyncio.sleep(self.poll_interval)
+
+    async def send_signal(self, signum: int) -> None:
+        if signum in (signal.SIGKILL, signal.SIGTERM):
+            await self._delete_pod(grace_seconds=0 if signum == signal.SIGKILL else None)
+        elif signum != 0:
+            self.log.warning("kernel %s runs in a pod: signal %d is not delivered (interrupts go by message)", self.kernel_id, signum)
+
+    async def kill(self, restart: bool = False) -> None:
+        await self._delete_pod(grace_seconds=0)
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self._delete_pod(grace_seconds=None)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await self._delete_pod(grace_seconds=0)
+        self._pod = None
+        if restart:
+            return
+        manager = self.slice_manager()
+        if manager is not None:
+            manager.release(self.kernel_id)
+
+    async def _delete_pod(self, *, grace_seconds: int | None) -> None:
+        """Delete the kernel's pod and its Secret (the Secret goes with the pod in a real cluster
+        too, by its owner reference; deleting it here does not wait for the garbage collector)."""
+        if self._pod is None:
+            return
+        name = self._pod.name
+        try:
+            cluster = await self._k8s(self._cluster)
+            await self._k8s(cluster.delete_pod, self._namespace, name, grace_seconds=grace_seconds)
+            await self._k8s(cluster.delete_secret, self._namespace, name)
+        except ClusterError as error:
+            self.log.error("kernel %s: cannot delete its pod %s: %s", self.kernel_id, name, error)
+
+    # -- persistence ------------------------------------------------------------------------------
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info["connection_info"] = {**(info.get("connection_info") or {}), "key": ""}  # the key stays in the Secret
+        if self._pod is not None:
+            info.update({"pod": self._pod.name, "namespace": self._namespace, "starts": self._starts})
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        if provisioner_info.get("pod"):
+            kernel_id = provisioner_info["kernel_id"]
+            self._starts = provisioner_info.get("starts", 1)
+            self._pod = KernelPod(kernel_id, self.owner or default_owner(), self._server_instance(), self._starts)
+            self._namespace = provisioner_info["namespace"]
+
+    def get_stable_start_time(self, recommended: float = 10.0) -> float:
+        return max(recommended, self.start_timeout)
+
+
+def new_server_instance() -> str:
+    return uuid.uuid4().hex[:12]
