@@ -10,7 +10,7 @@
 
 #define LIBRARY "libcuda (jupyter-vgpu simulated GPU)"
 
-CUresult sim_current_context(struct CUctx_st **ctx)
+CUresult sim_current_context(struct CUctx_st **ctx, int arguments_valid)
 {
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
@@ -19,7 +19,7 @@ CUresult sim_current_context(struct CUctx_st **ctx)
     if (!current || !atomic_load_explicit(&current->active, memory_order_relaxed))
         return CUDA_ERROR_INVALID_CONTEXT;
     *ctx = current;
-    return CUDA_SUCCESS;
+    return arguments_valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult sim_attach_locked(struct sim_cuda_device *device)
@@ -114,9 +114,7 @@ static void forget_current(struct CUctx_st *ctx)
 static CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result == CUDA_SUCCESS && !pctx)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = sim_device_ready(dev, &device, pctx != NULL);
     if (result != CUDA_SUCCESS)
         return result;
     if (sim_thread.depth == SIM_CTX_STACK_DEPTH)
@@ -153,17 +151,21 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, uns
     return create_context(pctx, flags, dev);
 }
 
-static int valid_context(CUcontext ctx)
+/* The ready check, then INVALID_CONTEXT unless `ctx` names a context still in use. */
+static CUresult check_context(CUcontext ctx)
 {
-    return ctx && ctx->magic == SIM_CTX_MAGIC;
+    CUresult result = sim_ready();
+    if (result == CUDA_SUCCESS && !(ctx && ctx->magic == SIM_CTX_MAGIC && atomic_load(&ctx->active)))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return result;
 }
 
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    CUresult result = sim_ready();
+    CUresult result = check_context(ctx);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!valid_context(ctx) || ctx->is_primary || !atomic_load(&ctx->active))
+    if (ctx->is_primary)
         return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&sim_cuda.lock);
     deactivate(ctx);
@@ -175,16 +177,25 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+/* Checks a call on device `dev`'s primary context as the driver does (sim_device_ready) and
+ * takes the lock; the caller releases it on success. */
+static CUresult lock_primary(CUdevice dev, int arguments_valid, struct CUctx_st **primary)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result == CUDA_SUCCESS && !pctx)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = sim_device_ready(dev, &device, arguments_valid);
+    if (result == CUDA_SUCCESS) {
+        pthread_mutex_lock(&sim_cuda.lock);
+        *primary = device->primary;
+    }
+    return result;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    struct CUctx_st *ctx;
+    CUresult result = lock_primary(dev, pctx != NULL, &ctx);
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    struct CUctx_st *ctx = device->primary;
     if (!atomic_load(&ctx->active))
         result = activate(ctx);
     if (result == CUDA_SUCCESS)
@@ -197,12 +208,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
+    struct CUctx_st *ctx;
+    CUresult result = lock_primary(dev, 1, &ctx);
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    struct CUctx_st *ctx = device->primary;
     if (ctx->retains == 0)
         result = CUDA_ERROR_INVALID_CONTEXT;
     else if (--ctx->retains == 0)
@@ -213,12 +222,11 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
+    struct CUctx_st *ctx;
+    CUresult result = lock_primary(dev, 1, &ctx);
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    deactivate(device->primary);
+    deactivate(ctx);
     pthread_mutex_unlock(&sim_cuda.lock);
     return CUDA_SUCCESS;
 }
@@ -226,63 +234,53 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!flags || !active)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = device->primary->flags;
-    *active = atomic_load(&device->primary->active);
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, flags && active);
+    if (result == CUDA_SUCCESS) {
+        *flags = device->primary->flags;
+        *active = atomic_load(&device->primary->active);
+    }
+    return result;
 }
 
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    device->primary->flags = flags;
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, 1);
+    if (result == CUDA_SUCCESS)
+        device->primary->flags = flags;
+    return result;
 }
 
+/* NULL takes the current context off this thread's stack. */
 CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-    CUresult result = sim_ready();
+    CUresult result = ctx ? check_context(ctx) : sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
     if (!ctx) {
         if (sim_thread.depth > 0)
             sim_thread.depth--;
-        return CUDA_SUCCESS;
-    }
-    if (!valid_context(ctx) || !atomic_load(&ctx->active))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (sim_thread.depth == 0)
+    } else if (sim_thread.depth == 0) {
         push_current(ctx);
-    else
+    } else {
         sim_thread.stack[sim_thread.depth - 1] = ctx;
+    }
     return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = sim_current();
-    return CUDA_SUCCESS;
+    CUresult result = sim_check(pctx != NULL);
+    if (result == CUDA_SUCCESS)
+        *pctx = sim_current();
+    return result;
 }
 
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    CUresult result = sim_ready();
+    CUresult result = check_context(ctx);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!valid_context(ctx) || !atomic_load(&ctx->active))
-        return CUDA_ERROR_INVALID_CONTEXT;
     if (sim_thread.depth == SIM_CTX_STACK_DEPTH)
         return CUDA_ERROR_INVALID_VALUE;
     push_current(ctx);
@@ -305,21 +303,17 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 CUresult cuCtxGetDevice(CUdevice *device)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    *device = ctx->device->ordinal;
-    return CUDA_SUCCESS;
+    CUresult result = sim_current_context(&ctx, device != NULL);
+    if (result == CUDA_SUCCESS)
+        *device = ctx->device->ordinal;
+    return result;
 }
 
 CUresult cuCtxSynchronize(void)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
-    if (result != CUDA_SUCCESS)
-        return result;
-    sim_sleep_until(sim_context_tail(ctx));
-    return CUDA_SUCCESS;
+    CUresult result = sim_current_context(&ctx, 1);
+    if (result == CUDA_SUCCESS)
+        sim_sleep_until(sim_context_tail(ctx));
+    return result;
 }

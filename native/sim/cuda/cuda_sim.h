@@ -1,7 +1,7 @@
 /*
  * What the files of the simulated libcuda.so.1 share. One concern per file:
  *   driver.c   the library's state, cuInit, fork and exit, versions, error strings,
- *              cuGetProcAddress, device queries
+ *              cuGetProcAddress, the registry of live handles, device queries
  *   context.c  contexts (primary and created), the per-thread context stack, charging device
  *              memory to this process's slot
  *   memory.c   every allocation family, the address arena, copies into device memory
@@ -255,16 +255,30 @@ static inline CUresult sim_ready(void)
     return state == SIM_DEINITIALISED ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+/* A call checked as the driver checks it: not initialised first, then INVALID_VALUE unless
+ * `arguments_valid`. The caller's expression must not read through its pointers: it is
+ * evaluated before the ready check. */
+static inline CUresult sim_check(int arguments_valid)
+{
+    CUresult result = sim_ready();
+    return result == CUDA_SUCCESS && !arguments_valid ? CUDA_ERROR_INVALID_VALUE : result;
+}
+
 /* The device of an ordinal, after the ready check; NULL if there is none. */
 struct sim_cuda_device *sim_device(CUdevice ordinal);
 
 /* The initialised driver's device `ordinal`, or the error the driver gives: not initialised
- * first, then an invalid device. */
-CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device);
+ * first, then an invalid device, then INVALID_VALUE unless `arguments_valid` (as sim_check). */
+CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device, int arguments_valid);
 
 /* Records that `handle` is a live object of `kind` (so calls can tell it from garbage); 0 when
  * out of memory. */
 int sim_register_handle(const void *handle, enum sim_handle_kind kind);
+/* Whether `handle` is a live object of `kind`; the lock is held. */
+int sim_handle_is(const void *handle, enum sim_handle_kind kind);
+/* Checks a call on a handle as the driver does (sim_check, then INVALID_VALUE unless `handle`
+ * is a live object of `kind`) and takes the lock; the caller releases it on success. */
+CUresult sim_lock_handle(const void *handle, enum sim_handle_kind kind, int arguments_valid);
 
 /* Frees dead processes' memory on a device, at most every SIM_REAP_INTERVAL_NS. */
 void sim_reap_now_and_then(struct sim_cuda_device *device);
@@ -282,8 +296,9 @@ static inline struct CUctx_st *sim_current(void)
     return sim_thread.depth > 0 ? sim_thread.stack[sim_thread.depth - 1] : NULL;
 }
 
-/* The current context after the ready check, or an error: INVALID_CONTEXT if there is none. */
-CUresult sim_current_context(struct CUctx_st **ctx);
+/* The current context after the ready check, or an error: INVALID_CONTEXT if there is none,
+ * then INVALID_VALUE unless `arguments_valid` (as sim_check). */
+CUresult sim_current_context(struct CUctx_st **ctx, int arguments_valid);
 
 /* Claims this process's slot on a device; the _locked variant for callers holding the lock. */
 CUresult sim_attach(struct sim_cuda_device *device);

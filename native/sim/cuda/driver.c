@@ -1,6 +1,6 @@
 /*
  * The simulated libcuda.so.1: its state, initialisation, fork and exit, versions, error strings,
- * symbol lookup (cuGetProcAddress) and device queries.
+ * symbol lookup (cuGetProcAddress), the registry of live handles and device queries.
  */
 #include <ctype.h>
 #include <limits.h>
@@ -270,30 +270,29 @@ static const struct {
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-static int error_index(CUresult code)
+/* The name or the description of an error; an unknown code gets NULL and INVALID_VALUE. */
+static CUresult describe_error(CUresult error, const char **pStr, int want_name)
 {
-    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
-        if (errors[i].code == code)
-            return (int)i;
-    return -1;
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
+        if (errors[i].code == error) {
+            *pStr = want_name ? errors[i].name : errors[i].description;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuGetErrorString(CUresult error, const char **pStr)
 {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
-    int i = error_index(error);
-    *pStr = i >= 0 ? errors[i].description : NULL;
-    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return describe_error(error, pStr, 0);
 }
 
 CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
-    int i = error_index(error);
-    *pStr = i >= 0 ? errors[i].name : NULL;
-    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return describe_error(error, pStr, 1);
 }
 
 /* ---- cuGetProcAddress ---------------------------------------------------------------------- */
@@ -423,9 +422,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
     return get_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
-/* ---- devices ------------------------------------------------------------------------------- */
+/* ---- handles -------------------------------------------------------------------------------- */
 
-/* The ready check and the device of an ordinal, in one step for every device query. */
 int sim_register_handle(const void *handle, enum sim_handle_kind kind)
 {
     pthread_mutex_lock(&sim_cuda.lock);
@@ -434,22 +432,42 @@ int sim_register_handle(const void *handle, enum sim_handle_kind kind)
     return stored;
 }
 
-CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device)
+int sim_handle_is(const void *handle, enum sim_handle_kind kind)
+{
+    uintptr_t found;
+    return handle && sim_map_get(&sim_cuda.handles, (uintptr_t)handle, &found) == 0 && found == (uintptr_t)kind;
+}
+
+CUresult sim_lock_handle(const void *handle, enum sim_handle_kind kind, int arguments_valid)
+{
+    CUresult result = sim_check(arguments_valid);
+    if (result != CUDA_SUCCESS)
+        return result;
+    pthread_mutex_lock(&sim_cuda.lock);
+    if (sim_handle_is(handle, kind))
+        return CUDA_SUCCESS;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- devices ------------------------------------------------------------------------------- */
+
+CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device, int arguments_valid)
 {
     CUresult result = sim_ready();
     if (result != CUDA_SUCCESS)
         return result;
     *device = sim_device(ordinal);
-    return *device ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    if (!*device)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return arguments_valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(device != NULL);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
     if (!sim_device(ordinal))
         return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
@@ -458,37 +476,28 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 CUresult cuDeviceGetCount(int *count)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    *count = sim_cuda.device_count;
-    return CUDA_SUCCESS;
+    CUresult result = sim_check(count != NULL);
+    if (result == CUDA_SUCCESS)
+        *count = sim_cuda.device_count;
+    return result;
 }
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "%s", device->view->spec->name);
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, name && len > 0);
+    if (result == CUDA_SUCCESS)
+        snprintf(name, (size_t)len, "%s", device->view->spec->name);
+    return result;
 }
 
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!uuid)
-        return CUDA_ERROR_INVALID_VALUE;
-    memcpy(uuid->bytes, device->view->spec->uuid_bytes, sizeof uuid->bytes);
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, uuid != NULL);
+    if (result == CUDA_SUCCESS)
+        memcpy(uuid->bytes, device->view->spec->uuid_bytes, sizeof uuid->bytes);
+    return result;
 }
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
@@ -551,35 +560,28 @@ static int attribute_value(const struct sim_cuda_device *device, CUdevice_attrib
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!pi || attribute_value(device, attrib, pi) != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, pi != NULL);
+    if (result == CUDA_SUCCESS && attribute_value(device, attrib, pi) != 0)
+        result = CUDA_ERROR_INVALID_VALUE;
+    return result;
 }
 
 CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!major || !minor)
-        return CUDA_ERROR_INVALID_VALUE;
-    *major = SIM_CC_MAJOR;
-    *minor = SIM_CC_MINOR;
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, major && minor);
+    if (result == CUDA_SUCCESS) {
+        *major = SIM_CC_MAJOR;
+        *minor = SIM_CC_MINOR;
+    }
+    return result;
 }
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    *bytes = device->view->spec->memory;
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, bytes != NULL);
+    if (result == CUDA_SUCCESS)
+        *bytes = device->view->spec->memory;
+    return result;
 }

@@ -31,12 +31,6 @@ struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags)
     return stream;
 }
 
-static int registered(const void *handle, enum sim_handle_kind kind)
-{
-    uintptr_t found;
-    return handle && sim_map_get(&sim_cuda.handles, (uintptr_t)handle, &found) == 0 && found == (uintptr_t)kind;
-}
-
 /* Frees a graph (lock held): its registration, nodes and memory. */
 static void free_graph(struct CUgraph_st *graph)
 {
@@ -97,11 +91,9 @@ uint64_t sim_context_tail(struct CUctx_st *ctx)
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, phStream && !(Flags & ~(unsigned int)CU_STREAM_NON_BLOCKING));
     if (result != CUDA_SUCCESS)
         return result;
-    if (!phStream || (Flags & ~(unsigned int)CU_STREAM_NON_BLOCKING))
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_cuda.lock);
     struct CUstream_st *stream = sim_stream_new(ctx, Flags);
     if (stream) {
@@ -165,16 +157,26 @@ static int valid_event(CUevent event)
     return event && event->magic == SIM_EVENT_MAGIC;
 }
 
+/* The ready check, then INVALID_HANDLE unless `event` is a live event. */
+static CUresult check_event(CUevent event)
+{
+    CUresult result = sim_ready();
+    return result == CUDA_SUCCESS && !valid_event(event) ? CUDA_ERROR_INVALID_HANDLE : result;
+}
+
+/* An interprocess event must be created without timing, as the driver requires. */
+static int valid_event_flags(unsigned int flags)
+{
+    unsigned int known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    return !(flags & ~known) && (!(flags & CU_EVENT_INTERPROCESS) || (flags & CU_EVENT_DISABLE_TIMING));
+}
+
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, phEvent && valid_event_flags(Flags));
     if (result != CUDA_SUCCESS)
         return result;
-    unsigned int known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-    if (!phEvent || (Flags & ~known) ||
-        ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_cuda.lock);
     struct CUevent_st *event = sim_cuda.free_events;
     if (event)
@@ -191,11 +193,9 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 
 CUresult cuEventDestroy_v2(CUevent hEvent)
 {
-    CUresult result = sim_ready();
+    CUresult result = check_event(hEvent);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!valid_event(hEvent))
-        return CUDA_ERROR_INVALID_HANDLE;
     hEvent->magic = SIM_DEAD_MAGIC;
     pthread_mutex_lock(&sim_cuda.lock);
     hEvent->next_free = sim_cuda.free_events;
@@ -224,11 +224,9 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 
 CUresult cuEventQuery(CUevent hEvent)
 {
-    CUresult result = sim_ready();
+    CUresult result = check_event(hEvent);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!valid_event(hEvent))
-        return CUDA_ERROR_INVALID_HANDLE;
     if (!atomic_load(&hEvent->recorded))
         return CUDA_SUCCESS; /* as the driver: an event never recorded has nothing to wait for */
     return atomic_load(&hEvent->time_ns) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
@@ -236,23 +234,17 @@ CUresult cuEventQuery(CUevent hEvent)
 
 CUresult cuEventSynchronize(CUevent hEvent)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!valid_event(hEvent))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (atomic_load(&hEvent->recorded))
+    CUresult result = check_event(hEvent);
+    if (result == CUDA_SUCCESS && atomic_load(&hEvent->recorded))
         sim_sleep_until(atomic_load(&hEvent->time_ns));
-    return CUDA_SUCCESS;
+    return result;
 }
 
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(pMilliseconds != NULL);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!pMilliseconds)
-        return CUDA_ERROR_INVALID_VALUE;
     if (!valid_event(hStart) || !valid_event(hEnd) || !atomic_load(&hStart->recorded) ||
         !atomic_load(&hEnd->recorded) || ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_HANDLE;
@@ -268,11 +260,9 @@ CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, module && image);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!module || !image)
-        return CUDA_ERROR_INVALID_VALUE;
     /* Any image loads: the simulator never runs the code, only prices launches of it. */
     struct CUmod_st *loaded = calloc(1, sizeof *loaded);
     if (!loaded)
@@ -303,11 +293,9 @@ CUresult cuModuleUnload(CUmodule hmod)
 
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(hfunc && name);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!hfunc || !name)
-        return CUDA_ERROR_INVALID_VALUE;
     if (!hmod || hmod->magic != SIM_MODULE_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&sim_cuda.lock);
@@ -437,8 +425,9 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int g
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
 {
-    if (!config)
-        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    CUresult result = sim_check(config != NULL);
+    if (result != CUDA_SUCCESS)
+        return result;
     struct sim_launch shape = {f,
                                {config->gridDimX, config->gridDimY, config->gridDimZ},
                                {config->blockDimX, config->blockDimY, config->blockDimZ},
@@ -515,24 +504,17 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
  * instantiation options change nothing in the simulator. */
 static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_lock_handle(hGraph, SIM_HANDLE_GRAPH, phGraphExec != NULL);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!phGraphExec)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&sim_cuda.lock);
-    struct CUgraphExec_st *exec = NULL;
-    result = CUDA_ERROR_INVALID_VALUE;
-    if (registered(hGraph, SIM_HANDLE_GRAPH)) {
-        exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
-        result = CUDA_ERROR_OUT_OF_MEMORY;
-        if (exec) {
-            exec->count = hGraph->count;
-            for (size_t i = 0; i < hGraph->count; i++)
-                exec->launches[i] = hGraph->nodes[i]->launch;
-            if (sim_map_put(&sim_cuda.handles, (uintptr_t)exec, SIM_HANDLE_GRAPH_EXEC) == 0)
-                result = CUDA_SUCCESS;
-        }
+    struct CUgraphExec_st *exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
+    result = CUDA_ERROR_OUT_OF_MEMORY;
+    if (exec) {
+        exec->count = hGraph->count;
+        for (size_t i = 0; i < hGraph->count; i++)
+            exec->launches[i] = hGraph->nodes[i]->launch;
+        if (sim_map_put(&sim_cuda.handles, (uintptr_t)exec, SIM_HANDLE_GRAPH_EXEC) == 0)
+            result = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.lock);
     if (result != CUDA_SUCCESS) {
@@ -552,9 +534,10 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
 CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
                                       CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
 {
-    if (!instantiateParams)
-        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
-    CUresult result = instantiate(phGraphExec, hGraph);
+    CUresult result = sim_check(instantiateParams != NULL);
+    if (result != CUDA_SUCCESS)
+        return result;
+    result = instantiate(phGraphExec, hGraph);
     /* No node is ever to blame: the simulator refuses only arguments. */
     instantiateParams->hErrNode_out = NULL;
     instantiateParams->result_out =
@@ -593,7 +576,7 @@ static CUresult update(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdate
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
     result = CUDA_ERROR_INVALID_VALUE;
-    if (registered(hGraphExec, SIM_HANDLE_GRAPH_EXEC) && registered(hGraph, SIM_HANDLE_GRAPH)) {
+    if (sim_handle_is(hGraphExec, SIM_HANDLE_GRAPH_EXEC) && sim_handle_is(hGraph, SIM_HANDLE_GRAPH)) {
         if (hGraph->count != hGraphExec->count) {
             result = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
             info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
@@ -610,19 +593,19 @@ static CUresult update(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdate
 
 CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
 {
-    if (!resultInfo)
-        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
-    return update(hGraphExec, hGraph, resultInfo);
+    CUresult result = sim_check(resultInfo != NULL);
+    return result != CUDA_SUCCESS ? result : update(hGraphExec, hGraph, resultInfo);
 }
 
 /* CUDA 11's form: the same outcome in two separate out parameters. */
 CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
                            CUgraphExecUpdateResult *updateResult_out)
 {
-    if (!hErrorNode_out || !updateResult_out)
-        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    CUresult result = sim_check(hErrorNode_out && updateResult_out);
+    if (result != CUDA_SUCCESS)
+        return result;
     CUgraphExecUpdateResultInfo info;
-    CUresult result = update(hGraphExec, hGraph, &info);
+    result = update(hGraphExec, hGraph, &info);
     *hErrorNode_out = info.errorNode;
     *updateResult_out = info.result;
     return result;
@@ -637,7 +620,7 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
-    int known = registered(hGraphExec, SIM_HANDLE_GRAPH_EXEC);
+    int known = sim_handle_is(hGraphExec, SIM_HANDLE_GRAPH_EXEC);
     pthread_mutex_unlock(&sim_cuda.lock);
     if (!known)
         return CUDA_ERROR_INVALID_VALUE;
@@ -673,35 +656,32 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 
 CUresult cuGraphDestroy(CUgraph hGraph)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_lock_handle(hGraph, SIM_HANDLE_GRAPH, 1);
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    int known = registered(hGraph, SIM_HANDLE_GRAPH);
-    if (known)
-        free_graph(hGraph);
+    free_graph(hGraph);
     pthread_mutex_unlock(&sim_cuda.lock);
-    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
 }
 
 /* ---- graph introspection (optional entry points) ------------------------------------------ */
 
-static int valid_node(CUgraphNode node)
+/* A query of a node checked as the driver checks it: the ready check, then INVALID_VALUE unless
+ * the node is live and there is somewhere to put the answer. */
+static CUresult check_node(CUgraphNode node, const void *out)
 {
-    return node && node->magic == SIM_GRAPH_NODE_MAGIC;
+    CUresult result = sim_ready();
+    if (result == CUDA_SUCCESS && !(node && node->magic == SIM_GRAPH_NODE_MAGIC && out))
+        return CUDA_ERROR_INVALID_VALUE;
+    return result;
 }
 
 CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_lock_handle(hGraph, SIM_HANDLE_GRAPH, numNodes != NULL);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!numNodes)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&sim_cuda.lock);
-    if (!registered(hGraph, SIM_HANDLE_GRAPH)) {
-        result = CUDA_ERROR_INVALID_VALUE;
-    } else if (nodes) {
+    if (nodes) {
         size_t filled = *numNodes < hGraph->count ? *numNodes : hGraph->count;
         for (size_t i = 0; i < *numNodes; i++)
             nodes[i] = i < filled ? hGraph->nodes[i] : NULL;
@@ -715,22 +695,17 @@ CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 
 CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!valid_node(hNode) || !type)
-        return CUDA_ERROR_INVALID_VALUE;
-    *type = CU_GRAPH_NODE_TYPE_KERNEL;
-    return CUDA_SUCCESS;
+    CUresult result = check_node(hNode, type);
+    if (result == CUDA_SUCCESS)
+        *type = CU_GRAPH_NODE_TYPE_KERNEL;
+    return result;
 }
 
 CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)
 {
-    CUresult result = sim_ready();
+    CUresult result = check_node(hNode, nodeParams);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!valid_node(hNode) || !nodeParams)
-        return CUDA_ERROR_INVALID_VALUE;
     const struct sim_launch *launch = &hNode->launch;
     *nodeParams = (CUDA_KERNEL_NODE_PARAMS){
         .func = launch->function,
@@ -742,13 +717,9 @@ CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAM
     return CUDA_SUCCESS;
 }
 
+/* Every node here is a kernel node: none is a child graph. */
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!valid_node(hNode) || !phGraph)
-        return CUDA_ERROR_INVALID_VALUE;
-    /* Every node here is a kernel node: none is a child graph. */
-    return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = check_node(hNode, phGraph);
+    return result != CUDA_SUCCESS ? result : CUDA_ERROR_INVALID_VALUE;
 }

@@ -185,7 +185,7 @@ void sim_free_context_memory(struct CUctx_st *ctx)
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, 1);
     return result != CUDA_SUCCESS ? result : allocate_linear(ctx->device, ctx, NULL, bytesize, dptr);
 }
 
@@ -193,12 +193,10 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
                             unsigned int ElementSizeBytes)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    int element_valid = ElementSizeBytes == 4 || ElementSizeBytes == 8 || ElementSizeBytes == 16;
+    CUresult result = sim_current_context(&ctx, dptr && pPitch && WidthInBytes && Height && element_valid);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
-        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
-        return CUDA_ERROR_INVALID_VALUE;
     uint64_t pitch = round_up(WidthInBytes, SIM_PITCH_ALIGNMENT), bytes;
     if (__builtin_mul_overflow(pitch, (uint64_t)Height, &bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -211,14 +209,10 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
-        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = sim_current_context(&ctx, flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST);
     /* Counted on the device in full: the simulator has no migration, so managed memory is
      * resident where it was allocated. */
-    return allocate_linear(ctx->device, ctx, NULL, bytesize, dptr);
+    return result != CUDA_SUCCESS ? result : allocate_linear(ctx->device, ctx, NULL, bytesize, dptr);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -274,30 +268,28 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 
 /* ---- virtual memory management ------------------------------------------------------------------- */
 
-static int valid_allocation_prop(const CUmemAllocationProp *prop)
+/* The device of a VMM allocation's properties, after the ready check; NULL if they are not
+ * pinned device memory. */
+static struct sim_cuda_device *allocation_device(const CUmemAllocationProp *prop)
 {
-    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && sim_device_at(&prop->location);
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED ? sim_device_at(&prop->location) : NULL;
 }
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!granularity || !valid_allocation_prop(prop) ||
-        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
-        return CUDA_ERROR_INVALID_VALUE;
-    *granularity = SIM_VMM_GRANULARITY;
-    return CUDA_SUCCESS;
+    CUresult result = sim_check(granularity && (option == CU_MEM_ALLOC_GRANULARITY_MINIMUM ||
+                                                option == CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    if (result == CUDA_SUCCESS && !allocation_device(prop))
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *granularity = SIM_VMM_GRANULARITY;
+    return result;
 }
 
 static struct sim_vmm_handle *vmm_handle(CUmemGenericAllocationHandle handle)
 {
-    uintptr_t kind;
-    return handle && sim_map_get(&sim_cuda.handles, handle, &kind) == 0 && kind == SIM_HANDLE_VMM
-               ? (struct sim_vmm_handle *)(uintptr_t)handle
-               : NULL;
+    return sim_handle_is((void *)(uintptr_t)handle, SIM_HANDLE_VMM) ? (struct sim_vmm_handle *)(uintptr_t)handle : NULL;
 }
 
 static void destroy_vmm_handle(struct sim_vmm_handle *handle)
@@ -310,12 +302,12 @@ static void destroy_vmm_handle(struct sim_vmm_handle *handle)
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                      unsigned long long flags)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(handle && flags == 0 && size != 0 && size % SIM_VMM_GRANULARITY == 0);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!handle || !valid_allocation_prop(prop) || flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY != 0)
+    struct sim_cuda_device *device = allocation_device(prop);
+    if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_cuda_device *device = sim_device_at(&prop->location);
     struct sim_vmm_handle *created = calloc(1, sizeof *created);
     if (!created)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -342,30 +334,26 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_lock_handle((void *)(uintptr_t)handle, SIM_HANDLE_VMM, 1);
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    struct sim_vmm_handle *found = vmm_handle(handle);
-    if (found) {
-        sim_map_take(&sim_cuda.handles, handle, NULL);
-        /* Mapped memory lives on until its last mapping goes, as with the driver. */
-        found->released = 1;
-        if (found->mappings == 0)
-            destroy_vmm_handle(found);
-    }
+    struct sim_vmm_handle *released = (struct sim_vmm_handle *)(uintptr_t)handle;
+    sim_map_take(&sim_cuda.handles, handle, NULL);
+    /* Mapped memory lives on until its last mapping goes, as with the driver. */
+    released->released = 1;
+    if (released->mappings == 0)
+        destroy_vmm_handle(released);
     pthread_mutex_unlock(&sim_cuda.lock);
-    return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(ptr && size != 0 && size % SIM_VMM_GRANULARITY == 0 && flags == 0 &&
+                                (alignment & (alignment - 1)) == 0);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!ptr || size == 0 || size % SIM_VMM_GRANULARITY != 0 || flags != 0 || (alignment & (alignment - 1)) != 0)
-        return CUDA_ERROR_INVALID_VALUE;
     uint64_t align = alignment > SIM_VMM_GRANULARITY ? alignment : SIM_VMM_GRANULARITY;
     void *mapping = mmap((void *)(uintptr_t)addr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                          -1, 0);
@@ -443,12 +431,10 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(flags == 0 && size != 0 && size % SIM_VMM_GRANULARITY == 0 &&
+                                offset % SIM_VMM_GRANULARITY == 0 && ptr % SIM_VMM_GRANULARITY == 0);
     if (result != CUDA_SUCCESS)
         return result;
-    if (flags != 0 || size == 0 || size % SIM_VMM_GRANULARITY || offset % SIM_VMM_GRANULARITY ||
-        ptr % SIM_VMM_GRANULARITY)
-        return CUDA_ERROR_INVALID_VALUE;
     struct sim_allocation *mapping = calloc(1, sizeof *mapping);
     if (!mapping)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -493,11 +479,9 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(desc && count);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!desc || count == 0)
-        return CUDA_ERROR_INVALID_VALUE;
     int access = 0; /* what the host side of the simulator may do: the widest access granted */
     for (size_t i = 0; i < count; i++) {
         if (!sim_device_at(&desc[i].location))
@@ -585,11 +569,9 @@ static CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int l
                              void **handle)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, handle && desc);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!handle || !desc)
-        return CUDA_ERROR_INVALID_VALUE;
     uint64_t bytes;
     result = array_bytes(desc, levels, &bytes);
     if (result != CUDA_SUCCESS)
@@ -618,9 +600,8 @@ static CUresult destroy_array(void *handle, enum sim_handle_kind kind)
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
-    uintptr_t found;
     result = CUDA_ERROR_INVALID_HANDLE;
-    if (handle && sim_map_get(&sim_cuda.handles, (uintptr_t)handle, &found) == 0 && found == (uintptr_t)kind) {
+    if (sim_handle_is(handle, kind)) {
         sim_map_take(&sim_cuda.handles, (uintptr_t)handle, NULL);
         struct sim_array *array = array_of((uintptr_t)handle);
         sim_uncharge(array->device, array->bytes);
@@ -697,7 +678,7 @@ static CUresult host_view(uint64_t address, uint64_t bytes, int access)
 static CUresult prepare_copy(uint64_t device_address, size_t bytes, int access, const void *host)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, 1);
     if (result != CUDA_SUCCESS || bytes == 0)
         return result;
     if (!host)
@@ -737,11 +718,9 @@ CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx);
+    CUresult result = sim_current_context(&ctx, free && total);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!free || !total)
-        return CUDA_ERROR_INVALID_VALUE;
     sim_reap_now_and_then(ctx->device);
     uint64_t capacity = ctx->device->view->spec->memory, used = sim_device_used(ctx->device->view);
     *total = capacity;

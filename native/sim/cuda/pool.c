@@ -31,8 +31,14 @@ struct CUmemPoolHandle_st *sim_pool_new(struct sim_cuda_device *device)
  * is held. Looked up, never read through: a destroyed pool's memory may be gone. */
 static int known(CUmemoryPool pool)
 {
-    uintptr_t kind;
-    return pool && sim_map_get(&sim_cuda.handles, (uintptr_t)pool, &kind) == 0 && kind == SIM_HANDLE_POOL;
+    return sim_handle_is(pool, SIM_HANDLE_POOL);
+}
+
+/* Checks a call on a pool as the driver does (initialised, the arguments, a live pool) and
+ * takes the lock; the caller releases it on success. */
+static CUresult lock_pool(CUmemoryPool pool, int arguments_valid)
+{
+    return sim_lock_handle(pool, SIM_HANDLE_POOL, arguments_valid);
 }
 
 struct CUmemPoolHandle_st *sim_pool_to_draw(struct sim_cuda_device *device, CUmemoryPool asked)
@@ -64,23 +70,18 @@ void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes)
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!pool_out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pool_out = device->default_pool;
-    return CUDA_SUCCESS;
+    CUresult result = sim_device_ready(dev, &device, pool_out != NULL);
+    if (result == CUDA_SUCCESS)
+        *pool_out = device->default_pool;
+    return result;
 }
 
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
+    CUresult result = sim_device_ready(dev, &device, pool != NULL);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_cuda.lock);
     *pool = device->current_pool;
     pthread_mutex_unlock(&sim_cuda.lock);
@@ -91,7 +92,7 @@ CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
     struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device);
+    CUresult result = sim_device_ready(dev, &device, 1);
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
@@ -108,12 +109,11 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_check(pool && poolProps);
     if (result != CUDA_SUCCESS)
         return result;
-    if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_cuda_device *device = sim_device_at(&poolProps->location);
+    struct sim_cuda_device *device =
+        poolProps->allocType == CU_MEM_ALLOCATION_TYPE_PINNED ? sim_device_at(&poolProps->location) : NULL;
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUmemPoolHandle_st *created = sim_pool_new(device);
@@ -130,12 +130,12 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 /* A device whose current pool is destroyed draws from its default pool again, as with the driver. */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-    CUresult result = sim_ready();
+    CUresult result = lock_pool(pool, 1);
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    result = CUDA_ERROR_INVALID_VALUE;
-    if (known(pool) && !pool->is_default) {
+    if (pool->is_default) {
+        result = CUDA_ERROR_INVALID_VALUE;
+    } else {
         sim_map_take(&sim_cuda.handles, (uintptr_t)pool, NULL);
         if (pool->device->current_pool == pool)
             pool->device->current_pool = pool->device->default_pool;
@@ -144,7 +144,6 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
             free(pool);
         else
             pool->destroyed = 1;
-        result = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.lock);
     return result;
@@ -154,12 +153,9 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     (void)minBytesToKeep;
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    result = known(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_unlock(&sim_cuda.lock);
+    CUresult result = lock_pool(pool, 1);
+    if (result == CUDA_SUCCESS)
+        pthread_mutex_unlock(&sim_cuda.lock);
     return result;
 }
 
@@ -176,71 +172,62 @@ static int *reuse_policy(struct CUmemPoolHandle_st *pool, CUmemPool_attribute at
     }
 }
 
-/* Checks the call as the driver does (initialised, a value to read or write, a live pool) and
- * takes the lock; the caller releases it on success. */
-static CUresult lock_pool(CUmemoryPool pool, const void *value)
+/* A cuuint64_t figure of a pool; INVALID_VALUE for an attribute that is not one. */
+static CUresult read_figure(const struct CUmemPoolHandle_st *pool, CUmemPool_attribute attr, cuuint64_t *figure)
 {
-    CUresult result = sim_ready();
-    if (result != CUDA_SUCCESS)
-        return result;
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&sim_cuda.lock);
-    if (known(pool))
-        return CUDA_SUCCESS;
-    pthread_mutex_unlock(&sim_cuda.lock);
-    return CUDA_ERROR_INVALID_VALUE;
-}
-
-CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
-{
-    CUresult result = lock_pool(pool, value);
-    if (result != CUDA_SUCCESS)
-        return result;
-    int *policy = reuse_policy(pool, attr);
-    cuuint64_t *figure = value;
     switch (attr) {
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *figure = pool->release_threshold; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *figure = pool->used; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *figure = pool->reserved_high; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *figure = pool->used; break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *figure = pool->used_high; break;
-    default:
-        if (policy)
-            *(int *)value = *policy;
-        else
-            result = CUDA_ERROR_INVALID_VALUE;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *figure = pool->release_threshold; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *figure = pool->used; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *figure = pool->reserved_high; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *figure = pool->used; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *figure = pool->used_high; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
     }
-    pthread_mutex_unlock(&sim_cuda.lock);
-    return result;
 }
 
 /* A high-water mark can only be reset, by writing 0; it then starts again from what is in use. */
-static CUresult reset_high(uint64_t *high, uint64_t used, const void *value)
+static CUresult reset_high(uint64_t *high, uint64_t used, cuuint64_t figure)
 {
-    if (*(const cuuint64_t *)value != 0)
+    if (figure != 0)
         return CUDA_ERROR_INVALID_VALUE;
     *high = used;
     return CUDA_SUCCESS;
 }
 
 /* The current figures are read-only. */
-CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+static CUresult write_figure(struct CUmemPoolHandle_st *pool, CUmemPool_attribute attr, const cuuint64_t *figure)
 {
-    CUresult result = lock_pool(pool, value);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *figure; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: return reset_high(&pool->reserved_high, pool->used, *figure);
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return reset_high(&pool->used_high, pool->used, *figure);
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* Reads or writes (`write`) an attribute: a reuse policy is an int, any other a cuuint64_t. */
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int write)
+{
+    CUresult result = lock_pool(pool, value != NULL);
     if (result != CUDA_SUCCESS)
         return result;
     int *policy = reuse_policy(pool, attr);
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *(const cuuint64_t *)value; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: result = reset_high(&pool->reserved_high, pool->used, value); break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: result = reset_high(&pool->used_high, pool->used, value); break;
-    default:
-        if (policy)
-            *policy = *(const int *)value != 0;
-        else
-            result = CUDA_ERROR_INVALID_VALUE;
-    }
+    if (policy && write)
+        *policy = *(const int *)value != 0;
+    else if (policy)
+        *(int *)value = *policy;
+    else
+        result = write ? write_figure(pool, attr, value) : read_figure(pool, attr, value);
     pthread_mutex_unlock(&sim_cuda.lock);
     return result;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, 0);
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, 1);
 }

@@ -144,18 +144,25 @@ static int initialised(void)
     return atomic_load(&nvml.refcount) > 0;
 }
 
+/* A call checked as NVML checks it: initialised, then the arguments (`arguments_valid`). */
+static nvmlReturn_t check(int arguments_valid)
+{
+    if (!initialised())
+        return NVML_ERROR_UNINITIALIZED;
+    return arguments_valid ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 /* The device behind a handle (handles are addresses in nvml.handles, nothing else is one), checked
  * as NVML checks a call: initialised, then the handle and the other arguments (`arguments_valid`). */
 static nvmlReturn_t device_of(nvmlDevice_t handle, struct sim_device_view **device, int arguments_valid)
 {
-    if (!initialised())
-        return NVML_ERROR_UNINITIALIZED;
     uintptr_t first = (uintptr_t)&nvml.handles[0], address = (uintptr_t)handle;
-    if (address < first || address >= first + (uintptr_t)nvml.machine.spec.count * sizeof nvml.handles[0] ||
-        (address - first) % sizeof nvml.handles[0] != 0 || !arguments_valid)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *device = &nvml.machine.devices[handle->index];
-    return NVML_SUCCESS;
+    int known = address >= first && address < first + (uintptr_t)nvml.machine.spec.count * sizeof nvml.handles[0] &&
+                (address - first) % sizeof nvml.handles[0] == 0;
+    nvmlReturn_t result = check(known && arguments_valid);
+    if (result == NVML_SUCCESS)
+        *device = &nvml.machine.devices[handle->index];
+    return result;
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
@@ -183,12 +190,10 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
 
 nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
 {
-    if (!initialised())
-        return NVML_ERROR_UNINITIALIZED;
-    if (!deviceCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *deviceCount = (unsigned int)nvml.machine.spec.count;
-    return NVML_SUCCESS;
+    nvmlReturn_t result = check(deviceCount != NULL);
+    if (result == NVML_SUCCESS)
+        *deviceCount = (unsigned int)nvml.machine.spec.count;
+    return result;
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
@@ -198,12 +203,10 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
 {
-    if (!initialised())
-        return NVML_ERROR_UNINITIALIZED;
-    if (!device || index >= (unsigned int)nvml.machine.spec.count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *device = &nvml.handles[index];
-    return NVML_SUCCESS;
+    nvmlReturn_t result = check(device && index < (unsigned int)nvml.machine.spec.count);
+    if (result == NVML_SUCCESS)
+        *device = &nvml.handles[index];
+    return result;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
@@ -213,10 +216,9 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
-    if (!initialised())
-        return NVML_ERROR_UNINITIALIZED;
-    if (!uuid || !device)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t result = check(uuid && device);
+    if (result != NVML_SUCCESS)
+        return result;
     for (int i = 0; i < nvml.machine.spec.count; i++) {
         if (strcmp(nvml.machine.spec.devices[i].uuid, uuid) == 0) {
             *device = &nvml.handles[i];
@@ -230,10 +232,9 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t handle, unsigned int *index)
 {
     struct sim_device_view *device;
     nvmlReturn_t result = device_of(handle, &device, index != NULL);
-    if (result != NVML_SUCCESS)
-        return result;
-    *index = (unsigned int)device->index;
-    return NVML_SUCCESS;
+    if (result == NVML_SUCCESS)
+        *index = (unsigned int)device->index;
+    return result;
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t handle, char *name, unsigned int length)
@@ -271,21 +272,20 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t handle, int *major,
 {
     struct sim_device_view *device;
     nvmlReturn_t result = device_of(handle, &device, major && minor);
-    if (result != NVML_SUCCESS)
-        return result;
-    *major = SIM_CC_MAJOR;
-    *minor = SIM_CC_MINOR;
-    return NVML_SUCCESS;
+    if (result == NVML_SUCCESS) {
+        *major = SIM_CC_MAJOR;
+        *minor = SIM_CC_MINOR;
+    }
+    return result;
 }
 
 nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t handle, unsigned int *numCores)
 {
     struct sim_device_view *device;
     nvmlReturn_t result = device_of(handle, &device, numCores != NULL);
-    if (result != NVML_SUCCESS)
-        return result;
-    *numCores = device->spec->sms * SIM_CORES_PER_SM;
-    return NVML_SUCCESS;
+    if (result == NVML_SUCCESS)
+        *numCores = device->spec->sms * SIM_CORES_PER_SM;
+    return result;
 }
 
 /* Device totals over every process; a dead process's memory is freed first, as the driver
@@ -456,22 +456,22 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     return running_processes_v2(device, infoCount, infos);
 }
 
-nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t handle, int sensorType, unsigned int *temp)
+/* A sensor the simulator holds steady: `value` once the call checks out. */
+static nvmlReturn_t steady_reading(nvmlDevice_t handle, unsigned int *reading, unsigned int value, int arguments_valid)
 {
     struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device, temp && sensorType == NVML_TEMPERATURE_GPU);
-    if (result != NVML_SUCCESS)
-        return result;
-    *temp = SIM_TEMPERATURE_C;
-    return NVML_SUCCESS;
+    nvmlReturn_t result = device_of(handle, &device, reading && arguments_valid);
+    if (result == NVML_SUCCESS)
+        *reading = value;
+    return result;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t handle, int sensorType, unsigned int *temp)
+{
+    return steady_reading(handle, temp, SIM_TEMPERATURE_C, sensorType == NVML_TEMPERATURE_GPU);
 }
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t handle, unsigned int *power)
 {
-    struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device, power != NULL);
-    if (result != NVML_SUCCESS)
-        return result;
-    *power = SIM_POWER_MW;
-    return NVML_SUCCESS;
+    return steady_reading(handle, power, SIM_POWER_MW, 1);
 }
