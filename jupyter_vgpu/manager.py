@@ -17,10 +17,25 @@ from dataclasses import dataclass
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu.holders import Holder, SliceUsage
+from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, UnknownSlice
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
 
 WARNINGS_KEY = "warnings"
+# Metadata of a slice that a batch run admitted to this ledger (a kernel of nbconvert, papermill
+# or nbclient, started by the provisioner outside any server): the pid and start time of the
+# process that started the kernel, which releases the slice when the kernel ends.
+BATCH_KEY = "batch"
+
+
+def held_by_batch_run(allocation: Allocation) -> bool:
+    """Whether a batch run admitted this slice and the process that started it still runs: no
+    server started that kernel, so a restarted server neither stops it nor releases its slice."""
+    started_by = allocation.metadata.get(BATCH_KEY)
+    if not isinstance(started_by, dict):
+        return False
+    pid, start_time = started_by.get("pid"), started_by.get("pid_start_time")
+    return isinstance(pid, int) and pid > 0 and bool(start_time) and process_start_time(pid) == start_time
 
 
 class SliceRefused(Exception):
@@ -204,13 +219,16 @@ class SliceManager(LoggingConfigurable):
         jupyter_server does not re-adopt kernels it did not start in this process, so a kernel
         that outlived its server would hold GPU memory no one can reach: it is stopped and its
         slice released, and whatever a holder has left of slices the ledger no longer knows is
-        removed. Returns what was released.
+        removed. Returns what was released. A slice a batch run admitted (see
+        :func:`held_by_batch_run`) stays while the process that started its kernel runs.
         """
         for allocation in self.ledger.allocations():
+            if held_by_batch_run(allocation):
+                continue  # a batch run's kernel: its own process releases the slice
             if self.holder(allocation).is_alive(allocation):
                 self.log.warning("stopping orphaned kernel %s left by a previous server", allocation.kernel_id)
                 self.holder(allocation).stop(allocation)
-        released = self.ledger.reconcile(lambda allocation: False)
+        released = self.ledger.reconcile(held_by_batch_run)
         for allocation in released:
             self.release(allocation.kernel_id)
         kept = {allocation.kernel_id for allocation in self.ledger.allocations()}
@@ -224,4 +242,4 @@ def _digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
 
-__all__ = ["SliceManager", "SliceRefused", "SliceStatus", "start_refusal"]
+__all__ = ["BATCH_KEY", "SliceManager", "SliceRefused", "SliceStatus", "held_by_batch_run", "start_refusal"]

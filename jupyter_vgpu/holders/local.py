@@ -11,7 +11,8 @@ import os
 import signal
 import subprocess
 import uuid as uuidlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
@@ -29,6 +30,13 @@ REGION_SUFFIX = ".region"
 # what the interposer enforces; the folder also names every running kernel.
 PRIVATE_FILE = 0o600
 PRIVATE_FOLDER = 0o700
+# The variable naming a process's region (read by libvgpu.so, and by %vgpu in a kernel that no
+# server started).
+REGION_VARIABLE = "VGPU_REGION"
+# An allocation's metadata key naming its region file where that is not in the holder's own
+# folder: the slice of a batch kernel (nbconvert, papermill) admitted to a server's ledger by a
+# provisioner outside that server, whose region is in the standalone folder.
+REGION_PATH_KEY = "region_path"
 
 
 def default_region_dir(*, standalone: bool = False) -> Path:
@@ -54,7 +62,7 @@ def slice_environment(region: Region, *, simulate: bool, base_env: dict[str, str
     if simulate:
         env.update(simulator_environment(env))
     env["LD_PRELOAD"] = " ".join(filter(None, [str(interposer_path()), env.get("LD_PRELOAD", "")]))
-    env["VGPU_REGION"] = str(region.path)
+    env[REGION_VARIABLE] = str(region.path)
     env["CUDA_VISIBLE_DEVICES"] = region.device_uuid
     return env
 
@@ -96,8 +104,21 @@ class LocalHolder:
             region = self._regions[kernel_id] = Region.open(self.path(kernel_id))
         return region
 
+    @contextmanager
+    def _region_of(self, allocation: Allocation) -> Iterator[Region]:
+        """The allocation's region: in this holder's folder (kept open), or the file its metadata
+        names (a batch kernel's, opened for each use: its provisioner removes it when the kernel
+        ends, without telling this holder)."""
+        named = allocation.metadata.get(REGION_PATH_KEY)
+        if named and Path(named) != self.path(allocation.kernel_id):
+            with Region.open(named) as region:
+                yield region
+        else:
+            yield self.region(allocation.kernel_id)
+
     def environment(self, allocation: Allocation, base_env: dict[str, str] | None = None) -> dict[str, str]:
-        return slice_environment(self.region(allocation.kernel_id), simulate=self.simulate, base_env=base_env)
+        with self._region_of(allocation) as region:
+            return slice_environment(region, simulate=self.simulate, base_env=base_env)
 
     # -- the Holder protocol -------------------------------------------------------------
 
@@ -109,15 +130,17 @@ class LocalHolder:
         """A region holds any limits; the ledger checks the device's capacity."""
 
     def apply_limits(self, allocation: Allocation) -> None:
-        self.region(allocation.kernel_id).set_limits(
-            memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy
-        )
+        with self._region_of(allocation) as region:
+            region.set_limits(memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy)
 
     def usage(self, allocation: Allocation) -> SliceUsage:
         try:
-            region = self.region(allocation.kernel_id)
+            with self._region_of(allocation) as region:
+                return self._read_usage(region, allocation)
         except RegionError:
             return SliceUsage("lost")
+
+    def _read_usage(self, region: Region, allocation: Allocation) -> SliceUsage:
         warnings = []
         drift = self._restore_limits(region, allocation)
         if drift:
