@@ -57,6 +57,7 @@ struct vgpu_env {
     enum vgpu_log_level log_level; /* VGPU_LOG_LEVEL */
     char region_path[PATH_MAX];    /* VGPU_REGION, or empty */
     char kernel_id[64];            /* JUPYTER_VGPU_KERNEL_ID: the Jupyter kernel of this slice, or empty */
+    int has_server;                /* JUPYTER_VGPU_SERVER_URL set: a vGPU server resizes the kernel's slice */
 };
 static inline const struct vgpu_env *vgpu_env(void);
 const struct vgpu_env *vgpu_env_read(void);

@@ -79,13 +79,17 @@ void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_
     format_size(cap, sizeof cap, limit);
     uint64_t needed = usage + request < usage ? UINT64_MAX : usage + request;
     format_suggested_cap(suggested, sizeof suggested, needed);
-    /* The resize that helps depends on who holds the slice: a Jupyter kernel is resized live
-     * from its notebook or the CLI; a `jupyter vgpu run` slice is fixed for the run. */
+    /* The resize that helps depends on who holds the slice: a server's Jupyter kernel is resized
+     * live from its notebook or the CLI; a kernel started without a server (nbconvert,
+     * papermill) and a `jupyter vgpu run` slice are fixed for the run. */
     const char *kernel = vgpu_env()->kernel_id;
     char advice[192];
-    if (kernel[0])
+    if (kernel[0] && vgpu_env()->has_server)
         snprintf(advice, sizeof advice, "Resize it with `%%vgpu resize --memory %s` in the notebook or `jupyter vgpu resize %.8s --memory %s`.",
                  suggested, kernel, suggested);
+    else if (kernel[0])
+        snprintf(advice, sizeof advice, "This kernel has no vGPU server to resize it: start the run with a larger slice, e.g. `--VGPUProvisioner.memory=%s`.",
+                 suggested);
     else
         snprintf(advice, sizeof advice, "Run it in a larger slice, e.g. `jupyter vgpu run --memory %s -- ...`.", suggested);
     int length = snprintf(line, sizeof line,

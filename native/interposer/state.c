@@ -58,6 +58,8 @@ static void read_environment(void)
     env->log_level = parse_log_level(getenv("VGPU_LOG_LEVEL"));
     copy_value(env->region_path, sizeof env->region_path, getenv("VGPU_REGION"));
     copy_value(env->kernel_id, sizeof env->kernel_id, getenv("JUPYTER_VGPU_KERNEL_ID"));
+    const char *server = getenv("JUPYTER_VGPU_SERVER_URL");
+    env->has_server = server != NULL && server[0] != '\0';
     atomic_store_explicit(&env->ready, 1, memory_order_release);
 }
 
