@@ -30,10 +30,10 @@ from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, validat
 
 from jupyter_vgpu.holders.pod import GRANT_KEY, POD_KEY, PodHolder
 from jupyter_vgpu.manager import SliceManager, SliceRefused
-from jupyter_vgpu.model import DEFAULT_LIMITS, decide_limits
+from jupyter_vgpu.model import DEFAULT_LIMITS, SliceLimits, decide_limits
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
 from jupyter_vgpu.pods.cluster import Cluster, ClusterError, default_namespace
-from jupyter_vgpu.pods.manifest import PORT_NAMES, KernelPod, ManifestError, PodSettings, pod_manifest, secret_manifest
+from jupyter_vgpu.pods.manifest import PORT_NAMES, REDACTED, KernelPod, ManifestError, PodSettings, pod_manifest, redacted, secret_manifest
 from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
 from jupyter_vgpu.provisioning.local import MANAGER_SETTING, _forget_refused_start
 
@@ -234,28 +234,51 @@ class VGPUPodProvisioner(KernelProvisionerBase):
             _forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None
 
-    async def _launch_pod(self, manager: SliceManager | None) -> dict[str, Any]:
-        settings, limits, km = self._settings, self._limits, self.parent
-        self._starts += 1
-        kernel = KernelPod(self.kernel_id, self.owner or default_owner(), self._server_instance(), self._starts)
-        session = km.session
+    def _secret_files(self, settings: PodSettings, limits: SliceLimits, *, key: str, signature_scheme: str, kernel_name: str, credential: str) -> tuple[dict, dict]:
+        """The kernel's connection file and slice file, as its Secret holds them."""
         connection = {
             **dict(zip((f"{name}_port" for name in PORT_NAMES), settings.ports)),
             "ip": "0.0.0.0",  # the kernel listens on the pod's network; the server connects to its IP
-            "key": session.key.decode(),
+            "key": key,
             "transport": "tcp",
-            "signature_scheme": session.signature_scheme,
-            "kernel_name": getattr(km, "kernel_name", ""),
+            "signature_scheme": signature_scheme,
+            "kernel_name": kernel_name,
         }
         server_app = self._server_app()
         slice_file = {
             "kernel_id": self.kernel_id,
             "server_url": self.server_url or (server_app.connection_url if server_app is not None else ""),
-            "credential": manager.issue_kernel_credential(self.kernel_id) if manager is not None else "",
+            "credential": credential,
             "limits": {"memory_bytes": limits.memory_limit, "cores": limits.sm_share, "policy": limits.policy},
             "report_interval": self.report_interval,
             "simulate": self.simulate,
         }
+        return connection, slice_file
+
+    def planned_manifests(self, limits: SliceLimits, kernel_name: str = "") -> list[dict[str, Any]]:
+        """The Pod and Secret (key and credential redacted) a start of ``limits`` would create now,
+        for ``jupyter vgpu pod-manifest``; raises ManifestError for settings Kubernetes refuses."""
+        settings = self.pod_settings()
+        kernel = KernelPod(self.kernel_id, self.owner or default_owner(), "<server-instance>")
+        connection, slice_file = self._secret_files(
+            settings, limits, key=REDACTED, signature_scheme="hmac-sha256", kernel_name=kernel_name, credential=REDACTED
+        )
+        pod = pod_manifest(settings, kernel, limits)
+        return [pod, redacted(secret_manifest(settings, kernel, connection, slice_file, "<the pod's uid>"))]
+
+    async def _launch_pod(self, manager: SliceManager | None) -> dict[str, Any]:
+        settings, limits, km = self._settings, self._limits, self.parent
+        self._starts += 1
+        kernel = KernelPod(self.kernel_id, self.owner or default_owner(), self._server_instance(), self._starts)
+        session = km.session
+        connection, slice_file = self._secret_files(
+            settings,
+            limits,
+            key=session.key.decode(),
+            signature_scheme=session.signature_scheme,
+            kernel_name=getattr(km, "kernel_name", ""),
+            credential=manager.issue_kernel_credential(self.kernel_id) if manager is not None else "",
+        )
         cluster, namespace = await self._k8s(self._cluster), settings.namespace  # the first use imports the client
         if manager is not None:
             grant = settings.granted(limits)

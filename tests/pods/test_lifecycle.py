@@ -128,13 +128,32 @@ async def test_a_restart_is_a_new_pod_against_standin(jp_fetch, jp_serverapp, po
     assert standin.pods() == []
 
 
-async def test_a_pod_deleted_from_outside_ends_its_kernel_against_standin(jp_fetch, jp_serverapp, pod_kernelspec, kubelet, standin, caplog):
+async def test_a_pod_deleted_from_outside_ends_its_kernel_which_comes_back_on_a_new_pod_against_standin(
+    jp_fetch, jp_serverapp, pod_kernelspec, kubelet, standin, caplog
+):
+    """The kernel ends with a message saying why, as a local kernel whose process was killed does,
+    and Jupyter's restarter brings it back the only way a pod kernel restarts: on a new pod."""
+    import asyncio
+
     kernel_id = json.loads((await start(jp_fetch, pod_kernelspec)).body)["kernel"]["id"]
     name = json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id)).body)["location"]["pod"]
     standin.api.delete_namespaced_pod(name, "default", _preload_content=False)
-    manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
-    assert await manager.provisioner.poll() == 1
-    assert any("kernel %s ended" in record.msg and "no longer exists" in str(record.args) for record in caplog.records)
+
+    def ended() -> bool:
+        return any(record.getMessage() == f"kernel {kernel_id} ended: the kernel's pod no longer exists (it was deleted)" for record in caplog.records)
+
+    async def back_on_a_new_pod() -> bool:
+        model = json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id)).body)
+        return model["location"]["pod"] == name[:-1] + "2" and model["state"] == "running"
+
+    for _ in range(600):  # the restarter looks every few seconds
+        if ended() and await back_on_a_new_pod():
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail(f"no end message and new pod: {[r.getMessage() for r in caplog.records if kernel_id in r.getMessage()]}")
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert standin.pods() == []
 
 
 async def test_a_resize_beyond_the_pods_grant_is_refused_against_standin(jp_fetch, pod_kernelspec, kubelet):
