@@ -28,7 +28,10 @@ BROWSER_DEVICE = "name=Sim Browser GPU,memory=8GiB,sms=50,context_memory=0"
 
 
 class Lab:
-    """`jupyter lab` in a private Jupyter environment (config, data, runtime, settings)."""
+    """`jupyter lab` in a private Jupyter environment (config, data, runtime, settings), with a
+    vGPU kernelspec named ``kernel_name``."""
+
+    kernel_name = KERNEL_NAME
 
     def __init__(self, tmp_path: Path, env: dict[str, str]):
         self.root = tmp_path / "notebooks"

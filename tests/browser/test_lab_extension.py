@@ -5,19 +5,14 @@ against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 
-import runpy
-
-from conftest import KERNEL_NAME, ROOT
 from support import wait_for
 
-# The same ctypes prelude the server tests run in kernels: memory() and allocate(size).
-CUDA_PRELUDE = runpy.run_path(str(ROOT / "tests" / "server" / "conftest.py"))["CUDA_PRELUDE"]
 GIB, MIB = 1 << 30, 1 << 20
 
 
-def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(lab, drive, screenshots):
+def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(lab, drive, screenshots, cuda_prelude):
     notebook = lab.write_notebook("sliced.ipynb", [
-        CUDA_PRELUDE + "print('allocated', allocate(300 << 20))",
+        cuda_prelude + "print('allocated', allocate(300 << 20))",
         "print('total', memory()[1])",
         "print('big', allocate(3 << 30))",
     ])
@@ -41,10 +36,10 @@ def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(la
     assert all((screenshots / name).stat().st_size > 0 for name in ("sidebar.png", "statusbar.png"))
 
 
-def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size(lab, drive):
+def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size(lab, drive, cuda_prelude):
     seen = drive(
         "startDialog", memory="768MiB", cores="20", policy="burst",
-        code=CUDA_PRELUDE + "print('total', memory()[1])",
+        code=cuda_prelude + "print('total', memory()[1])",
     )
 
     assert "GPU 0 Sim Browser GPU: 8GiB free of 8GiB" in seen["free"]
@@ -94,7 +89,7 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
 
 def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
     # 6 of the device's 8 GiB go to another kernel; "Python 3 (GPU slice)" asks for 4 GiB.
-    filler = lab.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "6GiB"})
+    filler = lab.api("POST", "api/vgpu/kernels", {"name": lab.kernel_name, "memory": "6GiB"})
 
     seen = drive("refusedStart", kernel="Python 3 (GPU slice)")
     slices = [s["kernel_id"] for s in lab.api("GET", "api/vgpu/slices")]
