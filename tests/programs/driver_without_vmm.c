@@ -8,42 +8,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "vgpu/cuda_abi.h"
+#include "stand_in_driver.h"
 
-#define EXPORT __attribute__((visibility("default")))
-
-static unsigned long long next_pointer = 0x100000000ULL;
-
-EXPORT CUresult cuInit(unsigned int flags)
+/* Nothing to do first: what sets this stand-in apart is what it does not export. */
+static void before_pitched_allocation(void)
 {
-    (void)flags;
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
-{
-    if (!dptr || !bytesize)
-        return CUDA_ERROR_INVALID_VALUE;
-    *dptr = __atomic_fetch_add(&next_pointer, (bytesize + 0xfffff) & ~0xfffffULL, __ATOMIC_RELAXED);
-    return CUDA_SUCCESS;
-}
-
-#define PITCH_ALIGNMENT 4096u
-
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
-                                   unsigned int ElementSizeBytes)
-{
-    (void)ElementSizeBytes;
-    if (!pPitch || !WidthInBytes || !Height)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pPitch = (WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
-    return cuMemAlloc_v2(dptr, *pPitch * Height);
-}
-
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    (void)dptr;
-    return CUDA_SUCCESS;
 }
 
 /* By base name, as the real driver: the newest variant of each. */
