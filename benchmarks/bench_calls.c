@@ -13,12 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "vgpu/cuda_abi.h"
-
-static const char NOOP_PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
-                               ".visible .entry noop()\n{\n\tret;\n}\n";
+#include "../tests/programs/probe_common.h"
 
 #define MAX_THREADS 64
 
@@ -29,22 +25,6 @@ struct bench {
     CUcontext context;
     CUfunction noop;
 };
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        CUresult r_ = (call);                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            fprintf(stderr, "%s failed: %d\n", #call, r_);                                         \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void *run(void *arg)
 {
@@ -107,13 +87,8 @@ int main(int argc, char **argv)
             work[t].noop = work[t % devices].noop;
             continue;
         }
-        CUdevice device;
-        CUmodule module;
-        CHECK(cuDeviceGet(&device, t));
-        CHECK(cuDevicePrimaryCtxRetain(&work[t].context, device));
-        CHECK(cuCtxSetCurrent(work[t].context));
-        CHECK(cuModuleLoadData(&module, NOOP_PTX));
-        CHECK(cuModuleGetFunction(&work[t].noop, module, "noop"));
+        work[t].context = require_primary_context(t);
+        work[t].noop = load_noop();
     }
 
     /* Warm up: first calls resolve symbols and attach the region. */
@@ -122,12 +97,12 @@ int main(int argc, char **argv)
     run(&warm);
 
     pthread_t ids[MAX_THREADS];
-    double start = now_ns();
+    long long start = now_ns();
     for (int t = 0; t < threads; t++)
         pthread_create(&ids[t], NULL, run, &work[t]);
     for (int t = 0; t < threads; t++)
         pthread_join(ids[t], NULL);
-    double elapsed = now_ns() - start;
+    double elapsed = (double)(now_ns() - start);
     /* Per call as each thread sees it: threads run side by side. */
     printf("%.2f\n", elapsed / iterations);
     return 0;

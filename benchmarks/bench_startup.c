@@ -19,24 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "vgpu/cuda_abi.h"
+#include "../tests/programs/probe_common.h"
 
 extern char **environ;
-
-static const char NOOP_PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
-                               ".visible .entry noop()\n{\n\tret;\n}\n";
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        CUresult r_ = (call);                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            fprintf(stderr, "%s failed: %d\n", #call, r_);                                         \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Set-up (5 calls) and tear-down (3 calls) count towards COUNT; the rest are rounds of an
  * allocation, a free, a memory query and a launch. */
@@ -44,14 +31,9 @@ static int calls(long count)
 {
     if (count <= 0)
         return 0;
-    CUdevice device;
-    CUcontext context;
     CUmodule module;
     CUfunction noop;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&context, device));
-    CHECK(cuCtxSetCurrent(context));
+    require_primary_context(0);
     CHECK(cuModuleLoadData(&module, NOOP_PTX));
     CHECK(cuModuleGetFunction(&noop, module, "noop"));
     for (long done = 8; done + 4 <= count; done += 4) {
@@ -64,15 +46,8 @@ static int calls(long count)
     }
     CHECK(cuCtxSynchronize());
     CHECK(cuModuleUnload(module));
-    CHECK(cuDevicePrimaryCtxRelease_v2(device));
+    CHECK(cuDevicePrimaryCtxRelease_v2(0));
     return 0;
-}
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 /* The environment of a child: this one's, with LD_PRELOAD set to `preload` or removed. */

@@ -12,21 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "vgpu/cuda_abi.h"
-
-static CUresult set_up(void)
-{
-    CUdevice device;
-    CUcontext context;
-    CUresult result = cuInit(0);
-    if (result == CUDA_SUCCESS)
-        result = cuDeviceGet(&device, 0);
-    if (result == CUDA_SUCCESS)
-        result = cuDevicePrimaryCtxRetain(&context, device);
-    if (result == CUDA_SUCCESS)
-        result = cuCtxSetCurrent(context);
-    return result;
-}
+#include "probe_common.h"
 
 int main(int argc, char **argv)
 {
@@ -34,7 +20,8 @@ int main(int argc, char **argv)
         return 2;
     size_t parent_bytes = strtoull(argv[1], NULL, 10), child_bytes = strtoull(argv[2], NULL, 10);
     CUdeviceptr parent_pointer = 0;
-    CUresult result = set_up();
+    CUcontext context;
+    CUresult result = use_primary_context(0, &context);
     if (result == CUDA_SUCCESS)
         result = cuMemAlloc_v2(&parent_pointer, parent_bytes);
     printf("parent %d %d\n", (int)getpid(), result);
@@ -50,7 +37,7 @@ int main(int argc, char **argv)
         close(to_child[1]);
         CUresult freed = cuMemFree_v2(parent_pointer);
         CUdeviceptr pointer = 0;
-        CUresult child_result = set_up();
+        CUresult child_result = use_primary_context(0, &context);
         if (child_result == CUDA_SUCCESS)
             child_result = cuMemAlloc_v2(&pointer, child_bytes);
         printf("child %d %d %d\nready\n", (int)getpid(), child_result, freed);

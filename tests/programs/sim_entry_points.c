@@ -15,36 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vgpu/cuda_abi.h"
+#include "probe_common.h"
 #include "vgpu/nvml_abi.h"
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        int check_ = (int)(call);                                                                  \
-        if (check_ != 0) {                                                                         \
-            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, check_);          \
-            exit(3);                                                                               \
-        }                                                                                          \
-    } while (0)
-
 #define MIB (1ull << 20)
-
-static const char PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry k()\n{\n\tret;\n}\n";
-
-static void primary(void)
-{
-    CUcontext ctx;
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
-    CHECK(cuCtxSetCurrent(ctx));
-}
-
-static unsigned long long used_bytes(void)
-{
-    size_t free_bytes, total;
-    CHECK(cuMemGetInfo_v2(&free_bytes, &total));
-    return total - free_bytes;
-}
 
 /* What NVML lists for this process, through the v1 layout and through the v2 one (v2 and v3 name
  * the same query). A v1 entry is shorter: a library writing v2 entries into a v1 array would
@@ -108,10 +82,7 @@ static void nvml_versions(void)
 /* One kernel through each launch entry point, and a captured graph through the _ptsz ones. */
 static void launch_versions(void)
 {
-    CUmodule module;
-    CUfunction f;
-    CHECK(cuModuleLoadData(&module, PTX));
-    CHECK(cuModuleGetFunction(&f, module, "k"));
+    CUfunction f = load_noop();
     printf("launch %d\n", cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     printf("launch_ptsz %d\n", cuLaunchKernel_ptsz(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CUlaunchConfig config = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1, .blockDimZ = 1};
@@ -151,7 +122,7 @@ static void proc_address(void)
 
 static int command_versions(void)
 {
-    primary();
+    require_primary_context(0);
     CUuuid uuid, uuid_v2;
     CHECK(cuDeviceGetUuid(&uuid, 0));
     CHECK(cuDeviceGetUuid_v2(&uuid_v2, 0));
@@ -163,24 +134,24 @@ static int command_versions(void)
     CUdeviceptr held, async, async_ptsz, pooled, pooled_ptsz;
     CUmemoryPool pool;
     CHECK(cuMemAlloc_v2(&held, 5 * MIB));
-    printf("used_after_alloc %llu\n", used_bytes());
+    printf("used_after_alloc %lld\n", used_bytes());
     CHECK(cuDeviceGetDefaultMemPool(&pool, 0));
     printf("alloc_async %d\n", cuMemAllocAsync(&async, MIB, NULL));
     printf("alloc_async_ptsz %d\n", cuMemAllocAsync_ptsz(&async_ptsz, MIB, NULL));
     printf("alloc_from_pool %d\n", cuMemAllocFromPoolAsync(&pooled, 2 * MIB, pool, NULL));
     printf("alloc_from_pool_ptsz %d\n", cuMemAllocFromPoolAsync_ptsz(&pooled_ptsz, 2 * MIB, pool, NULL));
-    printf("used_with_async %llu\n", used_bytes());
+    printf("used_with_async %lld\n", used_bytes());
     printf("free_async %d\n", cuMemFreeAsync(async, NULL));
     printf("free_async_ptsz %d\n", cuMemFreeAsync_ptsz(async_ptsz, NULL));
     printf("free_pooled %d\n", cuMemFreeAsync(pooled, NULL));
     printf("free_pooled_ptsz %d\n", cuMemFreeAsync_ptsz(pooled_ptsz, NULL));
-    printf("used_after_async %llu\n", used_bytes());
+    printf("used_after_async %lld\n", used_bytes());
 
     nvml_versions(); /* while the 5 MiB are held */
     launch_versions();
     proc_address();
     CHECK(cuMemFree_v2(held));
-    printf("used_at_end %llu\n", used_bytes());
+    printf("used_at_end %lld\n", used_bytes());
     return 0;
 }
 
@@ -232,7 +203,7 @@ static int command_pools(void)
 {
     CUmemoryPool pool;
     printf("get_pool_before_init %d\n", cuDeviceGetMemPool(&pool, 0));
-    primary();
+    require_primary_context(0);
     CUmemoryPool default_pool, current, created;
     CHECK(cuDeviceGetDefaultMemPool(&default_pool, 0));
     CHECK(cuDeviceGetMemPool(&current, 0));
@@ -251,7 +222,7 @@ static int command_pools(void)
     print_pool("used_high_reset", default_pool);
     printf("trim %d\n", cuMemPoolTrimTo(default_pool, 0));
     print_pool("trimmed", default_pool);
-    printf("device_used %llu\n", used_bytes());
+    printf("device_used %lld\n", used_bytes());
 
     CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
     CHECK(cuMemPoolCreate(&created, &props));
@@ -278,7 +249,7 @@ static int command_pools(void)
     CHECK(cuMemFreeAsync(one, NULL));
     CHECK(cuCtxSynchronize());
     print_pool("all_freed", default_pool);
-    printf("device_used_at_end %llu\n", used_bytes());
+    printf("device_used_at_end %lld\n", used_bytes());
     return 0;
 }
 

@@ -18,56 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "vgpu/cuda_abi.h"
+#include "probe_common.h"
 #include "vgpu/nvml_abi.h"
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        CUresult check_ = (call);                                                                  \
-        if (check_ != CUDA_SUCCESS) {                                                              \
-            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, check_);          \
-            exit(3);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static const char PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry k()\n{\n\tret;\n}\n";
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static CUcontext primary(void)
-{
-    CUdevice device;
-    CUcontext ctx;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
-    CHECK(cuCtxSetCurrent(ctx));
-    return ctx;
-}
-
-static CUfunction kernel(void)
-{
-    CUmodule module;
-    CUfunction function;
-    CHECK(cuModuleLoadData(&module, PTX));
-    CHECK(cuModuleGetFunction(&function, module, "k"));
-    return function;
-}
-
-static long long used_bytes(void)
-{
-    size_t free_bytes, total;
-    CHECK(cuMemGetInfo_v2(&free_bytes, &total));
-    return (long long)(total - free_bytes);
-}
 
 static int command_init(void)
 {
@@ -126,7 +80,7 @@ static int command_init(void)
 
 static int command_sizes(void)
 {
-    primary();
+    require_primary_context(0);
     long long base = used_bytes();
     CUdeviceptr p;
     size_t pitch;
@@ -212,7 +166,7 @@ static int command_sizes(void)
 
 static int command_memory(void)
 {
-    primary();
+    require_primary_context(0);
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 10ull << 30)); /* 10 GiB costs no RAM until touched */
     CHECK(cuMemsetD8_v2(p + 4096, 0x5a, 100));
@@ -233,41 +187,63 @@ static int command_memory(void)
     return 0;
 }
 
-static int command_duration(char **argv)
+/* What launch_between_events times: a launch of `graph`, or where there is none, one launch of
+ * `kernel` with `grid` and `block`. */
+struct timed_work {
+    CUgraphExec graph;
+    CUfunction kernel;
+    unsigned int grid[3], block[3];
+};
+
+/* Queues `work` between the two events of `timed`: both must sit between kernels on a busy
+ * stream, so that no host time falls between them. Queues filler kernels first, and tries again
+ * (a descheduled probe) until the first event had not completed when the work was queued;
+ * returns whether that happened. */
+static int launch_between_events(CUfunction filler, const struct timed_work *work,
+                                 const struct timed_stream *timed)
 {
-    primary();
-    CUfunction function = kernel();
-    unsigned int g[3], b[3];
-    for (int i = 0; i < 3; i++) {
-        g[i] = (unsigned int)strtoul(argv[i], NULL, 10);
-        b[i] = (unsigned int)strtoul(argv[i + 3], NULL, 10);
-    }
-    CUstream stream;
-    CUevent start, end;
-    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
-    CHECK(cuEventCreate(&end, CU_EVENT_DEFAULT));
-    /* Both events must sit between kernels on a busy stream, so no host time falls between
-     * them: queue work first, and check the start event had not completed when the measured
-     * kernel was queued (a descheduled probe tries again). */
     int attempts = 0, busy = 0;
     while (!busy && attempts++ < 100) {
-        CHECK(cuStreamSynchronize(stream));
+        CHECK(cuStreamSynchronize(timed->stream));
         for (int i = 0; i < 20; i++)
-            CHECK(cuLaunchKernel(function, 1, 1, 1, 1024, 1, 1, 0, stream, NULL, NULL));
-        CHECK(cuEventRecord(start, stream));
-        CHECK(cuLaunchKernel(function, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, NULL, NULL));
-        CHECK(cuEventRecord(end, stream));
-        busy = cuEventQuery(start) == CUDA_ERROR_NOT_READY;
+            CHECK(cuLaunchKernel(filler, 1, 1, 1, 1024, 1, 1, 0, timed->stream, NULL, NULL));
+        CHECK(cuEventRecord(timed->before, timed->stream));
+        if (work->graph)
+            CHECK(cuGraphLaunch(work->graph, timed->stream));
+        else
+            CHECK(cuLaunchKernel(work->kernel, work->grid[0], work->grid[1], work->grid[2], work->block[0],
+                                 work->block[1], work->block[2], 0, timed->stream, NULL, NULL));
+        CHECK(cuEventRecord(timed->after, timed->stream));
+        busy = cuEventQuery(timed->before) == CUDA_ERROR_NOT_READY;
     }
-    printf("stream_was_busy %d\n", busy);
-    printf("query_before %d\n", cuEventQuery(end));
+    return busy;
+}
+
+/* The time between the two events, once the second has completed. */
+static double elapsed_ns(const struct timed_stream *timed)
+{
     float ms;
-    printf("elapsed_before %d\n", cuEventElapsedTime(&ms, start, end));
-    CHECK(cuEventSynchronize(end));
-    CHECK(cuEventElapsedTime(&ms, start, end));
-    printf("query_after %d\n", cuEventQuery(end));
-    printf("elapsed_ns %.0f\n", (double)ms * 1e6);
+    CHECK(cuEventSynchronize(timed->after));
+    CHECK(cuEventElapsedTime(&ms, timed->before, timed->after));
+    return (double)ms * 1e6;
+}
+
+static int command_duration(char **argv)
+{
+    require_primary_context(0);
+    struct timed_work work = {.kernel = load_noop()};
+    for (int i = 0; i < 3; i++) {
+        work.grid[i] = (unsigned int)strtoul(argv[i], NULL, 10);
+        work.block[i] = (unsigned int)strtoul(argv[i + 3], NULL, 10);
+    }
+    struct timed_stream timed = new_timed_stream(CU_STREAM_NON_BLOCKING);
+    printf("stream_was_busy %d\n", launch_between_events(work.kernel, &work, &timed));
+    printf("query_before %d\n", cuEventQuery(timed.after));
+    float ms;
+    printf("elapsed_before %d\n", cuEventElapsedTime(&ms, timed.before, timed.after));
+    double elapsed = elapsed_ns(&timed);
+    printf("query_after %d\n", cuEventQuery(timed.after));
+    printf("elapsed_ns %.0f\n", elapsed);
     return 0;
 }
 
@@ -282,36 +258,18 @@ static CUgraph capture(CUfunction f, CUstream stream, int kernels, unsigned int 
     return graph;
 }
 
-/* Launches `exec` between two events on a stream kept busy with other kernels, so that no host
- * time falls between the events (as in command_duration); returns whether the stream was busy. */
-static int launch_between_events(CUfunction filler, CUgraphExec exec, CUstream stream, CUevent before, CUevent after)
+/* Prints "<name>_busy" and "<name>_elapsed_ns": how long a launch of `exec` lasts on the device. */
+static void print_graph_duration(const char *name, CUfunction filler, CUgraphExec exec,
+                                 const struct timed_stream *timed)
 {
-    int attempts = 0, busy = 0;
-    while (!busy && attempts++ < 100) {
-        CHECK(cuStreamSynchronize(stream));
-        for (int i = 0; i < 20; i++)
-            CHECK(cuLaunchKernel(filler, 1, 1, 1, 1024, 1, 1, 0, stream, NULL, NULL));
-        CHECK(cuEventRecord(before, stream));
-        CHECK(cuGraphLaunch(exec, stream));
-        CHECK(cuEventRecord(after, stream));
-        busy = cuEventQuery(before) == CUDA_ERROR_NOT_READY;
-    }
-    return busy;
-}
-
-/* The time between two recorded events, once the second has completed. */
-static double elapsed_ns(CUevent before, CUevent after)
-{
-    float ms;
-    CHECK(cuEventSynchronize(after));
-    CHECK(cuEventElapsedTime(&ms, before, after));
-    return (double)ms * 1e6;
+    printf("%s_busy %d\n", name, launch_between_events(filler, &(struct timed_work){.graph = exec}, timed));
+    printf("%s_elapsed_ns %.0f\n", name, elapsed_ns(timed));
 }
 
 static int command_launches(void)
 {
-    primary();
-    CUfunction f = kernel();
+    require_primary_context(0);
+    CUfunction f = load_noop();
     printf("zero_grid %d\n", cuLaunchKernel(f, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     printf("zero_block %d\n", cuLaunchKernel(f, 1, 1, 1, 32, 0, 1, 0, NULL, NULL, NULL));
     printf("block_1025 %d\n", cuLaunchKernel(f, 1, 1, 1, 1025, 1, 1, 0, NULL, NULL, NULL));
@@ -335,35 +293,22 @@ static int command_launches(void)
     CHECK(cuCtxSynchronize());
 
     /* Graphs: a capture records, it does not run; each launch of the exec runs every kernel. */
-    CUstream stream;
-    CUgraph graph;
+    struct timed_stream timed = new_timed_stream(0);
     CUgraphExec exec;
-    CUevent before, after;
-    CHECK(cuStreamCreate(&stream, 0));
-    CHECK(cuEventCreate(&before, 0));
-    CHECK(cuEventCreate(&after, 0));
     printf("capture_null_stream %d\n", cuStreamBeginCapture_v2(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    graph = capture(f, stream, 5, 1);
-    printf("capture_ran %d\n", cuStreamQuery(stream) == CUDA_ERROR_NOT_READY);
+    CUgraph graph = capture(f, timed.stream, 5, 1);
+    printf("capture_ran %d\n", cuStreamQuery(timed.stream) == CUDA_ERROR_NOT_READY);
     size_t nodes = 0;
     CHECK(cuGraphGetNodes(graph, NULL, &nodes));
     printf("graph_nodes %zu\n", nodes);
     CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
-    printf("graph_stream_was_busy %d\n", launch_between_events(f, exec, stream, before, after));
-    printf("graph_query %d\n", cuStreamQuery(stream));
-    printf("graph_elapsed_ns %.0f\n", elapsed_ns(before, after));
+    printf("graph_stream_was_busy %d\n", launch_between_events(f, &(struct timed_work){.graph = exec}, &timed));
+    printf("graph_query %d\n", cuStreamQuery(timed.stream));
+    printf("graph_elapsed_ns %.0f\n", elapsed_ns(&timed));
     CHECK(cuGraphExecDestroy(exec));
     CHECK(cuGraphDestroy(graph));
     printf("graph_destroy_twice %d\n", cuGraphExecDestroy(exec) != CUDA_SUCCESS);
     return 0;
-}
-
-/* Prints "<name>_busy" and "<name>_elapsed_ns": how long a launch of `exec` lasts on the device. */
-static void print_graph_duration(const char *name, CUfunction filler, CUgraphExec exec, CUstream stream,
-                                 CUevent before, CUevent after)
-{
-    printf("%s_busy %d\n", name, launch_between_events(filler, exec, stream, before, after));
-    printf("%s_elapsed_ns %.0f\n", name, elapsed_ns(before, after));
 }
 
 /* The CUDA 11 and 12 ways to instantiate a graph, and to update an executable from another graph:
@@ -371,14 +316,11 @@ static void print_graph_duration(const char *name, CUfunction filler, CUgraphExe
  * do), one that changes the topology is refused and leaves the executable as it was. */
 static int command_graph_update(void)
 {
-    primary();
-    CUfunction f = kernel();
-    CUstream stream;
-    CUevent before, after;
-    CHECK(cuStreamCreate(&stream, 0));
-    CHECK(cuEventCreate(&before, 0));
-    CHECK(cuEventCreate(&after, 0));
-    CUgraph small = capture(f, stream, 3, 1), large = capture(f, stream, 3, 2400), longer = capture(f, stream, 4, 1);
+    require_primary_context(0);
+    CUfunction f = load_noop();
+    struct timed_stream timed = new_timed_stream(0);
+    CUgraph small = capture(f, timed.stream, 3, 1), large = capture(f, timed.stream, 3, 2400),
+           longer = capture(f, timed.stream, 4, 1);
     CUgraphExec exec, other;
     CUgraphNode error_node;
     char log[16];
@@ -401,18 +343,18 @@ static int command_graph_update(void)
     printf("v2_without_outputs %d\n", cuGraphInstantiate_v2(&other, small, NULL, NULL, 0));
     CHECK(cuGraphExecDestroy(other));
 
-    print_graph_duration("small", f, exec, stream, before, after);
+    print_graph_duration("small", f, exec, &timed);
     CUgraphExecUpdateResultInfo info = {.result = -1};
     printf("update %d\n", cuGraphExecUpdate_v2(exec, large, &info));
     printf("update_result %d\n", info.result);
-    print_graph_duration("updated", f, exec, stream, before, after);
+    print_graph_duration("updated", f, exec, &timed);
 
     CUgraphNode unset = (CUgraphNode)&info;
     info = (CUgraphExecUpdateResultInfo){.result = -1, .errorNode = unset, .errorFromNode = unset};
     printf("update_topology %d\n", cuGraphExecUpdate_v2(exec, longer, &info));
     printf("update_topology_result %d\n", info.result);
     printf("update_topology_nodes_null %d\n", info.errorNode == NULL && info.errorFromNode == NULL);
-    print_graph_duration("refused", f, exec, stream, before, after);
+    print_graph_duration("refused", f, exec, &timed);
 
     CUgraphExecUpdateResult outcome = -1;
     error_node = (CUgraphNode)&error_node;
@@ -420,7 +362,7 @@ static int command_graph_update(void)
     printf("update_v1_topology_result %d\nupdate_v1_error_node_null %d\n", outcome, error_node == NULL);
     printf("update_v1 %d\n", cuGraphExecUpdate(exec, small, &error_node, &outcome));
     printf("update_v1_result %d\n", outcome);
-    print_graph_duration("update_v1", f, exec, stream, before, after);
+    print_graph_duration("update_v1", f, exec, &timed);
 
     printf("update_null_info %d\n", cuGraphExecUpdate_v2(exec, small, NULL));
     printf("update_v1_null_result %d\n", cuGraphExecUpdate(exec, small, &error_node, NULL));
@@ -436,8 +378,8 @@ static int command_graph_update(void)
 
 static int command_push_buffer(long launches)
 {
-    primary();
-    CUfunction f = kernel();
+    require_primary_context(0);
+    CUfunction f = load_noop();
     CUstream stream;
     CHECK(cuStreamCreate(&stream, 0));
     long long start = now_ns();
@@ -455,30 +397,32 @@ static int command_proc_address(void)
     CUdriverProcAddressQueryResult status;
     printf("before_init %d\n", cuGetProcAddress_v2("cuInit", &fn, 12000, 0, &status));
     printf("cuInit %d\n", fn == (void *)cuInit);
-    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &status));
-    printf("cuMemAlloc %d\n", fn == (void *)cuMemAlloc_v2);
-    CHECK(cuGetProcAddress_v2("cuCtxCreate", &fn, 12080, 0, &status));
-    printf("cuCtxCreate_12080 %d\n", fn == (void *)cuCtxCreate_v4);
-    CHECK(cuGetProcAddress_v2("cuCtxCreate", &fn, 12000, 0, &status));
-    printf("cuCtxCreate_12000 %d\n", fn == (void *)cuCtxCreate_v2);
-    CHECK(cuGetProcAddress_v2("cuLaunchKernel", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
-    printf("cuLaunchKernel_ptds %d\n", fn == (void *)cuLaunchKernel_ptsz);
-    CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
-    printf("cuMemAlloc_ptds %d\n", fn == (void *)cuMemAlloc_v2);
-    CHECK(cuGetProcAddress_v2("cuGetProcAddress", &fn, 12000, 0, &status));
-    printf("cuGetProcAddress %d\n", fn == (void *)cuGetProcAddress_v2);
-    CHECK(cuGetProcAddress_v2("cuDeviceGetUuid", &fn, 11000, 0, &status));
-    printf("cuDeviceGetUuid_11000 %d\n", fn == (void *)cuDeviceGetUuid);
-    CHECK(cuGetProcAddress_v2("cuGraphInstantiate", &fn, 12000, 0, &status));
-    printf("cuGraphInstantiate_12000 %d\n", fn == (void *)cuGraphInstantiateWithFlags);
-    CHECK(cuGetProcAddress_v2("cuGraphInstantiate", &fn, 11040, 0, &status));
-    printf("cuGraphInstantiate_11040 %d\n", fn == (void *)cuGraphInstantiate_v2);
-    CHECK(cuGetProcAddress_v2("cuGraphInstantiateWithFlags", &fn, 11040, 0, &status));
-    printf("cuGraphInstantiateWithFlags_11040 %d\n", fn == (void *)cuGraphInstantiateWithFlags);
-    CHECK(cuGetProcAddress_v2("cuGraphExecUpdate", &fn, 12000, 0, &status));
-    printf("cuGraphExecUpdate_12000 %d\n", fn == (void *)cuGraphExecUpdate_v2);
-    CHECK(cuGetProcAddress_v2("cuGraphExecUpdate", &fn, 11000, 0, &status));
-    printf("cuGraphExecUpdate_11000 %d\n", fn == (void *)cuGraphExecUpdate);
+    /* Lookups as runtimes make them, each printed as "KEY 1" when it finds the variant expected. */
+    const cuuint64_t ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    const struct {
+        const char *key, *symbol;
+        int version;
+        cuuint64_t flags;
+        void *expected;
+    } lookups[] = {
+        {"cuMemAlloc", "cuMemAlloc", 12000, 0, (void *)cuMemAlloc_v2},
+        {"cuCtxCreate_12080", "cuCtxCreate", 12080, 0, (void *)cuCtxCreate_v4},
+        {"cuCtxCreate_12000", "cuCtxCreate", 12000, 0, (void *)cuCtxCreate_v2},
+        {"cuLaunchKernel_ptds", "cuLaunchKernel", 12000, ptds, (void *)cuLaunchKernel_ptsz},
+        {"cuMemAlloc_ptds", "cuMemAlloc", 12000, ptds, (void *)cuMemAlloc_v2},
+        {"cuGetProcAddress", "cuGetProcAddress", 12000, 0, (void *)cuGetProcAddress_v2},
+        {"cuDeviceGetUuid_11000", "cuDeviceGetUuid", 11000, 0, (void *)cuDeviceGetUuid},
+        {"cuGraphInstantiate_12000", "cuGraphInstantiate", 12000, 0, (void *)cuGraphInstantiateWithFlags},
+        {"cuGraphInstantiate_11040", "cuGraphInstantiate", 11040, 0, (void *)cuGraphInstantiate_v2},
+        {"cuGraphInstantiateWithFlags_11040", "cuGraphInstantiateWithFlags", 11040, 0,
+         (void *)cuGraphInstantiateWithFlags},
+        {"cuGraphExecUpdate_12000", "cuGraphExecUpdate", 12000, 0, (void *)cuGraphExecUpdate_v2},
+        {"cuGraphExecUpdate_11000", "cuGraphExecUpdate", 11000, 0, (void *)cuGraphExecUpdate},
+    };
+    for (size_t i = 0; i < sizeof lookups / sizeof lookups[0]; i++) {
+        CHECK(cuGetProcAddress_v2(lookups[i].symbol, &fn, lookups[i].version, lookups[i].flags, &status));
+        printf("%s %d\n", lookups[i].key, fn == lookups[i].expected);
+    }
     printf("unknown %d\n", cuGetProcAddress_v2("cuNoSuchCall", &fn, 12000, 0, &status));
     printf("unknown_status %d\nunknown_fn %d\n", status, fn == NULL);
     printf("too_new %d\n", cuGetProcAddress_v2("cuCtxCreate", &fn, 3000, 0, &status));
@@ -541,14 +485,14 @@ static int command_contexts(void)
 
 static int command_fork(void)
 {
-    primary();
+    require_primary_context(0);
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 64 << 20));
     pid_t child = fork();
     if (child == 0) {
         CUdeviceptr q;
         printf("child_before_init %d\n", cuMemAlloc_v2(&q, 1 << 20));
-        primary();
+        require_primary_context(0);
         CHECK(cuMemAlloc_v2(&q, 32 << 20));
         printf("child_sees %lld\n", used_bytes());
         exit(0); /* as a normal exit: its memory goes back */
@@ -561,7 +505,7 @@ static int command_fork(void)
 
 static int command_exec(const char *self)
 {
-    primary();
+    require_primary_context(0);
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 100 << 20));
     printf("before_exec %lld\n", used_bytes());
@@ -596,7 +540,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "exec") == 0)
         return command_exec("/proc/self/exe");
     if (argc >= 2 && strcmp(argv[1], "after-exec") == 0) {
-        primary(); /* same pid and start time as before the exec: what that image held is gone */
+        require_primary_context(0); /* same pid and start time as before the exec: what that image held is gone */
         printf("after_exec %lld\n", used_bytes());
         return 0;
     }

@@ -22,23 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "vgpu/cuda_abi.h"
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        CUresult check_ = (call);                                                                  \
-        if (check_ != CUDA_SUCCESS) {                                                              \
-            fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, check_);          \
-            exit(3);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+#include "probe_common.h"
 
 static void sleep_until(long long deadline)
 {
@@ -49,17 +33,8 @@ static void sleep_until(long long deadline)
 
 static CUfunction setup(void)
 {
-    CUdevice device;
-    CUcontext ctx;
-    CUmodule module;
-    CUfunction function;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, device));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&module, "any image"));
-    CHECK(cuModuleGetFunction(&function, module, "kernel"));
-    return function;
+    require_primary_context(0);
+    return load_noop();
 }
 
 static void wait_for_stdin_to_close(void)
@@ -67,6 +42,16 @@ static void wait_for_stdin_to_close(void)
     char buffer[64];
     while (read(0, buffer, sizeof buffer) > 0) {
     }
+}
+
+/* How busy and duty end: "done" once their kernels have ended, holding the context until stdin
+ * closes. */
+static int finish(void)
+{
+    CHECK(cuCtxSynchronize());
+    printf("done %lld\n", now_ns());
+    wait_for_stdin_to_close();
+    return 0;
 }
 
 static int hold(int count, char **sizes)
@@ -91,10 +76,7 @@ static int busy(double seconds, unsigned int grid, unsigned int block)
     /* The push buffer keeps this loop from queuing more than 1024 kernels ahead. */
     while (now_ns() < end)
         CHECK(cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, NULL, NULL, NULL));
-    CHECK(cuCtxSynchronize());
-    printf("done %lld\n", now_ns());
-    wait_for_stdin_to_close();
-    return 0;
+    return finish();
 }
 
 static int duty(double seconds, long long period, unsigned int grid, unsigned int block)
@@ -107,31 +89,24 @@ static int duty(double seconds, long long period, unsigned int grid, unsigned in
         sleep_until(start + k * period);
         CHECK(cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, NULL, NULL, NULL));
     }
-    CHECK(cuCtxSynchronize());
-    printf("done %lld\n", now_ns());
-    wait_for_stdin_to_close();
-    return 0;
+    return finish();
 }
 
 static int serial(long count, long long start_at, unsigned int grid, unsigned int block)
 {
     CUfunction f = setup();
-    CUstream stream;
-    CUevent first, last;
-    CHECK(cuStreamCreate(&stream, 0));
-    CHECK(cuEventCreate(&first, 0));
-    CHECK(cuEventCreate(&last, 0));
+    struct timed_stream timed = new_timed_stream(0);
     printf("waiting\n");
     sleep_until(start_at);
     long long begin = now_ns();
-    CHECK(cuEventRecord(first, stream));
+    CHECK(cuEventRecord(timed.before, timed.stream));
     for (long i = 0; i < count; i++)
-        CHECK(cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream, NULL, NULL));
-    CHECK(cuEventRecord(last, stream));
-    CHECK(cuEventSynchronize(last));
+        CHECK(cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, timed.stream, NULL, NULL));
+    CHECK(cuEventRecord(timed.after, timed.stream));
+    CHECK(cuEventSynchronize(timed.after));
     long long end = now_ns();
     float ms;
-    CHECK(cuEventElapsedTime(&ms, first, last));
+    CHECK(cuEventElapsedTime(&ms, timed.before, timed.after));
     printf("begin_ns %lld\nend_ns %lld\nelapsed_ns %.0f\n", begin, end, (double)ms * 1e6);
     return 0;
 }

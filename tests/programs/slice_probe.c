@@ -35,7 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vgpu/cuda_abi.h"
+#include "probe_common.h"
 
 #define DECLARE_PFN(ret, name, params) typedef ret(*pfn_##name) params;
 VGPU_CUDA_ENTRY_POINTS(DECLARE_PFN)
@@ -122,18 +122,6 @@ static void resolve(const char *path)
 #undef BY_PROCADDR
 }
 
-static unsigned long long parse_bytes(const char *text)
-{
-    char *end;
-    unsigned long long value = strtoull(text, &end, 10);
-    switch (*end) {
-    case 'K': return value << 10;
-    case 'M': return value << 20;
-    case 'G': return value << 30;
-    default: return value;
-    }
-}
-
 /* The numeric fields after "name:" in a command. */
 static int fields(const char *command, unsigned long long *out, int max)
 {
@@ -174,38 +162,20 @@ static void run(const char *command)
 {
     unsigned long long f[3] = {0, 0, 0};
     fields(command, f, 3);
-    CUdevice device = 0;
+    CUcontext primary;
     if (strcmp(command, "init") == 0) {
-        CUcontext context;
-        CUresult result = cuInit(0);
-        if (result == CUDA_SUCCESS)
-            result = cuDeviceGet(&device, 0);
-        if (result == CUDA_SUCCESS)
-            result = cuDevicePrimaryCtxRetain(&context, device);
-        if (result == CUDA_SUCCESS)
-            result = cuCtxSetCurrent(context);
-        printf("init %d\n", result);
+        printf("init %d\n", use_primary_context(0, &primary));
     } else if (strcmp(command, "ctx") == 0) {
         CUresult result = cuCtxCreate_v2(&created_context, 0, 0);
         if (result == CUDA_SUCCESS)
             result = cuCtxSetCurrent(created_context);
         printf("ctx %d\n", result);
     } else if (strcmp(command, "ctx-destroy") == 0) {
-        CUcontext primary;
         CUresult result = cuCtxDestroy_v2(created_context);
-        if (result == CUDA_SUCCESS)
-            result = cuDevicePrimaryCtxRetain(&primary, 0);
-        if (result == CUDA_SUCCESS)
-            result = cuCtxSetCurrent(primary);
-        printf("ctx-destroy %d\n", result);
+        printf("ctx-destroy %d\n", result == CUDA_SUCCESS ? use_primary_context(0, &primary) : result);
     } else if (strcmp(command, "primary-reset") == 0) {
-        CUcontext primary;
         CUresult result = cuDevicePrimaryCtxReset_v2(0);
-        if (result == CUDA_SUCCESS)
-            result = cuDevicePrimaryCtxRetain(&primary, 0);
-        if (result == CUDA_SUCCESS)
-            result = cuCtxSetCurrent(primary);
-        printf("primary-reset %d\n", result);
+        printf("primary-reset %d\n", result == CUDA_SUCCESS ? use_primary_context(0, &primary) : result);
     } else if (STARTS(command, "alloc")) {
         CUdeviceptr p = 0;
         CUresult result = api.cuMemAlloc_v2(&p, f[0]);

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "vgpu/cuda_abi.h"
+#include "probe_common.h"
 
 #define CHUNK (2ULL << 20)
 #define MAX_HELD 32
@@ -113,13 +113,8 @@ int main(int argc, char **argv)
     unsigned int max_chunks = (unsigned int)strtoul(argv[4], NULL, 10);
     if (threads < 1 || threads > 256 || max_chunks < 1)
         return 2;
-    CUdevice device;
     CUcontext context;
-    CUresult result = cuInit(0);
-    if (result == CUDA_SUCCESS)
-        result = cuDeviceGet(&device, 0);
-    if (result == CUDA_SUCCESS)
-        result = cuDevicePrimaryCtxRetain(&context, device);
+    CUresult result = use_primary_context(0, &context);
     if (result != CUDA_SUCCESS)
         fail("context set-up", result);
     struct worker *workers = calloc((size_t)threads, sizeof *workers);
