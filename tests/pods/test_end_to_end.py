@@ -61,6 +61,30 @@ async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_agai
     assert kubelet.processes[pod].wait(30) == 0  # the agent ended with its kernel
 
 
+async def test_a_pod_kernel_is_interrupted_by_message_against_standin(jp_fetch, jp_serverapp, pod_kernelspec, kubelet):
+    """No signal reaches a pod: Jupyter's interrupt goes as a message on the control channel."""
+    kernel_id = json.loads((await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body)["kernel"]["id"]
+    manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    assert manager.kernel_spec.interrupt_mode == "message"
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
+        while True:  # interrupt once the cell runs, not before
+            message = await client.get_iopub_msg(timeout=60)
+            if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
+                break
+        await jp_fetch("api", "kernels", kernel_id, "interrupt", method="POST", body="{}")
+        reply = await client.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = await client.get_shell_msg(timeout=30)
+        assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "KeyboardInterrupt")
+    finally:
+        client.stop_channels()
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+
+
 async def test_usage_reports_are_checked_at_the_edge_against_standin(jp_fetch, pod_kernelspec, kubelet):
     kernel_id = json.loads((await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body)["kernel"]["id"]
     for body, wanted in [
