@@ -424,6 +424,7 @@ struct vgpu_controller {
     double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
     uint64_t last_draw_ns;
     int drained;      /* the pool ran dry at some tick: launches were held back */
+    int slack;        /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
     int window_clean; /* launches drew tokens throughout the window (no MODE_OFF tick) */
     double carry;     /* fraction of a token owed by the last refill */
 

@@ -18,9 +18,15 @@
  *    share / cost. That is feed-forward from a measured quantity, so no gain depends on the
  *    device's SM count or the kernels' shapes; a small integral term removes what the
  *    estimate misses (queueing, rounding).
- *  - hard: the rate always applies. burst: the pool stays open while no process outside the
- *    slice uses the device, and closes to the share within one control period after one
- *    starts.
+ *  - hard: the rate always applies, over any window from a tick's length up, so the pool
+ *    banks nothing: a refill the slice leaves undrawn is kept only up to a thread's batch, an
+ *    idle slice's pool holds one token (its next launch takes a batch on credit), and a late
+ *    tick does not make up for the time missed. Tokens saved up would be spent above the share
+ *    in whichever window follows (a notebook's next cell after a pause). Only windows in which
+ *    the slice was held back at every tick wind the integral up, so neither an idle pause nor
+ *    the window in which a burst ends reads as a rate set too low. burst: the pool stays open
+ *    while no process outside the slice uses the device, and closes to the share within one
+ *    control period after one starts.
  *  - Admitting a launch costs a thread-local subtraction while the thread holds tokens; only a
  *    thread whose cache is empty reads the limits (so a resize reaches every thread within
  *    about a millisecond of launches). sm_share 100 turns the limiter off: a launch then
@@ -44,6 +50,7 @@
 
 #define MS 1000000ULL
 #define TICK_NS (5 * MS)              /* refill and heartbeat */
+#define LATE_TICK_NS (6 * MS)         /* a refill covers this much time at most */
 #define CONTROL_PERIOD_NS (25 * MS)   /* measure utilisation, set the rate */
 #define REPORT_PERIOD_NS (250 * MS)   /* limiter off or slice idle: measure only to report */
 #define IDLE_AFTER_NS (1000 * MS)     /* no tokens drawn this long: the slice is idle */
@@ -356,12 +363,13 @@ static void learn(struct vgpu_controller *c, const struct utilisation *u)
 }
 
 /* Integral action on what the feed-forward misses. It winds up only when launches were held
- * back (a slice that launches less than its share must not bank a correction), and always
- * winds down when the slice is over its share. */
+ * back at every tick of the window (a slice that launches less than its share, or stops
+ * launching within the window, must not bank a correction), and always winds down when the
+ * slice is over its share. */
 static void integrate(struct vgpu_controller *c, const struct utilisation *u, uint32_t share)
 {
     double error = share / 100.0 - u->slice_permille / 1000.0;
-    if (error > 0 && !c->drained)
+    if (error > 0 && (!c->drained || c->slack))
         return;
     double bound = share / 100.0 * 0.5;
     c->integral += INTEGRAL_GAIN * error;
@@ -438,12 +446,13 @@ static void control(struct vgpu_controller *c, struct vgpu_region *region, const
         learn(c, &u);
         VGPU_LOG(VGPU_LOG_DEBUG, "pacing: mode %d, slice %u, others %u per mille over %.3f s, %llu tokens drawn, cost %.3g, rate %.0f/s, integral %.3f%s",
                  c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c), c->rate,
-                 c->integral, c->drained ? ", held back" : "");
+                 c->integral, c->drained && !c->slack ? ", held back" : c->drained ? ", held back at times" : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
         if (c->mode == VGPU_MODE_LIMITED && c->limited_periods >= 2)
             integrate(c, &u, limits->sm_share);
         c->spent = 0;
         c->drained = 0;
+        c->slack = 0;
         c->window_clean = 1;
     }
     decide(c, limits, now_ns);
@@ -469,35 +478,52 @@ static int64_t take_back_grants(struct vgpu_region *region, struct vgpu_proc_slo
 static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
     uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
-    if (elapsed > CONTROL_PERIOD_NS)
-        elapsed = CONTROL_PERIOD_NS; /* after a stall, no flood */
+    /* A tick this late (the controller did not get a CPU) refills only what a tick may: the
+     * tokens of the time missed would be a burst above the rate in the window after it, and
+     * the window it happened in says nothing about the rate (integrate()). */
+    int late = elapsed > LATE_TICK_NS;
+    if (late)
+        elapsed = LATE_TICK_NS;
     c->last_tick_ns = now_ns;
 
     int limited = c->mode == VGPU_MODE_LIMITED;
-    double owed = 0, cap_tokens = 0;
+    double owed = 0, reserve = 0;
     if (limited) {
         owed = c->rate * (double)elapsed / 1e9 + c->carry;
-        cap_tokens = c->rate * (double)CONTROL_PERIOD_NS / 1e9; /* a small burst: one period */
-        if (cap_tokens < 1)
-            cap_tokens = 1;
-        if (cap_tokens > (double)(POOL_OPEN_FLOOR / 4))
-            cap_tokens = (double)(POOL_OPEN_FLOOR / 4);
-        if (owed > cap_tokens)
-            owed = cap_tokens;
+        if (owed > (double)(POOL_OPEN_FLOOR / 4))
+            owed = (double)(POOL_OPEN_FLOOR / 4);
+        /* What the slice may keep of a refill it left undrawn: a thread's batch. A hard share
+         * holds over any window W only if the slice can never hold more than rate * W plus a
+         * little; tokens saved across ticks (or across an idle pause) are a burst above the share
+         * that lands in whichever window follows. */
+        reserve = c->rate * (double)THREAD_BATCH_NS / 1e9;
     }
     struct vgpu_proc_slot *waiting[VGPU_REGION_MAX_PROCS];
     uint32_t waiting_count;
     int64_t returned = take_back_grants(region, waiting, &waiting_count);
-    int64_t whole = (int64_t)owed, cap = (int64_t)cap_tokens, each = 0;
+    int64_t whole = (int64_t)owed, keep = (int64_t)reserve, each = 0;
     int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
-    int64_t available, next;
+    int64_t available, next, drawn_since;
+    int idle;
     do {
+        /* Drawn since the last refill: from the pool, and from the grants it made. */
+        drawn_since = (c->pool_after_refill - level) + (c->granted - returned);
+        idle = waiting_count == 0 && (!c->pool_known || drawn_since <= 0);
         if (!limited) {
             available = next = POOL_OPEN_LEVEL;
             each = 0;
         } else {
             int64_t base = level >= POOL_OPEN_FLOOR ? 0 : level; /* closing an open pool */
-            available = base + returned + whole < cap ? base + returned + whole : cap;
+            int64_t left = base + returned; /* undrawn (negative: overdrawn, a debt to repay) */
+            /* Processes waiting side by side: what one left of its grant (stopped, or not on a
+             * CPU in time) goes to the others through this split, up to a tick's worth. */
+            int64_t most = waiting_count > 1 ? whole : keep;
+            if (idle)
+                /* Nobody drew or waits: no refill is banked for the next launch, which finds one
+                 * token, enough to take its batch at once as a debt the next refill repays. */
+                available = left + whole < 1 ? left + whole : 1;
+            else
+                available = (left < most ? left : most) + whole;
             each = waiting_count > 0 && available > 0 ? available / waiting_count : 0;
             next = available - each * waiting_count;
         }
@@ -505,20 +531,26 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
     for (uint32_t i = 0; i < waiting_count && each > 0; i++)
         __atomic_fetch_add(&waiting[i]->granted, each, __ATOMIC_ACQ_REL);
 
-    /* Drawn since the last refill: from the pool, and from the grants it made. */
-    int64_t drawn_since = (c->pool_after_refill - level) + (c->granted - returned);
     uint64_t drawn = c->pool_known && drawn_since > 0 ? (uint64_t)drawn_since : 0;
     c->spent += drawn;
     if (drawn)
         c->last_draw_ns = now_ns;
     if (elapsed > 0)
         c->draw_rate = 0.7 * c->draw_rate + 0.3 * (double)drawn * 1e9 / (double)elapsed;
-    if (limited && (level <= 0 || waiting_count > 0))
-        c->drained = 1;
+    /* Whether the slice was held back over this tick: it took all it was given, the pool and
+     * every grant. A tick it did not (it stopped launching, launches less than the rate, or its
+     * waiting threads did not get a CPU in time to draw their grants) makes the window say
+     * nothing about whether the rate is too low (integrate()). */
+    if (limited && elapsed > 0) {
+        if (level <= 0 && returned <= 0 && !late)
+            c->drained = 1;
+        else
+            c->slack = 1;
+    }
     c->pool_known = 1;
     c->pool_after_refill = next;
     c->granted = each * (int64_t)waiting_count;
-    c->carry = limited && available < cap ? owed - (double)whole : 0;
+    c->carry = limited && !idle ? owed - (double)whole : 0;
     if (waiting_count > 0 || (level <= 0 && next > 0))
         refill_announce(region);
 
@@ -590,6 +622,9 @@ static void *controller_main(void *arg)
             break;
         now = vgpu_now_ns();
         __atomic_store_n(&region->controller_heartbeat_ns, now, __ATOMIC_RELEASE);
+        /* The refill comes first: what it finds (tokens drawn, the pool drained or not) belongs
+         * to the tick that ends now, and so to the window a measurement now closes. */
+        refill(c, region, now);
         /* Limits are read every tick, so a resize is acted on within one. */
         struct vgpu_limits_snapshot limits;
         if (vgpu_read_limits(&limits) == 0) {
@@ -603,11 +638,15 @@ static void *controller_main(void *arg)
                               : c->learning && c->spent > 0 ? LEARN_PERIOD_NS
                                                             : CONTROL_PERIOD_NS;
             if (resized || now - c->last_control_ns + TICK_NS / 2 >= period) {
+                enum vgpu_pool_mode before = c->mode;
                 control(c, region, &limits, now);
                 c->last_control_ns = now;
+                /* A pool that opens or closes does so now, not a tick later (a zero-length
+                 * tick: it grants nothing more). */
+                if (c->mode != before)
+                    refill(c, region, now);
             }
         }
-        refill(c, region, now);
         next_tick += TICK_NS;
         if (next_tick <= now)
             next_tick = now + TICK_NS;

@@ -233,6 +233,42 @@ def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_e
         assert min(after_warm_up) >= share - TOLERANCE_PP, after_warm_up
 
 
+def busy_phase_windows(series: list[tuple[int, int]], start_us: int, busy_ms: int, idle_ms: int, window_ms: int):
+    """{busy phase: [utilisation of each window that lies wholly inside it]} from a watch's
+    series, phases counted from the load's first launch and the first one (which learns what a
+    token costs) left out. A phase that began late or a window misplaced by a slow query only
+    takes idle time in, which reads lower: misplacing can hide an excess, never make one."""
+    cycle_us = (busy_ms + idle_ms) * 1000
+    phases: dict[int, list[int]] = {}
+    for t_us, util in series:
+        phase, into_us = divmod(t_us - start_us, cycle_us)
+        if phase >= 1 and window_ms * 1000 <= into_us <= busy_ms * 1000:
+            phases.setdefault(phase, []).append(util)
+    return phases
+
+
+def test_hard_share_holds_on_every_100ms_window_of_an_on_off_load(programs, device_env, make_slice):
+    """A notebook's load: 200 ms of launches, 300 ms idle, over and over. From the first launch
+    after each pause, no 100 ms window of a busy phase is more than 2 points over the share: the
+    pause banks nothing (tokens saved in the pool, an integral wound up by the window in which
+    the load stopped, a cost estimate skewed by it) that the next phase could spend above it.
+    Each window is exact on the simulated device's clock (NVML's since-timestamp), so a query
+    that runs late on a busy machine moves its window, and never blurs it."""
+    load_program, monitor = programs
+    share, busy_ms, idle_ms, window_ms = 60, 200, 300, 100
+    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    load = start_load(load_program, slice_env, "--busy-ms", str(busy_ms), "--idle-ms", str(idle_ms), seconds=2.5)
+    watcher = watch(monitor, device_env, interval_ms=10, duration_ms=2500, window_ms=window_ms)
+    series = watched_series(watcher, load.pid)
+    load.finish()
+
+    phases = busy_phase_windows(series, load.start_us, busy_ms, idle_ms, window_ms)
+    windows = [util for utils in phases.values() for util in utils]
+    assert len(phases) >= 3 and len(windows) >= 10, f"too few windows inside busy phases: {phases}"
+    assert statistics.median(windows) >= share - 10, f"the load hardly ran in its busy phases: {phases}"
+    assert max(windows) <= share + 2, f"100 ms windows of busy phases at a {share}% hard share: {phases}"
+
+
 @pytest.mark.parametrize(
     "second_pattern", [(), ("--threads", "3")], ids=["alike", "one-thread-against-three"]
 )
