@@ -8,23 +8,51 @@ A kernelspec selects it with::
 and may set a size (``"config": {"memory": "8GiB", "cores": 30, "policy": "hard"}``). Inside a
 Jupyter server with the jupyter_vgpu extension, slices come from the server's ledger (placement,
 capacity, live resize over REST), sized by what the start asked for, else the kernelspec, else
-the server's ``VGPUApp.default_*``. Started by plain jupyter_client (nbclient, nbconvert, jupyter
-console), a kernel still gets a slice of the configured size on the configured device, with no
-ledger to arbitrate between kernels.
+the server's ``VGPUApp.default_*``.
+
+Started by plain jupyter_client (a batch run: ``jupyter nbconvert --execute``, papermill,
+nbclient, ``jupyter execute``), a kernel still gets a slice: of the size given to the run
+(``--VGPUProvisioner.memory=3GiB`` on its command line or in its config), else the kernelspec's,
+else 4GiB with the whole SM share. Where a vGPU server's ledger is on the machine (see
+``VGPUProvisioner.ledger``) the slice is admitted to it as a server's kernel's would be, so a
+batch kernel never over-commits a GPU that the server's kernels hold; without one, nothing
+arbitrates between batch runs. docs/batch.md tells the whole story.
 """
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
+import sqlite3
+import sys
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
+from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import Bool, Unicode
+from traitlets.config import Application
 
-from jupyter_vgpu.client import KERNEL_VARIABLES, kernel_environment
-from jupyter_vgpu.holders.local import LocalHolder, default_region_dir, slice_environment
-from jupyter_vgpu.manager import SliceManager, SliceRefused
-from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.model import DEFAULT_LIMITS, decide_limits, list_devices, select_device, use_simulator
+from jupyter_vgpu.client import KERNEL_ID_VARIABLE, KERNEL_VARIABLES, kernel_environment
+from jupyter_vgpu.holders.local import REGION_PATH_KEY, LocalHolder, default_region_dir, slice_environment
+from jupyter_vgpu.holders.region import Region, process_start_time
+from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
+from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
+from jupyter_vgpu.model import (
+    DEFAULT_LIMITS,
+    DeviceError,
+    SliceLimits,
+    SliceValueError,
+    decide_limits,
+    format_size,
+    list_devices,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+    select_device,
+    use_simulator,
+)
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
 
 PROVISIONER_NAME = "vgpu-provisioner"
@@ -32,6 +60,17 @@ MANAGER_SETTING = "vgpu_slice_manager"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
 # extensions a user configured still load.
 LOAD_MAGIC_ARGUMENT = "--IPKernelApp.extra_extensions=jupyter_vgpu"
+# The options that size a slice; a kernelspec sets them in its provisioner config.
+SLICE_OPTIONS = ("memory", "cores", "policy", "device")
+# Set in a batch kernel whose slice is in a vGPU server's ledger: that ledger's path (for %vgpu).
+LEDGER_VARIABLE = "JUPYTER_VGPU_LEDGER"
+LEDGER_AUTO, LEDGER_NONE = "auto", "none"
+_DEVICE_SELECTOR = re.compile(r"^\s*(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z-]+)\s*$", re.IGNORECASE)
+
+
+def default_ledger_path() -> Path:
+    """Where a vGPU server keeps its ledger when ``VGPUApp.ledger_path`` is not set."""
+    return Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
 
 
 def with_vgpu_magic(cmd: list[str]) -> list[str]:
@@ -40,6 +79,30 @@ def with_vgpu_magic(cmd: list[str]) -> list[str]:
     if any("ipykernel" in part for part in cmd) and LOAD_MAGIC_ARGUMENT not in cmd:
         return [*cmd, LOAD_MAGIC_ARGUMENT]
     return cmd
+
+
+def checked_layer(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """The size options ``values`` sets (an empty one is unset), each checked with the model's
+    parsers; a bad one is refused naming ``source`` (who set it: ``{name}`` is the option) and
+    what is accepted."""
+    layer = {}
+    for name in SLICE_OPTIONS:
+        value = values.get(name)
+        if value is None or value == "":
+            continue
+        try:
+            if name == "memory":
+                parse_size(value)
+            elif name == "cores":
+                parse_sm_share(value)
+            elif name == "policy":
+                parse_policy(value)
+            elif isinstance(value, bool) or not _DEVICE_SELECTOR.match(str(value)):
+                raise SliceValueError(f"device {str(value)[:40]!r} is not a GPU index (0, 1, ...) or UUID (GPU-...)")
+        except SliceValueError as error:
+            raise SliceRefused(f"{source.format(name=name)}: {error}".replace("%", " percent"), kind="invalid") from None
+        layer[name] = value
+    return layer
 
 
 def _forget_refused_start(provisioner: LocalProvisioner) -> None:
@@ -60,17 +123,51 @@ def _forget_refused_start(provisioner: LocalProvisioner) -> None:
 class VGPUProvisioner(LocalProvisioner):
     """Starts a kernel with libvgpu.so preloaded, in a slice admitted before launch."""
 
-    memory = Unicode("", config=True, help=f"Memory cap of the kernel's slice: {SIZE_HELP}. Empty: the server's default.")
-    cores = Unicode("", config=True, help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty: the server's default.")
-    policy = Unicode("", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty: the server's default.")
-    device = Unicode("", config=True, help="GPU index or UUID; empty lets the server place the slice (GPU 0 without a server).")
+    memory = Unicode(
+        "",
+        config=True,
+        help=f"Memory cap of the kernel's slice: {SIZE_HELP}. Empty: the kernelspec's, else the server's default "
+        "(4GiB in a batch run). In a server a kernelspec's own value wins over this one; in a batch run "
+        "(nbconvert, papermill, nbclient: no server) this one wins over the kernelspec's.",
+    )
+    cores = Unicode("", config=True, help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty and precedence: as for memory (100 in a batch run).")
+    policy = Unicode("", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty and precedence: as for memory (hard in a batch run).")
+    device = Unicode("", config=True, help="GPU index or UUID; empty lets the ledger place the slice (GPU 0 in a batch run without one).")
     simulate = Bool(False, config=True, help="Outside a vGPU server: use the simulated GPU.")
+    ledger = Unicode(
+        LEDGER_AUTO,
+        config=True,
+        help="Outside a vGPU server (a batch run): the vGPU ledger the kernel's slice is admitted to, so that it "
+        "does not over-commit a GPU that a vGPU server's kernels hold. auto: the ledger a vGPU server keeps by "
+        "default (<jupyter runtime dir>/vgpu/ledger.sqlite) if that file exists, else none; a path: that ledger "
+        "file (a server's VGPUApp.ledger_path); none: no ledger, nothing counts the slice against others.",
+    )
 
-    _standalone: LocalHolder | None = None
-    _standalone_region = None
+    _batch: BatchSlice | None = None
 
-    def _configured(self) -> dict[str, str]:
-        return {"memory": self.memory, "cores": self.cores, "policy": self.policy}
+    def __init__(self, **kwargs: Any):
+        # jupyter_client passes the kernelspec's provisioner config as keyword arguments, which
+        # traitlets would set over the configured values; the size options are kept aside
+        # instead, so that each start decides which wins (see pre_launch).
+        self.kernelspec_size = {name: kwargs.pop(name) for name in SLICE_OPTIONS if name in kwargs}
+        super().__init__(**kwargs)
+
+    def _size_layers(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(what this provisioner's config sets, what the kernelspec sets), each checked."""
+        spec_name = getattr(self.kernel_spec, "display_name", "") or "of this kernel"
+        configured = checked_layer({name: getattr(self, name) for name in SLICE_OPTIONS}, "VGPUProvisioner.{name}")
+        from_spec = checked_layer(self.kernelspec_size, f"the kernelspec {spec_name!r} sets {{name}} in its provisioner config")
+        return configured, from_spec
+
+    def _take_run_config(self) -> None:
+        """In a batch run, also the config of the Jupyter application running it: ``jupyter
+        execute`` (nbclient's) makes its kernel manager without its config, so its
+        ``--VGPUProvisioner.memory=...`` would not reach here (nbconvert's does)."""
+        if not Application.initialized():
+            return
+        section = Application.instance().config.get(type(self).__name__)
+        if section:
+            self.update_config(Application.instance().config)
 
     def _server_app(self):
         """The Jupyter server that starts this kernel, found up the parent chain (kernel manager,
@@ -93,14 +190,18 @@ class VGPUProvisioner(LocalProvisioner):
         manager = self.slice_manager()
         try:
             if manager is None:
-                return await self._standalone_launch(size, requested.get("device"), kwargs)
+                self._take_run_config()
+            configured, from_spec = self._size_layers()
+            if manager is None:
+                return await self._batch_launch(configured, from_spec, size, requested.get("device"), kwargs)
             # A restart reuses the provisioner and keeps the kernel's slice.
             if manager.ledger.get(self.kernel_id) is None:
+                chosen = {**configured, **from_spec}  # in a server the kernelspec wins over config
                 manager.admit(
                     self.kernel_id,
-                    manager.decide_limits(size, self._configured()),
+                    manager.decide_limits(size, _size_of(chosen)),
                     owner=requested.get("owner", ""),
-                    device=requested.get("device") or self.device or None,
+                    device=requested.get("device") or chosen.get("device") or None,
                     metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
                 )
         except SliceRefused as refusal:
@@ -119,30 +220,64 @@ class VGPUProvisioner(LocalProvisioner):
         kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs
 
-    async def _standalone_launch(self, requested: dict, device, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """A slice with no server: the configured size on the configured device, no ledger."""
-        try:
-            limits = decide_limits(DEFAULT_LIMITS, self._configured(), requested)
-        except ValueError as error:
-            raise SliceRefused(str(error), kind="invalid") from None
-        kwargs = await super().pre_launch(**kwargs)
-        if self._standalone_region is None:
+    async def _batch_launch(self, configured: dict, from_spec: dict, requested: dict, device, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A kernel of a batch run (no server): a slice of the run's size, admitted to a vGPU
+        server's ledger where there is one. A restart keeps the slice."""
+        if self._batch is None:
+            try:
+                # The run's own config (its command line) wins over the kernelspec: it is where a
+                # batch run chooses its size.
+                limits = decide_limits(DEFAULT_LIMITS, _size_of(from_spec), _size_of(configured), requested)
+            except ValueError as error:
+                raise SliceRefused(str(error).replace("%", " percent"), kind="invalid") from None
+            ledger_path = self._ledger_path()
             if self.simulate:
                 use_simulator()
-            device = select_device(list_devices(), device or self.device or 0)
-            self._standalone = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
-            self._standalone_region = self._standalone.new_region(self.kernel_id, limits, device)
-        kwargs["env"] = slice_environment(self._standalone_region, simulate=self.simulate, base_env=kwargs["env"])
+            device = device or configured.get("device") or from_spec.get("device")
+            self._batch = BatchSlice.admit(self, limits, device, ledger_path)
+        else:
+            self._batch.readmit_if_released()
+        try:
+            kwargs = await super().pre_launch(**kwargs)
+        except BaseException:
+            self._batch.release()
+            self._batch = None
+            raise
+        env = slice_environment(self._batch.region_view(), simulate=self.simulate, base_env=kwargs["env"])
         # No server holds this slice: a kernel must not inherit the server link of the sliced
-        # kernel that started this one, or it would resize that kernel's slice.
-        for name in KERNEL_VARIABLES:
-            kwargs["env"].pop(name, None)
+        # kernel that started this one, or it would resize that kernel's slice. Its own id tells
+        # libvgpu.so's out-of-memory line, and %vgpu, that it is a kernel without a server.
+        for name in (*KERNEL_VARIABLES, LEDGER_VARIABLE):
+            env.pop(name, None)
+        env[KERNEL_ID_VARIABLE] = self.kernel_id
+        if self._batch.ledger_path is not None:
+            env[LEDGER_VARIABLE] = str(self._batch.ledger_path)
+        kwargs["env"] = env
         kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs
 
+    def _ledger_path(self) -> Path | None:
+        """The ledger a batch kernel's slice goes to (the ``ledger`` option), None for none."""
+        value = self.ledger.strip()
+        if value.lower() == LEDGER_NONE:
+            return None
+        if value.lower() == LEDGER_AUTO:
+            path = default_ledger_path()
+            return path if path.exists() else None
+        if not value:
+            raise SliceRefused("VGPUProvisioner.ledger is empty; give auto, none or the path of a vGPU server's ledger", kind="invalid")
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise SliceRefused(
+                f"VGPUProvisioner.ledger: no ledger file at {path}. A vGPU server makes its ledger when it starts "
+                "(its VGPUApp.ledger_path says where); give that file, or auto, or none",
+                kind="invalid",
+            )
+        return path
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         connection_info = await super().launch_kernel(cmd, **kwargs)
-        manager = self.slice_manager()
+        manager = self.slice_manager() or (self._batch.manager if self._batch else None)
         if manager is not None:
             manager.record_kernel(self.kernel_id, await self._process_identity())
         return connection_info
@@ -168,7 +303,126 @@ class VGPUProvisioner(LocalProvisioner):
         manager = self.slice_manager()
         if manager is not None:
             manager.release(self.kernel_id)
-        if self._standalone_region is not None:
-            self._standalone_region.close()
-            self._standalone.release(self.kernel_id)
-            self._standalone_region = None
+        if self._batch is not None:
+            self._batch.release()
+            self._batch = None
+
+
+def _size_of(layer: dict[str, Any]) -> dict[str, Any]:
+    """A layer's memory, cores and policy (what decide_limits takes; the device is placement)."""
+    return {name: value for name, value in layer.items() if name != "device"}
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return str(os.getuid())
+
+
+def _command_line() -> str:
+    """The command that started this process, for people reading the ledger (short)."""
+    return " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])[:200] if sys.argv else ""
+
+
+class BatchSlice:
+    """The slice of a kernel that no server started: its region in the standalone folder and,
+    where a vGPU server's ledger is on the machine, its allocation there.
+
+    In a ledger the slice is a row like a server kernel's (the server lists it, can resize it and
+    re-asserts its limits), marked with the process that started it (``BATCH_KEY``) so that a
+    restarted server leaves it alone while that process runs, and naming its region
+    (``REGION_PATH_KEY``), which lives in the standalone folder that no server sweeps.
+    """
+
+    def __init__(self, provisioner: VGPUProvisioner, limits: SliceLimits, device, holder: LocalHolder):
+        self.kernel_id = provisioner.kernel_id
+        self.limits, self.device, self.holder = limits, device, holder
+        self.manager: SliceManager | None = None
+        self.ledger_path: Path | None = None
+        self.region: Region | None = None  # without a ledger the slice's region is held here
+        self.metadata = {
+            "kernelspec": getattr(provisioner.kernel_spec, "display_name", ""),
+            BATCH_KEY: {"pid": os.getpid(), "pid_start_time": process_start_time(os.getpid()), "command": _command_line()},
+            REGION_PATH_KEY: str(holder.path(self.kernel_id)),
+        }
+
+    @classmethod
+    def admit(cls, provisioner: VGPUProvisioner, limits: SliceLimits, device, ledger_path: Path | None) -> BatchSlice:
+        try:
+            devices = list_devices()
+        except DeviceError as error:
+            raise SliceRefused(f"{error} In a batch run that is --VGPUProvisioner.simulate=True.", kind="invalid") from None
+        holder = LocalHolder(default_region_dir(standalone=True), simulate=provisioner.simulate)
+        batch = cls(provisioner, limits, device, holder)
+        if ledger_path is None:
+            batch._make_region(devices)
+        else:
+            batch._admit_to_ledger(ledger_path, devices, parent=provisioner)
+        return batch
+
+    def _make_region(self, devices) -> None:
+        try:
+            chosen = select_device(devices, self.device if self.device not in (None, "") else 0)
+        except SliceValueError as error:
+            raise SliceRefused(str(error), kind="invalid") from None
+        if self.limits.memory_limit > chosen.memory_total:
+            raise SliceRefused(
+                f"a memory cap of {format_size(self.limits.memory_limit)} is more than GPU {chosen.index} has "
+                f"({format_size(chosen.memory_total)}); ask for at most that",
+                kind="invalid",
+            )
+        self.region = self.holder.new_region(self.kernel_id, self.limits, chosen)
+
+    def _admit_to_ledger(self, path: Path, devices, *, parent) -> None:
+        try:
+            ledger = EmbeddedLedger(path, devices)
+        except (LedgerError, sqlite3.Error, OSError) as error:
+            raise SliceRefused(
+                f"the vGPU ledger {path} cannot be used: {error}. Run the batch with --VGPUProvisioner.ledger=none "
+                "to start without it (nothing then keeps this kernel from over-committing a GPU that a vGPU "
+                "server's kernels hold)",
+                kind="invalid",
+            ) from None
+        self.manager, self.ledger_path = SliceManager(ledger, [self.holder], self.limits, parent=parent), path
+        try:
+            self._admit()
+        except BaseException:
+            ledger.close()
+            self.manager = None
+            raise
+
+    def _admit(self) -> None:
+        try:
+            self.manager.admit(self.kernel_id, self.limits, owner=_user(), device=self.device or None, metadata=self.metadata)
+        except SliceRefused as refusal:
+            if not isinstance(refusal.__cause__, CapacityError):
+                raise
+            message = (
+                f"this kernel's GPU slice ({self.limits.describe()}) does not fit beside the slices held in the vGPU "
+                f"ledger {self.ledger_path} (the kernels of a vGPU server on this machine, and other batch runs): "
+                f"{refusal.__cause__}. Start the run with a smaller slice (--VGPUProvisioner.memory=SIZE or "
+                "--VGPUProvisioner.cores=PCT, or a kernelspec made with `jupyter vgpu kernelspec install`), or "
+                "stop a kernel that holds one (`jupyter vgpu status` lists the server's)"
+            )
+            raise SliceRefused(message.replace("%", " percent"), kind="capacity") from None
+
+    def readmit_if_released(self) -> None:
+        """After a restart: admit the slice again if it left the ledger meanwhile (a server
+        releases the slice of a batch kernel whose process it saw gone)."""
+        if self.manager is not None and self.manager.ledger.get(self.kernel_id) is None:
+            self.holder.release(self.kernel_id)
+            self._admit()
+
+    def region_view(self) -> Region:
+        return self.region if self.region is not None else self.holder.region(self.kernel_id)
+
+    def release(self) -> None:
+        if self.manager is not None:
+            self.manager.release(self.kernel_id)
+            self.manager.ledger.close()
+            self.manager = None
+        if self.region is not None:
+            self.region.close()
+            self.region = None
+            self.holder.release(self.kernel_id)
