@@ -2,20 +2,67 @@
 
 Loaded with ``%load_ext jupyter_vgpu``; kernels started in slices load it by themselves (the
 provisioner adds it to ipykernel's command line).
+
+A kernel a server started asks that server (REST, with the kernel's own credential). A kernel
+started without one (a batch run: nbconvert, papermill, nbclient) is in a slice all the same, and
+``%vgpu`` reads that slice from its region; it cannot be resized from the notebook, and there is
+no panel of other slices, so those print what to do instead (a notebook written interactively
+still runs unattended).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
+from jupyter_vgpu.client import (
+    KERNEL_ID_VARIABLE,
+    KERNEL_VARIABLES,
+    RequestRefused,
+    ServerClient,
+    ServerUnavailable,
+    describe_limits,
+    device_label,
+    slice_name,
+)
 from jupyter_vgpu.model.sizes import POLICY_HELP, SIZE_HELP, SM_SHARE_HELP, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
 
 ACTIONS = ("show", "resize", "panel")
+BATCH_NOTE = "started without a vGPU server (a batch run): its size was chosen when the run started"
+
+
+def resize_in_batch(kernel_id: str, memory: str) -> str:
+    """Why %vgpu resize does nothing in a kernel no server started, and how to get a larger slice."""
+    advice = (
+        f"this kernel was started without a vGPU server (nbconvert, papermill, nbclient), so its slice "
+        f"cannot be resized from the notebook; choose the size when starting the run: "
+        f"jupyter nbconvert --execute --VGPUProvisioner.memory={memory} ..., or papermill -k NAME with a "
+        f"kernelspec made by jupyter vgpu kernelspec install --memory {memory} --name NAME"
+    )
+    from jupyter_vgpu.provisioning.local import LEDGER_VARIABLE
+
+    if os.environ.get(LEDGER_VARIABLE):
+        advice += (
+            f". Its slice is in the ledger of the vGPU server on this machine, which can resize it from a "
+            f"terminal: jupyter vgpu resize {kernel_id[:8]} --memory {memory}"
+        )
+    return advice
+
+
+PANEL_NEEDS_SERVER = (
+    "%vgpu panel shows and resizes the slices of a vGPU server's kernels, and this kernel was started "
+    "without a server (a batch run); %vgpu shows its own slice"
+)
+
+
+def _memory_line(usage: dict, limits: dict) -> str:
+    cap = f"{format_size(limits['memory_bytes'])} cap" if limits["memory_bytes"] else "no cap"
+    used = format_size(usage["memory_bytes"]) if usage["memory_bytes"] else "0"
+    return f"  memory  {used} used of {cap}"
 
 
 def describe_slice(model: dict, devices: list[dict]) -> str:
@@ -25,12 +72,70 @@ def describe_slice(model: dict, devices: list[dict]) -> str:
         [
             f"GPU slice of {slice_name(model)} ({model['kernel_id']}), {model['state']}",
             f"  device  {device_label(model, devices)}",
-            f"  memory  {format_size(usage['memory_bytes'])} used of {format_size(limits['memory_bytes'])} cap",
+            _memory_line(usage, limits),
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
             f"  policy  {limits['policy']}",
             *(f"  warning {warning}" for warning in model.get("warnings", ())),
+            *(f"  note    {note}" for note in model.get("notes", ())),
         ]
     )
+
+
+def batch_region() -> str | None:
+    """The region of this kernel's slice when no server started it, else None (a server's
+    kernel has the server's link; a kernel outside any slice has no region)."""
+    from jupyter_vgpu.holders.local import REGION_VARIABLE  # the holders load only where needed
+
+    if all(os.environ.get(name) for name in KERNEL_VARIABLES):
+        return None
+    return os.environ.get(REGION_VARIABLE) or None
+
+
+def region_model(path: str) -> dict:
+    """This kernel's slice as GET slices would answer it, read from its region file."""
+    from jupyter_vgpu.holders.local import REGION_SUFFIX
+    from jupyter_vgpu.holders.region import Region, RegionError
+    from jupyter_vgpu.provisioning.local import LEDGER_VARIABLE
+
+    try:
+        with Region.open(path) as region:
+            limits, processes = region.limits, region.processes()
+            device = {"index": region.device_index, "uuid": region.device_uuid}
+            sm_util = region.sm_util_permille / 10 if processes else 0.0
+    except RegionError as error:
+        raise UsageError(f"this kernel's GPU slice cannot be read: {error}") from None
+    kernel_id = os.environ.get(KERNEL_ID_VARIABLE) or os.path.basename(path).removesuffix(REGION_SUFFIX)
+    ledger = os.environ.get(LEDGER_VARIABLE)
+    notes = [BATCH_NOTE]
+    if ledger:
+        notes.append(f"counted in the vGPU server's ledger {ledger}, beside the server's slices")
+    return {
+        "kernel_id": kernel_id,
+        "path": "",
+        "state": "running" if processes else "idle",
+        "device": device,
+        "limits": {"memory_bytes": limits.memory_limit, "cores": limits.sm_share, "policy": limits.policy},
+        "usage": {"memory_bytes": sum(process.used for process in processes), "sm_util": sm_util},
+        "warnings": [],
+        "notes": notes,
+    }
+
+
+def device_names(uuid: str) -> list[dict]:
+    """The device with that UUID as GET devices lists it (its name from NVML), or none."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+        return [{"uuid": uuid, "name": name}]
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def requested_changes(memory: str | None, cores: str | None, policy: str | None) -> dict[str, str]:
@@ -80,6 +185,9 @@ class VGPUMagics(Magics):
 
         The kernel reaches its Jupyter server with a credential of its own, which allows reading
         slices and resizing this kernel's slice only.
+
+        In a kernel started without a server (nbconvert, papermill, nbclient), ``%vgpu`` shows the
+        slice it is in, read from its region; resize and panel print what to do instead.
         """
         args = parse_argstring(self.vgpu, line)
         changes = requested_changes(args.memory, args.cores, args.policy)
@@ -87,6 +195,10 @@ class VGPUMagics(Magics):
             raise UsageError(f"--memory, --cores and --policy belong to '%vgpu resize', not '%vgpu {args.action}'")
         if args.action == "resize" and not changes:
             raise UsageError("nothing to resize; give --memory, --cores and/or --policy")
+        region = batch_region()
+        if region is not None:
+            self._batch(args.action, changes, region)
+            return
         try:
             client = self.client_factory()
             if args.action == "show":
@@ -97,6 +209,17 @@ class VGPUMagics(Magics):
                 self._show_panel(client)
         except ServerUnavailable as error:
             raise UsageError(str(error)) from None
+
+    def _batch(self, action: str, changes: dict[str, str], region: str) -> None:
+        """%vgpu in a kernel no server started: its slice from its region."""
+        model = region_model(region)
+        if action == "show":
+            print(describe_slice(model, device_names(model["device"]["uuid"])))
+        elif action == "resize":
+            memory = changes.get("memory") or format_size(model["limits"]["memory_bytes"] or 4 << 30)
+            print(f"resize refused: {resize_in_batch(model['kernel_id'], memory)}")
+        else:
+            print(PANEL_NEEDS_SERVER)
 
     def _resize(self, client: ServerClient, changes: dict[str, str]) -> None:
         try:

@@ -1,6 +1,7 @@
 """Helpers of the notebook tests (the %vgpu magic and the panel): slice models as the REST API
 writes them, a scripted stand-in for the server's /api/vgpu/ over HTTP (for the magic, which
-builds its own client) and a scripted client (for the panel, which is handed one)."""
+builds its own client), a scripted client (for the panel, which is handed one), and the
+environment of a kernel that no server started (a batch run), in a slice of a real region."""
 
 from __future__ import annotations
 
@@ -141,3 +142,31 @@ class ScriptedClient:
 def scripted_client():
     """scripted_client(slices) -> a ScriptedClient listing ``slices``."""
     return ScriptedClient
+
+
+BATCH_KERNEL_ID = "7a0b1c2d-0000-4000-8000-000000000007"
+
+
+@pytest.fixture
+def batch_shell(shell, native_libs, tmp_path, monkeypatch):
+    """batch_shell(memory=, cores=, policy=) -> (the shell of a kernel a batch run started, its
+    region): the variables the provisioner sets without a server (the region, the kernel's own
+    id, no server link), a real region file of those limits."""
+    from jupyter_vgpu.holders.region import Region
+
+    regions = []
+
+    def make(memory: int = 3 * GIB, cores: int = 40, policy: str = "burst"):
+        path = tmp_path / f"{BATCH_KERNEL_ID}.region"
+        region = Region.create(
+            path, memory_limit=memory, sm_share=cores, policy=policy, device_uuid="GPU-0000test-0000-4000-8000-000000000000", device_index=0
+        )
+        regions.append(region)
+        monkeypatch.setenv("VGPU_REGION", str(path))
+        monkeypatch.setenv("JUPYTER_VGPU_KERNEL_ID", BATCH_KERNEL_ID)
+        monkeypatch.delenv("JUPYTER_VGPU_LEDGER", raising=False)
+        return shell, region
+
+    yield make
+    for region in regions:
+        region.close()

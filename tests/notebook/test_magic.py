@@ -108,3 +108,87 @@ def test_sliced_ipykernels_load_the_magic_and_other_kernels_are_left_alone():
     assert with_vgpu_magic(ipykernel) == [*ipykernel, LOAD_MAGIC_ARGUMENT]
     assert with_vgpu_magic(with_vgpu_magic(ipykernel)) == [*ipykernel, LOAD_MAGIC_ARGUMENT]  # restarts add it once
     assert with_vgpu_magic(["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]) == ["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]
+
+
+# -- a kernel started without a vGPU server (nbconvert, papermill, nbclient) ---------------------
+
+BATCH_NOTE = "  note    started without a vGPU server (a batch run): its size was chosen when the run started"
+
+
+def test_vgpu_in_a_kernel_no_server_started_shows_the_slice_from_its_region(batch_shell, capsys):
+    shell, _ = batch_shell(memory=3 << 30, cores=40, policy="burst")
+    shell.run_line_magic("vgpu", "")
+    assert capsys.readouterr().out.splitlines() == [
+        "GPU slice of kernel 7a0b1c2d (7a0b1c2d-0000-4000-8000-000000000007), idle",
+        "  device  0",
+        "  memory  0 used of 3GiB cap",
+        "  SM      0.0% measured of 40% share",
+        "  policy  burst",
+        BATCH_NOTE,
+    ]
+
+
+def test_vgpu_shows_limits_a_server_set_in_the_region_since(batch_shell, capsys, monkeypatch, tmp_path):
+    # A batch kernel admitted to a server's ledger: the server may resize it; the region says so.
+    shell, region = batch_shell(memory=3 << 30)
+    monkeypatch.setenv("JUPYTER_VGPU_LEDGER", str(tmp_path / "ledger.sqlite"))
+    region.set_limits(memory_limit=1 << 30, sm_share=25, policy="hard")
+    shell.run_line_magic("vgpu", "")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        "  memory  0 used of 1GiB cap",
+        "  SM      0.0% measured of 25% share",
+        "  policy  hard",
+        BATCH_NOTE,
+        f"  note    counted in the vGPU server's ledger {tmp_path / 'ledger.sqlite'}, beside the server's slices",
+    ]
+
+
+def test_a_region_without_a_cap_shows_none(batch_shell, capsys):
+    shell, _ = batch_shell(memory=0)  # `jupyter vgpu run` without --memory
+    shell.run_line_magic("vgpu", "")
+    assert capsys.readouterr().out.splitlines()[2] == "  memory  0 used of no cap"
+
+
+def test_resize_in_a_batch_kernel_says_how_to_choose_the_size_of_the_run(batch_shell, capsys, monkeypatch, tmp_path):
+    shell, region = batch_shell()
+    shell.run_line_magic("vgpu", "resize --memory 6GiB")
+    said = capsys.readouterr().out.strip()
+    assert said == (
+        "resize refused: this kernel was started without a vGPU server (nbconvert, papermill, nbclient), so its "
+        "slice cannot be resized from the notebook; choose the size when starting the run: jupyter nbconvert "
+        "--execute --VGPUProvisioner.memory=6GiB ..., or papermill -k NAME with a kernelspec made by jupyter vgpu "
+        "kernelspec install --memory 6GiB --name NAME"
+    )
+    assert region.limits.memory_limit == 3 << 30  # nothing changed
+    monkeypatch.setenv("JUPYTER_VGPU_LEDGER", str(tmp_path / "ledger.sqlite"))
+    shell.run_line_magic("vgpu", "resize --cores 20")
+    assert capsys.readouterr().out.strip().endswith(
+        "Its slice is in the ledger of the vGPU server on this machine, which can resize it from a terminal: "
+        "jupyter vgpu resize 7a0b1c2d --memory 3GiB"
+    )
+
+
+def test_panel_in_a_batch_kernel_says_it_needs_a_server_without_failing_the_cell(batch_shell, capsys):
+    shell, _ = batch_shell()
+    shell.run_line_magic("vgpu", "panel")
+    assert capsys.readouterr().out.strip() == (
+        "%vgpu panel shows and resizes the slices of a vGPU server's kernels, and this kernel was started without a "
+        "server (a batch run); %vgpu shows its own slice"
+    )
+
+
+def test_a_region_that_is_gone_is_named(batch_shell, monkeypatch, tmp_path):
+    shell, _ = batch_shell()
+    monkeypatch.setenv("VGPU_REGION", str(tmp_path / "gone.region"))
+    with pytest.raises(UsageError) as refused:
+        shell.run_line_magic("vgpu", "")
+    assert str(refused.value) == f"this kernel's GPU slice cannot be read: slice region {tmp_path / 'gone.region'} does not exist"
+
+
+def test_a_kernel_with_its_servers_link_asks_the_server_even_in_a_region(batch_shell, fake_server, monkeypatch, capsys):
+    shell, _ = batch_shell()
+    for name, value in kernel_environment(fake_server.url, fake_server.kernel_id, fake_server.credential).items():
+        monkeypatch.setenv(name, value)
+    shell.run_line_magic("vgpu", "")
+    assert capsys.readouterr().out.splitlines()[0] == f"GPU slice of train.ipynb ({fake_server.kernel_id}), running"
