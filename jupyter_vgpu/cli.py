@@ -6,9 +6,12 @@ import ctypes
 import json
 import os
 import re
+import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Unicode
@@ -18,7 +21,7 @@ from jupyter_vgpu._version import __version__
 from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
 from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
 from jupyter_vgpu.native import NativeLibraryMissing, interposer_path, simulator_dir
-from jupyter_vgpu.holders.local import LocalHolder, default_region_dir, run_in_slice, slice_environment
+from jupyter_vgpu.holders.local import REGION_SUFFIX, LocalHolder, default_region_dir, run_in_slice, slice_environment
 from jupyter_vgpu.model import SliceLimits, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
 # What `jupyter vgpu doctor` runs in a probe slice: the memory the driver shows it, and the pids
@@ -140,10 +143,81 @@ class DevicesApp(_VGPUSubcommand):
         return 0
 
 
+def _mode(path: Path) -> str:
+    info = path.stat()
+    return f"mode {stat.S_IMODE(info.st_mode):04o} ({stat.filemode(info.st_mode)})"
+
+
+def private_path_problems(path: Path, *, folder: bool) -> list[str]:
+    """What is wrong with the modes of a region folder or region file: nobody but its owner, the
+    user, may read or write it (a region's limits are what the interposer enforces; the folder
+    names every running kernel). An empty list where all is well or the path does not exist."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return []
+    kind = "region folder" if folder else "region file"
+    problems = []
+    if info.st_uid != os.getuid():
+        problems.append(f"{kind} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); remove it or chown it")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        writable = stat.S_IMODE(info.st_mode) & 0o022
+        harm = (
+            "other users can list the kernels in slices" if folder else "other users can read the slice's limits and usage"
+        ) + (" and replace or rewrite slices' limits" if writable else "")
+        expected = "700" if folder else "600"
+        problems.append(f"{kind} {path} is {_mode(path)}: {harm}; it should be {expected}: chmod {expected} {path}")
+    return problems
+
+
+def ledger_problems(path: Path) -> tuple[list[str], list[str]]:
+    """(problems, notes) of a ledger file's modes: the server makes it 0600 in a 0700 folder.
+    Writable by group or others is a problem (anyone could admit, resize or release slices);
+    readable only is a note (kernel ids and pids show)."""
+    problems, notes = [], []
+    folder = path.parent
+    if folder.exists() and stat.S_IMODE(folder.stat().st_mode) & 0o022:
+        problems.append(
+            f"ledger folder {folder} is {_mode(folder)}: other users can replace the ledger; chmod 700 {folder}"
+        )
+    for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if not part.exists():
+            continue
+        mode = stat.S_IMODE(part.stat().st_mode)
+        if part.stat().st_uid != os.getuid():
+            problems.append(f"ledger file {part} belongs to uid {part.stat().st_uid}, not to you (uid {os.getuid()})")
+        if mode & 0o022:
+            problems.append(
+                f"ledger file {part} is {_mode(part)}: group or other users can write it, and so admit, resize or "
+                f"release slices; chmod 600 {part}"
+            )
+        elif mode & 0o044:
+            notes.append(f"ledger file {part} is {_mode(part)}: other users can read it (kernel ids, pids); chmod 600 {part}")
+    return problems, notes
+
+
 class DoctorApp(_VGPUSubcommand):
     name = "jupyter-vgpu-doctor"
     description = "Check what a slice needs on this machine and say what would stop one from working."
+    ledger_path = Unicode(
+        "", config=True, help="The vGPU server's ledger file to check. Empty: where a server keeps it by default (<jupyter runtime dir>/vgpu/ledger.sqlite)."
+    )
+    region_dir = Unicode("", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions.")
+    aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}
     flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}
+
+    def _paths(self) -> tuple[Path, list[Path]]:
+        """(the ledger file, the region folders) to check; a path given that is not there is a
+        usage error, a default one may not exist yet."""
+        from jupyter_vgpu.provisioning.local import default_ledger_path
+
+        ledger = Path(self.ledger_path).expanduser() if self.ledger_path else default_ledger_path()
+        if self.ledger_path and not ledger.is_file():
+            raise UsageError(f"--ledger: no file at {ledger}; give the server's VGPUApp.ledger_path")
+        regions = Path(self.region_dir).expanduser() if self.region_dir else default_region_dir()
+        if self.region_dir and not regions.is_dir():
+            raise UsageError(f"--region-dir: no folder at {regions}; give the server's VGPUApp.region_dir")
+        return ledger, list(dict.fromkeys([regions, default_region_dir(), default_region_dir(standalone=True)]))
 
     def run(self) -> int:
         problems = 0
@@ -153,6 +227,9 @@ class DoctorApp(_VGPUSubcommand):
             problems += not ok
             print(f"[{'ok' if ok else 'FAIL'}] {what}: {detail}")
 
+        ledger, region_folders = self._paths()
+        # Before anything here makes or fixes a folder: what the server and earlier runs left.
+        self.check_file_modes(report, ledger, region_folders)
         try:
             library = interposer_path()
             report(True, "interposer", str(library))
@@ -188,6 +265,7 @@ class DoctorApp(_VGPUSubcommand):
         report(bool(devices), "devices", ", ".join(f"{d.index}: {d.name} {format_size(d.memory_total)}" for d in devices) or "none")
         if not devices:
             return 1
+        self.check_ledger(report, ledger, devices)
 
         # A real process under the interposer, in a real slice: must start, print nothing extra,
         # see the cap, and be listed by NVML under the pid it has (the slice attributes context
@@ -234,6 +312,58 @@ class DoctorApp(_VGPUSubcommand):
         )
         print("no problems found" if problems == 0 else f"{problems} problem(s) found")
         return 0 if problems == 0 else 1
+
+    @staticmethod
+    def check_file_modes(report, ledger: Path, region_folders: list[Path]) -> None:
+        """Region folders 0700 and region files 0600, the user's own; the ledger not writable by
+        others. One line for each problem, one ok line when there is none."""
+        found, checked = [], []
+        for folder in region_folders:
+            if not folder.is_dir():
+                continue
+            checked.append(str(folder))
+            found += private_path_problems(folder, folder=True)
+            for region in sorted(folder.glob(f"*{REGION_SUFFIX}")):
+                found += private_path_problems(region, folder=False)
+        ledger_found, notes = ledger_problems(ledger)
+        found += ledger_found
+        for problem in found:
+            report(False, "file modes", problem)
+        for note in notes:
+            print(f"[note] file modes: {note}")
+        if not found:
+            where = ", ".join([*checked, *([str(ledger)] if ledger.exists() else [])]) or "nothing made yet"
+            report(True, "file modes", f"region folders and files private, ledger not writable by others ({where})")
+
+    @staticmethod
+    def check_ledger(report, path: Path, devices) -> None:
+        """Whether a batch kernel here (nbconvert, papermill, nbclient) finds the server's ledger
+        and can take its slice from it."""
+        from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
+        from jupyter_vgpu.manager import BATCH_KEY
+
+        if not path.exists():
+            print(
+                f"[note] server ledger: none at {path}. A batch kernel (nbconvert, papermill, nbclient) then gets "
+                "the slice it asks for and nothing counts it against other slices; a vGPU server makes its ledger "
+                "when it starts (--VGPUProvisioner.ledger=PATH names one elsewhere)"
+            )
+            return
+        try:
+            with EmbeddedLedger(path, devices) as ledger:
+                allocations = ledger.allocations()
+        except (LedgerError, OSError, sqlite3.Error) as error:
+            report(False, "server ledger", f"{path} cannot be used by batch kernels: {error}")
+            return
+        batch = sum(1 for allocation in allocations if BATCH_KEY in allocation.metadata)
+        held = format_size(sum(allocation.memory_limit for allocation in allocations)) if allocations else "nothing"
+        report(
+            True,
+            "server ledger",
+            f"{path} holds {len(allocations)} slice(s) ({held}; {batch} of batch runs). A batch kernel started "
+            "here (nbconvert, papermill, nbclient) is admitted to it, so it does not over-commit what the "
+            "server's kernels hold",
+        )
 
 
 class _ServerCommand(_VGPUSubcommand):
@@ -340,23 +470,40 @@ class KernelspecInstallApp(_VGPUSubcommand):
     policy = Unicode("hard", config=True, help="hard or burst.")
     kernel_name = Unicode("", config=True, help="Kernelspec name (letters, digits, '-', '_', '.'). Default: python3-vgpu-<memory>-<cores>.")
     display_name = Unicode("", config=True, help="Name shown in the launcher. Default: Python 3 (GPU <memory>, <cores>% SM).")
+    device = Unicode("", config=True, help="GPU index or UUID of every kernel's slice. Empty: the ledger places it (GPU 0 in a batch run without one).")
     user = Bool(False, config=True, help="Install for this user only.")
     aliases = {
         "memory": "KernelspecInstallApp.memory",
         "cores": "KernelspecInstallApp.cores",
         "policy": "KernelspecInstallApp.policy",
+        "device": "KernelspecInstallApp.device",
         "name": "KernelspecInstallApp.kernel_name",
         "display-name": "KernelspecInstallApp.display_name",
     }
-    flags = {"user": ({"KernelspecInstallApp": {"user": True}}, user.help)}
+    flags = {
+        "user": ({"KernelspecInstallApp": {"user": True}}, user.help),
+        "simulate": (
+            {"KernelspecInstallApp": {"simulate": True}},
+            "Kernels started without a vGPU server (papermill, nbconvert) use the simulated GPU.",
+        ),
+    }
 
     def run(self) -> int:
         from jupyter_client.kernelspec import KernelSpecManager
 
+        from jupyter_vgpu.manager import SliceRefused
+        from jupyter_vgpu.provisioning.local import checked_layer
+
         try:
             memory, cores, policy = format_size(parse_size(self.memory)), parse_sm_share(self.cores), parse_policy(self.policy)
-        except SliceValueError as error:
+            device = checked_layer({"device": self.device}, "--{name}").get("device", "").strip()
+        except (SliceValueError, SliceRefused) as error:
             raise UsageError(error) from None
+        config = {"memory": memory, "cores": str(cores), "policy": policy}
+        if device:
+            config["device"] = device
+        if self.simulate:
+            config["simulate"] = True
         name = self.kernel_name or f"python3-vgpu-{memory.lower()}-{cores}"
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
             raise UsageError(f"kernelspec name {name!r} may hold only letters, digits, '-', '_' and '.'")
@@ -367,7 +514,7 @@ class KernelspecInstallApp(_VGPUSubcommand):
             "metadata": {
                 "kernel_provisioner": {
                     "provisioner_name": "vgpu-provisioner",
-                    "config": {"memory": memory, "cores": str(cores), "policy": policy},
+                    "config": config,
                 }
             },
         }
@@ -415,7 +562,8 @@ class ConfigApp(JupyterApp):
         print(own_options_help(VGPUApp))
         print("\nVGPUProvisioner: the slice of each kernel a vGPU kernelspec starts. Set in the kernelspec's")
         print('metadata, {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "8GiB"}}},')
-        print("which wins over the server's config (c.VGPUProvisioner.memory = '8GiB').\n")
+        print("which wins over the server's config (c.VGPUProvisioner.memory = '8GiB'). In a batch run without a")
+        print("server (jupyter nbconvert --execute --VGPUProvisioner.memory=3GiB ...) the run's own value wins.\n")
         print(own_options_help(VGPUProvisioner))
 
 

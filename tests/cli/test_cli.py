@@ -97,6 +97,8 @@ def test_doctor_passes_on_the_simulated_gpu(vgpu):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[ok] slice: a process in a 256MiB slice sees a 256MiB GPU" in result.stdout
     assert "[ok] process ids: NVML lists a process of the slice under its own pid" in result.stdout
+    assert "[ok] file modes: region folders and files private, ledger not writable by others" in result.stdout
+    assert "[note] server ledger: none at " in result.stdout  # no server ever ran here
     assert "no problems found" in result.stdout
 
 
@@ -124,9 +126,24 @@ def test_kernelspec_install_writes_a_sliced_kernelspec(vgpu, cli_env):
     assert spec["display_name"] == "Python 3 (GPU 8GiB, 25% SM)"
 
 
+def test_kernelspec_install_for_batch_runs_names_a_device_and_the_simulated_gpu(vgpu, cli_env):
+    # papermill -k NAME takes no provisioner options: such a kernelspec carries them all.
+    result = vgpu("kernelspec", "install", "--memory", "512MiB", "--device", "1", "--simulate", "--name", "batch", "--user")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads((Path(cli_env["JUPYTER_DATA_DIR"]) / "kernels" / "batch" / "kernel.json").read_text())
+    assert spec["metadata"]["kernel_provisioner"]["config"] == {
+        "memory": "512MiB", "cores": "100", "policy": "hard", "device": "1", "simulate": True
+    }
+
+
 @pytest.mark.parametrize(
     "flags, accepted",
-    [(["--memory", "huge"], "512MiB, 4GiB"), (["--cores", "0"], "1 to 100"), (["--name", "a b"], "letters, digits")],
+    [
+        (["--memory", "huge"], "512MiB, 4GiB"),
+        (["--cores", "0"], "1 to 100"),
+        (["--name", "a b"], "letters, digits"),
+        (["--device", "banana"], "--device: device 'banana' is not a GPU index (0, 1, ...) or UUID (GPU-...)"),
+    ],
 )
 def test_kernelspec_install_refuses_bad_values(vgpu, cli_env, flags, accepted):
     result = vgpu("kernelspec", "install", "--user", *flags)
