@@ -35,7 +35,7 @@ from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
 from jupyter_vgpu.pods.cluster import Cluster, ClusterError, default_namespace
 from jupyter_vgpu.pods.manifest import PORT_NAMES, REDACTED, KernelPod, ManifestError, PodSettings, pod_manifest, redacted, secret_manifest
 from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
-from jupyter_vgpu.provisioning.local import MANAGER_SETTING, _forget_refused_start
+from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
 
@@ -52,7 +52,7 @@ class PodStartFailed(SliceRefused):
         super().__init__(message, kind="cluster")
 
 
-class VGPUPodProvisioner(KernelProvisionerBase):
+class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
     """Starts a kernel as a pod in a GPU slice the cluster grants."""
 
     # -- the slice, as for local kernels ------------------------------------------------------
@@ -141,18 +141,6 @@ class VGPUPodProvisioner(KernelProvisionerBase):
     def _configured(self) -> dict[str, str]:
         return {"memory": self.memory, "cores": self.cores, "policy": self.policy}
 
-    def _server_app(self):
-        owner = self.parent
-        while owner is not None:
-            if hasattr(owner, "web_app") and hasattr(owner, "connection_url"):
-                return owner
-            owner = getattr(owner, "parent", None)
-        return None
-
-    def slice_manager(self) -> SliceManager | None:
-        web_app = getattr(self._server_app(), "web_app", None)
-        return web_app.settings.get(MANAGER_SETTING) if web_app is not None else None
-
     def _holder(self) -> PodHolder | None:
         manager = self.slice_manager()
         return manager.holders.get(PodHolder.kind) if manager is not None else None
@@ -212,7 +200,7 @@ class VGPUPodProvisioner(KernelProvisionerBase):
                     )
                 limits = allocation.limits
         except SliceRefused as refusal:
-            _forget_refused_start(self)
+            forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None
         self._settings, self._limits = settings, limits
         # Interrupts travel as messages on the control channel: no signal reaches a pod.
@@ -231,7 +219,7 @@ class VGPUPodProvisioner(KernelProvisionerBase):
             refusal = error if isinstance(error, PodStartFailed) else PodStartFailed(f"{error}.")
             if manager is not None:
                 manager.release(self.kernel_id)
-            _forget_refused_start(self)
+            forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None
 
     def _secret_files(self, settings: PodSettings, limits: SliceLimits, *, key: str, signature_scheme: str, kernel_name: str, credential: str) -> tuple[dict, dict]:

@@ -1,0 +1,43 @@
+"""What every vGPU provisioner needs of the Jupyter server that starts its kernels (if any)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_vgpu.manager import SliceManager
+
+MANAGER_SETTING = "vgpu_slice_manager"  # where the server keeps its SliceManager (web_app.settings)
+
+
+class ServerLinked:
+    """A provisioner mixin: the server up the parent chain (kernel manager, multi-kernel manager,
+    server app) and its slice manager; both None when plain jupyter_client starts the kernel."""
+
+    parent: Any
+
+    def _server_app(self):
+        owner = self.parent
+        while owner is not None:
+            if hasattr(owner, "web_app") and hasattr(owner, "connection_url"):
+                return owner
+            owner = getattr(owner, "parent", None)
+        return None
+
+    def slice_manager(self) -> SliceManager | None:
+        web_app = getattr(self._server_app(), "web_app", None)
+        return web_app.settings.get(MANAGER_SETTING) if web_app is not None else None
+
+
+def forget_refused_start(provisioner) -> None:
+    """Leave nothing of a refused start in jupyter_client's multi-kernel manager.
+
+    jupyter_client (8.10) files every start under ``_pending_kernels`` and removes the entry only
+    when the start succeeds; a failed start stays there, and jupyter_server's ``shutdown_all``
+    then trips over it (``404 Kernel does not exist``) and the server never stops. No public
+    method removes it, so this one place does, for every start path (sessions, kernels, ours).
+    """
+    kernel_manager = provisioner.parent
+    multi_kernel_manager = getattr(kernel_manager, "parent", None)
+    pending = getattr(multi_kernel_manager, "_pending_kernels", None)
+    if isinstance(pending, dict):
+        pending.pop(provisioner.kernel_id, None)
