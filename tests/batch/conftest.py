@@ -127,6 +127,16 @@ def jupyter(user_env):
 
 
 @pytest.fixture
+def papermill(user_env):
+    """papermill(*args) -> the finished `papermill ARGS...` in the user's environment."""
+
+    def run(*args: str):
+        return subprocess.run([PAPERMILL, "--no-progress-bar", *args], env=user_env, capture_output=True, text=True, timeout=240)
+
+    return run
+
+
+@pytest.fixture
 def nbconvert_command():
     """nbconvert_command(notebook, output, *options, kernel=) -> argv of `jupyter nbconvert
     --execute` as a user types it, with the shipped vGPU kernelspec unless ``kernel`` names another."""
