@@ -31,7 +31,7 @@ from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_runtime_dir
-from traitlets import Bool, Unicode
+from traitlets import Bool, Int, Unicode, Union
 from traitlets.config import Application
 
 from jupyter_vgpu.client import KERNEL_ID_VARIABLE, KERNEL_VARIABLES, kernel_environment
@@ -130,7 +130,12 @@ class VGPUProvisioner(LocalProvisioner):
         "(4GiB in a batch run). In a server a kernelspec's own value wins over this one; in a batch run "
         "(nbconvert, papermill, nbclient: no server) this one wins over the kernelspec's.",
     )
-    cores = Unicode("", config=True, help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty and precedence: as for memory (100 in a batch run).")
+    cores = Union(
+        [Unicode(), Int()],
+        default_value="",
+        config=True,
+        help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty and precedence: as for memory (100 in a batch run).",
+    )
     policy = Unicode("", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty and precedence: as for memory (hard in a batch run).")
     device = Unicode("", config=True, help="GPU index or UUID; empty lets the ledger place the slice (GPU 0 in a batch run without one).")
     simulate = Bool(False, config=True, help="Outside a vGPU server: use the simulated GPU.")

@@ -140,3 +140,44 @@ def test_reconcile_keeps_the_slice_of_a_live_batch_run_and_releases_a_finished_o
         released = {allocation.kernel_id for allocation in manager.reconcile()}
         assert released == {"ended-batch", "server-kernel"}
         assert [allocation.kernel_id for allocation in ledger.allocations()] == ["live-batch"]
+
+
+RESTART = """
+import sys
+from jupyter_client import KernelManager
+from traitlets.config import Config
+from jupyter_vgpu.ledger import EmbeddedLedger
+from jupyter_vgpu.model import SliceLimits, list_devices, use_simulator
+from jupyter_vgpu.provisioning.local import default_ledger_path
+from jupyter_vgpu.manager import SliceRefused
+
+use_simulator()
+ledger = EmbeddedLedger(default_ledger_path(), list_devices())  # as a vGPU server makes it
+manager = KernelManager(kernel_name="python3-vgpu", config=Config({"VGPUProvisioner": {"simulate": True, "memory": "6GiB", "cores": 30}}))
+manager.start_kernel()
+first = ledger.get(manager.kernel_id)
+# The server saw the kernel's process gone while the client restarts it, and released the slice.
+ledger.release(manager.kernel_id)
+manager.restart_kernel(now=True)
+again = ledger.get(manager.kernel_id)
+print("readmitted", again.memory_limit == first.memory_limit, again.metadata["provisioner_info"]["pid"] != first.metadata["provisioner_info"]["pid"])
+# Released again, and meanwhile a server kernel took the room: the restart is refused.
+ledger.release(manager.kernel_id)
+ledger.admit("server-kernel", SliceLimits(12 << 30, 50))
+try:
+    manager.restart_kernel(now=True)
+except SliceRefused as refusal:
+    print("refused", refusal)
+manager.shutdown_kernel(now=True)
+print("left", [allocation.kernel_id for allocation in ledger.allocations()])
+"""
+
+
+def test_a_restarted_batch_kernel_whose_slice_was_released_is_admitted_again(user_env, ledger_path):
+    run = subprocess.run(["python", "-c", RESTART], env=user_env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "readmitted True True"
+    assert lines[1].startswith("refused this kernel's GPU slice (memory cap 6GiB, SM share 30 percent, policy hard) does not fit")
+    assert "GPU 0 has 4GiB free" in lines[1]
+    assert lines[2] == "left ['server-kernel']"
