@@ -18,6 +18,46 @@ export interface IProcessUsage {
   oom_refusals: number;
 }
 
+/** Where a slice lives: processes on this machine, or a Kubernetes pod the cluster placed. */
+export type SliceHolder = 'local' | 'pod';
+
+/**
+ * A slice's state (Slice.state in api.yaml). Any holder: `running`, `idle` (held, no process in
+ * it), `lost` (its holder is gone). A pod's slice also: `scheduling` (waiting for the scheduler),
+ * `pulling` (the image), `starting` (the container), `stopping`, `failed`, `exited`, `gone` (the
+ * pod was deleted).
+ */
+export type SliceState =
+  | 'running'
+  | 'idle'
+  | 'lost'
+  | 'scheduling'
+  | 'pulling'
+  | 'starting'
+  | 'stopping'
+  | 'failed'
+  | 'exited'
+  | 'gone';
+
+/**
+ * Where a pod's slice is (Slice.location in api.yaml): `pod` and `namespace`, and once the pod is
+ * scheduled `node` and `gpu` (e.g. "GPU-8f2c1d (4096 MiB, 30%)"); '' or absent until known.
+ * Empty for a local slice.
+ */
+export interface ISliceLocation {
+  pod?: string;
+  namespace?: string;
+  node?: string;
+  gpu?: string;
+  [key: string]: string | undefined;
+}
+
+/** A device of the server's machine that holds a local slice. */
+export interface IDeviceRef {
+  index: number;
+  uuid: string;
+}
+
 /**
  * GET /api/vgpu/slices item (Slice in jupyter_vgpu/server/api.yaml). Sizes are bytes, named so;
  * `cores` is the SM share in percent.
@@ -28,9 +68,14 @@ export interface ISliceModel {
   /** The notebook of the kernel's session, or '' when it has none. */
   path: string;
   owner: string;
-  holder: 'local' | 'pod';
-  state: 'running' | 'idle' | 'lost';
-  device: { index: number; uuid: string };
+  holder: SliceHolder;
+  state: SliceState;
+  /** The state in a sentence where there is more to say (a pod's), else ''. */
+  message: string;
+  /** Where a pod's slice is; {} for a local slice. */
+  location: ISliceLocation;
+  /** The device of the server's machine that holds the slice; null for a pod's slice. */
+  device: IDeviceRef | null;
   limits: { memory_bytes: number; cores: number; policy: Policy };
   usage: { memory_bytes: number; sm_util: number; processes: IProcessUsage[] };
   /** Sentences for people about something wrong with the slice; empty normally. */

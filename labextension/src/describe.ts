@@ -21,21 +21,99 @@ export function describeDevice(device: IDeviceModel, trans: TranslationBundle): 
   );
 }
 
-/** A slice's heading: its notebook (or kernel id), device and policy, and its state unless running. */
+/** A slice's state in the reader's language ("scheduling", "failed", ...). */
+export function stateLabel(state: string, trans: TranslationBundle): string {
+  switch (state) {
+    case 'running':
+      return trans.__('running');
+    case 'idle':
+      return trans.__('idle');
+    case 'lost':
+      return trans.__('lost');
+    case 'scheduling':
+      return trans.__('scheduling');
+    case 'pulling':
+      return trans.__('pulling');
+    case 'starting':
+      return trans.__('starting');
+    case 'stopping':
+      return trans.__('stopping');
+    case 'failed':
+      return trans.__('failed');
+    case 'exited':
+      return trans.__('exited');
+    case 'gone':
+      return trans.__('gone');
+    default:
+      return state; // a state of a newer server: its own word
+  }
+}
+
+/** States in which a slice has stopped for a reason its user should see (warn colour). */
+const STOPPED_STATES: ReadonlySet<string> = new Set(['failed', 'exited', 'gone', 'lost']);
+
+/** Whether the slice's pod failed, exited or is gone (its kernel no longer runs there). */
+export function podStopped(slice: ISliceModel): boolean {
+  return slice.holder === 'pod' && STOPPED_STATES.has(slice.state);
+}
+
+/**
+ * Whether the slice needs its user's attention: the server has warnings about it, or its pod
+ * failed, exited or is gone. (A local slice's state alone does not colour it, as before.)
+ */
+export function sliceNeedsAttention(slice: ISliceModel): boolean {
+  return slice.warnings.length > 0 || podStopped(slice);
+}
+
+/** The server's sentence about the slice's state ('' when there is nothing more to say), whole. */
+export function sliceMessage(slice: ISliceModel): string {
+  return slice.message ?? '';
+}
+
+/** Where the slice is: "GPU 1" (local), "pod", "pod on node-a", "pod on node-a · GPU-8f2c1d (...)". */
+function sliceWhere(slice: ISliceModel, trans: TranslationBundle): string {
+  if (slice.holder !== 'pod') {
+    return slice.device ? trans.__('GPU %1', slice.device.index) : trans.__('no device');
+  }
+  const { node, gpu } = slice.location ?? {};
+  if (node && gpu) {
+    return trans.__('pod on %1 · %2', node, gpu);
+  }
+  return node ? trans.__('pod on %1', node) : gpu ? trans.__('pod · %1', gpu) : trans.__('pod');
+}
+
+/**
+ * A slice's heading: its notebook (or kernel id), where it is and its policy; its state instead
+ * of the policy for a pod that is not running, after the policy for a local slice that is not.
+ * "analysis.ipynb · GPU 1 · hard", "analysis.ipynb · pod on node-a · GPU-8f2c1d (4096 MiB, 30%) · hard",
+ * "analysis.ipynb · pod · scheduling".
+ */
 export function sliceTitle(slice: ISliceModel, trans: TranslationBundle): string {
-  const title = trans.__(
-    '%1 · GPU %2 · %3',
-    slice.path || slice.kernel_id.slice(0, 8),
-    slice.device.index,
-    slice.limits.policy
-  );
-  return slice.state === 'running' ? title : trans.__('%1 · %2', title, slice.state);
+  const name = slice.path || slice.kernel_id.slice(0, 8);
+  const where = sliceWhere(slice, trans);
+  if (slice.holder === 'pod') {
+    const last = slice.state === 'running' ? slice.limits.policy : stateLabel(slice.state, trans);
+    return trans.__('%1 · %2 · %3', name, where, last);
+  }
+  const title = trans.__('%1 · %2 · %3', name, where, slice.limits.policy);
+  return slice.state === 'running' ? title : trans.__('%1 · %2', title, stateLabel(slice.state, trans));
 }
 
 /** The status-bar text: "GPU 1.2 / 4.0 GiB · SM 28 / 30 %". */
 export function sliceSummary(slice: ISliceModel): string {
   const { limits, usage } = slice;
   return formatSliceSummary(usage.memory_bytes, limits.memory_bytes, usage.sm_util, limits.cores);
+}
+
+/**
+ * The status item's text: the summary, and for a pod that is not running (yet) its state,
+ * "GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling". A local slice's text is the summary alone.
+ */
+export function sliceStatusText(slice: ISliceModel, trans: TranslationBundle): string {
+  const summary = sliceSummary(slice);
+  return slice.holder === 'pod' && slice.state !== 'running'
+    ? trans.__('%1 · %2', summary, stateLabel(slice.state, trans))
+    : summary;
 }
 
 /** The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB". */
@@ -48,15 +126,44 @@ export function smLabel(slice: ISliceModel, trans: TranslationBundle): string {
   return trans.__('SM %1 / %2 %', Math.round(slice.usage.sm_util), slice.limits.cores);
 }
 
-/** The status item's tooltip: the slice's limits, then its warnings, one per line. */
+/**
+ * The status item's tooltip: the slice's limits and where it is, then the server's sentence
+ * about its state (if any), then its warnings, one per line, each whole.
+ */
 export function sliceTooltip(slice: ISliceModel, trans: TranslationBundle): string {
   const { device, limits } = slice;
-  const limitsLine = trans.__(
-    'GPU slice on device %1: memory cap %2, SM share %3 % (%4)',
-    device.index,
-    formatSize(limits.memory_bytes),
-    limits.cores,
-    limits.policy
-  );
-  return [limitsLine, ...slice.warnings].join('\n');
+  const lines: string[] = [];
+  if (slice.holder === 'pod') {
+    const { pod, namespace, node, gpu } = slice.location ?? {};
+    const name = pod && namespace ? `${namespace}/${pod}` : pod || slice.kernel_id;
+    lines.push(
+      trans.__(
+        'GPU slice in pod %1: memory cap %2, SM share %3 % (%4)',
+        name,
+        formatSize(limits.memory_bytes),
+        limits.cores,
+        limits.policy
+      )
+    );
+    if (node) {
+      lines.push(gpu ? trans.__('On node %1, GPU %2', node, gpu) : trans.__('On node %1', node));
+    }
+  } else {
+    lines.push(
+      trans.__(
+        'GPU slice on device %1: memory cap %2, SM share %3 % (%4)',
+        device ? device.index : '?',
+        formatSize(limits.memory_bytes),
+        limits.cores,
+        limits.policy
+      )
+    );
+  }
+  const message = sliceMessage(slice);
+  if (message) {
+    lines.push(trans.__('%1: %2', stateLabel(slice.state, trans), message));
+  } else if (slice.holder === 'pod' && slice.state !== 'running') {
+    lines.push(stateLabel(slice.state, trans));
+  }
+  return [...lines, ...slice.warnings].join('\n');
 }

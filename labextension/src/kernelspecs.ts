@@ -2,16 +2,35 @@
 
 import type { KernelSpec } from '@jupyterlab/services';
 
+import type { SliceHolder } from './api';
 import type { ISliceForm } from './slice-values';
 
 /** The name of the provisioner whose kernels run in slices (jupyter_vgpu/provisioning/local.py). */
 export const PROVISIONER_NAME = 'vgpu-provisioner';
+/** The provisioner whose kernels run as Kubernetes pods holding slices (jupyter_vgpu/provisioning/pod.py). */
+export const POD_PROVISIONER_NAME = 'vgpu-pod-provisioner';
+
+const HOLDERS: Record<string, SliceHolder> = { [PROVISIONER_NAME]: 'local', [POD_PROVISIONER_NAME]: 'pod' };
 
 export interface ISlicedKernelspec {
   name: string;
   displayName: string;
+  /** Where its kernels' slices live: on this machine, or in a pod the cluster schedules. */
+  holder: SliceHolder;
   /** The kernelspec's own slice (its provisioner config), shown as the dialog's defaults. */
   defaults: Partial<ISliceForm>;
+}
+
+/** The slice fields of a provisioner's config (a pod kernelspec's config also has image, etc.). */
+function sliceDefaults(config: Record<string, unknown> | undefined): Partial<ISliceForm> {
+  const defaults: Partial<ISliceForm> = {};
+  for (const key of ['memory', 'cores', 'policy'] as const) {
+    const value = config?.[key];
+    if (typeof value === 'string' || typeof value === 'number') {
+      defaults[key] = `${value}`;
+    }
+  }
+  return defaults;
 }
 
 /** Kernelspecs whose kernels start in GPU slices, with their default slice (provisioner config). */
@@ -21,10 +40,11 @@ export function slicedKernelspecs(
   return Object.values(specs?.kernelspecs ?? {}).flatMap(spec => {
     const provisioner = (spec?.metadata?.kernel_provisioner ?? {}) as {
       provisioner_name?: string;
-      config?: Partial<ISliceForm>;
+      config?: Record<string, unknown>;
     };
-    return spec && provisioner.provisioner_name === PROVISIONER_NAME
-      ? [{ name: spec.name, displayName: spec.display_name, defaults: provisioner.config ?? {} }]
+    const holder = HOLDERS[provisioner.provisioner_name ?? ''];
+    return spec && holder
+      ? [{ name: spec.name, displayName: spec.display_name, holder, defaults: sliceDefaults(provisioner.config) }]
       : [];
   });
 }

@@ -7,7 +7,14 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { ISliceModel, resizeSlice } from './api';
-import { describeDevice, memoryLabel, sliceTitle, smLabel } from './describe';
+import {
+  describeDevice,
+  memoryLabel,
+  podStopped,
+  sliceMessage,
+  sliceTitle,
+  smLabel
+} from './describe';
 import { checkSliceForm, formatSize, POLICIES } from './slice-values';
 import { SliceStore } from './store';
 
@@ -47,8 +54,9 @@ class Bar {
 }
 
 /**
- * One slice: its title, the server's warnings about it, its bars, and a resize form whose fields
- * stay as the user typed them.
+ * One slice: its title, the server's warnings about it, the server's sentence about its state (a
+ * pod's: what it waits for, why it failed), its bars, and a resize form whose fields stay as the
+ * user typed them.
  */
 class SliceRow {
   readonly node = element('li', 'jp-vgpu-Slice');
@@ -92,6 +100,7 @@ class SliceRow {
     this.node.append(
       this._title,
       this._warnings,
+      this._state,
       this._memoryBar.node,
       this._smBar.node,
       form,
@@ -101,9 +110,14 @@ class SliceRow {
 
   show(slice: ISliceModel): void {
     const { limits, usage } = slice;
-    this._title.textContent = sliceTitle(slice, this._trans);
-    this._title.title = slice.kernel_id;
+    const title = sliceTitle(slice, this._trans);
+    this._title.textContent = title;
+    // The heading may be cut to the sidebar's width: its tooltip has it whole.
+    this._title.title = `${title}\n${slice.kernel_id}`;
+    this.node.dataset.holder = slice.holder;
+    this.node.dataset.state = slice.state;
     this._showWarnings(slice.warnings);
+    this._showState(slice);
     this._memoryBar.show(memoryLabel(slice, this._trans), usage.memory_bytes / limits.memory_bytes);
     this._smBar.show(smLabel(slice, this._trans), usage.sm_util / 100, limits.cores / 100);
     this._memory.placeholder = formatSize(limits.memory_bytes);
@@ -120,6 +134,16 @@ class SliceRow {
       return;
     }
     this._warnings.replaceChildren(...warnings.map(text => element('div', 'jp-vgpu-Warning', text)));
+  }
+
+  /** The state's sentence, whole (it wraps; never cut), in the warn colour when the pod stopped. */
+  private _showState(slice: ISliceModel): void {
+    const message = sliceMessage(slice);
+    if (this._state.textContent !== message) {
+      this._state.textContent = message;
+    }
+    this._state.hidden = !message;
+    this._state.classList.toggle('jp-vgpu-Warning', podStopped(slice));
   }
 
   private async _resize(): Promise<void> {
@@ -158,6 +182,7 @@ class SliceRow {
 
   private _title = element('div', 'jp-vgpu-Slice-title');
   private _warnings = element('div', 'jp-vgpu-Warnings');
+  private _state = element('div', 'jp-vgpu-StateMessage');
   private _memoryBar = new Bar('memory');
   private _smBar = new Bar('sm');
   private _memory = element('input', 'jp-mod-styled');

@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { startKernel } from './api';
 import { describeDevice } from './describe';
-import { PROVISIONER_NAME, ISlicedKernelspec, slicedKernelspecs } from './kernelspecs';
+import { POD_PROVISIONER_NAME, PROVISIONER_NAME, ISlicedKernelspec, slicedKernelspecs } from './kernelspecs';
 import { checkSliceForm, ISliceForm, POLICIES } from './slice-values';
 import { SliceStore } from './store';
 
@@ -30,13 +30,21 @@ class StartForm extends Widget {
     super();
     this.addClass('jp-vgpu-StartForm');
     for (const spec of kernelspecs) {
-      this._kernelspec.append(new Option(spec.displayName, spec.name));
+      const label = spec.holder === 'pod' ? trans.__('%1 (Kubernetes pod)', spec.displayName) : spec.displayName;
+      this._kernelspec.append(new Option(label, spec.name));
     }
     this._kernelspec.value = previous.kernelspec;
-    const defaults = () => kernelspecs.find(spec => spec.name === this._kernelspec.value)?.defaults ?? {};
+    const chosen = () => kernelspecs.find(spec => spec.name === this._kernelspec.value);
+    const defaults = () => chosen()?.defaults ?? {};
+    const podNote = document.createElement('div');
+    podNote.className = 'jp-vgpu-PodNote';
+    podNote.textContent = trans.__(
+      "This kernel starts as a Kubernetes pod: it may wait for the cluster's scheduler, and the GPU slices sidebar says what it waits for."
+    );
     const showDefaults = () => {
       this._memory.placeholder = defaults().memory ?? '';
       this._cores.placeholder = `${defaults().cores ?? ''}`;
+      podNote.hidden = chosen()?.holder !== 'pod';
     };
     this._kernelspec.addEventListener('change', showDefaults);
     showDefaults();
@@ -66,6 +74,7 @@ class StartForm extends Widget {
     message.textContent = problem;
     this.node.append(
       field(trans.__('Kernel'), this._kernelspec),
+      podNote,
       field(trans.__('Memory (512MiB, 4GiB, 4G or MiB)'), this._memory),
       field(trans.__('SM share (%, 1 to 100)'), this._cores),
       field(trans.__('Policy'), this._policy),
@@ -106,7 +115,11 @@ export async function newNotebookOnSlice(
   if (!kernelspecs.length) {
     await showDialog({
       title: trans.__('No GPU slice kernel'),
-      body: trans.__('No kernelspec uses the %1 provisioner; install one with: jupyter vgpu kernelspec install --user', PROVISIONER_NAME),
+      body: trans.__(
+        'No kernelspec uses the %1 or %2 provisioner; install one with: jupyter vgpu kernelspec install --user',
+        PROVISIONER_NAME,
+        POD_PROVISIONER_NAME
+      ),
       buttons: [Dialog.okButton()]
     });
     return null;

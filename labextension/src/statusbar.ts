@@ -1,6 +1,7 @@
 /**
- * Status-bar item: the slice of the active notebook's kernel, hidden when it has none; in the
- * warn colour, with the warnings in its tooltip, while the server has warnings about the slice.
+ * Status-bar item: the slice of the active notebook's kernel (and a pod's state while it is not
+ * running), hidden when it has none; in the warn colour, with the warnings in its tooltip, while
+ * the server has warnings about the slice or its pod failed, exited or is gone.
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -9,7 +10,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { sliceSummary, sliceTooltip } from './describe';
+import { sliceNeedsAttention, sliceStatusText, sliceTooltip } from './describe';
 import { SliceStore } from './store';
 
 export class SliceStatusItem extends Widget {
@@ -45,9 +46,9 @@ export class SliceStatusItem extends Widget {
     const kernelId = this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
     const slice = this._store.sliceOf(kernelId);
     if (slice) {
-      this.node.textContent = sliceSummary(slice);
+      this.node.textContent = sliceStatusText(slice, this._trans);
       this.node.title = sliceTooltip(slice, this._trans);
-      this.toggleClass('jp-vgpu-mod-warned', slice.warnings.length > 0);
+      this.toggleClass('jp-vgpu-mod-warned', sliceNeedsAttention(slice));
     }
     if (this._hasSlice !== !!slice) {
       this._hasSlice = !!slice;

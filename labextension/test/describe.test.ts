@@ -5,10 +5,15 @@ import type { IDeviceModel, ISliceModel } from '../src/api';
 import {
   describeDevice,
   memoryLabel,
+  podStopped,
+  sliceMessage,
+  sliceNeedsAttention,
+  sliceStatusText,
   sliceSummary,
   sliceTitle,
   sliceTooltip,
-  smLabel
+  smLabel,
+  stateLabel
 } from '../src/describe';
 import { GIB, MIB } from '../src/slice-values';
 
@@ -23,6 +28,8 @@ function slice(overrides: Partial<ISliceModel> = {}): ISliceModel {
     owner: 'ada',
     holder: 'local',
     state: 'running',
+    message: '',
+    location: {},
     device: { index: 1, uuid: 'GPU-5eed' },
     limits: { memory_bytes: 4 * GIB, cores: 30, policy: 'hard' },
     usage: {
@@ -34,6 +41,22 @@ function slice(overrides: Partial<ISliceModel> = {}): ISliceModel {
     ...overrides
   };
 }
+
+/** A pod's slice: no device of the server's machine, its place in `location`. */
+function podSlice(overrides: Partial<ISliceModel> = {}): ISliceModel {
+  return slice({
+    holder: 'pod',
+    device: null,
+    location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: 'node-a', gpu: 'GPU-8f2c1d (4096 MiB, 30%)' },
+    message: 'the kernel runs on node node-a, GPU GPU-8f2c1d (4096 MiB, 30%)',
+    ...overrides
+  });
+}
+
+const SCHEDULING_MESSAGE =
+  "waiting for the scheduler to place the kernel's pod: 0/3 nodes are available: 3 Insufficient nvidia.com/gpumem.";
+const FAILED_MESSAGE =
+  "the kernel's container cannot start on node node-a (ImagePullBackOff): Back-off pulling image \"registry.example/kernel:1\"";
 
 const device: IDeviceModel = {
   index: 0,
@@ -87,5 +110,106 @@ describe('a slice', () => {
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)',
       warning
     ]);
+  });
+});
+
+describe('a local slice', () => {
+  it('reads as before: the summary in the status bar, its device in the tooltip, no state sentence', () => {
+    expect(sliceTitle(slice(), trans)).toBe('analysis.ipynb · GPU 1 · hard');
+    expect(sliceTitle(slice({ state: 'idle' }), trans)).toBe('analysis.ipynb · GPU 1 · hard · idle');
+    expect(sliceStatusText(slice(), trans)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
+    expect(sliceStatusText(slice({ state: 'lost' }), trans)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
+    expect(sliceTooltip(slice(), trans)).toBe('GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)');
+    expect(sliceMessage(slice())).toBe('');
+    expect(sliceNeedsAttention(slice())).toBe(false);
+    expect(sliceNeedsAttention(slice({ state: 'lost' }))).toBe(false);
+    expect(sliceNeedsAttention(slice({ warnings: ['something'] }))).toBe(true);
+  });
+
+  it('does not break on a null device', () => {
+    expect(sliceTitle(slice({ device: null }), trans)).toBe('analysis.ipynb · no device · hard');
+    expect(sliceTooltip(slice({ device: null }), trans)).toBe('GPU slice on device ?: memory cap 4GiB, SM share 30 % (hard)');
+  });
+});
+
+describe("a pod's slice", () => {
+  it('running: titled by its node and GPU and policy, with no device to read', () => {
+    const running = podSlice();
+    expect(sliceTitle(running, trans)).toBe('analysis.ipynb · pod on node-a · GPU-8f2c1d (4096 MiB, 30%) · hard');
+    expect(sliceStatusText(running, trans)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
+    expect(sliceTooltip(running, trans).split('\n')).toEqual([
+      'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
+      'On node node-a, GPU GPU-8f2c1d (4096 MiB, 30%)',
+      'running: the kernel runs on node node-a, GPU GPU-8f2c1d (4096 MiB, 30%)'
+    ]);
+    expect(sliceNeedsAttention(running)).toBe(false);
+    expect(podStopped(running)).toBe(false);
+    // Usage labels read limits and usage only.
+    expect(memoryLabel(running, trans)).toBe('Memory 1.2 / 4.0 GiB');
+    expect(smLabel(running, trans)).toBe('SM 28 / 30 %');
+  });
+
+  it('running on a node whose GPU HAMi has not annotated: the node alone', () => {
+    const running = podSlice({ location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: 'node-a', gpu: '' } });
+    expect(sliceTitle(running, trans)).toBe('analysis.ipynb · pod on node-a · hard');
+    expect(sliceTooltip(running, trans).split('\n')[1]).toBe('On node node-a');
+  });
+
+  it('scheduling: titled "pod · scheduling", with the scheduler\'s reason whole', () => {
+    const waiting = podSlice({
+      state: 'scheduling',
+      message: SCHEDULING_MESSAGE,
+      location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: '', gpu: '' },
+      usage: { memory_bytes: 0, sm_util: 0, processes: [] }
+    });
+    expect(sliceTitle(waiting, trans)).toBe('analysis.ipynb · pod · scheduling');
+    expect(sliceMessage(waiting)).toBe(SCHEDULING_MESSAGE);
+    expect(sliceStatusText(waiting, trans)).toBe('GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling');
+    expect(sliceTooltip(waiting, trans).split('\n')).toEqual([
+      'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
+      `scheduling: ${SCHEDULING_MESSAGE}`
+    ]);
+    expect(sliceNeedsAttention(waiting)).toBe(false);
+  });
+
+  it('before its pod exists: no location at all, still a title and a tooltip', () => {
+    const creating = podSlice({ state: 'scheduling', message: "the kernel's pod is being created", location: {} });
+    expect(sliceTitle(creating, trans)).toBe('analysis.ipynb · pod · scheduling');
+    expect(sliceTooltip(creating, trans).split('\n')[0]).toBe(
+      'GPU slice in pod 3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b: memory cap 4GiB, SM share 30 % (hard)'
+    );
+  });
+
+  it("failed: titled with its node and state, the container's reason whole, in the warn colour", () => {
+    const failed = podSlice({
+      state: 'failed',
+      message: FAILED_MESSAGE,
+      location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: 'node-a', gpu: '' },
+      usage: { memory_bytes: 0, sm_util: 0, processes: [] }
+    });
+    expect(sliceTitle(failed, trans)).toBe('analysis.ipynb · pod on node-a · failed');
+    expect(sliceMessage(failed)).toBe(FAILED_MESSAGE);
+    expect(sliceStatusText(failed, trans)).toBe('GPU 0.0 / 4.0 GiB · SM 0 / 30 % · failed');
+    expect(sliceTooltip(failed, trans).split('\n')).toEqual([
+      'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
+      'On node node-a',
+      `failed: ${FAILED_MESSAGE}`
+    ]);
+    expect(podStopped(failed)).toBe(true);
+    expect(sliceNeedsAttention(failed)).toBe(true);
+  });
+
+  it('says a state without a sentence in its tooltip, and its warnings after it', () => {
+    const gone = podSlice({ state: 'gone', message: '', warnings: ['a warning'] });
+    expect(sliceTooltip(gone, trans).split('\n').slice(-2)).toEqual(['gone', 'a warning']);
+    expect(podStopped(gone)).toBe(true);
+  });
+});
+
+describe('slice states', () => {
+  it('each has its word, through the translation bundle; an unknown one is shown as it came', () => {
+    const states = ['running', 'idle', 'lost', 'scheduling', 'pulling', 'starting', 'stopping', 'failed', 'exited', 'gone'];
+    expect(states.map(state => stateLabel(state, trans))).toEqual(states);
+    expect(stateLabel('hibernating', trans)).toBe('hibernating');
   });
 });

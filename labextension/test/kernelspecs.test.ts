@@ -1,8 +1,9 @@
+import type { KernelSpec } from '@jupyterlab/services';
 import { describe, expect, it } from 'vitest';
 
 import { slicedKernelspecs } from '../src/kernelspecs';
 
-function spec(name: string, metadata: Record<string, unknown>) {
+function spec(name: string, metadata: KernelSpec.ISpecModel['metadata']): KernelSpec.ISpecModel {
   return { name, display_name: `${name} display`, language: 'python', argv: [], resources: {}, metadata };
 }
 
@@ -19,7 +20,24 @@ describe('slicedKernelspecs', () => {
       }
     };
     expect(slicedKernelspecs(specs)).toEqual([
-      { name: 'gpu', displayName: 'gpu display', defaults: { memory: '4GiB', cores: '30' } }
+      { name: 'gpu', displayName: 'gpu display', holder: 'local', defaults: { memory: '4GiB', cores: '30' } }
+    ]);
+  });
+
+  it('keeps kernelspecs of the pod provisioner too, marked as pods, with only the slice fields of their config', () => {
+    const specs = {
+      default: 'python3',
+      kernelspecs: {
+        pod: spec('pod', {
+          kernel_provisioner: {
+            provisioner_name: 'vgpu-pod-provisioner',
+            config: { image: 'registry.example/kernel:1', memory: '8GiB', cores: 30, namespace: 'jupyter' }
+          }
+        })
+      }
+    };
+    expect(slicedKernelspecs(specs)).toEqual([
+      { name: 'pod', displayName: 'pod display', holder: 'pod', defaults: { memory: '8GiB', cores: '30' } }
     ]);
   });
 
