@@ -61,8 +61,7 @@ PANEL_NEEDS_SERVER = (
 
 def _memory_line(usage: dict, limits: dict) -> str:
     cap = f"{format_size(limits['memory_bytes'])} cap" if limits["memory_bytes"] else "no cap"
-    used = format_size(usage["memory_bytes"]) if usage["memory_bytes"] else "0"
-    return f"  memory  {used} used of {cap}"
+    return f"  memory  {format_size(usage['memory_bytes'])} used of {cap}"
 
 
 def describe_slice(model: dict, devices: list[dict]) -> str:

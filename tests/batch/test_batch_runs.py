@@ -22,7 +22,7 @@ def slice_lines(printed: str, cap: str) -> list[str]:
     assert re.fullmatch(r"GPU slice of kernel ([0-9a-f]{8}) \(\1[0-9a-f-]{28}\), (idle|running)", lines[0]), lines[0]
     assert lines[1:5] == [
         "  device  0 · jupyter-vgpu test GPU",
-        f"  memory  0 used of {cap} cap",
+        f"  memory  0B used of {cap} cap",
         "  SM      0.0% measured of 100% share",
         "  policy  hard",
     ]

@@ -101,7 +101,7 @@ def test_a_batch_kernel_that_fits_is_held_in_the_servers_ledger_until_it_ends(
     printed = outputs(tmp_path / "done.ipynb")
     assert [printed[0], printed[2]] == ["nvml total MiB 4096\n", "nvml total MiB 1024\n"]
     shown = printed[3].splitlines()
-    assert shown[2:5] == ["  memory  0 used of 1GiB cap", "  SM      0.0% measured of 30% share", "  policy  hard"]
+    assert shown[2:5] == ["  memory  0B used of 1GiB cap", "  SM      0.0% measured of 30% share", "  policy  hard"]
     assert shown[-1] == LEDGER_NOTE.format(ledger_path)
     assert list(server.slices()) == [held]  # released when the run ended
     assert region_files(standalone_regions) == []
