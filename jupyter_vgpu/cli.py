@@ -14,15 +14,15 @@ import tempfile
 from pathlib import Path
 
 from jupyter_core.application import JupyterApp
-from traitlets import Bool, Unicode
-from traitlets.config import Configurable
+from traitlets import Bool, TraitError, Unicode
+from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
 from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
 from jupyter_vgpu.native import NativeLibraryMissing, interposer_path, simulator_dir
 from jupyter_vgpu.holders.local import REGION_SUFFIX, LocalHolder, default_region_dir, run_in_slice, slice_environment
-from jupyter_vgpu.model import SliceLimits, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share, select_device
+from jupyter_vgpu.model import SliceLimits, SliceValueError, decide_limits, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
 # What `jupyter vgpu doctor` runs in a probe slice: the memory the driver shows it, and the pids
 # NVML lists for the slice's device (argv[1], its UUID) once it holds a context there.
@@ -555,6 +555,7 @@ class ConfigApp(JupyterApp):
     def start(self) -> None:
         # Imported here: the server extension pulls in jupyter_server, which `run` never needs.
         from jupyter_vgpu.provisioning.local import VGPUProvisioner
+        from jupyter_vgpu.provisioning.pod import VGPUPodProvisioner
         from jupyter_vgpu.server.app import VGPUApp
 
         print("VGPUApp: the server extension. Set on the command line (jupyter lab --VGPUApp.simulate=True)")
@@ -565,6 +566,68 @@ class ConfigApp(JupyterApp):
         print("which wins over the server's config (c.VGPUProvisioner.memory = '8GiB'). In a batch run without a")
         print("server (jupyter nbconvert --execute --VGPUProvisioner.memory=3GiB ...) the run's own value wins.\n")
         print(own_options_help(VGPUProvisioner))
+        print("\nVGPUPodProvisioner: kernels as Kubernetes pods (provisioner_name vgpu-pod-provisioner; docs/kubernetes.md).")
+        print("Set like VGPUProvisioner: in the kernelspec's config, or c.VGPUPodProvisioner.* for the server.\n")
+        print(own_options_help(VGPUPodProvisioner))
+
+
+class PodManifestApp(JupyterApp):
+    name = "jupyter-vgpu-pod-manifest"
+    version = __version__
+    description = (
+        "Print, as YAML, the Pod and Secret (key and credential redacted) that a pod kernel start would "
+        "create with the current configuration (jupyter_server_config, the kernelspec), without a cluster."
+    )
+    kernel = Unicode("", config=True, help="A pod kernelspec (vgpu-pod-provisioner) whose config to use. Empty: the server's config only.")
+    memory = Unicode("", config=True, help="Memory cap of the slice, as the start would ask for it. Empty: the kernelspec's, else the server's default.")
+    cores = Unicode("", config=True, help="SM share in percent. Empty: the kernelspec's, else the server's default.")
+    policy = Unicode("", config=True, help="hard or burst. Empty: the kernelspec's, else the server's default.")
+    aliases = {
+        "kernel": "PodManifestApp.kernel",
+        "memory": "PodManifestApp.memory",
+        "cores": "PodManifestApp.cores",
+        "policy": "PodManifestApp.policy",
+    }
+
+    def start(self) -> None:
+        import uuid
+
+        import yaml
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+        from jupyter_core.paths import jupyter_config_path
+
+        from jupyter_vgpu.pods.manifest import ManifestError
+        from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner
+        from jupyter_vgpu.server.app import VGPUApp
+
+        # The options a server would start pod kernels with: its config files, then the kernelspec.
+        Application.load_config_file(self, "jupyter_server_config", path=jupyter_config_path())
+        self.update_config(self.cli_config)  # this command's own options win over the files
+        configured: dict = {}
+        if self.kernel:
+            try:
+                spec = KernelSpecManager().get_kernel_spec(self.kernel)
+            except NoSuchKernel:
+                self._fail(f"no kernelspec named {self.kernel!r}")
+            provisioner = spec.metadata.get("kernel_provisioner", {})
+            if provisioner.get("provisioner_name") != POD_PROVISIONER_NAME:
+                self._fail(f"kernelspec {self.kernel!r} does not start pod kernels (its provisioner is {provisioner.get('provisioner_name') or 'the default'})")
+            configured = dict(provisioner.get("config", {}))
+        try:
+            provisioner = VGPUPodProvisioner(config=self.config, kernel_id=str(uuid.uuid4()), **configured)
+            server = VGPUApp(config=self.config)
+            defaults = SliceLimits(parse_size(server.default_memory), server.default_cores, server.default_policy)
+            size = {"memory": self.memory, "cores": self.cores, "policy": self.policy}
+            limits = decide_limits(defaults, {k: configured.get(k, "") for k in size}, size)
+            manifests = provisioner.planned_manifests(limits, kernel_name=self.kernel)
+        except (ManifestError, SliceValueError, TraitError) as error:
+            self._fail(str(error))
+        print(f"# What a start of kernel {provisioner.kernel_id} would create ({limits.describe()}); no cluster was contacted.")
+        print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+
+    def _fail(self, message: str) -> None:
+        print(f"jupyter vgpu pod-manifest: {message}", file=sys.stderr)
+        self.exit(2)
 
 
 class VGPUCommand(JupyterApp):
@@ -579,6 +642,7 @@ class VGPUCommand(JupyterApp):
         "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
         "kernelspec": (KernelspecApp, KernelspecApp.description),
         "config": (ConfigApp, ConfigApp.description),
+        "pod-manifest": (PodManifestApp, PodManifestApp.description.split(" (")[0]),
     }
 
     def start(self) -> None:

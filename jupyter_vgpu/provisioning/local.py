@@ -39,6 +39,7 @@ from jupyter_vgpu.holders.local import REGION_PATH_KEY, LocalHolder, default_reg
 from jupyter_vgpu.holders.region import Region, process_start_time
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
+from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 from jupyter_vgpu.model import (
     DEFAULT_LIMITS,
     DeviceError,
@@ -56,7 +57,6 @@ from jupyter_vgpu.model import (
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
 
 PROVISIONER_NAME = "vgpu-provisioner"
-MANAGER_SETTING = "vgpu_slice_manager"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
 # extensions a user configured still load.
 LOAD_MAGIC_ARGUMENT = "--IPKernelApp.extra_extensions=jupyter_vgpu"
@@ -105,22 +105,7 @@ def checked_layer(values: dict[str, Any], source: str) -> dict[str, Any]:
     return layer
 
 
-def _forget_refused_start(provisioner: LocalProvisioner) -> None:
-    """Leave nothing of a refused start in jupyter_client's multi-kernel manager.
-
-    jupyter_client (8.10) files every start under ``_pending_kernels`` and removes the entry only
-    when the start succeeds; a failed start stays there, and jupyter_server's ``shutdown_all``
-    then trips over it (``404 Kernel does not exist``) and the server never stops. No public
-    method removes it, so this one place does, for every start path (sessions, kernels, ours).
-    """
-    kernel_manager = provisioner.parent
-    multi_kernel_manager = getattr(kernel_manager, "parent", None)
-    pending = getattr(multi_kernel_manager, "_pending_kernels", None)
-    if isinstance(pending, dict):
-        pending.pop(provisioner.kernel_id, None)
-
-
-class VGPUProvisioner(LocalProvisioner):
+class VGPUProvisioner(ServerLinked, LocalProvisioner):
     """Starts a kernel with libvgpu.so preloaded, in a slice admitted before launch."""
 
     memory = Unicode(
@@ -174,21 +159,6 @@ class VGPUProvisioner(LocalProvisioner):
         if section:
             self.update_config(Application.instance().config)
 
-    def _server_app(self):
-        """The Jupyter server that starts this kernel, found up the parent chain (kernel manager,
-        multi-kernel manager, server app); None when plain jupyter_client starts it."""
-        owner = self.parent
-        while owner is not None:
-            if hasattr(owner, "web_app") and hasattr(owner, "connection_url"):
-                return owner
-            owner = getattr(owner, "parent", None)
-        return None
-
-    def slice_manager(self) -> SliceManager | None:
-        server = self._server_app()
-        web_app = getattr(server, "web_app", None)
-        return web_app.settings.get(MANAGER_SETTING) if web_app is not None else None
-
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         requested = kwargs.pop("vgpu_slice", None) or {}
         size = {key: requested.get(key) for key in ("memory", "cores", "policy")}
@@ -210,7 +180,7 @@ class VGPUProvisioner(LocalProvisioner):
                     metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
                 )
         except SliceRefused as refusal:
-            _forget_refused_start(self)
+            forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None
         try:
             kwargs = await super().pre_launch(**kwargs)

@@ -28,7 +28,7 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.pods.cluster import default_namespace
-from jupyter_vgpu.provisioning.local import MANAGER_SETTING
+from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
 from jupyter_vgpu.server.errors import refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS

@@ -26,7 +26,8 @@ from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, UnknownSlice
 from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
-from jupyter_vgpu.provisioning.local import MANAGER_SETTING, PROVISIONER_NAME
+from jupyter_vgpu.provisioning.base import MANAGER_SETTING
+from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_vgpu.provisioning.local import VGPUProvisioner
+from jupyter_vgpu.provisioning.pod import VGPUPodProvisioner
 from jupyter_vgpu.server.app import VGPUApp
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -61,7 +62,7 @@ def printed() -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("cls", [VGPUApp, VGPUProvisioner], ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("cls", [VGPUApp, VGPUProvisioner, VGPUPodProvisioner], ids=lambda cls: cls.__name__)
 def test_the_documented_command_prints_every_option_with_its_help(printed, cls):
     for name, trait in cls.class_own_traits(config=True).items():
         entry = re.search(rf"^--{cls.__name__}\.{name}=.*\n((?:    .*\n)+)", printed, re.MULTILINE)
@@ -72,5 +73,5 @@ def test_the_documented_command_prints_every_option_with_its_help(printed, cls):
 def test_only_our_own_options_are_printed(printed):
     """Options an extension app inherits (open_browser, default_url, ...) are jupyter_server's."""
     listed = set(re.findall(r"^--(\w+\.\w+)=", printed, re.MULTILINE))
-    ours = {f"{cls.__name__}.{name}" for cls in (VGPUApp, VGPUProvisioner) for name in cls.class_own_traits(config=True)}
+    ours = {f"{cls.__name__}.{name}" for cls in (VGPUApp, VGPUProvisioner, VGPUPodProvisioner) for name in cls.class_own_traits(config=True)}
     assert listed == ours
