@@ -19,7 +19,6 @@ the p99 is the slowest one.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -36,8 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kmock  # noqa: E402
-from kmock._internal import apps  # noqa: E402
-from kube_standin import RESOURCES, Kubelet, StandIn, StandInEmulator  # noqa: E402
+from kube_standin import Kubelet, StandIn, StandInEmulator  # noqa: E402
 
 from jupyter_vgpu.pods.manifest import CONNECTION_FILE  # noqa: E402
 
@@ -65,26 +63,13 @@ class TimedEmulator(StandInEmulator):
             what, name = "read pod", request.name  # the Kubelet lists pods; only the server reads one
         if what:
             JOURNAL.append((received, what, name))
-        try:
-            return await super()._handle(request)
-        finally:
-            # kmock keeps every request it served and looks through them all for each new one, so
-            # it answers slower and slower (about 0.07 ms more per request before, here: the
-            # Kubelet lists pods 20 times a second). Forgotten once answered, each costs the same.
-            self._requests.remove(request)
+        return await super()._handle(request)
 
 
 class TimedStandIn(StandIn):
-    """The stand-in API served by the TimedEmulator (StandIn._serve with the emulator swapped)."""
+    """The stand-in API served by the TimedEmulator."""
 
-    async def _serve(self):
-        async with TimedEmulator() as emulator, apps.Server(emulator) as server:
-            for resource in RESOURCES:
-                emulator.resources[resource] = {}
-            self.emulator, self.url = emulator, str(server.url).rstrip("/")
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            self._started.set()
-            await self._stop.wait()
+    emulator_class = TimedEmulator
 
 
 def free_port() -> int:

@@ -38,6 +38,7 @@ from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
 from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
+FIRST_POLL = 0.05  # seconds before the first re-reading of a starting pod; doubled up to poll_interval
 
 
 def default_owner() -> str:
@@ -88,7 +89,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
 
     # -- the start ----------------------------------------------------------------------------
     start_timeout = Float(300.0, config=True, help="Seconds a start waits for its pod to run; then the pod is deleted and the start fails saying what it waited for.")
-    poll_interval = Float(0.5, config=True, help="Seconds between readings of a starting pod.")
+    poll_interval = Float(0.5, config=True, help="Most seconds between readings of a starting pod (the first come sooner).")
     report_interval = Float(1.0, config=True, help="Seconds between the in-pod agent's usage reports (which also carry resizes to the pod).")
     server_url = Unicode("", config=True, help="URL of this Jupyter server as kernel pods reach it. Empty: the server's own connection URL (often localhost, which a pod cannot reach).")
     owner = Unicode("", config=True, help="Owner label of kernel pods; a restarted server deletes the pods its predecessor of the same owner left. Empty: $JUPYTERHUB_USER or the Unix user.")
@@ -293,6 +294,9 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
 
     async def _wait_until_running(self, cluster: Cluster, kernel: KernelPod, namespace: str) -> PodState:
         deadline = time.monotonic() + self.start_timeout
+        # Quick readings first (a pod on a warm node with its image runs within a fraction of a
+        # second), then every poll_interval: a fixed interval made every start wait most of one.
+        pause = min(FIRST_POLL, self.poll_interval)
         while True:
             pod = await self._k8s(cluster.read_pod, namespace, kernel.name)
             waiting = pod is not None and pod_state(pod).state in WAITING_STATES
@@ -308,7 +312,8 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
                     f"The kernel's pod {kernel.name} was not running after {self.start_timeout:g} seconds and was "
                     f"deleted. It was {state.message}."
                 )
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.poll_interval)
 
     # -- running ------------------------------------------------------------------------------
 
