@@ -19,7 +19,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_vgpu.holders import SliceUsage
 from jupyter_vgpu.holders.region import Region, RegionError, process_start_time
-from jupyter_vgpu.ledger import Allocation
+from jupyter_vgpu.ledger import Allocation, UnknownSlice
 from jupyter_vgpu.model import Device, SliceLimits, format_size
 from jupyter_vgpu.model.devices import simulator_environment
 from jupyter_vgpu.native import interposer_path
@@ -130,8 +130,12 @@ class LocalHolder:
         """A region holds any limits; the ledger checks the device's capacity."""
 
     def apply_limits(self, allocation: Allocation) -> None:
-        with self._region_of(allocation) as region:
-            region.set_limits(memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy)
+        try:
+            with self._region_of(allocation) as region:
+                region.set_limits(memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy)
+        except RegionError as error:
+            # The kernel ended a moment ago (its provisioner removed the region): nothing to resize.
+            raise UnknownSlice(f"the slice of kernel {allocation.kernel_id!r} is gone ({error}); its kernel has ended") from None
 
     def usage(self, allocation: Allocation) -> SliceUsage:
         try:

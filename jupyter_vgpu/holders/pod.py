@@ -141,6 +141,11 @@ class PodHolder:
         pod = allocation.metadata.get(POD_KEY)
         if not pod:
             return False
+        # What this server last read of the pod, if it started it: no API call (the slice watcher
+        # asks on the event loop). Only a slice left by an earlier server is looked up.
+        known = self.state(allocation.kernel_id)
+        if known is not None:
+            return not known.over
         try:
             return self.cluster.read_pod(pod["namespace"], pod["name"]) is not None
         except ClusterError as error:

@@ -241,9 +241,14 @@ class EmbeddedLedger:
         return stranded
 
     def stranded_allocations(self) -> list[Allocation]:
-        """Allocations on devices that are not in the current device list."""
+        """Allocations on devices that are not in the current device list (a pod's slice is on
+        none of this machine's devices, and is not stranded for that)."""
         uuids = {device.uuid for device in self._devices}
-        return [allocation for allocation in self.allocations() if allocation.device_uuid not in uuids]
+        return [
+            allocation
+            for allocation in self.allocations()
+            if allocation.holder == "local" and allocation.device_uuid not in uuids
+        ]
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import os
 import signal
 import time
 import uuid
+from dataclasses import fields
 from typing import Any
 
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
@@ -38,6 +39,9 @@ from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
 from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
+# PodSettings' fields are the provisioner's traits of the same name, but for these.
+TRAIT_OF_SETTING = {"labels": "extra_labels", "annotations": "extra_annotations", "env": "extra_env", "ports": "kernel_ports"}
+STRING_MAPS = {"node_selector", "labels", "annotations", "env"}  # label values and variables are text
 FIRST_POLL = 0.05  # seconds before the first re-reading of a starting pod; doubled up to poll_interval
 
 
@@ -111,31 +115,14 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
 
     def pod_settings(self) -> PodSettings:
         """The traits as one checked PodSettings; ManifestError names a wrong one."""
-        settings = PodSettings(
-            namespace=self.namespace or default_namespace(),
-            image=self.image,
-            image_pull_policy=self.image_pull_policy,
-            image_pull_secrets=tuple(self.image_pull_secrets),
-            service_account=self.service_account,
-            scheduler_name=self.scheduler_name,
-            node_selector={str(k): str(v) for k, v in self.node_selector.items()},
-            tolerations=list(self.tolerations),
-            labels={str(k): str(v) for k, v in self.extra_labels.items()},
-            annotations={str(k): str(v) for k, v in self.extra_annotations.items()},
-            env={str(k): str(v) for k, v in self.extra_env.items()},
-            cpu_request=self.cpu_request,
-            cpu_limit=self.cpu_limit,
-            memory_request=self.memory_request,
-            memory_limit=self.memory_limit,
-            gpu_resource=self.gpu_resource,
-            memory_resource=self.memory_resource,
-            memory_resource_unit=self.memory_resource_unit,
-            cores_resource=self.cores_resource,
-            pod_template=dict(self.pod_template),
-            python=self.python,
-            in_pod_slices=self.in_pod_slices,
-            ports=tuple(self.kernel_ports),
-        )
+        values = {}
+        for setting in fields(PodSettings):
+            value = getattr(self, TRAIT_OF_SETTING.get(setting.name, setting.name))
+            if isinstance(value, dict) and setting.name in STRING_MAPS:
+                value = {str(key): str(item) for key, item in value.items()}
+            values[setting.name] = tuple(value) if setting.name in ("image_pull_secrets", "ports") else value
+        values["namespace"] = self.namespace or default_namespace()
+        settings = PodSettings(**values)
         settings.check()
         return settings
 

@@ -91,6 +91,13 @@ def test_allocations_survive_reopening_the_file(ledger_path, gpu):
         assert [usage.memory_allocated for usage in reopened.devices_usage()] == [4 * GIB, 0]
 
 
+def test_a_pods_slice_is_not_stranded_for_being_on_none_of_this_machines_devices(ledger_path, gpu):
+    with EmbeddedLedger(ledger_path, [gpu(0, 16)]) as ledger:
+        ledger.admit("k1", SliceLimits(2 * GIB), holder="pod")
+        assert ledger.stranded_allocations() == []
+        assert ledger.set_devices([gpu(0, 16)]) == []
+
+
 def test_an_admission_survives_the_server_being_killed(ledger_path):
     code = (
         "import os, signal\n"
