@@ -425,6 +425,7 @@ struct vgpu_controller {
     uint64_t last_draw_ns;
     int drained;      /* the pool ran dry at some tick: launches were held back */
     int slack;        /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
+    int held_last_tick; /* the last tick found the pool drained and every grant drawn */
     int window_clean; /* launches drew tokens throughout the window (no MODE_OFF tick) */
     double carry;     /* fraction of a token owed by the last refill */
 

@@ -479,11 +479,10 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
 {
     uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
     /* A tick this late (the controller did not get a CPU) refills only what a tick may: the
-     * tokens of the time missed would be a burst above the rate in the window after it, and
-     * the window it happened in says nothing about the rate (integrate()). */
-    int late = elapsed > LATE_TICK_NS;
-    if (late)
-        elapsed = LATE_TICK_NS;
+     * tokens of the time missed, given at once, would be a burst above the rate in the window
+     * after it, and the window the late tick fell in says nothing about the rate (integrate()). */
+    uint64_t missed = elapsed > LATE_TICK_NS ? elapsed - LATE_TICK_NS : 0;
+    elapsed -= missed;
     c->last_tick_ns = now_ns;
 
     int limited = c->mode == VGPU_MODE_LIMITED;
@@ -538,15 +537,19 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
     if (elapsed > 0)
         c->draw_rate = 0.7 * c->draw_rate + 0.3 * (double)drawn * 1e9 / (double)elapsed;
     /* Whether the slice was held back over this tick: it took all it was given, the pool and
-     * every grant. A tick it did not (it stopped launching, launches less than the rate, or its
-     * waiting threads did not get a CPU in time to draw their grants) makes the window say
-     * nothing about whether the rate is too low (integrate()). */
+     * every grant, and had at the last tick too (a slice that starts launching within a tick
+     * was idle for part of it). A tick it was not (it stopped or started launching, launches
+     * less than the rate, or its waiting threads did not get a CPU in time to draw their
+     * grants) makes the window say nothing about whether the rate is too low (integrate()). */
+    int held = limited && level <= 0 && returned <= 0 && !missed;
     if (limited && elapsed > 0) {
-        if (level <= 0 && returned <= 0 && !late)
+        if (held && c->held_last_tick)
             c->drained = 1;
         else
             c->slack = 1;
     }
+    if (elapsed > 0)
+        c->held_last_tick = held;
     c->pool_known = 1;
     c->pool_after_refill = next;
     c->granted = each * (int64_t)waiting_count;
