@@ -7,6 +7,14 @@ and how fast a burst slice yields.
 Runs tests/programs/pacing_load.c (a launch loop that keeps the device fed) inside a slice on
 the simulated GPU and reads SM utilisation per process from NVML (tests/programs/pacing_monitor.c,
 outside the slice), as an operator's tool would: the window is the third second of the run.
+
+Steady and on/off loads (issue 12): per share, a steady loop and a notebook-like one (200 ms of
+launches, 300 ms idle), each measured on 100 ms windows (a query every 10 ms of the last 100 ms:
+what a neighbour's latency-sensitive kernels feel) and over 1 s. For the on/off load only
+windows wholly inside a busy phase count, the first phase (the controller learning what a token
+costs) left out; its 1 s figure is the utilisation of the busy phases of each second (two phases,
+each read from its start once it ended), so the idle time does not hide an excess. Windows are
+exact on the simulated device's clock: a query that runs late moves its window, never blurs it.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,13 +78,54 @@ def main() -> None:
             start_us = int(process.stdout.readline().split()[1])
             return process, pid, start_us
 
-        def utilisation(since_us: int) -> dict[int, int]:
+        def utilisation_until(since_us: int) -> tuple[int, dict[int, int]]:
+            """(when the window ended, the utilisation of each process over [since_us, then])."""
             out = subprocess.run([str(programs["pacing_monitor"]), "since", str(since_us)], env=base,
                                  check=True, capture_output=True, text=True).stdout
-            return {int(w[1]): int(w[2]) for w in (line.split() for line in out.splitlines()) if w and w[0] == "s"}
+            lines = [line.split() for line in out.splitlines()]
+            return int(lines[0][1]), {int(w[1]): int(w[2]) for w in lines if w and w[0] == "s"}
+
+        def utilisation(since_us: int) -> dict[int, int]:
+            return utilisation_until(since_us)[1]
 
         def wait_until(moment_us: int) -> None:
             time.sleep(max(0.0, (moment_us - realtime_us()) / 1e6))
+
+        def windows_and_phases(share: int, seconds: float, busy_ms: int, idle_ms: int, phases: int):
+            """Runs the loop in a hard slice while a watcher reads 100 ms windows; returns
+            (start_us, [(end_us, util)], {phase: its utilisation}): flat out when idle_ms is 0,
+            with the third second as phase 0."""
+            args = ["--seconds", str(seconds)]
+            if idle_ms:
+                args += ["--busy-ms", str(busy_ms), "--idle-ms", str(idle_ms)]
+            process, pid, start_us = start(slice_env(f"windows-{share}-{idle_ms}", share, "hard"), *args)
+            watcher = subprocess.Popen([str(programs["pacing_monitor"]), "watch", "10", str(int(seconds * 1000)), "100"],
+                                       env=base, stdout=subprocess.PIPE, text=True)
+            phase_util: dict[int, float] = {}
+            if not idle_ms:
+                wait_until(start_us + 3_000_000)
+                phase_util[0] = utilisation(start_us + 2_000_000).get(pid, 0)  # the third second
+            else:
+                # Each busy phase from its start, read 15 ms after it ends (its queued kernels
+                # have run; the slice is idle until the next), scaled from the query's window.
+                cycle_us = (busy_ms + idle_ms) * 1000
+                for phase in range(1, phases + 1):
+                    begin_us = start_us + phase * cycle_us
+                    wait_until(begin_us + (busy_ms + 15) * 1000)
+                    end_us, measured = utilisation_until(begin_us)
+                    phase_util[phase] = measured.get(pid, 0) * (end_us - begin_us) / (busy_ms * 1000)
+            out = watcher.communicate()[0]
+            process.wait()
+            series: list[tuple[int, int]] = []
+            for words in (line.split() for line in out.splitlines()):
+                if words[0] == "q":
+                    series.append((int(words[1]), 0))
+                elif words[0] == "s" and int(words[1]) == pid:
+                    series[-1] = (series[-1][0], int(words[2]))
+            return start_us, series, phase_util
+
+        def worst_and_mean(errors: list[float]) -> str:
+            return f"{max(errors):+.1f} / {statistics.mean(errors):+.1f}" if errors else "-"
 
         print("\nSM utilisation of a hard slice, NVML, seconds 2-3 of a saturating launch loop (100 SMs)")
         print(f"{'share %':>8}{'threads':>9}{'measured %':>12}{'error pp':>10}")
@@ -87,6 +137,27 @@ def main() -> None:
                 measured = utilisation(start_us + 2_000_000).get(pid, 0)
                 process.wait()
                 print(f"{share:>8}{threads:>9}{measured:>12}{measured - share:>+10}")
+
+        print("\nA hard slice, steady and on/off (200 ms busy / 300 ms idle) loops; error pp vs the share, "
+              "worst / mean")
+        print(f"{'share %':>8}{'steady 1 s':>12}{'steady 100 ms':>17}{'on/off busy 100 ms':>21}"
+              f"{'on/off busy 1 s':>18}{'busy windows':>14}")
+        busy_ms, idle_ms = 200, 300
+        phases = 4 if args.smoke else 8
+        on_off_seconds = (phases + 1) * (busy_ms + idle_ms) / 1000 + 0.05
+        for share in [60] if args.smoke else [10, 30, 60, 90]:
+            start_us, series, steady = windows_and_phases(share, 3.1, 0, 0, 0)
+            steady_100 = [util - share for end_us, util in series if 1_000_000 <= end_us - start_us <= 3_000_000]
+            start_us, series, phase_util = windows_and_phases(share, on_off_seconds, busy_ms, idle_ms, phases)
+            cycle_us = (busy_ms + idle_ms) * 1000
+            busy_100 = []
+            for end_us, util in series:
+                phase, into_us = divmod(end_us - start_us, cycle_us)
+                if 1 <= phase <= phases and 100_000 <= into_us <= busy_ms * 1000:
+                    busy_100.append(util - share)
+            seconds_1s = [(phase_util[k] + phase_util[k + 1]) / 2 - share for k in range(1, phases, 2)]
+            print(f"{share:>8}{steady[0] - share:>+12}{worst_and_mean(steady_100):>17}"
+                  f"{worst_and_mean(busy_100):>21}{worst_and_mean(seconds_1s):>18}{len(busy_100):>14}")
 
         print("\nSeveral saturating processes in one 40 % hard slice, NVML, seconds 2-3 (the first one's)")
         print(f"{'processes':>10}{'threads each':>14}{'slice %':>9}{'each process %':>22}{'even split %':>14}")

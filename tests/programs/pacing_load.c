@@ -16,7 +16,9 @@
  *   --instantiate  the entry point that makes the graph's executable: cuGraphInstantiateWithFlags
  *               (flags, the default), cuGraphInstantiateWithParams (params) or cuGraphInstantiate_v2
  *               (v2, what CUDA 11 runtimes call)
- *   --busy-ms/--idle-ms   alternate busy and idle phases instead of running flat out
+ *   --busy-ms/--idle-ms   alternate busy and idle phases instead of running flat out; phases and
+ *               --seconds count from the first launch (start_us), so a reader of start_us knows
+ *               when each busy phase begins
  *   --buffer-mib  hold N MiB of device memory (cuMemAlloc_v2 before the first launch), as a
  *               framework holds its weights
  *
@@ -24,6 +26,7 @@
  * first launch, then "done launches=<kernels launched>" at the end.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,8 +59,8 @@ struct shared {
     CUcontext context;
     CUfunction spin;
     unsigned int grid;
-    double started; /* CLOCK_MONOTONIC seconds when the launch loops began */
-    atomic_int announced;
+    double started; /* CLOCK_MONOTONIC seconds of the first launch: phases count from it */
+    atomic_int announced; /* 0, 1 while the first thread to launch sets `started`, then 2 */
     atomic_long launches;
 };
 
@@ -77,15 +80,21 @@ static double monotonic_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* The first thread to get here sets the clock every thread's phases follow and prints it;
+ * the others wait for it (a few microseconds, once). */
 static void announce_start(struct shared *s)
 {
     int expected = 0;
     if (atomic_compare_exchange_strong(&s->announced, &expected, 1)) {
         struct timespec ts;
+        s->started = monotonic_s();
         clock_gettime(CLOCK_REALTIME, &ts);
         printf("start_us %lld\n", (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000);
         fflush(stdout);
+        atomic_store(&s->announced, 2);
     }
+    while (atomic_load(&s->announced) != 2)
+        sched_yield();
 }
 
 static void launch_batch(struct shared *s, CUstream stream, CUgraphExec exec)
@@ -285,7 +294,6 @@ int main(int argc, char **argv)
         CHECK(cuMemAlloc_v2(&buffer, s.options.buffer_mib << 20));
 
     pthread_t threads[64];
-    s.started = monotonic_s();
     for (int t = 0; t < s.options.threads; t++)
         pthread_create(&threads[t], NULL, run, &s);
     for (int t = 0; t < s.options.threads; t++)
