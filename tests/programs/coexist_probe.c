@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vgpu/cuda_abi.h"
+#include "probe_common.h"
 #include "vgpu/nvml_abi.h"
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
@@ -78,18 +78,6 @@ static void resolve(const char *path)
         fail("an entry point is missing");
 }
 
-static unsigned long long parse_bytes(const char *text)
-{
-    char *end;
-    unsigned long long value = strtoull(text, &end, 10);
-    switch (*end) {
-    case 'K': return value << 10;
-    case 'M': return value << 20;
-    case 'G': return value << 30;
-    default: return value;
-    }
-}
-
 /* The distinct paths of mapped files whose name is libvgpu.so, from /proc/self/maps. */
 static void print_maps(void)
 {
@@ -122,16 +110,8 @@ static void run(const char *command)
     if (strcmp(command, "maps") == 0) {
         print_maps();
     } else if (strcmp(command, "init") == 0) {
-        CUdevice device;
         CUcontext context;
-        CUresult result = cuInit(0);
-        if (result == CUDA_SUCCESS)
-            result = cuDeviceGet(&device, 0);
-        if (result == CUDA_SUCCESS)
-            result = cuDevicePrimaryCtxRetain(&context, device);
-        if (result == CUDA_SUCCESS)
-            result = cuCtxSetCurrent(context);
-        printf("init %d\n", result);
+        printf("init %d\n", use_primary_context(0, &context));
     } else if (strncmp(command, "alloc:", 6) == 0) {
         CUdeviceptr pointer = 0;
         CUresult result = api_alloc(&pointer, parse_bytes(command + 6));
@@ -178,12 +158,8 @@ static void run(const char *command)
 
 int main(int argc, char **argv)
 {
-    int first = 1;
-    const char *path = "direct";
-    if (argc > 1 && strncmp(argv[1], "--path=", 7) == 0) {
-        path = argv[1] + 7;
-        first = 2;
-    }
+    int first;
+    const char *path = path_option(argc, argv, &first);
     resolve(path);
     for (int i = first; i < argc; i++) {
         run(argv[i]);

@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "vgpu/cuda_abi.h"
@@ -45,6 +46,18 @@ static inline unsigned long long parse_bytes(const char *text)
     case 'G': return value << 30;
     default: return value;
     }
+}
+
+/* The option --path=WAY a probe may take before its commands (how it obtains the driver's entry
+ * points): WAY, or "direct" without it; *first is the index in argv of the first command. */
+static inline const char *path_option(int argc, char **argv, int *first)
+{
+    *first = 1;
+    if (argc > 1 && strncmp(argv[1], "--path=", 7) == 0) {
+        *first = 2;
+        return argv[1] + 7;
+    }
+    return "direct";
 }
 
 /* How a program starts on device `ordinal`: cuInit, then its primary context retained and made

@@ -255,12 +255,8 @@ static void run(const char *command)
 
 int main(int argc, char **argv)
 {
-    int first = 1;
-    const char *path = "direct";
-    if (argc > 1 && strncmp(argv[1], "--path=", 7) == 0) {
-        path = argv[1] + 7;
-        first = 2;
-    }
+    int first;
+    const char *path = path_option(argc, argv, &first);
     resolve(path);
 #define REQUIRE(name, base)                                                                        \
     if (!api.name) {                                                                               \
