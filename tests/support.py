@@ -1,15 +1,24 @@
-"""Helpers shared by test modules (importable because tests/conftest.py puts tests/ on sys.path)."""
+"""Helpers shared by test modules (importable because tests/conftest.py puts tests/ on sys.path)
+and by the benchmarks (which put tests/ on sys.path themselves)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+
+JUPYTER = str(Path(sys.executable).with_name("jupyter"))
 
 
 def free_port() -> int:
@@ -29,6 +38,24 @@ def wait_for(condition, timeout: float, message: str = "condition", interval: fl
         time.sleep(interval)
         value = condition()
     return value
+
+
+def listed_slice(kernel_id: str, path: str = "", device: dict | None = None, memory: int = 4 << 30, cores: int = 30,
+                 policy: str = "hard", used: int = 1 << 30, util: float = 12.0, warnings=()) -> dict:
+    """A slice as GET /api/vgpu/slices answers it (units in the field names, memory in bytes), on
+    ``device`` ({"index", "uuid"}; by default device 0 of an all-zero uuid)."""
+    return {
+        "kernel_id": kernel_id,
+        "kernelspec": "python3-vgpu",
+        "path": path,
+        "owner": "user",
+        "holder": "local",
+        "state": "running",
+        "device": device or {"index": 0, "uuid": "GPU-00000000-0000-4000-8000-000000000000"},
+        "limits": {"memory_bytes": memory, "cores": cores, "policy": policy},
+        "usage": {"memory_bytes": used, "sm_util": util, "processes": []},
+        "warnings": list(warnings),
+    }
 
 
 @contextmanager
@@ -62,3 +89,71 @@ def json_stand_in(respond):
     finally:
         http.shutdown()
         thread.join()
+
+
+class JupyterProcess:
+    """`jupyter APP` (server or lab) as a user starts it, on a free port of 127.0.0.1 with
+    `token`, more ``options`` after those, its stderr appended to `log`. Returns once GET
+    api/status answers; fails at once, with the log, if the process exits first."""
+
+    def __init__(self, env: dict[str, str], log: Path, token: str, *options: str, app: str = "server",
+                 timeout: float = 60):
+        self.log, self.token, self.port = log, token, free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        with log.open("a") as stderr:
+            self.process = subprocess.Popen(
+                [JUPYTER, app, "--no-browser", "--allow-root", f"--port={self.port}",
+                 f"--IdentityProvider.token={token}", *options],
+                env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+            )
+        try:
+            wait_for(self.ready, timeout, f"jupyter {app} to answer")
+        except BaseException:
+            self.stop()
+            raise
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"jupyter exited ({self.process.returncode}):\n{self.log.read_text()[-4000:]}")
+        try:
+            self.api("GET", "api/status")
+            return True
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body=None, timeout: float = 60):
+        request = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return json.loads(reply.read() or b"null")
+
+    def refusal(self, method: str, path: str, body=None) -> tuple[int, str]:
+        """(status, message) of a request the server must refuse."""
+        try:
+            self.api(method, path, body)
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())["message"]
+        raise AssertionError(f"{method} {path} was not refused")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or the OOM killer would: no shutdown, nothing released."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self, timeout: float = 30) -> float | None:
+        """SIGTERM, as Ctrl-C or a service manager stops it; returns the seconds the process took
+        to exit (0 if it had already), or None when it had not exited after `timeout` seconds (it
+        is then killed)."""
+        if self.process.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+        return time.monotonic() - started

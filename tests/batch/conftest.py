@@ -5,17 +5,13 @@ process) whose ledger a batch run finds where a server keeps it by default."""
 
 from __future__ import annotations
 
-import json
-import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
-from support import free_port, wait_for
+from support import JupyterProcess
 
 BIN = Path(sys.executable).parent
 JUPYTER, PAPERMILL = str(BIN / "jupyter"), str(BIN / "papermill")
@@ -162,55 +158,15 @@ def nbconvert(nbconvert_command, user_env):
     return run
 
 
-class Server:
+class Server(JupyterProcess):
     """A vGPU Jupyter server as a user starts it (simulated GPU), its ledger and regions where a
     server keeps them by default, so a batch run finds them the way it finds a user's."""
 
     def __init__(self, env: dict[str, str], log: Path):
-        self.env, self.log, self.port = env, log, free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.process = subprocess.Popen(
-            [JUPYTER, "server", "--no-browser", "--allow-root", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
-             "--VGPUApp.simulate=True", f"--ServerApp.root_dir={log.parent}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"),
-        )
-        wait_for(self.ready, 90, "the Jupyter server to answer")
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the server exited: {self.log.read_text()[-3000:]}")
-        try:
-            self.api("GET", "api/status")
-            return True
-        except OSError:
-            return False
-
-    def api(self, method: str, path: str, body=None):
-        request = urllib.request.Request(
-            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {TOKEN}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return json.loads(reply.read() or b"null")
-
-    def refusal(self, method: str, path: str, body=None) -> tuple[int, str]:
-        """(status, message) of a request the server must refuse."""
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            self.api(method, path, body)
-        return refused.value.code, json.loads(refused.value.read())["message"]
+        super().__init__(env, log, TOKEN, "--VGPUApp.simulate=True", f"--ServerApp.root_dir={log.parent}", timeout=90)
 
     def slices(self) -> dict[str, dict]:
         return {item["kernel_id"]: item for item in self.api("GET", "api/vgpu/slices")}
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash or the OOM killer would: no shutdown, nothing released."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(60)
 
 
 @pytest.fixture
@@ -225,7 +181,7 @@ def start_server(user_env, tmp_path):
 
     yield start
     for server in servers:
-        server.stop()
+        server.stop(60)
 
 
 @pytest.fixture

@@ -8,13 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from support import free_port, wait_for
+from support import JupyterProcess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -27,7 +24,7 @@ TOKEN = "vgpu-browser-token"
 BROWSER_DEVICE = "name=Sim Browser GPU,memory=8GiB,sms=50,context_memory=0"
 
 
-class Lab:
+class Lab(JupyterProcess):
     """`jupyter lab` in a private Jupyter environment (config, data, runtime, settings), with a
     vGPU kernelspec named ``kernel_name``."""
 
@@ -36,34 +33,11 @@ class Lab:
     def __init__(self, tmp_path: Path, env: dict[str, str]):
         self.root = tmp_path / "notebooks"
         self.root.mkdir()
-        self.log = tmp_path / "lab.log"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", f"--port={self.port}",
-             f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={self.root}",
-             "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
-             f"--VGPUApp.region_dir={tmp_path / 'regions'}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=self.log.open("w"),
+        super().__init__(
+            env, tmp_path / "lab.log", TOKEN, f"--ServerApp.root_dir={self.root}", "--VGPUApp.simulate=True",
+            f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}", f"--VGPUApp.region_dir={tmp_path / 'regions'}",
+            app="lab",
         )
-        wait_for(self.ready, 60, "jupyter lab to answer")
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"jupyter lab exited:\n{self.log.read_text()}")
-        try:
-            self.api("GET", "api/status")
-            return True
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def api(self, method: str, path: str, body=None):
-        request = urllib.request.Request(
-            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {TOKEN}"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return json.loads(reply.read() or b"null")
 
     def write_notebook(self, name: str, cells: list[str], kernelspec: str = KERNEL_NAME) -> str:
         """A notebook with the given code cells, whose kernel is the vGPU kernelspec by default."""
@@ -78,21 +52,6 @@ class Lab:
         }
         (self.root / name).write_text(json.dumps(notebook))
         return name
-
-    def stop(self, timeout: float = 30) -> float | None:
-        """SIGTERM, as Ctrl-C or a service manager stops it; returns the seconds the server took
-        to exit, or None when it had not exited after `timeout` seconds (it is then killed)."""
-        if self.process.poll() is not None:
-            return 0.0
-        started = time.monotonic()
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            return None
-        return time.monotonic() - started
 
 
 def write_private_jupyter_env(tmp_path: Path, labextension: Path) -> dict[str, str]:

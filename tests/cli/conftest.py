@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import json_stand_in
+from support import json_stand_in, listed_slice
 
 from jupyter_vgpu.model.sizes import parse_size
 
@@ -43,22 +43,6 @@ def vgpu(cli_env):
     return run
 
 
-def slice_model(kernel_id: str, path: str, memory: int, used: int, cores: int, util: float, policy: str = "hard") -> dict:
-    """A slice as GET slices answers it (units in the field names, memory in bytes)."""
-    return {
-        "kernel_id": kernel_id,
-        "kernelspec": "python3-vgpu",
-        "path": path,
-        "owner": "user",
-        "holder": "local",
-        "state": "running",
-        "device": {"index": 0, "uuid": "GPU-00000000-0000-4000-8000-000000000000"},
-        "limits": {"memory_bytes": memory, "cores": cores, "policy": policy},
-        "usage": {"memory_bytes": used, "sm_util": util, "processes": []},
-        "warnings": [],
-    }
-
-
 class StandInServer:
     """Answers GET slices and PATCH slices/<id> as server/handlers.py does, to requests with the
     token only (403 JSON otherwise, as Jupyter's authentication does); records every request as
@@ -71,9 +55,9 @@ class StandInServer:
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
         self.refusal: tuple[int, str] | None = None
         self.slices = [
-            slice_model("1c2e3f4a-0000-4000-8000-000000000001", "work/train.ipynb", 2 << 30, 512 << 20, 30, 12.4),
-            slice_model("1c2e9999-0000-4000-8000-000000000002", "", 1 << 30, 0, 50, 0.0, "burst"),
-            slice_model("abcdef01-0000-4000-8000-000000000003", "eval.ipynb", 4 << 30, 3 << 30, 20, 19.6),
+            listed_slice("1c2e3f4a-0000-4000-8000-000000000001", "work/train.ipynb", memory=2 << 30, used=512 << 20, cores=30, util=12.4),
+            listed_slice("1c2e9999-0000-4000-8000-000000000002", memory=1 << 30, used=0, cores=50, util=0.0, policy="burst"),
+            listed_slice("abcdef01-0000-4000-8000-000000000003", "eval.ipynb", memory=4 << 30, used=3 << 30, cores=20, util=19.6),
         ]
 
     def answer(self, method: str, path: str, body: dict | None, authorization: str | None) -> tuple[int, object]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from support import json_stand_in
+from support import json_stand_in, listed_slice
 from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER, KERNEL_VARIABLES, RequestRefused, ServerUnavailable, kernel_environment
@@ -23,20 +23,9 @@ DEVICES = [
 ]
 
 
-def make_model(kernel_id, path="", device=0, memory=4 * GIB, cores=30, policy="hard", used=GIB, util=12.0, warnings=()):
-    """A slice as GET slices answers it (units in the field names, memory in bytes)."""
-    return {
-        "kernel_id": kernel_id,
-        "kernelspec": "python3-vgpu",
-        "path": path,
-        "owner": "user",
-        "holder": "local",
-        "state": "running",
-        "device": {"index": device, "uuid": DEVICES[device]["uuid"]},
-        "limits": {"memory_bytes": memory, "cores": cores, "policy": policy},
-        "usage": {"memory_bytes": used, "sm_util": util, "processes": []},
-        "warnings": list(warnings),
-    }
+def make_model(kernel_id, device=0, **fields):
+    """A slice on DEVICES[device] as GET slices answers it (the other fields: support.listed_slice's)."""
+    return listed_slice(kernel_id, device={"index": device, "uuid": DEVICES[device]["uuid"]}, **fields)
 
 
 @pytest.fixture

@@ -5,56 +5,26 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from support import free_port, wait_for
+from support import JUPYTER, JupyterProcess, wait_for
 from jupyter_client import BlockingKernelClient
 
 KERNEL_NAME = "vgpu-test"
 
 TOKEN = "vgpu-test-token"
-JUPYTER = str(Path(sys.executable).with_name("jupyter"))
 
 
-class Server:
+class Server(JupyterProcess):
     def __init__(self, tmp_path: Path, env: dict[str, str]):
-        self.tmp_path, self.env, self.port = tmp_path, env, free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.process = subprocess.Popen(
-            [JUPYTER, "server", "--no-browser", "--allow-root", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
-             "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
-             f"--VGPUApp.region_dir={tmp_path / 'regions'}", f"--ServerApp.root_dir={tmp_path}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"server-{self.port}.log", "w"),
+        super().__init__(
+            env, tmp_path / "server.log", TOKEN, "--VGPUApp.simulate=True",
+            f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}", f"--VGPUApp.region_dir={tmp_path / 'regions'}",
+            f"--ServerApp.root_dir={tmp_path}",
         )
-        wait_for(self.ready, 60, "the Jupyter server to answer")
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError((self.tmp_path / f"server-{self.port}.log").read_text())
-        try:
-            self.api("GET", "api/status")
-            return True
-        except OSError:
-            return False
-
-    def api(self, method: str, path: str, body=None):
-        request = urllib.request.Request(
-            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {TOKEN}"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return json.loads(reply.read() or b"null")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(30)
 
 
 @pytest.fixture
@@ -138,8 +108,7 @@ def test_server_killed_and_restarted_leaks_nothing(user_env, tmp_path, cuda_prel
     (listed,) = [item for item in server.api("GET", "api/vgpu/slices") if item["kernel_id"] == kernel_id]
     (kernel_pid,) = [process["pid"] for process in listed["usage"]["processes"]]
 
-    server.process.send_signal(signal.SIGKILL)
-    server.process.wait()
+    server.kill()
     os.kill(kernel_pid, 0)  # the kernel outlived its server, holding 1 GiB of the GPU
 
     restarted = Server(tmp_path, user_env)
@@ -161,23 +130,15 @@ def test_server_killed_and_restarted_leaks_nothing(user_env, tmp_path, cuda_prel
         restarted.stop()
 
 
-def refusal(server: Server, method: str, path: str, body) -> tuple[int, str]:
-    try:
-        server.api(method, path, body)
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())["message"]
-    raise AssertionError(f"{method} {path} was not refused")
-
-
 def test_refused_starts_leave_nothing_behind_and_the_server_stops_at_once(user_env, tmp_path):
     server = Server(tmp_path, user_env)
     try:
         server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB", "cores": 50})
         server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB", "cores": 50})
         # JupyterLab's path (a notebook on the full GPU), the kernels API and ours.
-        session = refusal(server, "POST", "api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": KERNEL_NAME}})
-        kernel = refusal(server, "POST", "api/kernels", {"name": KERNEL_NAME})
-        ours = refusal(server, "POST", "api/vgpu/kernels", {"name": KERNEL_NAME})
+        session = server.refusal("POST", "api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": KERNEL_NAME}})
+        kernel = server.refusal("POST", "api/kernels", {"name": KERNEL_NAME})
+        ours = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME})
         expected = "Kernel not started. Its 1GiB GPU slice does not fit: no memory is free. To start it, stop a kernel to free some."
         # jupyter_server answers any failed session start with a 500 (see the closing note of issue 8);
         # the message is ours, whole, with no doubled percent signs.
@@ -185,13 +146,9 @@ def test_refused_starts_leave_nothing_behind_and_the_server_stops_at_once(user_e
         assert kernel == (409, expected) and ours == (409, expected)
         assert len(server.api("GET", "api/kernels")) == 2 and len(server.api("GET", "api/vgpu/slices")) == 2
     finally:
-        server.process.terminate()
-        try:
-            # Not a timing threshold: before the fix the server never stopped at all.
-            server.process.wait(20)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            raise AssertionError("the server did not stop after SIGTERM:\n" + (tmp_path / f"server-{server.port}.log").read_text()[-3000:]) from None
+        # Not a timing threshold: before the fix the server never stopped at all.
+        stopped_in = server.stop(20)
+    assert stopped_in is not None, "the server did not stop after SIGTERM:\n" + server.log.read_text()[-3000:]
     assert server.process.returncode == 0
     assert list((tmp_path / "regions").glob("*.region")) == []
 
