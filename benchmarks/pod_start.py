@@ -21,12 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from jupyter_client import BlockingKernelClient
@@ -36,11 +33,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import kmock  # noqa: E402
 from kube_standin import Kubelet, StandIn, StandInEmulator  # noqa: E402
+from support import JupyterProcess, free_port  # noqa: E402
 
 from jupyter_vgpu.pods.manifest import CONNECTION_FILE  # noqa: E402
 
 TOKEN = "vgpu-benchmark"
-JUPYTER = str(Path(sys.executable).with_name("jupyter"))
 POD_SIM_DEVICES = "name=bench pod GPU,memory=8GiB,sms=100,context_memory=0"
 
 # (perf_counter, what, name): what reached the stand-in API when, appended from its thread.
@@ -70,12 +67,6 @@ class TimedStandIn(StandIn):
     """The stand-in API served by the TimedEmulator."""
 
     emulator_class = TimedEmulator
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -146,19 +137,10 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION", "KUBERNETES_SERVICE_HOST")}
         env.update(JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                    JUPYTER_CONFIG_DIR=str(tmp / "config"), KUBECONFIG=str(standin.kubeconfig))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/"
-        log = open(tmp / "server.log", "w")
-        server = subprocess.Popen(
-            [JUPYTER, "server", "--no-browser", "--allow-root", f"--port={port}", f"--IdentityProvider.token={TOKEN}",
-             f"--ServerApp.root_dir={tmp}"],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = JupyterProcess(env, tmp / "server.log", TOKEN, f"--ServerApp.root_dir={tmp}")
 
         def api(method: str, path: str, body=None):
-            request = urllib.request.Request(url + path, method=method, headers={"Authorization": f"token {TOKEN}"},
-                                             data=None if body is None else json.dumps(body).encode())
-            with urllib.request.urlopen(request, timeout=120) as reply:
-                return json.loads(reply.read() or b"null")
+            return server.api(method, path, body, timeout=120)
 
         def kernel_info(client: BlockingKernelClient) -> None:
             client.start_channels(hb=False)  # a heartbeat missed while the kernel starts would read as "died"
@@ -199,16 +181,6 @@ def main() -> None:
             return {"answered": answered - sent, "ready": ready - answered, "total": ready - sent}
 
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    api("GET", "api/status")
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or server.poll() is not None:
-                        raise
-                    time.sleep(0.1)
-
             warmup = {"pod": start_pod(), "plain": start_plain()}
             times: dict[str, dict[str, list[float]]] = {"pod": {}, "plain": {}}
             for _ in range(starts):
@@ -216,17 +188,12 @@ def main() -> None:
                     for phase, seconds in start().items():
                         times[kind].setdefault(phase, []).append(seconds)
         except BaseException:
-            server.terminate()
-            server.wait(60)
-            log.flush()
-            print((tmp / "server.log").read_text()[-4000:], file=sys.stderr)
+            server.stop(60)
+            print(server.log.read_text()[-4000:], file=sys.stderr)
             raise
         finally:
             kubelet.stop()
-            if server.poll() is None:
-                server.terminate()
-                server.wait(60)
-            log.close()
+            server.stop(60)
             standin.close()
         if kubelet.errors:
             raise RuntimeError(f"the stand-in Kubelet failed: {kubelet.errors}")

@@ -13,19 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from jupyter_client import BlockingKernelClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support import JupyterProcess  # noqa: E402
+
 TOKEN = "vgpu-benchmark"
-JUPYTER = str(Path(sys.executable).with_name("jupyter"))
 
 
 def main() -> None:
@@ -48,33 +47,12 @@ def main() -> None:
         env.update(JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                    JUPYTER_CONFIG_DIR=str(tmp / "config"), VGPU_SIM_STATE=str(tmp / "sim.state"),
                    VGPU_SIM_DEVICES="name=bench GPU,memory=80GiB,sms=132,context_memory=0")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        url = f"http://127.0.0.1:{port}/"
-        server = subprocess.Popen(
-            [JUPYTER, "server", "--no-browser", "--allow-root", f"--port={port}", f"--IdentityProvider.token={TOKEN}",
-             "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp / 'ledger.sqlite'}",
-             f"--VGPUApp.region_dir={tmp / 'regions'}", f"--ServerApp.root_dir={tmp}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def api(method: str, path: str, body=None):
-            request = urllib.request.Request(url + path, method=method, headers={"Authorization": f"token {TOKEN}"},
-                                             data=None if body is None else json.dumps(body).encode())
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                return json.loads(reply.read() or b"null")
+        server = JupyterProcess(
+            env, tmp / "server.log", TOKEN, "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp / 'ledger.sqlite'}",
+            f"--VGPUApp.region_dir={tmp / 'regions'}", f"--ServerApp.root_dir={tmp}")
+        api = server.api
 
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    api("GET", "api/status")
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
-
             def start(kind: str) -> tuple[str, float]:
                 began = time.perf_counter()
                 if kind == "sliced":
@@ -116,8 +94,7 @@ def main() -> None:
             print(f"{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
             print(f"{p50:>10.2f}{p99:>10.2f}{latencies[-1]:>10.2f}   (goal p99 <= 20 ms)")
         finally:
-            server.terminate()
-            server.wait(60)
+            server.stop(60)
 
 
 if __name__ == "__main__":
