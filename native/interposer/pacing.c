@@ -563,6 +563,27 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
     __atomic_store_n(&region->tokens_per_second, per_second, __ATOMIC_RELAXED);
 }
 
+/* A decision that changed the mode takes effect now, not at the next tick: the pool opens, or
+ * closes to what the tick that begins now may draw (the refill just before, made in the old
+ * mode, granted nothing for it). Grants stay, for the next refill to take back. */
+static void repool(struct vgpu_controller *c, struct vgpu_region *region)
+{
+    int limited = c->mode == VGPU_MODE_LIMITED;
+    double tick = c->rate * (double)TICK_NS / 1e9;
+    int64_t next = !limited ? POOL_OPEN_LEVEL : tick < (double)(POOL_OPEN_FLOOR / 4) ? (int64_t)tick : POOL_OPEN_FLOOR / 4;
+    int64_t level = __atomic_exchange_n(&region->tokens, next, __ATOMIC_ACQ_REL);
+    int64_t drawn = c->pool_after_refill - level;
+    if (c->pool_known && drawn > 0)
+        c->spent += (uint64_t)drawn;
+    c->pool_known = 1;
+    c->pool_after_refill = next;
+    c->carry = 0;
+    c->held_last_tick = 0;
+    refill_announce(region);
+    uint64_t per_second = (uint64_t)(limited ? c->rate : c->draw_rate);
+    __atomic_store_n(&region->tokens_per_second, per_second, __ATOMIC_RELAXED);
+}
+
 /* A new lease holder starts from the rate the last one published while limited, so a takeover
  * does not open the pool while it relearns the cost. */
 static void controller_reset(struct vgpu_controller *c, struct vgpu_region *region, uint64_t now_ns)
@@ -576,7 +597,9 @@ static void controller_reset(struct vgpu_controller *c, struct vgpu_region *regi
     c->samples = kept.samples;
     c->sample_capacity = kept.sample_capacity;
     c->last_seen_us = realtime_us();
-    c->last_tick_ns = now_ns;
+    /* The first refill, at once, pays for the tick that begins then: the slice is launching (a
+     * launch started this controller), and its pool holds at most a token. */
+    c->last_tick_ns = now_ns - TICK_NS;
     c->last_control_ns = now_ns;
     c->last_draw_ns = now_ns;
     c->window_clean = 1;
@@ -644,10 +667,8 @@ static void *controller_main(void *arg)
                 enum vgpu_pool_mode before = c->mode;
                 control(c, region, &limits, now);
                 c->last_control_ns = now;
-                /* A pool that opens or closes does so now, not a tick later (a zero-length
-                 * tick: it grants nothing more). */
                 if (c->mode != before)
-                    refill(c, region, now);
+                    repool(c, region);
             }
         }
         next_tick += TICK_NS;
