@@ -507,7 +507,8 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
     do {
         /* Drawn since the last refill: from the pool, and from the grants it made. */
         drawn_since = (c->pool_after_refill - level) + (c->granted - returned);
-        idle = waiting_count == 0 && (!c->pool_known || drawn_since <= 0);
+        /* A new controller's first refill cannot tell; a launch started it. */
+        idle = waiting_count == 0 && c->pool_known && drawn_since <= 0;
         if (!limited) {
             available = next = POOL_OPEN_LEVEL;
             each = 0;
