@@ -56,7 +56,8 @@ async def test_a_pod_kernel_starts_runs_and_shuts_down_against_standin(jp_fetch,
     manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
     assert connection["key"].encode() == manager.session.key and connection["shell_port"] == pod_ports[0]
     assert manager.ip == "127.0.0.1"
-    assert not any(item["name"].startswith("JUPYTER") and item["name"] != "JUPYTER_VGPU" for item in container["env"])
+    # Nothing of the server's environment is copied: the pod's only variable is the hard policy's.
+    assert [item["name"] for item in container["env"]] == ["GPU_CORE_UTILIZATION_POLICY"]
 
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert standin.pod(name) is None and standin.secret(name) is None
