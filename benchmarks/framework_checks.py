@@ -126,15 +126,28 @@ class Check:
 def in_slice(command: list[str], *, simulate: bool, cores: int = 100, env: dict[str, str] | None = None):
     """Runs `command` in a fresh 4 GiB slice as a user would (`jupyter vgpu run`), from this
     checkout whether or not the package is installed."""
-    run = [sys.executable, "-c", "from jupyter_vgpu.cli import main; main()", "run", "--memory", f"{CAP >> 30}GiB",
-           "--cores", str(cores), *(["--simulate"] if simulate else []), "--", *command]
+    run = [
+        sys.executable,
+        "-c",
+        "from jupyter_vgpu.cli import main; main()",
+        "run",
+        "--memory",
+        f"{CAP >> 30}GiB",
+        "--cores",
+        str(cores),
+        *(["--simulate"] if simulate else []),
+        "--",
+        *command,
+    ]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run(run, env={**os.environ, "PYTHONPATH": path, **(env or {})}, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        run, env={**os.environ, "PYTHONPATH": path, **(env or {})}, capture_output=True, text=True, timeout=600
+    )
 
 
-def run_program(code: str, *args: str, simulate: bool, cores: int = 100,
-                env: dict[str, str] | None = None) -> tuple[dict | None, str]:
+def run_program(
+    code: str, *args: str, simulate: bool, cores: int = 100, env: dict[str, str] | None = None
+) -> tuple[dict | None, str]:
     """Runs a child program in a slice; returns (the JSON it printed last, its stderr)."""
     result = in_slice([sys.executable, "-c", code, *args], simulate=simulate, cores=cores, env=env)
     lines = result.stdout.strip().splitlines()
@@ -151,8 +164,10 @@ def totals_are_the_cap(report: dict, stderr: str) -> tuple[bool, str]:
 def over_cap_refused(report: dict, stderr: str) -> tuple[bool, str]:
     oom_line = "jupyter-vgpu: out of GPU memory in this slice" in stderr
     ok = report["total"] == CAP and report["over_cap_result"] == 2 and oom_line  # CUDA_ERROR_OUT_OF_MEMORY
-    return ok, (f"total {report['total'] / GIB:.2f} GiB; 5 GiB alloc -> {report['over_cap_result']}; "
-                f"OOM line {'printed' if oom_line else 'missing'}")
+    return ok, (
+        f"total {report['total'] / GIB:.2f} GiB; 5 GiB alloc -> {report['over_cap_result']}; "
+        f"OOM line {'printed' if oom_line else 'missing'}"
+    )
 
 
 def filled_to_the_cap(report: dict, stderr: str) -> tuple[bool, str]:
@@ -174,15 +189,29 @@ def jax_capped(report: dict, stderr: str) -> tuple[bool, str]:
 CHECKS = [
     Check("CUDA driver: cuMemGetInfo_v2 and a 5 GiB cuMemAlloc_v2", DRIVER_TOTALS, over_cap_refused),
     Check("NVML: nvmlDeviceGetMemoryInfo", NVML_TOTALS, totals_are_the_cap, needs_module="pynvml"),
-    Check("PyTorch: torch.cuda.mem_get_info", TORCH_TOTALS, totals_are_the_cap, needs_module="torch",
-          needs_real_gpu=True),
-    Check("PyTorch: fill with 256 MiB tensors", TORCH_FILL, filled_to_the_cap, needs_module="torch",
-          needs_real_gpu=True),
-    Check("PyTorch, expandable_segments: fill", TORCH_FILL, filled_to_the_cap, needs_module="torch",
-          needs_real_gpu=True, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    Check(
+        "PyTorch: torch.cuda.mem_get_info", TORCH_TOTALS, totals_are_the_cap, needs_module="torch", needs_real_gpu=True
+    ),
+    Check(
+        "PyTorch: fill with 256 MiB tensors", TORCH_FILL, filled_to_the_cap, needs_module="torch", needs_real_gpu=True
+    ),
+    Check(
+        "PyTorch, expandable_segments: fill",
+        TORCH_FILL,
+        filled_to_the_cap,
+        needs_module="torch",
+        needs_real_gpu=True,
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    ),
     Check("CuPy: memGetInfo and a 5 GiB array", CUPY_CHECK, cupy_capped, needs_module="cupy", needs_real_gpu=True),
-    Check("JAX: a 5 GiB array", JAX_CHECK, jax_capped, needs_module="jax", needs_real_gpu=True,
-          env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}),
+    Check(
+        "JAX: a 5 GiB array",
+        JAX_CHECK,
+        jax_capped,
+        needs_module="jax",
+        needs_real_gpu=True,
+        env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    ),
 ]
 
 
@@ -209,9 +238,14 @@ def matmul_row(simulate: bool, warm_up: float, seconds: float) -> tuple[str, str
         return name, "FAIL", (err_u if unlimited is None else err_l)[-300:]
     ratio = limited["matmuls_per_second"] / unlimited["matmuls_per_second"]
     ok = abs(ratio - SHARE / 100) <= SHARE_TOLERANCE
-    return name, "pass" if ok else "FAIL", (
-        f"{limited['matmuls_per_second']:.1f} / {unlimited['matmuls_per_second']:.1f} matmuls/s = {ratio:.3f} "
-        f"(goal {SHARE / 100:.2f} +/- {SHARE_TOLERANCE:.2f})")
+    return (
+        name,
+        "pass" if ok else "FAIL",
+        (
+            f"{limited['matmuls_per_second']:.1f} / {unlimited['matmuls_per_second']:.1f} matmuls/s = {ratio:.3f} "
+            f"(goal {SHARE / 100:.2f} +/- {SHARE_TOLERANCE:.2f})"
+        ),
+    )
 
 
 def main() -> None:

@@ -54,9 +54,22 @@ def build(workdir: Path) -> tuple[Path, Path, Path, Path, Path]:
     for name in ("bench_calls", "bench_resize", "bench_startup"):
         executable = workdir / name
         subprocess.run(
-            [os.environ.get("CC", "cc"), "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
-             f"-I{ROOT / 'native' / 'include'}", "-o", str(executable), str(ROOT / "benchmarks" / f"{name}.c"),
-             f"-L{native / 'sim'}", "-l:libcuda.so.1", "-lpthread"],
+            [
+                os.environ.get("CC", "cc"),
+                "-std=c11",
+                "-D_GNU_SOURCE",
+                "-O2",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                f"-I{ROOT / 'native' / 'include'}",
+                "-o",
+                str(executable),
+                str(ROOT / "benchmarks" / f"{name}.c"),
+                f"-L{native / 'sim'}",
+                "-l:libcuda.so.1",
+                "-lpthread",
+            ],
             check=True,
         )
         programs.append(executable)
@@ -65,7 +78,9 @@ def build(workdir: Path) -> tuple[Path, Path, Path, Path, Path]:
 
 def device_uuid(env: dict[str, str]) -> str:
     code = "import pynvml as n; n.nvmlInit(); print(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(0)))"
-    return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def main() -> None:
@@ -95,14 +110,23 @@ def main() -> None:
 
         def timed(env, call: str, threads: int, devices: int) -> float:
             if devices > 1:  # the same device again, under its own index and UUID; its own state
-                env = {**env, "VGPU_SIM_DEVICES": ";".join([DEVICE] * devices),
-                       "VGPU_SIM_STATE": str(workdir / f"sim-{devices}.state")}
-            out = subprocess.run([str(bench_calls), call, str(iterations[call]), str(threads)], env=env,
-                                 check=True, capture_output=True, text=True)
+                env = {
+                    **env,
+                    "VGPU_SIM_DEVICES": ";".join([DEVICE] * devices),
+                    "VGPU_SIM_STATE": str(workdir / f"sim-{devices}.state"),
+                }
+            out = subprocess.run(
+                [str(bench_calls), call, str(iterations[call]), str(threads)],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             return float(out.stdout)
 
-        def compare(label: str, call: str, threads: int, env: dict[str, str], goal: str | None,
-                    devices: int = 1) -> tuple:
+        def compare(
+            label: str, call: str, threads: int, env: dict[str, str], goal: str | None, devices: int = 1
+        ) -> tuple:
             direct, interposed = [], []
             for _ in range(repeats):  # alternate so drift in machine load hits both alike
                 direct.append(timed(base, call, threads, devices))
@@ -117,12 +141,11 @@ def main() -> None:
             compare("cuLaunchKernel, 2 threads, no SM limit", "launch", 2, capped, "launch", devices=2),
             compare("  the 2 threads on one device's timeline", "launch", 2, capped, None),
             compare("cuLaunchKernel, 1 thread, limiter on (50 %)", "launch", 1, limited, "launch_limited"),
-            compare("cuLaunchKernel, 2 threads, limiter on (50 %)", "launch", 2, limited, "launch_limited",
-                    devices=2),
+            compare("cuLaunchKernel, 2 threads, limiter on (50 %)", "launch", 2, limited, "launch_limited", devices=2),
             compare("  the 2 threads on one device's timeline", "launch", 2, limited, None),
             compare("cuMemAlloc_v2 + cuMemFree_v2 (capped)", "alloc_free", 1, capped, "alloc_free"),
             compare("cuMemGetInfo_v2 (capped)", "mem_get_info", 1, capped, "mem_get_info"),
-            compare("cuGetProcAddress_v2 (\"cuMemAlloc\")", "get_proc_address", 1, unlimited, "get_proc_address"),
+            compare('cuGetProcAddress_v2 ("cuMemAlloc")', "get_proc_address", 1, unlimited, "get_proc_address"),
         ]
         print(f"\n{'call':<46}{'direct ns':>11}{'vgpu ns':>10}{'added ns':>10}{'goal':>7}{'HAMi-core':>11}")
         for label, d, i, added, goal, hami in rows:
@@ -132,9 +155,13 @@ def main() -> None:
         # A later process of a slice counts its context at the size the slice's first process
         # measured, so the first process of a fresh slice is timed apart (a new slice each run).
         def startup_runs(env: dict[str, str], rounds: int, calls: int) -> list[tuple[float, float]]:
-            out = subprocess.run([str(bench_startup), "spawn", str(rounds), str(vgpu), "--", str(bench_startup),
-                                  "calls", str(calls)], env={k: v for k, v in env.items() if k != "LD_PRELOAD"},
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [str(bench_startup), "spawn", str(rounds), str(vgpu), "--", str(bench_startup), "calls", str(calls)],
+                env={k: v for k, v in env.items() if k != "LD_PRELOAD"},
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             return [tuple(int(ns) / 1e6 for ns in line.split()) for line in out.splitlines()]
 
         def first_process_runs(rounds: int) -> list[tuple[float, float]]:
@@ -145,8 +172,10 @@ def main() -> None:
                 region.close()
             return runs
 
-        print(f"\n{'process start-up, exec to exit, ' + str(startups) + ' runs':<46}{'bare ms':>11}{'vgpu ms':>10}"
-              f"{'added ms':>10}{'goal':>7}{'HAMi-core':>11}")
+        print(
+            f"\n{'process start-up, exec to exit, ' + str(startups) + ' runs':<46}{'bare ms':>11}{'vgpu ms':>10}"
+            f"{'added ms':>10}{'goal':>7}{'HAMi-core':>11}"
+        )
         # The goal is for the processes a slice starts (workers, subprocesses); its first
         # process, the kernel itself, starts once.
         for label, runs, goal, hami in (
@@ -175,8 +204,10 @@ def main() -> None:
         latencies.sort()
         p50 = latencies[len(latencies) // 2]
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-        print(f"\nresize latency (publish -> next cuMemGetInfo sees it), {resizes} resizes: "
-              f"p50 {p50:.1f} us, p99 {p99:.1f} us, max {latencies[-1]:.1f} us")
+        print(
+            f"\nresize latency (publish -> next cuMemGetInfo sees it), {resizes} resizes: "
+            f"p50 {p50:.1f} us, p99 {p99:.1f} us, max {latencies[-1]:.1f} us"
+        )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def percentile(samples: list[float], fraction: float) -> float:
 
 
 def first(what: str, name: str, after: float = 0.0) -> float:
-    for stamp, seen, seen_name in list(JOURNAL):
+    for stamp, seen, seen_name in JOURNAL:
         if seen == what and seen_name == name and stamp >= after:
             return stamp
     raise RuntimeError(f"the stand-in saw no {what} of {name}")
@@ -101,42 +101,74 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="3 starts of each kind: proves the benchmark runs")
     parser.add_argument("--starts", type=int, help="measured starts of each kind (default 20, 3 with --smoke)")
-    parser.add_argument("--poll-interval", type=float, default=0.5,
-                        help="VGPUPodProvisioner.poll_interval: seconds between the server's readings of a starting pod (default 0.5, the product's)")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        help="VGPUPodProvisioner.poll_interval: seconds between the server's readings of a starting pod (default 0.5, the product's)",
+    )
     args = parser.parse_args()
     starts = args.starts or (3 if args.smoke else 20)
 
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-pods-") as tmp:
         tmp = Path(tmp)
         standin = TimedStandIn(tmp)
-        kubelet = Kubelet(standin, tmp / "node", {"VGPU_SIM_STATE": str(tmp / "pod-sim.state"), "VGPU_SIM_DEVICES": POD_SIM_DEVICES})
+        kubelet = Kubelet(
+            standin, tmp / "node", {"VGPU_SIM_STATE": str(tmp / "pod-sim.state"), "VGPU_SIM_DEVICES": POD_SIM_DEVICES}
+        )
         kubelet.folder.mkdir()
         kubelet.start()
 
         kernels = tmp / "data" / "kernels"
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
         (kernels / "plain").mkdir(parents=True)
-        (kernels / "plain" / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "plain", "language": "python", "metadata": {}}))
+        (kernels / "plain" / "kernel.json").write_text(
+            json.dumps({"argv": argv, "display_name": "plain", "language": "python", "metadata": {}})
+        )
         (kernels / "pod").mkdir(parents=True)
-        (kernels / "pod" / "kernel.json").write_text(json.dumps({
-            "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (GPU pod)", "language": "python", "interrupt_mode": "message",
-            "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-pod-provisioner", "config": {"memory": "1GiB", "cores": "30"}}}}))
+        (kernels / "pod" / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "Python 3 (GPU pod)",
+                    "language": "python",
+                    "interrupt_mode": "message",
+                    "metadata": {
+                        "kernel_provisioner": {
+                            "provisioner_name": "vgpu-pod-provisioner",
+                            "config": {"memory": "1GiB", "cores": "30"},
+                        }
+                    },
+                }
+            )
+        )
         (tmp / "config").mkdir()
-        (tmp / "config" / "jupyter_server_config.json").write_text(json.dumps({
-            "VGPUApp": {"local_gpus": False, "ledger_path": str(tmp / "ledger.sqlite"), "region_dir": str(tmp / "regions")},
-            "VGPUPodProvisioner": {
-                "image": "registry.example.org/kernels/bench:1",
-                "python": sys.executable,  # the "image" is this machine: the Kubelet runs pods here
-                "kernel_ports": [free_port() for _ in range(5)],
-                "simulate": True,
-                "owner": "bench",
-                "poll_interval": args.poll_interval,
-            },
-        }))
+        (tmp / "config" / "jupyter_server_config.json").write_text(
+            json.dumps(
+                {
+                    "VGPUApp": {
+                        "local_gpus": False,
+                        "ledger_path": str(tmp / "ledger.sqlite"),
+                        "region_dir": str(tmp / "regions"),
+                    },
+                    "VGPUPodProvisioner": {
+                        "image": "registry.example.org/kernels/bench:1",
+                        "python": sys.executable,  # the "image" is this machine: the Kubelet runs pods here
+                        "kernel_ports": [free_port() for _ in range(5)],
+                        "simulate": True,
+                        "owner": "bench",
+                        "poll_interval": args.poll_interval,
+                    },
+                }
+            )
+        )
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION", "KUBERNETES_SERVICE_HOST")}
-        env.update(JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-                   JUPYTER_CONFIG_DIR=str(tmp / "config"), KUBECONFIG=str(standin.kubeconfig))
+        env.update(
+            JUPYTER_DATA_DIR=str(tmp / "data"),
+            JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+            JUPYTER_CONFIG_DIR=str(tmp / "config"),
+            KUBECONFIG=str(standin.kubeconfig),
+        )
         server = JupyterProcess(env, tmp / "server.log", TOKEN, f"--ServerApp.root_dir={tmp}")
 
         def api(method: str, path: str, body=None):
@@ -165,9 +197,17 @@ def main() -> None:
             secret = first("create secrets", pod, created)
             running = first("running", pod, secret)
             seen = first("read pod", pod, running)
-            return {"a": created - sent, "b": secret - created, "kubelet": running - secret, "seen": seen - running,
-                    "connect": answered - seen, "c": answered - running, "answered": answered - sent,
-                    "ready": ready - answered, "total": ready - sent}
+            return {
+                "a": created - sent,
+                "b": secret - created,
+                "kubelet": running - secret,
+                "seen": seen - running,
+                "connect": answered - seen,
+                "c": answered - running,
+                "answered": answered - sent,
+                "ready": ready - answered,
+                "total": ready - sent,
+            }
 
         def start_plain() -> dict[str, float]:
             sent = time.perf_counter()
@@ -198,14 +238,20 @@ def main() -> None:
         if kubelet.errors:
             raise RuntimeError(f"the stand-in Kubelet failed: {kubelet.errors}")
 
-    print(f"\nkernel starts against the stand-in API, {starts} of each kind, alternating "
-          f"(server poll_interval {args.poll_interval:g} s)")
+    print(
+        f"\nkernel starts against the stand-in API, {starts} of each kind, alternating "
+        f"(server poll_interval {args.poll_interval:g} s)"
+    )
     print(f"{'phase':<48}{'p50 ms':>10}{'p99 ms':>10}{'n':>5}")
     for kind, key, label in ROWS:
         samples = times[kind][key]
-        print(f"{label:<48}{percentile(samples, 0.5) * 1e3:>10.1f}{percentile(samples, 0.99) * 1e3:>10.1f}{len(samples):>5}")
-    print(f"first start (not above): pod kernel {warmup['pod']['a'] * 1e3:.1f} ms to its Pod create, "
-          f"{warmup['pod']['total'] * 1e3:.0f} ms to kernel_info; ordinary kernel {warmup['plain']['total'] * 1e3:.0f} ms")
+        print(
+            f"{label:<48}{percentile(samples, 0.5) * 1e3:>10.1f}{percentile(samples, 0.99) * 1e3:>10.1f}{len(samples):>5}"
+        )
+    print(
+        f"first start (not above): pod kernel {warmup['pod']['a'] * 1e3:.1f} ms to its Pod create, "
+        f"{warmup['pod']['total'] * 1e3:.0f} ms to kernel_info; ordinary kernel {warmup['plain']['total'] * 1e3:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -38,21 +38,39 @@ def main() -> None:
         kernels = tmp / "data" / "kernels"
         for name, provisioner in (("plain", None), ("sliced", "vgpu-provisioner")):
             (kernels / name).mkdir(parents=True)
-            spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                    "display_name": name, "language": "python", "metadata": {}}
+            spec = {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": name,
+                "language": "python",
+                "metadata": {},
+            }
             if provisioner:
-                spec["metadata"]["kernel_provisioner"] = {"provisioner_name": provisioner, "config": {"memory": "256MiB", "cores": "1"}}
+                spec["metadata"]["kernel_provisioner"] = {
+                    "provisioner_name": provisioner,
+                    "config": {"memory": "256MiB", "cores": "1"},
+                }
             (kernels / name / "kernel.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION")}
-        env.update(JUPYTER_DATA_DIR=str(tmp / "data"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-                   JUPYTER_CONFIG_DIR=str(tmp / "config"), VGPU_SIM_STATE=str(tmp / "sim.state"),
-                   VGPU_SIM_DEVICES="name=bench GPU,memory=80GiB,sms=132,context_memory=0")
+        env.update(
+            JUPYTER_DATA_DIR=str(tmp / "data"),
+            JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+            JUPYTER_CONFIG_DIR=str(tmp / "config"),
+            VGPU_SIM_STATE=str(tmp / "sim.state"),
+            VGPU_SIM_DEVICES="name=bench GPU,memory=80GiB,sms=132,context_memory=0",
+        )
         server = JupyterProcess(
-            env, tmp / "server.log", TOKEN, "--VGPUApp.simulate=True", f"--VGPUApp.ledger_path={tmp / 'ledger.sqlite'}",
-            f"--VGPUApp.region_dir={tmp / 'regions'}", f"--ServerApp.root_dir={tmp}")
+            env,
+            tmp / "server.log",
+            TOKEN,
+            "--VGPUApp.simulate=True",
+            f"--VGPUApp.ledger_path={tmp / 'ledger.sqlite'}",
+            f"--VGPUApp.region_dir={tmp / 'regions'}",
+            f"--ServerApp.root_dir={tmp}",
+        )
         api = server.api
 
         try:
+
             def start(kind: str) -> tuple[str, float]:
                 began = time.perf_counter()
                 if kind == "sliced":
@@ -61,7 +79,9 @@ def main() -> None:
                     kernel_id = api("POST", "api/kernels", {"name": "plain"})["id"]
                 client = BlockingKernelClient(connection_file=str(tmp / "runtime" / f"kernel-{kernel_id}.json"))
                 client.load_connection_file()
-                client.start_channels(hb=False)  # a heartbeat missed while a loaded machine starts the kernel would read as "died"
+                client.start_channels(
+                    hb=False
+                )  # a heartbeat missed while a loaded machine starts the kernel would read as "died"
                 client.wait_for_ready(timeout=60)
                 client.stop_channels()
                 return kernel_id, time.perf_counter() - began

@@ -56,32 +56,59 @@ def main() -> None:
         for name in ("pacing_load", "pacing_monitor"):
             programs[name] = tmp / name
             subprocess.run(
-                [os.environ.get("CC", "cc"), "-std=c11", "-D_GNU_SOURCE", "-O2", f"-I{ROOT / 'native' / 'include'}",
-                 "-o", str(programs[name]), str(ROOT / "tests" / "programs" / f"{name}.c"), f"-L{native / 'sim'}",
-                 "-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-lpthread"],
+                [
+                    os.environ.get("CC", "cc"),
+                    "-std=c11",
+                    "-D_GNU_SOURCE",
+                    "-O2",
+                    f"-I{ROOT / 'native' / 'include'}",
+                    "-o",
+                    str(programs[name]),
+                    str(ROOT / "tests" / "programs" / f"{name}.c"),
+                    f"-L{native / 'sim'}",
+                    "-l:libcuda.so.1",
+                    "-l:libnvidia-ml.so.1",
+                    "-lpthread",
+                ],
                 check=True,
             )
         base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION", "CUDA_VISIBLE_DEVICES")}
         base.update(LD_LIBRARY_PATH=str(native / "sim"), VGPU_SIM_STATE=str(tmp / "sim.state"), VGPU_SIM_DEVICES=DEVICE)
         uuid = subprocess.run(
-            [sys.executable, "-c", "import pynvml as n; n.nvmlInit(); print(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(0)))"],
-            env=base, check=True, capture_output=True, text=True).stdout.strip()
+            [
+                sys.executable,
+                "-c",
+                "import pynvml as n; n.nvmlInit(); print(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(0)))",
+            ],
+            env=base,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
         def slice_env(name: str, share: int, policy: str) -> dict[str, str]:
-            region = Region.create(tmp / f"{name}.region", memory_limit=0, sm_share=share, policy=policy,
-                                   device_uuid=uuid, device_index=0)
+            region = Region.create(
+                tmp / f"{name}.region", memory_limit=0, sm_share=share, policy=policy, device_uuid=uuid, device_index=0
+            )
             return {**base, "LD_PRELOAD": str(native / "libvgpu.so"), "VGPU_REGION": str(region.path)}
 
         def start(env, *extra: str) -> tuple[subprocess.Popen, int, int]:
-            process = subprocess.Popen([str(programs["pacing_load"]), *extra], env=env, stdout=subprocess.PIPE, text=True)
+            process = subprocess.Popen(
+                [str(programs["pacing_load"]), *extra], env=env, stdout=subprocess.PIPE, text=True
+            )
             pid = int(process.stdout.readline().split()[1])
             start_us = int(process.stdout.readline().split()[1])
             return process, pid, start_us
 
         def utilisation_until(since_us: int) -> tuple[int, dict[int, int]]:
             """(when the window ended, the utilisation of each process over [since_us, then])."""
-            out = subprocess.run([str(programs["pacing_monitor"]), "since", str(since_us)], env=base,
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [str(programs["pacing_monitor"]), "since", str(since_us)],
+                env=base,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             lines = [line.split() for line in out.splitlines()]
             return int(lines[0][1]), {int(w[1]): int(w[2]) for w in lines if w and w[0] == "s"}
 
@@ -99,8 +126,12 @@ def main() -> None:
             if idle_ms:
                 args += ["--busy-ms", str(busy_ms), "--idle-ms", str(idle_ms)]
             process, pid, start_us = start(slice_env(f"windows-{share}-{idle_ms}", share, "hard"), *args)
-            watcher = subprocess.Popen([str(programs["pacing_monitor"]), "watch", "10", str(int(seconds * 1000)), "100"],
-                                       env=base, stdout=subprocess.PIPE, text=True)
+            watcher = subprocess.Popen(
+                [str(programs["pacing_monitor"]), "watch", "10", str(int(seconds * 1000)), "100"],
+                env=base,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             phase_util: dict[int, float] = {}
             if not idle_ms:
                 wait_until(start_us + 3_000_000)
@@ -131,17 +162,21 @@ def main() -> None:
         print(f"{'share %':>8}{'threads':>9}{'measured %':>12}{'error pp':>10}")
         for share in shares:
             for threads in thread_counts:
-                process, pid, start_us = start(slice_env(f"hard-{share}-{threads}", share, "hard"),
-                                               "--seconds", "3.3", "--threads", str(threads))
+                process, pid, start_us = start(
+                    slice_env(f"hard-{share}-{threads}", share, "hard"), "--seconds", "3.3", "--threads", str(threads)
+                )
                 wait_until(start_us + 3_000_000)
                 measured = utilisation(start_us + 2_000_000).get(pid, 0)
                 process.wait()
                 print(f"{share:>8}{threads:>9}{measured:>12}{measured - share:>+10}")
 
-        print("\nA hard slice, steady and on/off (200 ms busy / 300 ms idle) loops; error pp vs the share, "
-              "worst / mean")
-        print(f"{'share %':>8}{'steady 1 s':>12}{'steady 100 ms':>17}{'on/off busy 100 ms':>21}"
-              f"{'on/off busy 1 s':>18}{'busy windows':>14}")
+        print(
+            "\nA hard slice, steady and on/off (200 ms busy / 300 ms idle) loops; error pp vs the share, worst / mean"
+        )
+        print(
+            f"{'share %':>8}{'steady 1 s':>12}{'steady 100 ms':>17}{'on/off busy 100 ms':>21}"
+            f"{'on/off busy 1 s':>18}{'busy windows':>14}"
+        )
         busy_ms, idle_ms = 200, 300
         phases = 4 if args.smoke else 8
         on_off_seconds = (phases + 1) * (busy_ms + idle_ms) / 1000 + 0.05
@@ -156,8 +191,10 @@ def main() -> None:
                 if 1 <= phase <= phases and 100_000 <= into_us <= busy_ms * 1000:
                     busy_100.append(util - share)
             seconds_1s = [(phase_util[k] + phase_util[k + 1]) / 2 - share for k in range(1, phases, 2)]
-            print(f"{share:>8}{steady[0] - share:>+12}{worst_and_mean(steady_100):>17}"
-                  f"{worst_and_mean(busy_100):>21}{worst_and_mean(seconds_1s):>18}{len(busy_100):>14}")
+            print(
+                f"{share:>8}{steady[0] - share:>+12}{worst_and_mean(steady_100):>17}"
+                f"{worst_and_mean(busy_100):>21}{worst_and_mean(seconds_1s):>18}{len(busy_100):>14}"
+            )
 
         print("\nSeveral saturating processes in one 40 % hard slice, NVML, seconds 2-3 (the first one's)")
         print(f"{'processes':>10}{'threads each':>14}{'slice %':>9}{'each process %':>22}{'even split %':>14}")
@@ -173,8 +210,10 @@ def main() -> None:
                 process.wait()
             each = [measured.get(pid, 0) for _, pid, _ in loads]
             threads = "/".join(str(t) for t in layout)
-            print(f"{len(layout):>10}{threads:>14}{sum(each):>9}{' '.join(map(str, each)):>22}"
-                  f"{share / len(layout):>14.1f}")
+            print(
+                f"{len(layout):>10}{threads:>14}{sum(each):>9}{' '.join(map(str, each)):>22}"
+                f"{share / len(layout):>14.1f}"
+            )
 
         share = 30
         process, pid, start_us = start(slice_env("burst", share, "burst"), "--seconds", "3.0")
@@ -192,8 +231,10 @@ def main() -> None:
                 break
         process.wait()
         other.wait()
-        print(f"\nburst slice ({share} % share): {alone} % of the device alone; back at <= {share + 3} % "
-              f"in the 50 ms window ending {yielded_ms} ms after another slice started (goal: 200 ms)")
+        print(
+            f"\nburst slice ({share} % share): {alone} % of the device alone; back at <= {share + 3} % "
+            f"in the 50 ms window ending {yielded_ms} ms after another slice started (goal: 200 ms)"
+        )
 
 
 if __name__ == "__main__":

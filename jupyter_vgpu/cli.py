@@ -19,10 +19,19 @@ from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
+from jupyter_vgpu.holders.local import REGION_SUFFIX, LocalHolder, default_region_dir, run_in_slice, slice_environment
+from jupyter_vgpu.model import (
+    SliceLimits,
+    SliceValueError,
+    decide_limits,
+    format_size,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+    select_device,
+)
 from jupyter_vgpu.model.devices import DeviceError, list_devices, use_simulator
 from jupyter_vgpu.native import NativeLibraryMissing, interposer_path, simulator_dir
-from jupyter_vgpu.holders.local import REGION_SUFFIX, LocalHolder, default_region_dir, run_in_slice, slice_environment
-from jupyter_vgpu.model import SliceLimits, SliceValueError, decide_limits, format_size, parse_policy, parse_size, parse_sm_share, select_device
 
 # What `jupyter vgpu doctor` runs in a probe slice: the memory the driver shows it, and the pids
 # NVML lists for the slice's device (argv[1], its UUID) once it holds a context there.
@@ -159,11 +168,15 @@ def private_path_problems(path: Path, *, folder: bool) -> list[str]:
     kind = "region folder" if folder else "region file"
     problems = []
     if info.st_uid != os.getuid():
-        problems.append(f"{kind} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); remove it or chown it")
+        problems.append(
+            f"{kind} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); remove it or chown it"
+        )
     if stat.S_IMODE(info.st_mode) & 0o077:
         writable = stat.S_IMODE(info.st_mode) & 0o022
         harm = (
-            "other users can list the kernels in slices" if folder else "other users can read the slice's limits and usage"
+            "other users can list the kernels in slices"
+            if folder
+            else "other users can read the slice's limits and usage"
         ) + (" and replace or rewrite slices' limits" if writable else "")
         expected = "700" if folder else "600"
         problems.append(f"{kind} {path} is {_mode(path)}: {harm}; it should be {expected}: chmod {expected} {path}")
@@ -192,7 +205,9 @@ def ledger_problems(path: Path) -> tuple[list[str], list[str]]:
                 f"release slices; chmod 600 {part}"
             )
         elif mode & 0o044:
-            notes.append(f"ledger file {part} is {_mode(part)}: other users can read it (kernel ids, pids); chmod 600 {part}")
+            notes.append(
+                f"ledger file {part} is {_mode(part)}: other users can read it (kernel ids, pids); chmod 600 {part}"
+            )
     return problems, notes
 
 
@@ -200,9 +215,13 @@ class DoctorApp(_VGPUSubcommand):
     name = "jupyter-vgpu-doctor"
     description = "Check what a slice needs on this machine and say what would stop one from working."
     ledger_path = Unicode(
-        "", config=True, help="The vGPU server's ledger file to check. Empty: where a server keeps it by default (<jupyter runtime dir>/vgpu/ledger.sqlite)."
+        "",
+        config=True,
+        help="The vGPU server's ledger file to check. Empty: where a server keeps it by default (<jupyter runtime dir>/vgpu/ledger.sqlite).",
     )
-    region_dir = Unicode("", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions.")
+    region_dir = Unicode(
+        "", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions."
+    )
     aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}
     flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}
 
@@ -262,7 +281,11 @@ class DoctorApp(_VGPUSubcommand):
         except DeviceError as error:
             report(False, "devices", str(error))
             return 1
-        report(bool(devices), "devices", ", ".join(f"{d.index}: {d.name} {format_size(d.memory_total)}" for d in devices) or "none")
+        report(
+            bool(devices),
+            "devices",
+            ", ".join(f"{d.index}: {d.name} {format_size(d.memory_total)}" for d in devices) or "none",
+        )
         if not devices:
             return 1
         self.check_ledger(report, ledger, devices)
@@ -276,13 +299,19 @@ class DoctorApp(_VGPUSubcommand):
         try:
             env = slice_environment(region, simulate=self.simulate)
             result = subprocess.run(
-                [sys.executable, "-c", SLICE_PROBE, region.device_uuid], env=env, capture_output=True, text=True, timeout=60
+                [sys.executable, "-c", SLICE_PROBE, region.device_uuid],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             try:
                 seen = json.loads(result.stdout)
             except json.JSONDecodeError:
                 seen = None
-            sees_cap = result.returncode == 0 and seen is not None and seen["result"] == 0 and seen["total"] == probe_limit
+            sees_cap = (
+                result.returncode == 0 and seen is not None and seen["result"] == 0 and seen["total"] == probe_limit
+            )
             report(
                 sees_cap,
                 "slice",
@@ -305,7 +334,9 @@ class DoctorApp(_VGPUSubcommand):
             holder.release(probe_name)
 
         if os.environ.get("LD_PRELOAD"):
-            print(f"[note] LD_PRELOAD is already set here ({os.environ['LD_PRELOAD']}); slices add libvgpu.so in front of it")
+            print(
+                f"[note] LD_PRELOAD is already set here ({os.environ['LD_PRELOAD']}); slices add libvgpu.so in front of it"
+            )
         print(
             "[note] LD_PRELOAD enforcement holds for cooperative code in this Unix account; see README "
             "'Honest limits' for the modes that hold against a hostile user."
@@ -394,7 +425,9 @@ class StatusApp(_ServerCommand):
 
     def run(self) -> int:
         slices = self.client().slices()
-        print(f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE")
+        print(
+            f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE"
+        )
         for item in slices:
             limits, usage = item["limits"], item["usage"]
             memory = f"{format_size(usage['memory_bytes']) if usage['memory_bytes'] else '0'} / {format_size(limits['memory_bytes'])}"
@@ -442,7 +475,9 @@ class ResizeApp(_ServerCommand):
         client = self.client()
         kernel_id = self.find_kernel(self.extra_args[0], client.slices())
         limits = client.resize(kernel_id, **change)["limits"]
-        print(f"resized {kernel_id[:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}")
+        print(
+            f"resized {kernel_id[:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}"
+        )
         return 0
 
     @staticmethod
@@ -468,9 +503,19 @@ class KernelspecInstallApp(_VGPUSubcommand):
     memory = Unicode("4GiB", config=True, help="Memory cap of each kernel's slice.")
     cores = Unicode("100", config=True, help="SM share of each kernel's slice in percent.")
     policy = Unicode("hard", config=True, help="hard or burst.")
-    kernel_name = Unicode("", config=True, help="Kernelspec name (letters, digits, '-', '_', '.'). Default: python3-vgpu-<memory>-<cores>.")
-    display_name = Unicode("", config=True, help="Name shown in the launcher. Default: Python 3 (GPU <memory>, <cores>% SM).")
-    device = Unicode("", config=True, help="GPU index or UUID of every kernel's slice. Empty: the ledger places it (GPU 0 in a batch run without one).")
+    kernel_name = Unicode(
+        "",
+        config=True,
+        help="Kernelspec name (letters, digits, '-', '_', '.'). Default: python3-vgpu-<memory>-<cores>.",
+    )
+    display_name = Unicode(
+        "", config=True, help="Name shown in the launcher. Default: Python 3 (GPU <memory>, <cores>% SM)."
+    )
+    device = Unicode(
+        "",
+        config=True,
+        help="GPU index or UUID of every kernel's slice. Empty: the ledger places it (GPU 0 in a batch run without one).",
+    )
     user = Bool(False, config=True, help="Install for this user only.")
     aliases = {
         "memory": "KernelspecInstallApp.memory",
@@ -495,7 +540,11 @@ class KernelspecInstallApp(_VGPUSubcommand):
         from jupyter_vgpu.provisioning.local import checked_layer
 
         try:
-            memory, cores, policy = format_size(parse_size(self.memory)), parse_sm_share(self.cores), parse_policy(self.policy)
+            memory, cores, policy = (
+                format_size(parse_size(self.memory)),
+                parse_sm_share(self.cores),
+                parse_policy(self.policy),
+            )
             device = checked_layer({"device": self.device}, "--{name}").get("device", "").strip()
         except (SliceValueError, SliceRefused) as error:
             raise UsageError(error) from None
@@ -534,7 +583,10 @@ class KernelspecApp(JupyterApp):
 
     def start(self) -> None:
         if self.subapp is None:
-            print("usage: jupyter vgpu kernelspec install [options]  (jupyter vgpu kernelspec install --help)", file=sys.stderr)
+            print(
+                "usage: jupyter vgpu kernelspec install [options]  (jupyter vgpu kernelspec install --help)",
+                file=sys.stderr,
+            )
             self.exit(2)
         super().start()
 
@@ -562,11 +614,15 @@ class ConfigApp(JupyterApp):
         print("or in jupyter_server_config.py (c.VGPUApp.simulate = True).\n")
         print(own_options_help(VGPUApp))
         print("\nVGPUProvisioner: the slice of each kernel a vGPU kernelspec starts. Set in the kernelspec's")
-        print('metadata, {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "8GiB"}}},')
+        print(
+            'metadata, {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "8GiB"}}},'
+        )
         print("which wins over the server's config (c.VGPUProvisioner.memory = '8GiB'). In a batch run without a")
         print("server (jupyter nbconvert --execute --VGPUProvisioner.memory=3GiB ...) the run's own value wins.\n")
         print(own_options_help(VGPUProvisioner))
-        print("\nVGPUPodProvisioner: kernels as Kubernetes pods (provisioner_name vgpu-pod-provisioner; docs/kubernetes.md).")
+        print(
+            "\nVGPUPodProvisioner: kernels as Kubernetes pods (provisioner_name vgpu-pod-provisioner; docs/kubernetes.md)."
+        )
         print("Set like VGPUProvisioner: in the kernelspec's config, or c.VGPUPodProvisioner.* for the server.\n")
         print(own_options_help(VGPUPodProvisioner))
 
@@ -578,8 +634,16 @@ class PodManifestApp(JupyterApp):
         "Print, as YAML, the Pod and Secret (key and credential redacted) that a pod kernel start would "
         "create with the current configuration (jupyter_server_config, the kernelspec), without a cluster."
     )
-    kernel = Unicode("", config=True, help="A pod kernelspec (vgpu-pod-provisioner) whose config to use. Empty: the server's config only.")
-    memory = Unicode("", config=True, help="Memory cap of the slice, as the start would ask for it. Empty: the kernelspec's, else the server's default.")
+    kernel = Unicode(
+        "",
+        config=True,
+        help="A pod kernelspec (vgpu-pod-provisioner) whose config to use. Empty: the server's config only.",
+    )
+    memory = Unicode(
+        "",
+        config=True,
+        help="Memory cap of the slice, as the start would ask for it. Empty: the kernelspec's, else the server's default.",
+    )
     cores = Unicode("", config=True, help="SM share in percent. Empty: the kernelspec's, else the server's default.")
     policy = Unicode("", config=True, help="hard or burst. Empty: the kernelspec's, else the server's default.")
     aliases = {
@@ -611,7 +675,9 @@ class PodManifestApp(JupyterApp):
                 self._fail(f"no kernelspec named {self.kernel!r}")
             provisioner = spec.metadata.get("kernel_provisioner", {})
             if provisioner.get("provisioner_name") != POD_PROVISIONER_NAME:
-                self._fail(f"kernelspec {self.kernel!r} does not start pod kernels (its provisioner is {provisioner.get('provisioner_name') or 'the default'})")
+                self._fail(
+                    f"kernelspec {self.kernel!r} does not start pod kernels (its provisioner is {provisioner.get('provisioner_name') or 'the default'})"
+                )
             configured = dict(provisioner.get("config", {}))
         try:
             provisioner = VGPUPodProvisioner(config=self.config, kernel_id=str(uuid.uuid4()), **configured)
@@ -622,7 +688,9 @@ class PodManifestApp(JupyterApp):
             manifests = provisioner.planned_manifests(limits, kernel_name=self.kernel)
         except (ManifestError, SliceValueError, TraitError) as error:
             self._fail(str(error))
-        print(f"# What a start of kernel {provisioner.kernel_id} would create ({limits.describe()}); no cluster was contacted.")
+        print(
+            f"# What a start of kernel {provisioner.kernel_id} would create ({limits.describe()}); no cluster was contacted."
+        )
         print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
 
     def _fail(self, message: str) -> None:
@@ -647,7 +715,10 @@ class VGPUCommand(JupyterApp):
 
     def start(self) -> None:
         if self.subapp is None:
-            print("usage: jupyter vgpu {" + ",".join(self.subcommands) + "} ...  (jupyter vgpu COMMAND --help)", file=sys.stderr)
+            print(
+                "usage: jupyter vgpu {" + ",".join(self.subcommands) + "} ...  (jupyter vgpu COMMAND --help)",
+                file=sys.stderr,
+            )
             self.exit(2)
         super().start()
 

@@ -84,7 +84,9 @@ class ServerClient:
         return cls(_reachable(server_url, "this kernel"), (CREDENTIAL_HEADER, credential), kernel_id)
 
     @classmethod
-    def for_user(cls, server_url: str = "", environ: Mapping[str, str] = os.environ, timeout: float = 30.0) -> ServerClient:
+    def for_user(
+        cls, server_url: str = "", environ: Mapping[str, str] = os.environ, timeout: float = 30.0
+    ) -> ServerClient:
         """A server as its user: ``server_url`` with ``$JUPYTER_TOKEN``, or else the running server
         Jupyter's runtime files name, with the token they hold."""
         if server_url:
@@ -97,7 +99,11 @@ class ServerClient:
                 raise ServerUnavailable(NO_RUNNING_SERVER)
             server_url, token = servers[-1]["url"], servers[-1].get("token", "")
         # No header without a token: a server with password login then says 403 in its own words.
-        return cls(_reachable(server_url, "jupyter vgpu"), ("Authorization", f"token {token}") if token else None, timeout=timeout)
+        return cls(
+            _reachable(server_url, "jupyter vgpu"),
+            ("Authorization", f"token {token}") if token else None,
+            timeout=timeout,
+        )
 
     def devices(self) -> list[dict[str, Any]]:
         return self._request("GET", "devices")

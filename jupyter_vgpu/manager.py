@@ -162,7 +162,9 @@ class SliceManager(LoggingConfigurable):
         allocation = self.get(kernel_id)
         record = getattr(self.holder(allocation), "record_report", None)
         if record is None:
-            raise ValueError(f"kernel {kernel_id!r} holds a {allocation.holder} slice, whose usage the server reads itself")
+            raise ValueError(
+                f"kernel {kernel_id!r} holds a {allocation.holder} slice, whose usage the server reads itself"
+            )
         record(allocation, report)
         return allocation
 
@@ -202,7 +204,9 @@ class SliceManager(LoggingConfigurable):
                 self.log.warning("kernel %s: %s", allocation.kernel_id, warning)
             known = allocation.metadata.get(WARNINGS_KEY, [])
             try:
-                allocation = self.ledger.update_metadata(allocation.kernel_id, **{WARNINGS_KEY: [*known, *usage.warnings]})
+                allocation = self.ledger.update_metadata(
+                    allocation.kernel_id, **{WARNINGS_KEY: [*known, *usage.warnings]}
+                )
             except UnknownSlice:
                 pass
             usage = SliceUsage(usage.state, usage.processes, usage.sm_util_percent)

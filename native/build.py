@@ -64,7 +64,9 @@ class Library:
 LIBRARIES = (
     Library("libvgpu.so", ("interposer",), "interposer/hooks.def"),
     Library("sim/libcuda.so.1", ("sim/common", "sim/cuda"), "sim/cuda/exports.map", link_flags=("-Wl,-Bsymbolic",)),
-    Library("sim/libnvidia-ml.so.1", ("sim/common", "sim/nvml"), "sim/nvml/exports.map", link_flags=("-Wl,-Bsymbolic",)),
+    Library(
+        "sim/libnvidia-ml.so.1", ("sim/common", "sim/nvml"), "sim/nvml/exports.map", link_flags=("-Wl,-Bsymbolic",)
+    ),
 )
 
 # Headers shipped inside the package: Python reads the region layout from the same text.
@@ -84,9 +86,19 @@ def version_script(hooks_def: Path) -> str:
     INTERPOSER_EXTRA_EXPORTS global, the rest local. The hook list is read through the C
     preprocessor, so the exports are the very names the C code defines."""
     expanded = subprocess.run(
-        [*compiler(), "-E", "-P", "-x", "c", "-DVGPU_CUDA_HOOK(symbol)=symbol;",
-         "-DVGPU_NVML_HOOK(symbol)=symbol;", str(hooks_def)],
-        check=True, capture_output=True, text=True,
+        [
+            *compiler(),
+            "-E",
+            "-P",
+            "-x",
+            "c",
+            "-DVGPU_CUDA_HOOK(symbol)=symbol;",
+            "-DVGPU_NVML_HOOK(symbol)=symbol;",
+            str(hooks_def),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     names = [*INTERPOSER_EXTRA_EXPORTS, *re.findall(r"(\w+)\s*;", expanded)]
     listed = "".join(f"    {name};\n" for name in names)

@@ -65,8 +65,19 @@ class Machine:
         return self._build(
             ("program", name, flags),
             self.workdir / "programs" / f"{name}{suffix}",
-            [*C_FLAGS, f"-I{self.libs.include}", *flags, "-o", "{output}", str(PROGRAMS / f"{name}.c"),
-             f"-L{self.libs.sim_dir}", "-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-lpthread", "-ldl"],
+            [
+                *C_FLAGS,
+                f"-I{self.libs.include}",
+                *flags,
+                "-o",
+                "{output}",
+                str(PROGRAMS / f"{name}.c"),
+                f"-L{self.libs.sim_dir}",
+                "-l:libcuda.so.1",
+                "-l:libnvidia-ml.so.1",
+                "-lpthread",
+                "-ldl",
+            ],
         )
 
     def build_shared(self, name: str, filename: str) -> Path:
@@ -75,8 +86,17 @@ class Machine:
         return self._build(
             ("shared", name, filename),
             self.workdir / f"lib-{name}" / filename,
-            [*C_FLAGS, "-fPIC", "-shared", f"-I{self.libs.include}", f"-Wl,-soname,{filename}", "-o", "{output}",
-             str(PROGRAMS / f"{name}.c"), "-ldl"],
+            [
+                *C_FLAGS,
+                "-fPIC",
+                "-shared",
+                f"-I{self.libs.include}",
+                f"-Wl,-soname,{filename}",
+                "-o",
+                "{output}",
+                str(PROGRAMS / f"{name}.c"),
+                "-ldl",
+            ],
         )
 
     def _build(self, key: tuple, output: Path, arguments: list[str]) -> Path:
@@ -158,8 +178,7 @@ def sim_env(native_libs, tmp_path) -> dict[str, str]:
 def simulated_device_uuid(env: dict[str, str], index: int = 0) -> str:
     """UUID of a simulated device, as NVML reports it, read in a child with the env's setup."""
     code = (
-        "import pynvml; pynvml.nvmlInit(); "
-        f"print(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex({index})))"
+        f"import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex({index})))"
     )
     result = subprocess.run(
         [os.environ.get("PYTHON", sys.executable), "-c", code],
@@ -178,7 +197,9 @@ def make_slice(native_libs, tmp_path):
 
     regions = []
 
-    def create(env: dict[str, str], memory_limit: int = 0, sm_share: int = 100, policy: str = "hard", device_index: int = 0):
+    def create(
+        env: dict[str, str], memory_limit: int = 0, sm_share: int = 100, policy: str = "hard", device_index: int = 0
+    ):
         path = tmp_path / f"slice-{len(regions)}.region"
         region = Region.create(
             path,

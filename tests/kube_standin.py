@@ -9,7 +9,6 @@ command as a local process with its Secret's files in a folder. kmock ignores la
 the product filters lists itself, so that gap is left open on purpose.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -93,7 +92,12 @@ class StandIn:
     def forbid(self, verb: str, plural: str):
         """Answer ``verb`` on ``plural`` with RBAC's 403, as a cluster whose Role lacks it does.
         (kmock still records an object whose creation it refused: tests do not look for one.)"""
-        action = {"create": kmock.action.CREATE, "list": kmock.action.LIST, "get": kmock.action.FETCH, "delete": kmock.action.DELETE}[verb]
+        action = {
+            "create": kmock.action.CREATE,
+            "list": kmock.action.LIST,
+            "get": kmock.action.FETCH,
+            "delete": kmock.action.DELETE,
+        }[verb]
         refusal = kmock.KubernetesError(
             status=403,
             reason="Forbidden",
@@ -164,7 +168,16 @@ def running_status(ip: str = "127.0.0.1", node: str = "node-a") -> dict:
         "podIP": ip,
         "hostIP": ip,
         "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-        "containerStatuses": [{"name": "kernel", "ready": True, "restartCount": 0, "image": "i", "imageID": "", "state": {"running": {"startedAt": "2026-11-23T00:00:00Z"}}}],
+        "containerStatuses": [
+            {
+                "name": "kernel",
+                "ready": True,
+                "restartCount": 0,
+                "image": "i",
+                "imageID": "",
+                "state": {"running": {"startedAt": "2026-11-23T00:00:00Z"}},
+            }
+        ],
     }
 
 
@@ -198,16 +211,44 @@ class Kubelet(threading.Thread):
                     continue  # a kubelet waits for the Secret it mounts
                 self.processes[name] = self.run_pod(pod, secret)
                 status = running_status()
-                annotations = {"hami.io/vgpu-node": "node-a", "hami.io/vgpu-devices-allocated": "GPU-standin-0,NVIDIA,4096,30:;"}
-                self.standin.api.patch_namespaced_pod(name, "default", {"metadata": {"annotations": annotations}, "spec": {"nodeName": "node-a"}}, _preload_content=False)
+                annotations = {
+                    "hami.io/vgpu-node": "node-a",
+                    "hami.io/vgpu-devices-allocated": "GPU-standin-0,NVIDIA,4096,30:;",
+                }
+                self.standin.api.patch_namespaced_pod(
+                    name,
+                    "default",
+                    {"metadata": {"annotations": annotations}, "spec": {"nodeName": "node-a"}},
+                    _preload_content=False,
+                )
                 self.standin.set_status(name, status)
         for name, process in list(self.processes.items()):
             if name not in present and process.poll() is None:
                 process.terminate()
-            elif name in present and process.poll() is not None and present[name].get("status", {}).get("phase") == "Running":
+            elif (
+                name in present
+                and process.poll() is not None
+                and present[name].get("status", {}).get("phase") == "Running"
+            ):
                 code = process.returncode
-                self.standin.set_status(name, {"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [
-                    {"name": "kernel", "ready": False, "restartCount": 0, "image": "i", "imageID": "", "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}}]})
+                self.standin.set_status(
+                    name,
+                    {
+                        "phase": "Succeeded" if code == 0 else "Failed",
+                        "containerStatuses": [
+                            {
+                                "name": "kernel",
+                                "ready": False,
+                                "restartCount": 0,
+                                "image": "i",
+                                "imageID": "",
+                                "state": {
+                                    "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+                                },
+                            }
+                        ],
+                    },
+                )
 
     def run_pod(self, pod: dict, secret: dict) -> subprocess.Popen:
         mounted = self.folder / pod["metadata"]["name"]
@@ -218,9 +259,18 @@ class Kubelet(threading.Thread):
         for name, encoded in data.items():
             (mounted / name).write_bytes(base64.b64decode(encoded))
         container = pod["spec"]["containers"][0]
-        command = [str(mounted) if part == SECRET_DIR else part.replace(SECRET_DIR, str(mounted)) for part in container["command"]]
+        command = [
+            str(mounted) if part == SECRET_DIR else part.replace(SECRET_DIR, str(mounted))
+            for part in container["command"]
+        ]
         env = {**os.environ, **self.extra_env, **{item["name"]: item["value"] for item in container.get("env", [])}}
-        for name in ("JUPYTER_VGPU_SERVER_URL", "JUPYTER_VGPU_KERNEL_ID", "JUPYTER_VGPU_KERNEL_CREDENTIAL", "LD_PRELOAD", "VGPU_REGION"):
+        for name in (
+            "JUPYTER_VGPU_SERVER_URL",
+            "JUPYTER_VGPU_KERNEL_ID",
+            "JUPYTER_VGPU_KERNEL_CREDENTIAL",
+            "LD_PRELOAD",
+            "VGPU_REGION",
+        ):
             env.pop(name, None)  # a pod starts clean, not with this test process's variables
         log = open(self.folder / f"{pod['metadata']['name']}.log", "w")
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -254,7 +304,6 @@ class Scheduler(threading.Thread):
             except Exception as error:  # noqa: BLE001
                 self.errors.append(repr(error))
             self.stopped.wait(0.05)
-
 
 
 POD_KERNEL = "vgpu-pod-test"

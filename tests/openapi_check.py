@@ -79,9 +79,12 @@ def check_reply(method: str, path: str, response) -> object:
         body = response.body.decode()
     errors = sorted(schema_validator(location + pointer("content", content_type, "schema")).iter_errors(body), key=str)
     if errors:
-        pytest.fail(f"{method} {path} {status} does not match the spec:\n" + "\n".join(
-            f"- at {'/'.join(map(str, error.absolute_path)) or 'the top'}: {error.message}" for error in errors
-        ))
+        pytest.fail(
+            f"{method} {path} {status} does not match the spec:\n"
+            + "\n".join(
+                f"- at {'/'.join(map(str, error.absolute_path)) or 'the top'}: {error.message}" for error in errors
+            )
+        )
     for name, header in reply.get("headers", {}).items():
         if header.get("required"):
             assert name in response.headers, f"{method} {path} {status} lacks its documented {name} header"

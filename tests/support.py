@@ -40,8 +40,17 @@ def wait_for(condition, timeout: float, message: str = "condition", interval: fl
     return value
 
 
-def listed_slice(kernel_id: str, path: str = "", device: dict | None = None, memory: int = 4 << 30, cores: int = 30,
-                 policy: str = "hard", used: int = 1 << 30, util: float = 12.0, warnings=()) -> dict:
+def listed_slice(
+    kernel_id: str,
+    path: str = "",
+    device: dict | None = None,
+    memory: int = 4 << 30,
+    cores: int = 30,
+    policy: str = "hard",
+    used: int = 1 << 30,
+    util: float = 12.0,
+    warnings=(),
+) -> dict:
     """A slice as GET /api/vgpu/slices answers it (units in the field names, memory in bytes), on
     ``device`` ({"index", "uuid"}; by default device 0 of an all-zero uuid)."""
     return {
@@ -96,15 +105,25 @@ class JupyterProcess:
     `token`, more ``options`` after those, its stderr appended to `log`. Returns once GET
     api/status answers; fails at once, with the log, if the process exits first."""
 
-    def __init__(self, env: dict[str, str], log: Path, token: str, *options: str, app: str = "server",
-                 timeout: float = 60):
+    def __init__(
+        self, env: dict[str, str], log: Path, token: str, *options: str, app: str = "server", timeout: float = 60
+    ):
         self.log, self.token, self.port = log, token, free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         with log.open("a") as stderr:
             self.process = subprocess.Popen(
-                [JUPYTER, app, "--no-browser", "--allow-root", f"--port={self.port}",
-                 f"--IdentityProvider.token={token}", *options],
-                env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                [
+                    JUPYTER,
+                    app,
+                    "--no-browser",
+                    "--allow-root",
+                    f"--port={self.port}",
+                    f"--IdentityProvider.token={token}",
+                    *options,
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
             )
         try:
             wait_for(self.ready, timeout, f"jupyter {app} to answer")
@@ -123,7 +142,9 @@ class JupyterProcess:
 
     def api(self, method: str, path: str, body=None, timeout: float = 60):
         request = urllib.request.Request(
-            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            self.url + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=timeout) as reply:

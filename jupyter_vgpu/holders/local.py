@@ -132,10 +132,14 @@ class LocalHolder:
     def apply_limits(self, allocation: Allocation) -> None:
         try:
             with self._region_of(allocation) as region:
-                region.set_limits(memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy)
+                region.set_limits(
+                    memory_limit=allocation.memory_limit, sm_share=allocation.sm_share, policy=allocation.policy
+                )
         except RegionError as error:
             # The kernel ended a moment ago (its provisioner removed the region): nothing to resize.
-            raise UnknownSlice(f"the slice of kernel {allocation.kernel_id!r} is gone ({error}); its kernel has ended") from None
+            raise UnknownSlice(
+                f"the slice of kernel {allocation.kernel_id!r} is gone ({error}); its kernel has ended"
+            ) from None
 
     def usage(self, allocation: Allocation) -> SliceUsage:
         try:
@@ -217,7 +221,9 @@ def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *,
             child = subprocess.Popen(list(command), env=env)
         except OSError as error:
             raise FileNotFoundError(f"cannot start {command[0]!r}: {error.strerror}") from None
-        previous = {sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in FORWARDED_SIGNALS}
+        previous = {
+            sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in FORWARDED_SIGNALS
+        }
         try:
             status = child.wait()
         finally:

@@ -56,7 +56,14 @@ class PodScope:
 class PodHolder:
     kind = "pod"
 
-    def __init__(self, server_instance: str, scopes: list[PodScope] | None = None, *, cluster_factory=Cluster.from_environment, log=None):
+    def __init__(
+        self,
+        server_instance: str,
+        scopes: list[PodScope] | None = None,
+        *,
+        cluster_factory=Cluster.from_environment,
+        log=None,
+    ):
         """``server_instance``: this server's id in its pods' labels; ``scopes``: where
         :meth:`sweep` looks for pods an earlier server left."""
         self.server_instance = server_instance
@@ -89,9 +96,14 @@ class PodHolder:
         """Keep a usage report of the kernel's in-pod agent (validated by the handler)."""
         limits = report.get("limits")
         in_force = SliceLimits(limits["memory_bytes"], limits["cores"], limits["policy"]) if limits else None
-        processes = [ProcessUsage(**{name: int(process.get(name, 0)) for name in PROCESS_REPORT_FIELDS}) for process in report.get("processes", [])]
+        processes = [
+            ProcessUsage(**{name: int(process.get(name, 0)) for name in PROCESS_REPORT_FIELDS})
+            for process in report.get("processes", [])
+        ]
         with self._lock:
-            self._reports[allocation.kernel_id] = _Report(time.monotonic(), processes, float(report.get("sm_util", 0.0)), in_force)
+            self._reports[allocation.kernel_id] = _Report(
+                time.monotonic(), processes, float(report.get("sm_util", 0.0)), in_force
+            )
 
     # -- the Holder protocol -------------------------------------------------------------------
 
@@ -170,7 +182,9 @@ class PodHolder:
             try:
                 pods = self.cluster.list_pods(scope.namespace, scope.labels())
             except ClusterError as error:
-                self._warn("cannot look for kernel pods left by an earlier server in namespace %s: %s", scope.namespace, error)
+                self._warn(
+                    "cannot look for kernel pods left by an earlier server in namespace %s: %s", scope.namespace, error
+                )
                 continue
             for pod in pods:
                 labels = pod["metadata"].get("labels", {})

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import cffi
 
-from jupyter_vgpu.native import region_header_path
 from jupyter_vgpu.model import SliceLimits
 from jupyter_vgpu.model.sizes import POLICIES
+from jupyter_vgpu.native import region_header_path
 
 _U64 = (1 << 64) - 1
 
@@ -33,7 +33,7 @@ class RegionError(RuntimeError):
 @lru_cache(maxsize=1)
 def _ffi() -> tuple[cffi.FFI, dict[str, int]]:
     text = region_header_path().read_text()
-    match = re.search(r"/\* VGPU_REGION_CDEF_BEGIN \*/(.*)/\* VGPU_REGION_CDEF_END \*/", text, re.S)
+    match = re.search(r"/\* VGPU_REGION_CDEF_BEGIN \*/(.*)/\* VGPU_REGION_CDEF_END \*/", text, re.DOTALL)
     if not match:
         raise RegionError(f"{region_header_path()} has no VGPU_REGION_CDEF section")
     cdef = match.group(1)
@@ -197,11 +197,7 @@ class Region:
                 break
         else:
             raise RegionError(f"slice region {self.path}: limits kept changing while being read")
-        if (
-            check != limits_check(memory_limit, sm_share, policy)
-            or not 1 <= sm_share <= 100
-            or policy >= len(POLICIES)
-        ):
+        if check != limits_check(memory_limit, sm_share, policy) or not 1 <= sm_share <= 100 or policy >= len(POLICIES):
             raise RegionError(f"slice region {self.path} is corrupt (limits fail their check)")
         return SliceLimits(memory_limit, sm_share, POLICIES[policy])
 

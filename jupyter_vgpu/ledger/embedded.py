@@ -16,14 +16,14 @@ so promising more than 100% of them is safe; hard slices are a guarantee, so it 
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from jupyter_vgpu._version import __version__
@@ -66,7 +66,9 @@ _MIGRATIONS = {
         "ALTER TABLE allocations ADD COLUMN node TEXT NOT NULL DEFAULT ''",
     ),
 }
-_COLUMNS = "kernel_id, device_uuid, device_index, memory_limit, sm_share, policy, owner, created_at, metadata, holder, node"
+_COLUMNS = (
+    "kernel_id, device_uuid, device_index, memory_limit, sm_share, policy, owner, created_at, metadata, holder, node"
+)
 
 log = logging.getLogger(__name__)
 
@@ -365,9 +367,7 @@ class EmbeddedLedger:
                 self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
             if current.holder == "local":  # elsewhere, the holder checks what the cluster granted
                 self._check_resize_fits(kernel_id, current, wanted, others)
-            resized = replace(
-                current, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy
-            )
+            resized = replace(current, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy)
             db.execute(
                 "UPDATE allocations SET memory_limit = ?, sm_share = ?, policy = ? WHERE kernel_id = ?",
                 (resized.memory_limit, resized.sm_share, resized.policy, kernel_id),
@@ -578,9 +578,7 @@ def _either(options: list[str]) -> str:
 def _no_room(limits: SliceLimits, usages: list[DeviceUsage], *, named: bool) -> CapacityError:
     """The refusal of a slice that fits on none of ``usages``: what is short, where, and what to ask."""
     if not usages:
-        return CapacityError(
-            "this server has no GPU to place a slice on", resource="devices", requested=1, available=0
-        )
+        return CapacityError("this server has no GPU to place a slice on", resource="devices", requested=1, available=0)
     memory = format_size(limits.memory_limit)
     share_word = f"of its SMs free for a {limits.policy} slice"
     with_share = [usage for usage in usages if usage.share_free(limits.policy) >= limits.sm_share]
@@ -615,11 +613,7 @@ def _no_room(limits: SliceLimits, usages: list[DeviceUsage], *, named: bool) -> 
     free = ", ".join(
         f"{'it' if named else _gpu(usage.device)} has {usage.share_free(limits.policy)}%" for usage in with_memory
     )
-    subject = (
-        f"{_gpu(usages[0].device)} does not have"
-        if named
-        else f"no device with {memory} of GPU memory free has"
-    )
+    subject = f"{_gpu(usages[0].device)} does not have" if named else f"no device with {memory} of GPU memory free has"
     options = [f"ask for at most {most}%"] if most else []
     if limits.policy == "hard" and any(usage.share_free("burst") >= limits.sm_share for usage in with_memory):
         options.append("ask for a burst slice")

@@ -225,9 +225,7 @@ class LedgerHandler(web.RequestHandler):
         scheme, _, credential = self.request.headers.get("Authorization", "").strip().partition(" ")
         credential = credential.strip()
         if scheme.lower() not in ("token", "bearer") or not credential:
-            raise Refusal(
-                401, "the ledger service needs a token: send 'Authorization: token <token>'", "Unauthorized"
-            )
+            raise Refusal(401, "the ledger service needs a token: send 'Authorization: token <token>'", "Unauthorized")
         if not hmac.compare_digest(credential.encode("utf-8", "replace"), self.token.encode("utf-8")):
             raise Refusal(403, "the ledger service does not accept this token", "Forbidden")
 

@@ -7,12 +7,12 @@ from jupyter_vgpu.model.sizes import SliceValueError, format_size, parse_policy,
 
 __all__ = [
     "DEFAULT_LIMITS",
-    "decide_limits",
     "FULL_SHARE",
     "Device",
     "DeviceError",
     "SliceLimits",
     "SliceValueError",
+    "decide_limits",
     "format_size",
     "list_devices",
     "parse_policy",

@@ -38,13 +38,17 @@ class SliceLimits:
         # goes through parse(), which says what is accepted.
         if isinstance(self.memory_limit, bool) or not isinstance(self.memory_limit, int) or self.memory_limit < 0:
             raise SliceValueError(f"memory limit {self.memory_limit!r} must be a whole number of bytes, 0 or more")
-        if isinstance(self.sm_share, bool) or not isinstance(self.sm_share, int) or not 1 <= self.sm_share <= FULL_SHARE:
+        if (
+            isinstance(self.sm_share, bool)
+            or not isinstance(self.sm_share, int)
+            or not 1 <= self.sm_share <= FULL_SHARE
+        ):
             raise SliceValueError(f"SM share {self.sm_share!r} is not {SM_SHARE_HELP}")
         if self.policy not in POLICIES:
             raise SliceValueError(f"policy {self.policy!r} is not {POLICY_HELP}")
 
     @classmethod
-    def parse(cls, memory: str | int | float, cores: str | int = FULL_SHARE, policy: str = "hard") -> SliceLimits:
+    def parse(cls, memory: str | float, cores: str | int = FULL_SHARE, policy: str = "hard") -> SliceLimits:
         """Limits from what people write: ``memory`` a size (a bare number is MiB), ``cores`` a
         percentage, ``policy`` hard or burst."""
         return cls(parse_size(memory), parse_sm_share(cores), parse_policy(policy))

@@ -43,7 +43,7 @@ class SliceValueError(ValueError):
     """A slice parameter that is not accepted; the message says what is."""
 
 
-def parse_size(value: str | int | float) -> int:
+def parse_size(value: str | float) -> int:
     """Bytes from a size: ``512MiB``, ``4GiB``, ``4G``, ``1.5GiB`` or a bare number of MiB.
 
     A bare number means MiB whether it comes as text, an int or a float (JSON ``2048`` and
@@ -63,7 +63,9 @@ def parse_size(value: str | int | float) -> int:
             raise SliceValueError(f"memory size {value[:40]!r} is not {SIZE_HELP}")
         number, unit = float(match.group(1)), match.group(2).lower()
         if unit not in _UNITS:
-            raise SliceValueError(f"memory size {value[:40]!r} has an unknown unit {match.group(2)[:10]!r}; use {SIZE_HELP}")
+            raise SliceValueError(
+                f"memory size {value[:40]!r} has an unknown unit {match.group(2)[:10]!r}; use {SIZE_HELP}"
+            )
     if number * _UNITS[unit] > MAX_SIZE:
         raise SliceValueError(f"memory size {str(value)[:40]!r} is larger than any GPU; use {SIZE_HELP}")
     size = int(number * _UNITS[unit])

@@ -29,7 +29,16 @@ from jupyter_vgpu.client import (
     device_label,
     slice_name,
 )
-from jupyter_vgpu.model.sizes import POLICY_HELP, SIZE_HELP, SM_SHARE_HELP, SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
+from jupyter_vgpu.model.sizes import (
+    POLICY_HELP,
+    SIZE_HELP,
+    SM_SHARE_HELP,
+    SliceValueError,
+    format_size,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+)
 
 ACTIONS = ("show", "resize", "panel")
 BATCH_NOTE = "started without a vGPU server (a batch run): its size was chosen when the run started"

@@ -13,7 +13,14 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, describe_limits, device_label, slice_name
+from jupyter_vgpu.client import (
+    RequestRefused,
+    ServerClient,
+    ServerUnavailable,
+    describe_limits,
+    device_label,
+    slice_name,
+)
 from jupyter_vgpu.model.sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
 
 REFRESH_SECONDS = 1.0
@@ -59,7 +66,9 @@ class SliceRow:
         self.cores_input = widgets.BoundedIntText(
             min=1, max=100, description="SM share %", style=_LABELLED, layout=widgets.Layout(width="11em")
         )
-        self.policy_input = widgets.Dropdown(options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em"))
+        self.policy_input = widgets.Dropdown(
+            options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em")
+        )
         self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
         self.apply_button.on_click(lambda _button: self.apply())
         self.message = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
@@ -90,7 +99,8 @@ class SliceRow:
         # What the server noticed about the slice (limits rewritten from inside the kernel and
         # restored, ...): said where its numbers are, in JupyterLab's warning colour.
         self.warnings.value = "<br>".join(
-            f'<span style="color: var(--jp-warn-color1, #f57c00)">{_escape(warning)}</span>' for warning in model.get("warnings", ())
+            f'<span style="color: var(--jp-warn-color1, #f57c00)">{_escape(warning)}</span>'
+            for warning in model.get("warnings", ())
         )
         self._follow_limits(limits)
 
@@ -151,7 +161,12 @@ class SlicePanel(widgets.VBox):
         self.rows: dict[str, SliceRow] = {}
         self.devices: list[dict[str, Any]] = []
         self.status = widgets.Label()
-        self.header = _row(*(widgets.HTML(f"<b>{title}</b>") for title in ("notebook", "device", "memory used / cap", "SM measured / share", "policy")))
+        self.header = _row(
+            *(
+                widgets.HTML(f"<b>{title}</b>")
+                for title in ("notebook", "device", "memory used / cap", "SM measured / share", "policy")
+            )
+        )
         self.lock = threading.Lock()
         self.closed = False
         self._stop = threading.Event()

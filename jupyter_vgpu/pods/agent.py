@@ -63,14 +63,19 @@ class Reporter(threading.Thread):
     def once(self) -> None:
         body = json.dumps(report(self.region)).encode()
         request = urllib.request.Request(
-            self.url, data=body, method="POST", headers={"Content-Type": "application/json", CREDENTIAL_HEADER: self.credential}
+            self.url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", CREDENTIAL_HEADER: self.credential},
         )
         try:
             with urllib.request.urlopen(request, timeout=max(2.0, self.interval)) as response:
                 limits = json.loads(response.read())["limits"]
         except (urllib.error.URLError, OSError, ValueError, KeyError) as error:
             if not self._unreachable:  # once per outage, not once per interval
-                log.warning("cannot report to the Jupyter server at %s (%s); the slice keeps its limits", self.url, error)
+                log.warning(
+                    "cannot report to the Jupyter server at %s (%s); the slice keeps its limits", self.url, error
+                )
             self._unreachable = True
             return
         self._unreachable = False
@@ -83,7 +88,9 @@ class Reporter(threading.Thread):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m jupyter_vgpu.pods.agent SECRET_DIR  (the folder of the kernel's Secret)", file=sys.stderr)
+        print(
+            "usage: python -m jupyter_vgpu.pods.agent SECRET_DIR  (the folder of the kernel's Secret)", file=sys.stderr
+        )
         return 2
     logging.basicConfig(level=logging.INFO, format="[jupyter-vgpu agent] %(message)s")
     secret_dir = Path(args[0])

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 REQUEST_TIMEOUT = 30.0  # seconds; an API server that does not answer must not hang a kernel start
 
@@ -72,7 +71,9 @@ class Cluster:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
                 # Read $KUBECONFIG now: the client reads it once, when it is first imported.
-                k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration)
+                k8s_config.load_kube_config(
+                    config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+                )
         except (k8s_config.ConfigException, OSError) as error:
             raise ClusterError(
                 f"no Kubernetes cluster to start pod kernels in: {error}. In a pod, mount its service "
@@ -125,16 +126,29 @@ class Cluster:
     def delete_pod(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> bool:
         """Delete a pod; False if it was already gone."""
         extra = {} if grace_seconds is None else {"grace_period_seconds": grace_seconds}
-        reply = self._call("delete", "pods", namespace, self.api.delete_namespaced_pod, name, namespace, missing_ok=True, **extra)
+        reply = self._call(
+            "delete", "pods", namespace, self.api.delete_namespaced_pod, name, namespace, missing_ok=True, **extra
+        )
         return reply is not None
 
     def delete_secret(self, namespace: str, name: str) -> bool:
-        reply = self._call("delete", "secrets", namespace, self.api.delete_namespaced_secret, name, namespace, missing_ok=True)
+        reply = self._call(
+            "delete", "secrets", namespace, self.api.delete_namespaced_secret, name, namespace, missing_ok=True
+        )
         return reply is not None
 
     # -- one request ---------------------------------------------------------------------------
 
-    def _call(self, verb: str, resource: str, namespace: str, method: Callable[..., Any], *args: Any, missing_ok: bool = False, **kwargs: Any):
+    def _call(
+        self,
+        verb: str,
+        resource: str,
+        namespace: str,
+        method: Callable[..., Any],
+        *args: Any,
+        missing_ok: bool = False,
+        **kwargs: Any,
+    ):
         """One blocking request: its JSON reply, or its failure as a ClusterError."""
         from kubernetes.client import ApiException
 
@@ -146,7 +160,9 @@ class Cluster:
                 return None
             raise _api_error(error, verb, resource, namespace) from None
         except Exception as error:  # urllib3's connection errors, timeouts, TLS failures
-            raise ClusterError(f"cannot reach the Kubernetes API at {self.host} to {verb} {resource}: {error}") from None
+            raise ClusterError(
+                f"cannot reach the Kubernetes API at {self.host} to {verb} {resource}: {error}"
+            ) from None
 
 
 def _api_error(error, verb: str, resource: str, namespace: str) -> ClusterError:
@@ -161,4 +177,6 @@ def _api_error(error, verb: str, resource: str, namespace: str) -> ClusterError:
             f"(Kubernetes said: {message}); grant it the Role in docs/kubernetes.md",
             status=403,
         )
-    return ClusterError(f"Kubernetes refused to {verb} {resource} in namespace {namespace!r}: {message}", status=error.status or 0)
+    return ClusterError(
+        f"Kubernetes refused to {verb} {resource} in namespace {namespace!r}: {message}", status=error.status or 0
+    )

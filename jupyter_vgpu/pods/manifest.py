@@ -84,11 +84,17 @@ class PodSettings:
         if not _DNS_LABEL.match(self.namespace):
             raise ManifestError(f"namespace {self.namespace!r} is not a DNS label (lower-case letters, digits, '-')")
         if not self.image.strip():
-            raise ManifestError("image is empty; name the kernel image (one with ipykernel, and jupyter-vgpu for in-pod slices)")
+            raise ManifestError(
+                "image is empty; name the kernel image (one with ipykernel, and jupyter-vgpu for in-pod slices)"
+            )
         if self.image_pull_policy not in PULL_POLICIES:
-            raise ManifestError(f"image_pull_policy {self.image_pull_policy!r} is not one of {', '.join(PULL_POLICIES)}")
+            raise ManifestError(
+                f"image_pull_policy {self.image_pull_policy!r} is not one of {', '.join(PULL_POLICIES)}"
+            )
         if self.memory_resource_unit not in MEMORY_UNITS:
-            raise ManifestError(f"memory_resource_unit {self.memory_resource_unit!r} is not one of {', '.join(MEMORY_UNITS)}")
+            raise ManifestError(
+                f"memory_resource_unit {self.memory_resource_unit!r} is not one of {', '.join(MEMORY_UNITS)}"
+            )
         for setting in ("gpu_resource", "memory_resource", "cores_resource"):
             name = getattr(self, setting)
             if name and not _QUALIFIED_NAME.match(name):
@@ -110,7 +116,9 @@ class PodSettings:
             if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", str(name)):
                 raise ManifestError(f"env name {name!r} is not a valid environment variable name")
         if len(self.ports) != len(PORT_NAMES) or len(set(self.ports)) != len(PORT_NAMES):
-            raise ManifestError(f"ports must be {len(PORT_NAMES)} different ports (for {', '.join(PORT_NAMES)}), not {list(self.ports)}")
+            raise ManifestError(
+                f"ports must be {len(PORT_NAMES)} different ports (for {', '.join(PORT_NAMES)}), not {list(self.ports)}"
+            )
         if not all(1024 <= port <= 65535 for port in self.ports):
             raise ManifestError(f"ports must be between 1024 and 65535, not {list(self.ports)}")
         for secret in self.image_pull_secrets:
@@ -118,7 +126,9 @@ class PodSettings:
                 raise ManifestError(f"image_pull_secrets entry {secret!r} is not a Secret name")
         for toleration in self.tolerations:
             if not isinstance(toleration, dict):
-                raise ManifestError(f"tolerations entry {toleration!r} is not a mapping like {{'key': ..., 'operator': 'Exists'}}")
+                raise ManifestError(
+                    f"tolerations entry {toleration!r} is not a mapping like {{'key': ..., 'operator': 'Exists'}}"
+                )
 
     def resources(self, limits: SliceLimits) -> dict[str, dict[str, str]]:
         """The container's resources: the slice as the scheduler's extended resources (requests
@@ -127,7 +137,9 @@ class PodSettings:
         gpu = {self.gpu_resource: "1", self.memory_resource: str(math.ceil(limits.memory_limit / unit))}
         if self.cores_resource:
             gpu[self.cores_resource] = str(limits.sm_share)
-        requests = {name: value for name, value in (("cpu", self.cpu_request), ("memory", self.memory_request)) if value}
+        requests = {
+            name: value for name, value in (("cpu", self.cpu_request), ("memory", self.memory_request)) if value
+        }
         ceilings = {name: value for name, value in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if value}
         return {"limits": {**gpu, **ceilings}, "requests": requests}
 

@@ -87,7 +87,9 @@ def pod_state(pod: dict[str, Any] | None, events: list[dict[str, Any]] = ()) -> 
         waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
         if waiting.get("reason") in FAILING_REASONS:
             detail = f": {waiting['message']}" if waiting.get("message") else ""
-            return PodState("failed", f"the kernel's container cannot start{on_node} ({waiting['reason']}){detail}", **where)
+            return PodState(
+                "failed", f"the kernel's container cannot start{on_node} ({waiting['reason']}){detail}", **where
+            )
         if terminated:
             reason = terminated.get("reason") or f"exit code {terminated.get('exitCode')}"
             detail = f": {terminated['message']}" if terminated.get("message") else ""
@@ -112,7 +114,9 @@ def pod_state(pod: dict[str, Any] | None, events: list[dict[str, Any]] = ()) -> 
         because = f": {reason}" if reason else ""
         return PodState("scheduling", f"waiting for the scheduler to place the kernel's pod{because}", **where)
     pulling, pulled = _latest(events, "Pulling"), _latest(events, "Pulled")
-    if pulling is not None and (pulled is None or str(pulled.get("lastTimestamp", "")) < str(pulling.get("lastTimestamp", ""))):
+    if pulling is not None and (
+        pulled is None or str(pulled.get("lastTimestamp", "")) < str(pulling.get("lastTimestamp", ""))
+    ):
         image = next((c.get("image") for c in spec.get("containers", [])), "")
         return PodState("pulling", f"pulling the kernel image {image}{on_node}".rstrip(), **where)
     return PodState("starting", f"the kernel's container is being created{on_node}", **where)

@@ -39,7 +39,6 @@ from jupyter_vgpu.holders.local import REGION_PATH_KEY, LocalHolder, default_reg
 from jupyter_vgpu.holders.region import Region, process_start_time
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
-from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 from jupyter_vgpu.model import (
     DEFAULT_LIMITS,
     DeviceError,
@@ -55,6 +54,7 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
+from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
@@ -100,7 +100,9 @@ def checked_layer(values: dict[str, Any], source: str) -> dict[str, Any]:
             elif isinstance(value, bool) or not _DEVICE_SELECTOR.match(str(value)):
                 raise SliceValueError(f"device {str(value)[:40]!r} is not a GPU index (0, 1, ...) or UUID (GPU-...)")
         except SliceValueError as error:
-            raise SliceRefused(f"{source.format(name=name)}: {error}".replace("%", " percent"), kind="invalid") from None
+            raise SliceRefused(
+                f"{source.format(name=name)}: {error}".replace("%", " percent"), kind="invalid"
+            ) from None
         layer[name] = value
     return layer
 
@@ -121,8 +123,16 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         config=True,
         help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty and precedence: as for memory (100 in a batch run).",
     )
-    policy = Unicode("", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty and precedence: as for memory (hard in a batch run).")
-    device = Unicode("", config=True, help="GPU index or UUID; empty lets the ledger place the slice (GPU 0 in a batch run without one).")
+    policy = Unicode(
+        "",
+        config=True,
+        help="hard: never above the SM share; burst: may use idle SMs. Empty and precedence: as for memory (hard in a batch run).",
+    )
+    device = Unicode(
+        "",
+        config=True,
+        help="GPU index or UUID; empty lets the ledger place the slice (GPU 0 in a batch run without one).",
+    )
     simulate = Bool(False, config=True, help="Outside a vGPU server: use the simulated GPU.")
     ledger = Unicode(
         LEDGER_AUTO,
@@ -146,7 +156,9 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         """(what this provisioner's config sets, what the kernelspec sets), each checked."""
         spec_name = getattr(self.kernel_spec, "display_name", "") or "of this kernel"
         configured = checked_layer({name: getattr(self, name) for name in SLICE_OPTIONS}, "VGPUProvisioner.{name}")
-        from_spec = checked_layer(self.kernelspec_size, f"the kernelspec {spec_name!r} sets {{name}} in its provisioner config")
+        from_spec = checked_layer(
+            self.kernelspec_size, f"the kernelspec {spec_name!r} sets {{name}} in its provisioner config"
+        )
         return configured, from_spec
 
     def _take_run_config(self) -> None:
@@ -195,7 +207,9 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs
 
-    async def _batch_launch(self, configured: dict, from_spec: dict, requested: dict, device, kwargs: dict[str, Any]) -> dict[str, Any]:
+    async def _batch_launch(
+        self, configured: dict, from_spec: dict, requested: dict, device, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         """A kernel of a batch run (no server): a slice of the run's size, admitted to a vGPU
         server's ledger where there is one. A restart keeps the slice."""
         if self._batch is None:
@@ -240,7 +254,9 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             path = default_ledger_path()
             return path if path.exists() else None
         if not value:
-            raise SliceRefused("VGPUProvisioner.ledger is empty; give auto, none or the path of a vGPU server's ledger", kind="invalid")
+            raise SliceRefused(
+                "VGPUProvisioner.ledger is empty; give auto, none or the path of a vGPU server's ledger", kind="invalid"
+            )
         path = Path(value).expanduser()
         if not path.is_file():
             raise SliceRefused(
@@ -318,7 +334,11 @@ class BatchSlice:
         self.region: Region | None = None  # without a ledger the slice's region is held here
         self.metadata = {
             "kernelspec": getattr(provisioner.kernel_spec, "display_name", ""),
-            BATCH_KEY: {"pid": os.getpid(), "pid_start_time": process_start_time(os.getpid()), "command": _command_line()},
+            BATCH_KEY: {
+                "pid": os.getpid(),
+                "pid_start_time": process_start_time(os.getpid()),
+                "command": _command_line(),
+            },
             REGION_PATH_KEY: str(holder.path(self.kernel_id)),
         }
 
@@ -327,7 +347,9 @@ class BatchSlice:
         try:
             devices = list_devices()
         except DeviceError as error:
-            raise SliceRefused(f"{error} In a batch run that is --VGPUProvisioner.simulate=True.", kind="invalid") from None
+            raise SliceRefused(
+                f"{error} In a batch run that is --VGPUProvisioner.simulate=True.", kind="invalid"
+            ) from None
         holder = LocalHolder(default_region_dir(standalone=True), simulate=provisioner.simulate)
         batch = cls(provisioner, limits, device, holder)
         if ledger_path is None:
@@ -369,7 +391,9 @@ class BatchSlice:
 
     def _admit(self) -> None:
         try:
-            self.manager.admit(self.kernel_id, self.limits, owner=_user(), device=self.device or None, metadata=self.metadata)
+            self.manager.admit(
+                self.kernel_id, self.limits, owner=_user(), device=self.device or None, metadata=self.metadata
+            )
         except SliceRefused as refusal:
             if not isinstance(refusal.__cause__, CapacityError):
                 raise

@@ -34,13 +34,27 @@ from jupyter_vgpu.manager import SliceManager, SliceRefused
 from jupyter_vgpu.model import DEFAULT_LIMITS, SliceLimits, decide_limits
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
 from jupyter_vgpu.pods.cluster import Cluster, ClusterError, default_namespace
-from jupyter_vgpu.pods.manifest import PORT_NAMES, REDACTED, KernelPod, ManifestError, PodSettings, pod_manifest, redacted, secret_manifest
+from jupyter_vgpu.pods.manifest import (
+    PORT_NAMES,
+    REDACTED,
+    KernelPod,
+    ManifestError,
+    PodSettings,
+    pod_manifest,
+    redacted,
+    secret_manifest,
+)
 from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
 from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
 # PodSettings' fields are the provisioner's traits of the same name, but for these.
-TRAIT_OF_SETTING = {"labels": "extra_labels", "annotations": "extra_annotations", "env": "extra_env", "ports": "kernel_ports"}
+TRAIT_OF_SETTING = {
+    "labels": "extra_labels",
+    "annotations": "extra_annotations",
+    "env": "extra_env",
+    "ports": "kernel_ports",
+}
 STRING_MAPS = {"node_selector", "labels", "annotations", "env"}  # label values and variables are text
 FIRST_POLL = 0.05  # seconds before the first re-reading of a starting pod; doubled up to poll_interval
 
@@ -61,42 +75,101 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
     """Starts a kernel as a pod in a GPU slice the cluster grants."""
 
     # -- the slice, as for local kernels ------------------------------------------------------
-    memory = Unicode("", config=True, help=f"Memory cap of the kernel's slice: {SIZE_HELP}. Empty: the server's default.")
-    cores = Unicode("", config=True, help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty: the server's default.")
-    policy = Unicode("", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty: the server's default.")
+    memory = Unicode(
+        "", config=True, help=f"Memory cap of the kernel's slice: {SIZE_HELP}. Empty: the server's default."
+    )
+    cores = Unicode(
+        "", config=True, help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty: the server's default."
+    )
+    policy = Unicode(
+        "", config=True, help="hard: never above the SM share; burst: may use idle SMs. Empty: the server's default."
+    )
 
     # -- the pod ------------------------------------------------------------------------------
-    namespace = Unicode("", config=True, help="Namespace of kernel pods. Empty: the server pod's own namespace, else 'default'.")
-    image = Unicode(PodSettings.image, config=True, help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (docs/kubernetes.md).")
+    namespace = Unicode(
+        "", config=True, help="Namespace of kernel pods. Empty: the server pod's own namespace, else 'default'."
+    )
+    image = Unicode(
+        PodSettings.image,
+        config=True,
+        help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (docs/kubernetes.md).",
+    )
     image_pull_policy = Unicode("IfNotPresent", config=True, help="Always, IfNotPresent or Never.")
     image_pull_secrets = List(Unicode(), config=True, help="Names of Secrets to pull the image with.")
-    service_account = Unicode("", config=True, help="Service account of kernel pods (its token is not mounted). Empty: the namespace's default.")
-    scheduler_name = Unicode("", config=True, help="schedulerName of kernel pods, e.g. hami-scheduler. Empty: the cluster's default.")
+    service_account = Unicode(
+        "",
+        config=True,
+        help="Service account of kernel pods (its token is not mounted). Empty: the namespace's default.",
+    )
+    scheduler_name = Unicode(
+        "", config=True, help="schedulerName of kernel pods, e.g. hami-scheduler. Empty: the cluster's default."
+    )
     node_selector = Dict(config=True, help="nodeSelector of kernel pods.")
     tolerations = List(Dict(), config=True, help="tolerations of kernel pods.")
     extra_labels = Dict(config=True, help="Labels added to kernel pods (ours win on a clash).")
     extra_annotations = Dict(config=True, help="Annotations of kernel pods.")
-    extra_env = Dict(config=True, help="Environment of the kernel container. Nothing of the server's environment is copied.")
-    cpu_request = Unicode("", config=True, help="CPU request of the kernel container (a quantity like 500m). Empty: none.")
+    extra_env = Dict(
+        config=True, help="Environment of the kernel container. Nothing of the server's environment is copied."
+    )
+    cpu_request = Unicode(
+        "", config=True, help="CPU request of the kernel container (a quantity like 500m). Empty: none."
+    )
     cpu_limit = Unicode("", config=True, help="CPU limit of the kernel container. Empty: none.")
-    memory_request = Unicode("", config=True, help="RAM request of the kernel container (a quantity like 4Gi). Empty: none.")
+    memory_request = Unicode(
+        "", config=True, help="RAM request of the kernel container (a quantity like 4Gi). Empty: none."
+    )
     memory_limit = Unicode("", config=True, help="RAM limit of the kernel container. Empty: none.")
-    gpu_resource = Unicode("nvidia.com/gpu", config=True, help="Extended resource for one (virtual) GPU; 1 is asked for.")
-    memory_resource = Unicode("nvidia.com/gpumem", config=True, help="Extended resource for GPU memory (e.g. aliyun.com/gpu-mem).")
+    gpu_resource = Unicode(
+        "nvidia.com/gpu", config=True, help="Extended resource for one (virtual) GPU; 1 is asked for."
+    )
+    memory_resource = Unicode(
+        "nvidia.com/gpumem", config=True, help="Extended resource for GPU memory (e.g. aliyun.com/gpu-mem)."
+    )
     memory_resource_unit = Unicode("MiB", config=True, help="Unit of memory_resource: MiB (HAMi) or GiB (gpushare).")
-    cores_resource = Unicode("nvidia.com/gpucores", config=True, help="Extended resource for the SM share in percent. Empty: not asked for.")
-    pod_template = Dict(config=True, help="Merged into the generated pod: mappings merge, other values replace, null removes.")
+    cores_resource = Unicode(
+        "nvidia.com/gpucores", config=True, help="Extended resource for the SM share in percent. Empty: not asked for."
+    )
+    pod_template = Dict(
+        config=True, help="Merged into the generated pod: mappings merge, other values replace, null removes."
+    )
     python = Unicode("python", config=True, help="The Python of the kernel image.")
-    in_pod_slices = Bool(True, config=True, help="Run the kernel under jupyter-vgpu's interposer in the pod (the image must carry jupyter-vgpu): usage reports and live resizes within the pod's grant.")
-    simulate = Bool(False, config=True, help="The kernel uses the simulated GPU in its pod (trying and testing without GPUs).")
-    kernel_ports = List(Int(), default_value=list(PodSettings.ports), config=True, help=f"The kernel's five ports in its pod ({', '.join(PORT_NAMES)}).")
+    in_pod_slices = Bool(
+        True,
+        config=True,
+        help="Run the kernel under jupyter-vgpu's interposer in the pod (the image must carry jupyter-vgpu): usage reports and live resizes within the pod's grant.",
+    )
+    simulate = Bool(
+        False, config=True, help="The kernel uses the simulated GPU in its pod (trying and testing without GPUs)."
+    )
+    kernel_ports = List(
+        Int(),
+        default_value=list(PodSettings.ports),
+        config=True,
+        help=f"The kernel's five ports in its pod ({', '.join(PORT_NAMES)}).",
+    )
 
     # -- the start ----------------------------------------------------------------------------
-    start_timeout = Float(300.0, config=True, help="Seconds a start waits for its pod to run; then the pod is deleted and the start fails saying what it waited for.")
-    poll_interval = Float(0.5, config=True, help="Most seconds between readings of a starting pod (the first come sooner).")
-    report_interval = Float(1.0, config=True, help="Seconds between the in-pod agent's usage reports (which also carry resizes to the pod).")
-    server_url = Unicode("", config=True, help="URL of this Jupyter server as kernel pods reach it. Empty: the server's own connection URL (often localhost, which a pod cannot reach).")
-    owner = Unicode("", config=True, help="Owner label of kernel pods; a restarted server deletes the pods its predecessor of the same owner left. Empty: $JUPYTERHUB_USER or the Unix user.")
+    start_timeout = Float(
+        300.0,
+        config=True,
+        help="Seconds a start waits for its pod to run; then the pod is deleted and the start fails saying what it waited for.",
+    )
+    poll_interval = Float(
+        0.5, config=True, help="Most seconds between readings of a starting pod (the first come sooner)."
+    )
+    report_interval = Float(
+        1.0, config=True, help="Seconds between the in-pod agent's usage reports (which also carry resizes to the pod)."
+    )
+    server_url = Unicode(
+        "",
+        config=True,
+        help="URL of this Jupyter server as kernel pods reach it. Empty: the server's own connection URL (often localhost, which a pod cannot reach).",
+    )
+    owner = Unicode(
+        "",
+        config=True,
+        help="Owner label of kernel pods; a restarted server deletes the pods its predecessor of the same owner left. Empty: $JUPYTERHUB_USER or the Unix user.",
+    )
 
     @validate("start_timeout", "poll_interval", "report_interval")
     def _positive(self, proposal):
@@ -210,7 +283,16 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
             forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None
 
-    def _secret_files(self, settings: PodSettings, limits: SliceLimits, *, key: str, signature_scheme: str, kernel_name: str, credential: str) -> tuple[dict, dict]:
+    def _secret_files(
+        self,
+        settings: PodSettings,
+        limits: SliceLimits,
+        *,
+        key: str,
+        signature_scheme: str,
+        kernel_name: str,
+        credential: str,
+    ) -> tuple[dict, dict]:
         """The kernel's connection file and slice file, as its Secret holds them."""
         connection = {
             **dict(zip((f"{name}_port" for name in PORT_NAMES), settings.ports)),
@@ -269,7 +351,9 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         self._pod, self._namespace, self._state = kernel, namespace, None
         try:
             uid = (created.get("metadata") or {}).get("uid", "")
-            await self._k8s(cluster.create_secret, namespace, secret_manifest(settings, kernel, connection, slice_file, uid))
+            await self._k8s(
+                cluster.create_secret, namespace, secret_manifest(settings, kernel, connection, slice_file, uid)
+            )
             state = await self._wait_until_running(cluster, kernel, namespace)
         except BaseException:
             await self._delete_pod(grace_seconds=0)
@@ -337,7 +421,9 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         if signum in (signal.SIGKILL, signal.SIGTERM):
             await self._delete_pod(grace_seconds=0 if signum == signal.SIGKILL else None)
         elif signum != 0:
-            self.log.warning("kernel %s runs in a pod: signal %d is not delivered (interrupts go by message)", self.kernel_id, signum)
+            self.log.warning(
+                "kernel %s runs in a pod: signal %d is not delivered (interrupts go by message)", self.kernel_id, signum
+            )
 
     async def kill(self, restart: bool = False) -> None:
         await self._delete_pod(grace_seconds=0)

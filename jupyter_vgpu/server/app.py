@@ -10,8 +10,8 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
 from jupyter_vgpu.holders import LocalHolder, PodHolder
-from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.holders.local import default_region_dir, private_folder
+from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.manager import SliceManager
 from jupyter_vgpu.model import (
@@ -44,7 +44,9 @@ class VGPUApp(ExtensionApp):
 
     simulate = Bool(False, config=True, help="Use the simulated GPU (for trying jupyter-vgpu without one).")
     devices = List(Unicode(), config=True, help="GPUs slices may use, by index or UUID. Empty: every GPU NVML reports.")
-    reserve = Unicode("0", config=True, help="Memory kept free on each GPU (not given to slices): a size like 1GiB, or 0.")
+    reserve = Unicode(
+        "0", config=True, help="Memory kept free on each GPU (not given to slices): a size like 1GiB, or 0."
+    )
     default_memory = Unicode(
         format_size(DEFAULT_LIMITS.memory_limit),
         config=True,
@@ -62,18 +64,30 @@ class VGPUApp(ExtensionApp):
     )
     max_memory = Unicode("", config=True, help="Largest memory cap one slice may have. Empty: a whole GPU.")
     max_cores = Int(100, config=True, help="Largest SM share one slice may have, in percent.")
-    server_memory_limit = Unicode("", config=True, help="Memory all slices of this server may hold together. Empty: no limit.")
+    server_memory_limit = Unicode(
+        "", config=True, help="Memory all slices of this server may hold together. Empty: no limit."
+    )
     server_slice_limit = Int(0, config=True, help="Number of slices this server may hold at once. 0: no limit.")
-    burst_oversubscription = Float(1.0, config=True, help="Burst slices' shares may add up to this many times 100% per GPU (>= 1.0).")
-    placement = Unicode("binpack", config=True, help="Where new slices go: binpack (fill a GPU first) or spread (even out).")
-    region_dir = Unicode("", config=True, help="Folder of slice region files. Empty: <jupyter runtime dir>/vgpu/regions.")
-    ledger_path = Unicode("", config=True, help="SQLite file of the GPU ledger. Empty: <jupyter runtime dir>/vgpu/ledger.sqlite.")
+    burst_oversubscription = Float(
+        1.0, config=True, help="Burst slices' shares may add up to this many times 100% per GPU (>= 1.0)."
+    )
+    placement = Unicode(
+        "binpack", config=True, help="Where new slices go: binpack (fill a GPU first) or spread (even out)."
+    )
+    region_dir = Unicode(
+        "", config=True, help="Folder of slice region files. Empty: <jupyter runtime dir>/vgpu/regions."
+    )
+    ledger_path = Unicode(
+        "", config=True, help="SQLite file of the GPU ledger. Empty: <jupyter runtime dir>/vgpu/ledger.sqlite."
+    )
     local_gpus = Bool(
         True,
         config=True,
         help="Whether this machine's GPUs hold slices. False for a server without GPUs that starts only pod kernels (vgpu-pod-provisioner).",
     )
-    watch_interval = Float(0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released.")
+    watch_interval = Float(
+        0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released."
+    )
 
     @validate("reserve", "default_memory", "max_memory", "server_memory_limit")
     def _valid_size(self, proposal):
@@ -123,7 +137,9 @@ class VGPUApp(ExtensionApp):
                 f"jupyter_vgpu: {error}. A server that starts only pod kernels needs no GPU: set VGPUApp.local_gpus = False"
             ) from None
         max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
-        ledger_path = Path(self.ledger_path) if self.ledger_path else Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
+        ledger_path = (
+            Path(self.ledger_path) if self.ledger_path else Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
+        )
         private_folder(ledger_path.parent)
         ledger = EmbeddedLedger(
             ledger_path,
@@ -165,7 +181,9 @@ class VGPUApp(ExtensionApp):
             provisioner = spec.get("spec", {}).get("metadata", {}).get("kernel_provisioner", {})
             if provisioner.get("provisioner_name") != POD_PROVISIONER_NAME:
                 continue
-            chosen = {key: value for key, value in provisioner.get("config", {}).items() if key in ("namespace", "owner")}
+            chosen = {
+                key: value for key, value in provisioner.get("config", {}).items() if key in ("namespace", "owner")
+            }
             settings = VGPUPodProvisioner(config=self.config, **chosen)
             scopes.add(PodScope(settings.namespace or default_namespace(), settings.owner or default_owner()))
         return sorted(scopes, key=lambda scope: (scope.namespace, scope.owner))
@@ -182,7 +200,11 @@ class VGPUApp(ExtensionApp):
         for status in manager.statuses():  # reading the holders re-asserts drifted limits
             allocation = status.allocation
             launched = "provisioner_info" in allocation.metadata
-            if launched and allocation.kernel_id not in kernel_manager and not manager.holder(allocation).is_alive(allocation):
+            if (
+                launched
+                and allocation.kernel_id not in kernel_manager
+                and not manager.holder(allocation).is_alive(allocation)
+            ):
                 manager.release(allocation.kernel_id)
 
     def initialize_handlers(self) -> None:

@@ -83,13 +83,20 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
         "message": usage.message,
         "location": usage.location,
         # A pod's slice is on no device of this machine: where it is, is in ``location``.
-        "device": {"index": allocation.device_index, "uuid": allocation.device_uuid} if allocation.device_uuid else None,
+        "device": {"index": allocation.device_index, "uuid": allocation.device_uuid}
+        if allocation.device_uuid
+        else None,
         "limits": {"memory_bytes": allocation.memory_limit, "cores": allocation.sm_share, "policy": allocation.policy},
         "usage": {
             "memory_bytes": usage.memory_used,
             "sm_util": usage.sm_util_percent,
             "processes": [
-                {"pid": p.pid, "memory_bytes": p.used, "sm_util": p.sm_util_permille / 10, "oom_refusals": p.oom_refusals}
+                {
+                    "pid": p.pid,
+                    "memory_bytes": p.used,
+                    "sm_util": p.sm_util_permille / 10,
+                    "oom_refusals": p.oom_refusals,
+                }
                 for p in usage.processes
             ],
         },
@@ -151,7 +158,9 @@ class VGPUHandler(APIHandler):
         except (ValueError, RecursionError):
             raise VGPUHTTPError(400, "the request body is not JSON") from None
         if not isinstance(body, dict):
-            raise VGPUHTTPError(400, f"the request body must be a JSON object with the fields {', '.join(sorted(allowed))}")
+            raise VGPUHTTPError(
+                400, f"the request body must be a JSON object with the fields {', '.join(sorted(allowed))}"
+            )
         unknown = set(body) - allowed
         if unknown:
             shown = ", ".join(sorted(str(key)[:40] for key in unknown)[:5])
@@ -219,7 +228,9 @@ class SliceHandler(VGPUHandler):
 
 def _whole(value: Any, name: str, lowest: int = 0, highest: int = 1 << 62) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
-        raise VGPUHTTPError(400, f"{name} must be a whole number from {lowest} to {highest}, not {json.dumps(value)[:40]}")
+        raise VGPUHTTPError(
+            400, f"{name} must be a whole number from {lowest} to {highest}, not {json.dumps(value)[:40]}"
+        )
     return value
 
 
@@ -231,15 +242,21 @@ def usage_report(body: dict[str, Any]) -> dict[str, Any]:
     checked = []
     for process in processes:
         if not isinstance(process, dict) or set(process) - set(PROCESS_REPORT_FIELDS):
-            raise VGPUHTTPError(400, f"each process report is an object with the fields {', '.join(PROCESS_REPORT_FIELDS)}")
-        checked.append({name: _whole(process.get(name, 0), f"process field {name!r}") for name in PROCESS_REPORT_FIELDS})
+            raise VGPUHTTPError(
+                400, f"each process report is an object with the fields {', '.join(PROCESS_REPORT_FIELDS)}"
+            )
+        checked.append(
+            {name: _whole(process.get(name, 0), f"process field {name!r}") for name in PROCESS_REPORT_FIELDS}
+        )
     sm_util = body.get("sm_util", 0.0)
     if isinstance(sm_util, bool) or not isinstance(sm_util, (int, float)) or not 0 <= sm_util <= 100:
         raise VGPUHTTPError(400, "sm_util must be a number from 0 to 100 (percent)")
     limits = body.get("limits")
     if limits is not None:
         if not isinstance(limits, dict) or set(limits) != {"memory_bytes", "cores", "policy"}:
-            raise VGPUHTTPError(400, "limits must be an object with memory_bytes, cores and policy (the limits the pod has in force)")
+            raise VGPUHTTPError(
+                400, "limits must be an object with memory_bytes, cores and policy (the limits the pod has in force)"
+            )
         _whole(limits["memory_bytes"], "limits.memory_bytes")
         _whole(limits["cores"], "limits.cores", 1, 100)
         if limits["policy"] not in ("hard", "burst"):
@@ -281,7 +298,10 @@ class KernelsHandler(VGPUHandler):
             raise VGPUHTTPError(404, f"no kernelspec named {name!r}") from None
         provisioner = spec.metadata.get("kernel_provisioner", {}).get("provisioner_name")
         if provisioner not in (PROVISIONER_NAME, POD_PROVISIONER_NAME):
-            raise VGPUHTTPError(400, f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec")
+            raise VGPUHTTPError(
+                400,
+                f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec",
+            )
         requested = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         requested["owner"] = getattr(self.current_user, "username", "")
         kernel_id = str(uuid.uuid4())
@@ -306,9 +326,15 @@ class MetricsHandler(VGPUHandler):
     async def get(self):
         registry = CollectorRegistry()
         device_labels = ["device", "uuid"]
-        capacity = Gauge("vgpu_device_memory_capacity_bytes", "Device memory slices may hold", device_labels, registry=registry)
-        allocated = Gauge("vgpu_device_memory_allocated_bytes", "Device memory promised to slices", device_labels, registry=registry)
-        shares = Gauge("vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry)
+        capacity = Gauge(
+            "vgpu_device_memory_capacity_bytes", "Device memory slices may hold", device_labels, registry=registry
+        )
+        allocated = Gauge(
+            "vgpu_device_memory_allocated_bytes", "Device memory promised to slices", device_labels, registry=registry
+        )
+        shares = Gauge(
+            "vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry
+        )
         for usage in self.slices.ledger.devices_usage():
             labels = (str(usage.device.index), usage.device.uuid)
             capacity.labels(*labels).set(usage.memory_capacity)
@@ -318,7 +344,9 @@ class MetricsHandler(VGPUHandler):
         limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
         used = Gauge("vgpu_slice_memory_used_bytes", "Memory a slice's processes hold", slice_labels, registry=registry)
         share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
-        util = Gauge("vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry)
+        util = Gauge(
+            "vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry
+        )
         for status in self.slices.statuses():
             allocation = status.allocation
             labels = (allocation.kernel_id, str(allocation.device_index), allocation.policy)
@@ -335,7 +363,9 @@ class NotFoundHandler(VGPUHandler):
     kernel_actions = frozenset({"read", "write"})
 
     def prepare(self):
-        raise VGPUHTTPError(404, f"no such vGPU API path {self.request.path[:80]!r}; see the API description in api.yaml")
+        raise VGPUHTTPError(
+            404, f"no such vGPU API path {self.request.path[:80]!r}; see the API description in api.yaml"
+        )
 
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"

@@ -95,7 +95,13 @@ def user_env(sim_env, tmp_path):
     env.pop("LD_LIBRARY_PATH")
     # ipykernel forwards what C code writes to fd 2 (libvgpu.so's out-of-memory line) into the
     # cell's output, except in a kernel that sees PYTEST_CURRENT_TEST.
-    for name in ("PYTEST_CURRENT_TEST", "JUPYTER_TOKEN", "JUPYTER_VGPU_SERVER_URL", "JUPYTER_VGPU_KERNEL_ID", "JUPYTER_VGPU_KERNEL_CREDENTIAL"):
+    for name in (
+        "PYTEST_CURRENT_TEST",
+        "JUPYTER_TOKEN",
+        "JUPYTER_VGPU_SERVER_URL",
+        "JUPYTER_VGPU_KERNEL_ID",
+        "JUPYTER_VGPU_KERNEL_CREDENTIAL",
+    ):
         env.pop(name, None)
     env.update(
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
@@ -127,7 +133,9 @@ def papermill(user_env):
     """papermill(*args) -> the finished `papermill ARGS...` in the user's environment."""
 
     def run(*args: str):
-        return subprocess.run([PAPERMILL, "--no-progress-bar", *args], env=user_env, capture_output=True, text=True, timeout=240)
+        return subprocess.run(
+            [PAPERMILL, "--no-progress-bar", *args], env=user_env, capture_output=True, text=True, timeout=240
+        )
 
     return run
 
@@ -139,9 +147,18 @@ def nbconvert_command():
 
     def command(notebook: Path, output: Path, *options: str, kernel: str = "python3-vgpu") -> list[str]:
         return [
-            JUPYTER, "nbconvert", "--to", "notebook", "--execute", f"--ExecutePreprocessor.kernel_name={kernel}",
-            "--ExecutePreprocessor.timeout=120", "--VGPUProvisioner.simulate=True", *options,
-            str(notebook), "--output", str(output),
+            JUPYTER,
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            f"--ExecutePreprocessor.kernel_name={kernel}",
+            "--ExecutePreprocessor.timeout=120",
+            "--VGPUProvisioner.simulate=True",
+            *options,
+            str(notebook),
+            "--output",
+            str(output),
         ]
 
     return command
@@ -205,5 +222,3 @@ def waiting_notebook(notebook, tmp_path):
 def region_files():
     """region_files(folder) -> names of the region files in it."""
     return lambda folder: sorted(path.name for path in Path(folder).glob("*.region"))
-
-

@@ -54,7 +54,9 @@ def test_nbconvert_runs_a_notebook_in_the_slice_its_command_line_chooses(
     # A kernelspec with a size of its own (1GiB): the run's command line wins over it.
     installed = jupyter("vgpu", "kernelspec", "install", "--memory", "1GiB", "--name", "sized-1g", "--user")
     assert installed.returncode == 0, installed.stderr
-    source = notebook("train.ipynb", cells.NVML_TOTAL, "%vgpu", cells.CUDA, cells.allocate(4 * GIB), cells.allocate(GIB))
+    source = notebook(
+        "train.ipynb", cells.NVML_TOTAL, "%vgpu", cells.CUDA, cells.allocate(4 * GIB), cells.allocate(GIB)
+    )
     run = nbconvert(source, tmp_path / "done.ipynb", "--VGPUProvisioner.memory=3GiB", kernel="sized-1g")
     assert run.returncode == 0, run.stderr
     printed = outputs(tmp_path / "done.ipynb")
@@ -65,7 +67,9 @@ def test_nbconvert_runs_a_notebook_in_the_slice_its_command_line_chooses(
     assert region_files(standalone_regions) == []  # the slice went with its kernel
 
 
-def test_without_a_size_on_the_command_line_the_kernelspecs_holds(jupyter, nbconvert, notebook, outputs, cells, tmp_path):
+def test_without_a_size_on_the_command_line_the_kernelspecs_holds(
+    jupyter, nbconvert, notebook, outputs, cells, tmp_path
+):
     installed = jupyter("vgpu", "kernelspec", "install", "--memory", "1GiB", "--name", "sized-1g", "--user")
     assert installed.returncode == 0, installed.stderr
     run = nbconvert(notebook("plain.ipynb", cells.NVML_TOTAL), tmp_path / "done.ipynb", kernel="sized-1g")
@@ -84,15 +88,33 @@ def test_the_shipped_kernelspec_gives_a_batch_kernel_the_default_slice(nbconvert
 @pytest.mark.parametrize(
     "option, message",
     [
-        ("--VGPUProvisioner.memory=3parsecs", "VGPUProvisioner.memory: memory size '3parsecs' has an unknown unit 'parsecs'; use a size like 512MiB"),
+        (
+            "--VGPUProvisioner.memory=3parsecs",
+            "VGPUProvisioner.memory: memory size '3parsecs' has an unknown unit 'parsecs'; use a size like 512MiB",
+        ),
         ("--VGPUProvisioner.memory=0", "VGPUProvisioner.memory: memory size '0' must be more than zero"),
-        ("--VGPUProvisioner.cores=140", "VGPUProvisioner.cores: SM share '140' is not a whole percentage from 1 to 100"),
+        (
+            "--VGPUProvisioner.cores=140",
+            "VGPUProvisioner.cores: SM share '140' is not a whole percentage from 1 to 100",
+        ),
         ("--VGPUProvisioner.policy=soft", "VGPUProvisioner.policy: policy 'soft' is not 'hard'"),
-        ("--VGPUProvisioner.device=banana", "VGPUProvisioner.device: device 'banana' is not a GPU index (0, 1, ...) or UUID (GPU-...)"),
+        (
+            "--VGPUProvisioner.device=banana",
+            "VGPUProvisioner.device: device 'banana' is not a GPU index (0, 1, ...) or UUID (GPU-...)",
+        ),
         ("--VGPUProvisioner.device=7", "device '7' matches no single GPU; use an index or UUID of: 0 (GPU-"),
-        ("--VGPUProvisioner.memory=64GiB", "a memory cap of 64GiB is more than GPU 0 has (16GiB); ask for at most that"),
-        ("--VGPUProvisioner.ledger=/nowhere/ledger.sqlite", "VGPUProvisioner.ledger: no ledger file at /nowhere/ledger.sqlite."),
-        ("--VGPUProvisioner.ledger=", "VGPUProvisioner.ledger is empty; give auto, none or the path of a vGPU server's ledger"),
+        (
+            "--VGPUProvisioner.memory=64GiB",
+            "a memory cap of 64GiB is more than GPU 0 has (16GiB); ask for at most that",
+        ),
+        (
+            "--VGPUProvisioner.ledger=/nowhere/ledger.sqlite",
+            "VGPUProvisioner.ledger: no ledger file at /nowhere/ledger.sqlite.",
+        ),
+        (
+            "--VGPUProvisioner.ledger=",
+            "VGPUProvisioner.ledger is empty; give auto, none or the path of a vGPU server's ledger",
+        ),
     ],
 )
 def test_a_bad_value_on_the_command_line_stops_the_run_with_what_is_accepted(
@@ -122,10 +144,18 @@ def test_papermill_runs_a_notebook_in_the_slice_of_a_kernelspec_made_for_it(
     jupyter, papermill, notebook, outputs, cells, tmp_path, standalone_regions, region_files
 ):
     # papermill's command line takes no provisioner options: the size comes with the kernelspec.
-    installed = jupyter("vgpu", "kernelspec", "install", "--memory", "512MiB", "--simulate", "--name", "batch-512", "--user")
+    installed = jupyter(
+        "vgpu", "kernelspec", "install", "--memory", "512MiB", "--simulate", "--name", "batch-512", "--user"
+    )
     assert installed.returncode == 0, installed.stderr
     source = notebook(
-        "report.ipynb", cells.NVML_TOTAL, "%vgpu", cells.CUDA, cells.allocate(GIB), "%vgpu resize --memory 1GiB", "%vgpu panel"
+        "report.ipynb",
+        cells.NVML_TOTAL,
+        "%vgpu",
+        cells.CUDA,
+        cells.allocate(GIB),
+        "%vgpu resize --memory 1GiB",
+        "%vgpu panel",
     )
     run = papermill("-k", "batch-512", str(source), str(tmp_path / "done.ipynb"))
     assert run.returncode == 0, run.stderr  # resize and panel say what to do; they do not fail the run
@@ -156,7 +186,11 @@ def test_papermill_from_python_takes_the_size_from_its_config(user_env, notebook
         "    config=Config({'VGPUProvisioner': {'memory': '1536MiB', 'simulate': True}}))\n"
     )
     run = subprocess.run(
-        [sys.executable, "-c", script, str(source), str(tmp_path / "done.ipynb")], env=user_env, capture_output=True, text=True, timeout=240
+        [sys.executable, "-c", script, str(source), str(tmp_path / "done.ipynb")],
+        env=user_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert run.returncode == 0, run.stderr
     printed = outputs(tmp_path / "done.ipynb")
@@ -169,7 +203,12 @@ def test_jupyter_execute_takes_the_size_from_its_command_line(jupyter, notebook,
     # reads the running application's.
     source = notebook("report.ipynb", cells.NVML_TOTAL)
     run = jupyter(
-        "execute", "--kernel_name=python3-vgpu", "--VGPUProvisioner.simulate=True", "--VGPUProvisioner.memory=2GiB", "--inplace", str(source)
+        "execute",
+        "--kernel_name=python3-vgpu",
+        "--VGPUProvisioner.simulate=True",
+        "--VGPUProvisioner.memory=2GiB",
+        "--inplace",
+        str(source),
     )
     assert run.returncode == 0, run.stderr
     assert outputs(source) == ["nvml total MiB 2048\n"]

@@ -13,9 +13,9 @@ import pytest
 from support import wait_for
 
 from jupyter_vgpu.holders.local import LocalHolder
+from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager
-from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.model import DEFAULT_LIMITS, Device, SliceLimits
 
 GIB = 1 << 30
@@ -35,7 +35,9 @@ def background_nbconvert(nbconvert_command, user_env, tmp_path):
 
     def start(notebook: Path, output: Path, *options: str) -> subprocess.Popen:
         stderr = open(tmp_path / f"nbconvert-{len(runs)}.err", "w")
-        run = subprocess.Popen(nbconvert_command(notebook, output, *options), env=user_env, stdout=subprocess.DEVNULL, stderr=stderr)
+        run = subprocess.Popen(
+            nbconvert_command(notebook, output, *options), env=user_env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
         run.stderr_path = Path(stderr.name)
         runs.append(run)
         return run
@@ -57,17 +59,23 @@ def test_a_batch_run_asking_for_more_than_a_servers_kernels_leave_is_refused(
     start_server, nbconvert, notebook, cells, outputs, tmp_path, ledger_path, standalone_regions, region_files
 ):
     server = start_server()
-    held = server.api("POST", "api/vgpu/kernels", {"name": "python3-vgpu", "memory": "12GiB", "cores": 50})["kernel"]["id"]
+    held = server.api("POST", "api/vgpu/kernels", {"name": "python3-vgpu", "memory": "12GiB", "cores": 50})["kernel"][
+        "id"
+    ]
     source = notebook("train.ipynb", cells.NVML_TOTAL)
     run = nbconvert(source, tmp_path / "done.ipynb", "--VGPUProvisioner.memory=6GiB", "--VGPUProvisioner.cores=50")
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines()[-1].endswith(
-        f"SliceRefused: this kernel's GPU slice (memory cap 6GiB, SM share 50 percent, policy hard) does not fit "
-        f"beside the slices held in the vGPU ledger {ledger_path} (the kernels of a vGPU server on this machine, and "
-        "other batch runs): no device has 6GiB of GPU memory free: GPU 0 has 4GiB free; ask for at most 4GiB, or "
-        "stop a kernel. Start the run with a smaller slice (--VGPUProvisioner.memory=SIZE or "
-        "--VGPUProvisioner.cores=PCT, or a kernelspec made with `jupyter vgpu kernelspec install`), or stop a kernel "
-        "that holds one (`jupyter vgpu status` lists the server's)"
+    assert (
+        run.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"SliceRefused: this kernel's GPU slice (memory cap 6GiB, SM share 50 percent, policy hard) does not fit "
+            f"beside the slices held in the vGPU ledger {ledger_path} (the kernels of a vGPU server on this machine, and "
+            "other batch runs): no device has 6GiB of GPU memory free: GPU 0 has 4GiB free; ask for at most 4GiB, or "
+            "stop a kernel. Start the run with a smaller slice (--VGPUProvisioner.memory=SIZE or "
+            "--VGPUProvisioner.cores=PCT, or a kernelspec made with `jupyter vgpu kernelspec install`), or stop a kernel "
+            "that holds one (`jupyter vgpu status` lists the server's)"
+        )
     )
     assert not (tmp_path / "done.ipynb").exists()
     assert list(server.slices()) == [held]
@@ -79,19 +87,33 @@ def test_a_batch_run_asking_for_more_than_a_servers_kernels_leave_is_refused(
 
 
 def test_a_batch_kernel_that_fits_is_held_in_the_servers_ledger_until_it_ends(
-    start_server, background_nbconvert, waiting_notebook, cells, outputs, tmp_path, ledger_path, standalone_regions, region_files
+    start_server,
+    background_nbconvert,
+    waiting_notebook,
+    cells,
+    outputs,
+    tmp_path,
+    ledger_path,
+    standalone_regions,
+    region_files,
 ):
     server = start_server()
-    held = server.api("POST", "api/vgpu/kernels", {"name": "python3-vgpu", "memory": "10GiB", "cores": 50})["kernel"]["id"]
+    held = server.api("POST", "api/vgpu/kernels", {"name": "python3-vgpu", "memory": "10GiB", "cores": 50})["kernel"][
+        "id"
+    ]
     source, waiting, go = waiting_notebook([cells.NVML_TOTAL], [cells.NVML_TOTAL, "%vgpu"])
-    batch = background_nbconvert(source, tmp_path / "done.ipynb", "--VGPUProvisioner.memory=4GiB", "--VGPUProvisioner.cores=30")
+    batch = background_nbconvert(
+        source, tmp_path / "done.ipynb", "--VGPUProvisioner.memory=4GiB", "--VGPUProvisioner.cores=30"
+    )
     wait_for(waiting.exists, 120, "the batch notebook to reach its waiting cell")
     listed = batch_slice(server, {held})
     assert listed is not None, server.slices()
     assert listed["limits"] == {"memory_bytes": 4 * GIB, "cores": 30, "policy": "hard"}
     assert listed["kernelspec"] == "Python 3 (GPU slice)"
     # The server counts it: 16GiB - 10GiB - 4GiB leaves 2GiB for its own kernels.
-    status, message = server.refusal("POST", "api/vgpu/kernels", {"name": "python3-vgpu", "memory": "3GiB", "cores": 10})
+    status, message = server.refusal(
+        "POST", "api/vgpu/kernels", {"name": "python3-vgpu", "memory": "3GiB", "cores": 10}
+    )
     assert status == 409 and "Its 3GiB GPU slice does not fit: 2GiB is free." in message
     # ... and resizes it like its own: the batch kernel obeys on its next call.
     resized = server.api("PATCH", f"api/vgpu/slices/{listed['kernel_id']}", {"memory": "1GiB"})
@@ -178,6 +200,8 @@ def test_a_restarted_batch_kernel_whose_slice_was_released_is_admitted_again(use
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "readmitted True True"
-    assert lines[1].startswith("refused this kernel's GPU slice (memory cap 6GiB, SM share 30 percent, policy hard) does not fit")
+    assert lines[1].startswith(
+        "refused this kernel's GPU slice (memory cap 6GiB, SM share 30 percent, policy hard) does not fit"
+    )
     assert "GPU 0 has 4GiB free" in lines[1]
     assert lines[2] == "left ['server-kernel']"

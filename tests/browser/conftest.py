@@ -34,19 +34,31 @@ class Lab(JupyterProcess):
         self.root = tmp_path / "notebooks"
         self.root.mkdir()
         super().__init__(
-            env, tmp_path / "lab.log", TOKEN, f"--ServerApp.root_dir={self.root}", "--VGPUApp.simulate=True",
-            f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}", f"--VGPUApp.region_dir={tmp_path / 'regions'}",
+            env,
+            tmp_path / "lab.log",
+            TOKEN,
+            f"--ServerApp.root_dir={self.root}",
+            "--VGPUApp.simulate=True",
+            f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
+            f"--VGPUApp.region_dir={tmp_path / 'regions'}",
             app="lab",
         )
 
     def write_notebook(self, name: str, cells: list[str], kernelspec: str = KERNEL_NAME) -> str:
         """A notebook with the given code cells, whose kernel is the vGPU kernelspec by default."""
         notebook = {
-            "nbformat": 4, "nbformat_minor": 5,
+            "nbformat": 4,
+            "nbformat_minor": 5,
             "metadata": {"kernelspec": {"name": kernelspec, "display_name": kernelspec, "language": "python"}},
             "cells": [
-                {"cell_type": "code", "id": f"cell-{index}", "source": source, "metadata": {},
-                 "outputs": [], "execution_count": None}
+                {
+                    "cell_type": "code",
+                    "id": f"cell-{index}",
+                    "source": source,
+                    "metadata": {},
+                    "outputs": [],
+                    "execution_count": None,
+                }
                 for index, source in enumerate(cells)
             ],
         }
@@ -65,12 +77,21 @@ def write_private_jupyter_env(tmp_path: Path, labextension: Path) -> dict[str, s
     shutil.copytree(ROOT / "kernels" / "python3-vgpu", data / "kernels" / "python3-vgpu")
     spec = data / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "GPU slice (browser test)", "language": "python",
-        "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner",
-                                            "config": {"memory": "1GiB", "cores": "50", "policy": "hard"}}},
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "GPU slice (browser test)",
+                "language": "python",
+                "metadata": {
+                    "kernel_provisioner": {
+                        "provisioner_name": "vgpu-provisioner",
+                        "config": {"memory": "1GiB", "cores": "50", "policy": "hard"},
+                    }
+                },
+            }
+        )
+    )
     config = tmp_path / "config"
     notification = config / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
     notification.mkdir(parents=True)
@@ -138,11 +159,19 @@ def drive(browser_tools, lab, tmp_path, screenshots):
 
     def run(scenario: str, **params) -> dict:
         failure_screenshot = tmp_path / f"failed-{scenario}.png"
-        settings = {"url": lab.url, "token": TOKEN, "chromium": str(CHROMIUM), "screenshots": str(screenshots),
-                    "failureScreenshot": str(failure_screenshot), **params}
+        settings = {
+            "url": lab.url,
+            "token": TOKEN,
+            "chromium": str(CHROMIUM),
+            "screenshots": str(screenshots),
+            "failureScreenshot": str(failure_screenshot),
+            **params,
+        }
         result = subprocess.run(
             ["node", str(HERE / "lab.mjs"), scenario, json.dumps(settings)],
-            capture_output=True, text=True, timeout=240,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         assert result.returncode == 0, (
             f"browser scenario {scenario} failed (the page then: {failure_screenshot}):\n{result.stdout}\n{result.stderr}\n--- lab log ---\n{lab.log.read_text()[-4000:]}"

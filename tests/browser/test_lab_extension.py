@@ -11,11 +11,14 @@ GIB, MIB = 1 << 30, 1 << 20
 
 
 def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(lab, drive, screenshots, cuda_prelude):
-    notebook = lab.write_notebook("sliced.ipynb", [
-        cuda_prelude + "print('allocated', allocate(300 << 20))",
-        "print('total', memory()[1])",
-        "print('big', allocate(3 << 30))",
-    ])
+    notebook = lab.write_notebook(
+        "sliced.ipynb",
+        [
+            cuda_prelude + "print('allocated', allocate(300 << 20))",
+            "print('total', memory()[1])",
+            "print('big', allocate(3 << 30))",
+        ],
+    )
 
     seen = drive("slicedNotebook", notebook=notebook)
 
@@ -23,7 +26,10 @@ def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(la
     assert seen["status"].startswith("GPU 0.3 / 1.0 GiB · SM ")
     assert seen["status"].endswith("/ 50 %")
     assert "GPU 0 Sim Browser GPU" in seen["sidebarDevice"]
-    assert seen["invalid"] == {"text": "memory size 'lots' is not a size like 512MiB, 4GiB, 4G or a bare number of MiB", "refused": True}
+    assert seen["invalid"] == {
+        "text": "memory size 'lots' is not a size like 512MiB, 4GiB, 4G or a bare number of MiB",
+        "refused": True,
+    }
     assert seen["tooBig"]["refused"] and "cannot grow to 100GiB" in seen["tooBig"]["text"]
     assert seen["granted"] == {"text": "Resized.", "refused": False}
     assert f"total {2 * GIB}" in seen["total"]
@@ -38,7 +44,10 @@ def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(la
 
 def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size(lab, drive, cuda_prelude):
     seen = drive(
-        "startDialog", memory="768MiB", cores="20", policy="burst",
+        "startDialog",
+        memory="768MiB",
+        cores="20",
+        policy="burst",
         code=cuda_prelude + "print('total', memory()[1])",
     )
 
@@ -53,13 +62,16 @@ def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size
 
 def test_limits_rewritten_from_inside_the_kernel_show_as_a_warning_under_the_slice_and_in_the_status_bar(lab, drive):
     # What code in the kernel can do: its region file is writable by its Unix user.
-    notebook = lab.write_notebook("tampered.ipynb", [
-        "import os\n"
-        "from jupyter_vgpu.holders.region import Region\n"
-        "with Region.open(os.environ['VGPU_REGION']) as region:\n"
-        "    region.set_limits(memory_limit=16 << 30, sm_share=100)\n"
-        "print('rewritten')",
-    ])
+    notebook = lab.write_notebook(
+        "tampered.ipynb",
+        [
+            "import os\n"
+            "from jupyter_vgpu.holders.region import Region\n"
+            "with Region.open(os.environ['VGPU_REGION']) as region:\n"
+            "    region.set_limits(memory_limit=16 << 30, sm_share=100)\n"
+            "print('rewritten')",
+        ],
+    )
 
     seen = drive("sliceWarning", notebook=notebook)
 
@@ -109,6 +121,8 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
         ]
         if found
     ]
-    assert not problems, f"JupyterLab's dialog said {message!r}:\n- " + "\n- ".join(problems) + (
-        f"\n--- lab log ---\n{lab.log.read_text()[-3000:]}" if stopped_in is None else ""
+    assert not problems, (
+        f"JupyterLab's dialog said {message!r}:\n- "
+        + "\n- ".join(problems)
+        + (f"\n--- lab log ---\n{lab.log.read_text()[-3000:]}" if stopped_in is None else "")
     )

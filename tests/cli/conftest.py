@@ -55,9 +55,20 @@ class StandInServer:
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
         self.refusal: tuple[int, str] | None = None
         self.slices = [
-            listed_slice("1c2e3f4a-0000-4000-8000-000000000001", "work/train.ipynb", memory=2 << 30, used=512 << 20, cores=30, util=12.4),
-            listed_slice("1c2e9999-0000-4000-8000-000000000002", memory=1 << 30, used=0, cores=50, util=0.0, policy="burst"),
-            listed_slice("abcdef01-0000-4000-8000-000000000003", "eval.ipynb", memory=4 << 30, used=3 << 30, cores=20, util=19.6),
+            listed_slice(
+                "1c2e3f4a-0000-4000-8000-000000000001",
+                "work/train.ipynb",
+                memory=2 << 30,
+                used=512 << 20,
+                cores=30,
+                util=12.4,
+            ),
+            listed_slice(
+                "1c2e9999-0000-4000-8000-000000000002", memory=1 << 30, used=0, cores=50, util=0.0, policy="burst"
+            ),
+            listed_slice(
+                "abcdef01-0000-4000-8000-000000000003", "eval.ipynb", memory=4 << 30, used=3 << 30, cores=20, util=19.6
+            ),
         ]
 
     def answer(self, method: str, path: str, body: dict | None, authorization: str | None) -> tuple[int, object]:
@@ -100,7 +111,17 @@ def running_server(stand_in_server, cli_env):
     runtime = Path(cli_env["JUPYTER_RUNTIME_DIR"])
     runtime.mkdir(parents=True, exist_ok=True)
     port = int(stand_in_server.url.rsplit(":", 1)[1].strip("/"))
-    info = {"url": stand_in_server.url, "hostname": "127.0.0.1", "port": port, "base_url": "/", "token": TOKEN,
-            "pid": os.getpid(), "secure": False, "sock": "", "root_dir": str(runtime), "password": False}
+    info = {
+        "url": stand_in_server.url,
+        "hostname": "127.0.0.1",
+        "port": port,
+        "base_url": "/",
+        "token": TOKEN,
+        "pid": os.getpid(),
+        "secure": False,
+        "sock": "",
+        "root_dir": str(runtime),
+        "password": False,
+    }
     (runtime / f"jpserver-{os.getpid()}.json").write_text(json.dumps(info))
     return stand_in_server

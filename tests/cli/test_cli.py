@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-TWO_DEVICES = "name=Sim Alpha,memory=8GiB,sms=50;name=Sim Beta,memory=24GiB,sms=132,uuid=GPU-bbbbbbbb-0000-4000-8000-000000000001"
+TWO_DEVICES = (
+    "name=Sim Alpha,memory=8GiB,sms=50;name=Sim Beta,memory=24GiB,sms=132,uuid=GPU-bbbbbbbb-0000-4000-8000-000000000001"
+)
 SEE_MEMORY = (
     "import pynvml as n; n.nvmlInit(); "
     "m = n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0)); print(m.total, m.free)"
@@ -70,7 +72,9 @@ def test_devices_lists_the_simulated_devices(vgpu, cli_env):
     rows = result.stdout.splitlines()[1:]
     assert len(rows) == 2
     assert "Sim Alpha" in rows[0] and "8GiB" in rows[0] and rows[0].split()[-1] == "50"
-    assert "Sim Beta" in rows[1] and "GPU-bbbbbbbb-0000-4000-8000-000000000001" in rows[1] and rows[1].split()[-1] == "132"
+    assert (
+        "Sim Beta" in rows[1] and "GPU-bbbbbbbb-0000-4000-8000-000000000001" in rows[1] and rows[1].split()[-1] == "132"
+    )
 
 
 def test_run_places_the_slice_on_the_device_asked_for(vgpu, cli_env):
@@ -116,7 +120,9 @@ def test_doctor_names_a_pid_namespace_that_hides_the_slices_processes_from_nvml(
 
 
 def test_kernelspec_install_writes_a_sliced_kernelspec(vgpu, cli_env):
-    result = vgpu("kernelspec", "install", "--memory", "8G", "--cores", "25", "--policy", "burst", "--name", "big-gpu", "--user")
+    result = vgpu(
+        "kernelspec", "install", "--memory", "8G", "--cores", "25", "--policy", "burst", "--name", "big-gpu", "--user"
+    )
     assert result.returncode == 0, result.stderr
     spec = json.loads((Path(cli_env["JUPYTER_DATA_DIR"]) / "kernels" / "big-gpu" / "kernel.json").read_text())
     assert spec["metadata"]["kernel_provisioner"] == {
@@ -128,11 +134,17 @@ def test_kernelspec_install_writes_a_sliced_kernelspec(vgpu, cli_env):
 
 def test_kernelspec_install_for_batch_runs_names_a_device_and_the_simulated_gpu(vgpu, cli_env):
     # papermill -k NAME takes no provisioner options: such a kernelspec carries them all.
-    result = vgpu("kernelspec", "install", "--memory", "512MiB", "--device", "1", "--simulate", "--name", "batch", "--user")
+    result = vgpu(
+        "kernelspec", "install", "--memory", "512MiB", "--device", "1", "--simulate", "--name", "batch", "--user"
+    )
     assert result.returncode == 0, result.stderr
     spec = json.loads((Path(cli_env["JUPYTER_DATA_DIR"]) / "kernels" / "batch" / "kernel.json").read_text())
     assert spec["metadata"]["kernel_provisioner"]["config"] == {
-        "memory": "512MiB", "cores": "100", "policy": "hard", "device": "1", "simulate": True
+        "memory": "512MiB",
+        "cores": "100",
+        "policy": "hard",
+        "device": "1",
+        "simulate": True,
     }
 
 
@@ -164,7 +176,11 @@ def test_run_refuses_a_cap_larger_than_the_gpu_before_starting_anything(vgpu, tm
 
 # Values each parser must refuse in words: a digit int() cannot read, and a size too large for a float.
 UNREADABLE_VALUES = [("--cores", "\N{SUPERSCRIPT TWO}"), ("--memory", "9" * 400)]
-COMMANDS = {"run": ("run", "--simulate"), "resize": ("resize", "1c2e"), "kernelspec install": ("kernelspec", "install", "--user")}
+COMMANDS = {
+    "run": ("run", "--simulate"),
+    "resize": ("resize", "1c2e"),
+    "kernelspec install": ("kernelspec", "install", "--user"),
+}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -179,7 +195,9 @@ def test_unreadable_values_get_a_one_line_usage_error_and_exit_2(vgpu, cli_env, 
     assert not marker.exists() and not (Path(cli_env["JUPYTER_DATA_DIR"]) / "kernels").exists()
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("status",), ("kernelspec",), ("kernelspec", "install"), ("config",)])
+@pytest.mark.parametrize(
+    "command", [(), ("run",), ("status",), ("kernelspec",), ("kernelspec", "install"), ("config",)]
+)
 def test_version_is_the_packages_at_every_level(vgpu, command):
     from jupyter_vgpu import __version__
 

@@ -73,5 +73,9 @@ def test_the_documented_command_prints_every_option_with_its_help(printed, cls):
 def test_only_our_own_options_are_printed(printed):
     """Options an extension app inherits (open_browser, default_url, ...) are jupyter_server's."""
     listed = set(re.findall(r"^--(\w+\.\w+)=", printed, re.MULTILINE))
-    ours = {f"{cls.__name__}.{name}" for cls in (VGPUApp, VGPUProvisioner, VGPUPodProvisioner) for name in cls.class_own_traits(config=True)}
+    ours = {
+        f"{cls.__name__}.{name}"
+        for cls in (VGPUApp, VGPUProvisioner, VGPUPodProvisioner)
+        for name in cls.class_own_traits(config=True)
+    }
     assert listed == ours

@@ -69,8 +69,14 @@ def test_doctor_notes_a_ledger_others_can_read_and_a_ledger_folder_they_can_writ
     (runtime / "vgpu").chmod(0o777)
     result = vgpu("doctor", "--simulate")
     lines = result.stdout.splitlines()
-    assert f"[FAIL] file modes: ledger folder {runtime / 'vgpu'} is mode 0777 (drwxrwxrwx): other users can replace the ledger; chmod 700 {runtime / 'vgpu'}" in lines
-    assert f"[note] file modes: ledger file {ledger} is mode 0644 (-rw-r--r--): other users can read it (kernel ids, pids); chmod 600 {ledger}" in lines
+    assert (
+        f"[FAIL] file modes: ledger folder {runtime / 'vgpu'} is mode 0777 (drwxrwxrwx): other users can replace the ledger; chmod 700 {runtime / 'vgpu'}"
+        in lines
+    )
+    assert (
+        f"[note] file modes: ledger file {ledger} is mode 0644 (-rw-r--r--): other users can read it (kernel ids, pids); chmod 600 {ledger}"
+        in lines
+    )
     assert result.returncode == 1
 
 
@@ -79,7 +85,10 @@ def test_doctor_says_a_batch_kernel_here_takes_its_slice_from_the_servers_ledger
     make_ledger(ledger)
     result = vgpu("doctor", "--simulate")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"[ok] server ledger: {ledger} holds 1 slice(s) (2GiB; 1 of batch runs). A batch kernel started here " in result.stdout
+    assert (
+        f"[ok] server ledger: {ledger} holds 1 slice(s) (2GiB; 1 of batch runs). A batch kernel started here "
+        in result.stdout
+    )
     assert "[ok] file modes: region folders and files private, ledger not writable by others" in result.stdout
 
 
@@ -88,10 +97,15 @@ def test_doctor_names_a_ledger_batch_kernels_cannot_use(vgpu, runtime):
     os.chmod(runtime / "vgpu" / "ledger.sqlite", 0o600)
     result = vgpu("doctor", "--simulate")
     assert result.returncode == 1
-    assert f"[FAIL] server ledger: {runtime / 'vgpu' / 'ledger.sqlite'} cannot be used by batch kernels: ledger file " in result.stdout
+    assert (
+        f"[FAIL] server ledger: {runtime / 'vgpu' / 'ledger.sqlite'} cannot be used by batch kernels: ledger file "
+        in result.stdout
+    )
 
 
-@pytest.mark.parametrize("flag, message", [("--ledger", "--ledger: no file at"), ("--region-dir", "--region-dir: no folder at")])
+@pytest.mark.parametrize(
+    "flag, message", [("--ledger", "--ledger: no file at"), ("--region-dir", "--region-dir: no folder at")]
+)
 def test_doctor_refuses_a_path_that_is_not_there(vgpu, tmp_path, flag, message):
     result = vgpu("doctor", "--simulate", flag, str(tmp_path / "nowhere"))
     assert result.returncode == 2

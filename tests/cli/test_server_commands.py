@@ -11,8 +11,34 @@ def test_status_finds_the_running_server_and_shows_every_slice_with_its_token(vg
     result = vgpu("status")
     assert result.returncode == 0, result.stderr
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["KERNEL", "NOTEBOOK", "GPU", "MEMORY", "USED", "/", "CAP", "SM", "%", "/", "SHARE", "POLICY", "STATE"]
-    assert rows[0].split() == ["1c2e3f4a", "work/train.ipynb", "0", "512MiB", "/", "2GiB", "12", "/", "30", "hard", "running"]
+    assert header.split() == [
+        "KERNEL",
+        "NOTEBOOK",
+        "GPU",
+        "MEMORY",
+        "USED",
+        "/",
+        "CAP",
+        "SM",
+        "%",
+        "/",
+        "SHARE",
+        "POLICY",
+        "STATE",
+    ]
+    assert rows[0].split() == [
+        "1c2e3f4a",
+        "work/train.ipynb",
+        "0",
+        "512MiB",
+        "/",
+        "2GiB",
+        "12",
+        "/",
+        "30",
+        "hard",
+        "running",
+    ]
     assert rows[1].strip() == "warning: limits changed from inside the kernel were restored"
     assert rows[2].split() == ["1c2e9999", "-", "0", "0", "/", "1GiB", "0", "/", "50", "burst", "running"]
     assert rows[3].split()[:6] == ["abcdef01", "eval.ipynb", "0", "3GiB", "/", "4GiB"]
@@ -41,8 +67,11 @@ def test_resize_sends_the_change_to_the_one_kernel_the_prefix_names(vgpu, runnin
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "resized abcdef01: memory 6GiB, cores 40 %, policy burst"
     method, path, body, _ = running_server.requests[-1]
-    assert (method, path, body) == ("PATCH", "/api/vgpu/slices/abcdef01-0000-4000-8000-000000000003",
-                                    {"memory": "6144", "cores": 40, "policy": "burst"})
+    assert (method, path, body) == (
+        "PATCH",
+        "/api/vgpu/slices/abcdef01-0000-4000-8000-000000000003",
+        {"memory": "6144", "cores": 40, "policy": "burst"},
+    )
 
 
 def test_resize_of_an_id_nothing_matches_lists_the_sliced_kernels(vgpu, running_server):
@@ -58,7 +87,10 @@ def test_resize_of_an_id_nothing_matches_lists_the_sliced_kernels(vgpu, running_
 def test_resize_of_an_ambiguous_prefix_lists_the_kernels_it_matches(vgpu, running_server):
     result = vgpu("resize", "1c2e", "--cores", "20")
     assert result.returncode == 2
-    assert "'1c2e' matches 2 sliced kernels: 1c2e3f4a (work/train.ipynb), 1c2e9999 (no notebook); give more" in result.stderr
+    assert (
+        "'1c2e' matches 2 sliced kernels: 1c2e3f4a (work/train.ipynb), 1c2e9999 (no notebook); give more"
+        in result.stderr
+    )
     assert "abcdef01" not in result.stderr
 
 

@@ -144,7 +144,9 @@ def test_forked_child_counts_separately_from_zero(compile_c, sim_env, make_slice
 
 def test_exec_gives_back_what_the_previous_image_held(probe, sim_env, make_slice, interactive):
     env, region = make_slice(sim_env, memory_limit=CAP)
-    program = interactive([probe.executable, "init", "alloc:64M", "wait", "exec", "wait", "init", "alloc:16M", "wait"], env)
+    program = interactive(
+        [probe.executable, "init", "alloc:64M", "wait", "exec", "wait", "init", "alloc:16M", "wait"], env
+    )
     program.read_until("wait")
     assert [(slot.pid, slot.allocated) for slot in live_slots(region)] == [(program.process.pid, 64 * MIB)]
     program.send()

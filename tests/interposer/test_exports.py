@@ -14,7 +14,7 @@ INTERPOSER = ROOT / "native" / "interposer"
 
 
 def hooks_def_names(text: str) -> set[str]:
-    return set(re.findall(r"^VGPU_(?:CUDA|NVML)_HOOK\((\w+)\)", text, re.M))
+    return set(re.findall(r"^VGPU_(?:CUDA|NVML)_HOOK\((\w+)\)", text, re.MULTILINE))
 
 
 def global_names(script: str) -> set[str]:
@@ -34,9 +34,14 @@ def test_the_version_script_follows_hooks_def(tmp_path):
     tree), and everything else stays local."""
     assert not (INTERPOSER / "exports.map").exists()
     hooks_def = tmp_path / "hooks.def"
-    hooks_def.write_text((INTERPOSER / "hooks.def").read_text().replace(
-        "#undef VGPU_CUDA_HOOK", "VGPU_CUDA_HOOK(cuMemHostAlloc)\nVGPU_NVML_HOOK(nvmlDeviceGetCount_v2)\n#undef VGPU_CUDA_HOOK"
-    ))
+    hooks_def.write_text(
+        (INTERPOSER / "hooks.def")
+        .read_text()
+        .replace(
+            "#undef VGPU_CUDA_HOOK",
+            "VGPU_CUDA_HOOK(cuMemHostAlloc)\nVGPU_NVML_HOOK(nvmlDeviceGetCount_v2)\n#undef VGPU_CUDA_HOOK",
+        )
+    )
     script = runpy.run_path(str(ROOT / "native" / "build.py"))["version_script"](hooks_def)
     names = hooks_def_names(hooks_def.read_text())
     assert {"cuMemHostAlloc", "nvmlDeviceGetCount_v2"} <= names

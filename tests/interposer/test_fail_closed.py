@@ -8,10 +8,9 @@ import os
 import subprocess
 
 import pytest
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, live_slots, process_start_time
 
 from jupyter_vgpu.holders.region import constants, limits_check
-
-from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, live_slots, process_start_time
 
 COMMANDS = ("init", "alloc:1M", "vmm:2M", "managed:1M", "info", "total")
 

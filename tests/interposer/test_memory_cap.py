@@ -5,7 +5,6 @@ frees give back exactly what was charged, and a refusal says so in one line on s
 from __future__ import annotations
 
 import pytest
-
 from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, in_pid_namespace, live_slots
 from support import wait_for
 
@@ -162,13 +161,28 @@ def test_library_writes_nothing_to_stdout_even_when_logging(probe, sim_env, make
 def test_allocations_stop_counting_when_their_context_goes(probe, sim_env, make_slice, interactive):
     env, region = make_slice(sim_env, memory_limit=GIB)
     program = interactive(
-        [probe.executable, "init", "alloc:64M", "ctx", "alloc:100M", "array:1024:1024", "async:8M", "vmm:32M",
-         "ctx-destroy", "info", "wait", "primary-reset", "info", "wait"],
+        [
+            probe.executable,
+            "init",
+            "alloc:64M",
+            "ctx",
+            "alloc:100M",
+            "array:1024:1024",
+            "async:8M",
+            "vmm:32M",
+            "ctx-destroy",
+            "info",
+            "wait",
+            "primary-reset",
+            "info",
+            "wait",
+        ],
         env,
     )
     lines = program.read_until("wait")
-    assert [line[:2] for line in lines[:8]] == [[command, "0"] for command in
-                                                ("init", "alloc", "ctx", "alloc", "array", "async", "vmm", "ctx-destroy")]
+    assert [line[:2] for line in lines[:8]] == [
+        [command, "0"] for command in ("init", "alloc", "ctx", "alloc", "array", "async", "vmm", "ctx-destroy")
+    ]
     # the created context took its 100 MiB, its 4 MiB array and its 8 MiB with it; VMM memory
     # belongs to no context and stays
     assert lines[8] == ["info", "0", str(GIB - 96 * MIB), str(GIB)]
@@ -201,9 +215,10 @@ def test_pitch_wider_than_expected_is_charged_as_the_driver_chose_it(
     assert slot.allocated == 4096 * 400
     program.send()
     assert program.finish() == 0
-    assert "cuMemAllocPitch_v2 asked for 3.9 MiB, the slice uses 0 bytes of its 2.0 MiB cap" in (
-        tmp_path / "stderr"
-    ).read_text()
+    assert (
+        "cuMemAllocPitch_v2 asked for 3.9 MiB, the slice uses 0 bytes of its 2.0 MiB cap"
+        in (tmp_path / "stderr").read_text()
+    )
 
 
 def test_driver_memory_of_contexts_counts_against_the_cap(probe, sim_env, make_slice, interactive):
@@ -301,7 +316,9 @@ def test_context_memory_counts_in_a_pid_namespace_where_nvml_shows_host_pids(
     sim_env["VGPU_SIM_DEVICES"] = "name=context GPU,memory=16GiB,sms=100,context_memory=300MiB"
     sim_env["VGPU_SIM_PROC"] = str(host_proc)
     env, region = make_slice(sim_env, memory_limit=GIB)
-    program = interactive([*in_pid_namespace(host_proc), probe.executable, "init", "alloc:64M", "wait", "info", "wait"], env)
+    program = interactive(
+        [*in_pid_namespace(host_proc), probe.executable, "init", "alloc:64M", "wait", "info", "wait"], env
+    )
     assert program.read_until("wait")[:2] == [["init", "0"], ["alloc", "0", "0"]]
 
     (slot,) = live_slots(region)

@@ -269,9 +269,7 @@ def test_hard_share_holds_on_every_100ms_window_of_an_on_off_load(programs, devi
     assert max(windows) <= share + 2, f"100 ms windows of busy phases at a {share}% hard share: {phases}"
 
 
-@pytest.mark.parametrize(
-    "second_pattern", [(), ("--threads", "3")], ids=["alike", "one-thread-against-three"]
-)
+@pytest.mark.parametrize("second_pattern", [(), ("--threads", "3")], ids=["alike", "one-thread-against-three"])
 def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, make_slice, second_pattern):
     """Two saturating processes of one slice: the slice gets its share, and each process half of
     it, however many threads each launches from (the split is between processes)."""
@@ -279,9 +277,7 @@ def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, mak
     share = 40
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
     first = start_load(load_program, slice_env, seconds=3.3)
-    second = start_load(
-        load_program, slice_env, *second_pattern, seconds=3.3 - (realtime_us() - first.start_us) / 1e6
-    )
+    second = start_load(load_program, slice_env, *second_pattern, seconds=3.3 - (realtime_us() - first.start_us) / 1e6)
 
     measured = window(monitor, device_env, first, 2.0, 3.0)
     first.finish()

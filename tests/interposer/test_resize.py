@@ -9,8 +9,22 @@ from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, live
 def test_running_program_sees_a_resize_on_its_next_call(probe, sim_env, make_slice, interactive):
     env, region = make_slice(sim_env, memory_limit=GIB)
     program = interactive(
-        [probe.executable, "init", "info", "wait", "info", "alloc:600M", "wait", "info", "alloc:1M", "total",
-         "wait", "free:0", "alloc:1M", "info"],
+        [
+            probe.executable,
+            "init",
+            "info",
+            "wait",
+            "info",
+            "alloc:600M",
+            "wait",
+            "info",
+            "alloc:1M",
+            "total",
+            "wait",
+            "free:0",
+            "alloc:1M",
+            "info",
+        ],
         env,
     )
     lines = program.read_until("wait")

@@ -10,7 +10,6 @@ import os
 import subprocess
 
 import pytest
-
 from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB
 
 
@@ -42,7 +41,13 @@ def test_other_preloaded_librarys_rtld_next_lookups_still_work(machine, sim_env,
         machine.command(machine.compile("rtld_next", optimisation)), env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[3:] == ["puts-next OK", "getpid-next OK", "hook-next-before-load OK", "hook-next 1", "wrapper OK"]
+    assert result.stdout.splitlines()[3:] == [
+        "puts-next OK",
+        "getpid-next OK",
+        "hook-next-before-load OK",
+        "hook-next 1",
+        "wrapper OK",
+    ]
 
 
 def test_hooked_name_the_driver_lacks_is_missing_on_every_path(machine, sim_env, make_slice):

@@ -4,8 +4,6 @@ restarts, schema versions and the migration of older files."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import multiprocessing
 import os
@@ -14,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,7 @@ ROOM_FOR_TEN = [Device("GPU-00000000-0000-4000-8000-000000000000", 0, "test GPU 
 # -- configuration -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "options", [{"reserve": -1}, {"burst_oversubscription": 0.5}, {"placement": "random"}]
-)
+@pytest.mark.parametrize("options", [{"reserve": -1}, {"burst_oversubscription": 0.5}, {"placement": "random"}])
 def test_a_ledger_refuses_bad_configuration(ledger_path, gpu, options):
     with pytest.raises(ValueError):
         EmbeddedLedger(ledger_path, [gpu(0, 8)], **options)
@@ -231,4 +228,3 @@ def test_a_version_1_file_is_migrated_and_its_slices_held_locally(version_1_file
     )
     with EmbeddedLedger(version_1_file, [gpu(0, 16), gpu(1, 16)]) as reopened:
         assert [(a.kernel_id, a.holder) for a in reopened.allocations()] == [("k1", "local"), ("k2", "pod")]
-

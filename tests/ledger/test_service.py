@@ -234,8 +234,14 @@ FIELDS = st.sampled_from(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     route=st.sampled_from(
-        [("POST", "/allocations"), ("PATCH", "/allocations/k1"), ("PATCH", "/allocations/k1/metadata"),
-         ("POST", "/reconcile"), ("DELETE", "/allocations/k9"), ("GET", "/allocations/k9")]
+        [
+            ("POST", "/allocations"),
+            ("PATCH", "/allocations/k1"),
+            ("PATCH", "/allocations/k1/metadata"),
+            ("POST", "/reconcile"),
+            ("DELETE", "/allocations/k9"),
+            ("GET", "/allocations/k9"),
+        ]
     ),
     body=st.dictionaries(FIELDS, JSON_VALUES, max_size=4) | JSON_VALUES,
 )

@@ -8,10 +8,16 @@ from __future__ import annotations
 import copy
 
 import pytest
-from support import json_stand_in, listed_slice
 from IPython.core.interactiveshell import InteractiveShell
+from support import json_stand_in, listed_slice
 
-from jupyter_vgpu.client import CREDENTIAL_HEADER, KERNEL_VARIABLES, RequestRefused, ServerUnavailable, kernel_environment
+from jupyter_vgpu.client import (
+    CREDENTIAL_HEADER,
+    KERNEL_VARIABLES,
+    RequestRefused,
+    ServerUnavailable,
+    kernel_environment,
+)
 from jupyter_vgpu.model.sizes import parse_size
 
 GIB = 1 << 30
@@ -52,7 +58,9 @@ class FakeServer:
         self.kernel_id, self.credential = KERNEL_ID, CREDENTIAL
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
         self.refusal: tuple[int, str] | None = None
-        self.slice = make_model(KERNEL_ID, path="work/train.ipynb", device=1, memory=2 * GIB, used=512 << 20, util=12.5, policy="burst")
+        self.slice = make_model(
+            KERNEL_ID, path="work/train.ipynb", device=1, memory=2 * GIB, used=512 << 20, util=12.5, policy="burst"
+        )
         self.url = ""
 
     def answer(self, method: str, path: str, body: dict | None) -> tuple[int, object]:
@@ -148,7 +156,12 @@ def batch_shell(shell, native_libs, tmp_path, monkeypatch):
     def make(memory: int = 3 * GIB, cores: int = 40, policy: str = "burst"):
         path = tmp_path / f"{BATCH_KERNEL_ID}.region"
         region = Region.create(
-            path, memory_limit=memory, sm_share=cores, policy=policy, device_uuid="GPU-0000test-0000-4000-8000-000000000000", device_index=0
+            path,
+            memory_limit=memory,
+            sm_share=cores,
+            policy=policy,
+            device_uuid="GPU-0000test-0000-4000-8000-000000000000",
+            device_index=0,
         )
         regions.append(region)
         monkeypatch.setenv("VGPU_REGION", str(path))

@@ -8,6 +8,7 @@ from IPython.core.error import UsageError
 
 from jupyter_vgpu.client import NOT_IN_A_SERVER, ServerClient, kernel_environment
 
+
 def test_load_ext_registers_the_vgpu_line_magic(shell):
     assert shell.find_line_magic("vgpu") is not None
 
@@ -27,7 +28,11 @@ def test_vgpu_prints_the_kernels_slice(sliced_shell, fake_server, capsys):
 
 def test_resize_sends_the_changes_and_prints_what_was_granted(sliced_shell, fake_server, capsys):
     sliced_shell.run_line_magic("vgpu", "resize --memory 6GiB --cores 40% --policy BURST")
-    assert fake_server.requests[-1][:3] == ("PATCH", f"/base/api/vgpu/slices/{fake_server.kernel_id}", {"memory": "6GiB", "cores": "40", "policy": "burst"})
+    assert fake_server.requests[-1][:3] == (
+        "PATCH",
+        f"/base/api/vgpu/slices/{fake_server.kernel_id}",
+        {"memory": "6GiB", "cores": "40", "policy": "burst"},
+    )
     assert capsys.readouterr().out.strip() == "resize granted: memory cap 6GiB, SM share 40%, policy burst"
 
 
@@ -52,7 +57,10 @@ def test_the_kernel_credential_stays_out_of_the_clients_repr(fake_server):
 def test_resize_the_server_refuses_prints_its_reason(sliced_shell, fake_server, capsys):
     fake_server.refusal = (409, "device 1 has 3GiB of memory free; the slice asks for 4GiB more")
     sliced_shell.run_line_magic("vgpu", "resize --memory 6GiB")
-    assert capsys.readouterr().out.strip() == "resize refused: device 1 has 3GiB of memory free; the slice asks for 4GiB more"
+    assert (
+        capsys.readouterr().out.strip()
+        == "resize refused: device 1 has 3GiB of memory free; the slice asks for 4GiB more"
+    )
 
 
 @pytest.mark.parametrize(
@@ -96,8 +104,16 @@ def test_a_server_on_a_unix_socket_is_refused_plainly(shell, monkeypatch):
 
 def test_vgpu_help_documents_every_action_and_option(shell):
     help_text = " ".join(shell.object_inspect_text("%vgpu").split())
-    for documented in ("%vgpu resize --memory 6GiB --cores 40 --policy burst", "%vgpu panel", "{show,resize,panel}",
-                       "--memory MEMORY", "512MiB, 4GiB", "1 to 100", "'hard'", "credential"):
+    for documented in (
+        "%vgpu resize --memory 6GiB --cores 40 --policy burst",
+        "%vgpu panel",
+        "{show,resize,panel}",
+        "--memory MEMORY",
+        "512MiB, 4GiB",
+        "1 to 100",
+        "'hard'",
+        "credential",
+    ):
         assert documented in help_text
 
 
@@ -107,7 +123,13 @@ def test_sliced_ipykernels_load_the_magic_and_other_kernels_are_left_alone():
     ipykernel = ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "kernel.json"]
     assert with_vgpu_magic(ipykernel) == [*ipykernel, LOAD_MAGIC_ARGUMENT]
     assert with_vgpu_magic(with_vgpu_magic(ipykernel)) == [*ipykernel, LOAD_MAGIC_ARGUMENT]  # restarts add it once
-    assert with_vgpu_magic(["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]) == ["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]
+    assert with_vgpu_magic(["R", "--slave", "-e", "IRkernel::main()", "kernel.json"]) == [
+        "R",
+        "--slave",
+        "-e",
+        "IRkernel::main()",
+        "kernel.json",
+    ]
 
 
 # -- a kernel started without a vGPU server (nbconvert, papermill, nbclient) ---------------------
@@ -163,9 +185,13 @@ def test_resize_in_a_batch_kernel_says_how_to_choose_the_size_of_the_run(batch_s
     assert region.limits.memory_limit == 3 << 30  # nothing changed
     monkeypatch.setenv("JUPYTER_VGPU_LEDGER", str(tmp_path / "ledger.sqlite"))
     shell.run_line_magic("vgpu", "resize --cores 20")
-    assert capsys.readouterr().out.strip().endswith(
-        "Its slice is in the ledger of the vGPU server on this machine, which can resize it from a terminal: "
-        "jupyter vgpu resize 7a0b1c2d --memory 3GiB"
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith(
+            "Its slice is in the ledger of the vGPU server on this machine, which can resize it from a terminal: "
+            "jupyter vgpu resize 7a0b1c2d --memory 3GiB"
+        )
     )
 
 
@@ -183,7 +209,10 @@ def test_a_region_that_is_gone_is_named(batch_shell, monkeypatch, tmp_path):
     monkeypatch.setenv("VGPU_REGION", str(tmp_path / "gone.region"))
     with pytest.raises(UsageError) as refused:
         shell.run_line_magic("vgpu", "")
-    assert str(refused.value) == f"this kernel's GPU slice cannot be read: slice region {tmp_path / 'gone.region'} does not exist"
+    assert (
+        str(refused.value)
+        == f"this kernel's GPU slice cannot be read: slice region {tmp_path / 'gone.region'} does not exist"
+    )
 
 
 def test_a_kernel_with_its_servers_link_asks_the_server_even_in_a_region(batch_shell, fake_server, monkeypatch, capsys):

@@ -8,7 +8,6 @@ import json
 import sys
 
 import pytest
-
 from kube_standin import OWNER, POD_KERNEL, POD_SIM_DEVICES, Kubelet, Scheduler, StandIn
 
 
@@ -22,6 +21,7 @@ def standin(tmp_path, monkeypatch):
 
 
 # -- a real Jupyter server whose GPU kernels are pods ---------------------------------------------
+
 
 @pytest.fixture
 def pod_ports():
@@ -71,7 +71,10 @@ def make_pod_kernelspec(jp_data_dir):
     def make(name: str, **config) -> str:
         folder = jp_data_dir / "kernels" / name
         folder.mkdir(parents=True)
-        provisioner = {"provisioner_name": "vgpu-pod-provisioner", "config": {"memory": "1GiB", "cores": "30", **config}}
+        provisioner = {
+            "provisioner_name": "vgpu-pod-provisioner",
+            "config": {"memory": "1GiB", "cores": "30", **config},
+        }
         (folder / "kernel.json").write_text(
             json.dumps(
                 {

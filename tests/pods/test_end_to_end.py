@@ -28,7 +28,13 @@ async def until(condition, what: str, timeout: float = 30.0):
 async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_against_standin(
     jp_fetch, pod_kernelspec, kubelet, standin, run_in_kernel, cuda_prelude
 ):
-    started = await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec, "memory": "2GiB", "cores": 30}))
+    started = await jp_fetch(
+        "api",
+        "vgpu",
+        "kernels",
+        method="POST",
+        body=json.dumps({"name": pod_kernelspec, "memory": "2GiB", "cores": 30}),
+    )
     kernel_id = check_reply("POST", "/api/vgpu/kernels", started)["kernel"]["id"]
     pod = json.loads(started.body)["slice"]["location"]["pod"]
 
@@ -63,7 +69,9 @@ async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_agai
 
 async def test_a_pod_kernel_is_interrupted_by_message_against_standin(jp_fetch, jp_serverapp, pod_kernelspec, kubelet):
     """No signal reaches a pod: Jupyter's interrupt goes as a message on the control channel."""
-    kernel_id = json.loads((await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body)["kernel"]["id"]
+    kernel_id = json.loads(
+        (await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body
+    )["kernel"]["id"]
     manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
     assert manager.kernel_spec.interrupt_mode == "message"
     client = manager.client()
@@ -86,7 +94,9 @@ async def test_a_pod_kernel_is_interrupted_by_message_against_standin(jp_fetch, 
 
 
 async def test_usage_reports_are_checked_at_the_edge_against_standin(jp_fetch, pod_kernelspec, kubelet):
-    kernel_id = json.loads((await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body)["kernel"]["id"]
+    kernel_id = json.loads(
+        (await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body
+    )["kernel"]["id"]
     for body, wanted in [
         ({"processes": "all"}, "field 'processes' must be a list"),
         ({"processes": [1] * 1025}, "processes must be a list of at most 1024"),
@@ -94,12 +104,19 @@ async def test_usage_reports_are_checked_at_the_edge_against_standin(jp_fetch, p
         ({"processes": [{"pid": 1, "cpu": 3}]}, "each process report is an object with the fields"),
         ({"sm_util": 250}, "sm_util must be a number from 0 to 100"),
         ({"limits": {"memory_bytes": 1}}, "limits must be an object with memory_bytes, cores and policy"),
-        ({"limits": {"memory_bytes": 1, "cores": 0, "policy": "hard"}}, "limits.cores must be a whole number from 1 to 100"),
+        (
+            {"limits": {"memory_bytes": 1, "cores": 0, "policy": "hard"}},
+            "limits.cores must be a whole number from 1 to 100",
+        ),
         ({"battery": 1}, "unknown field(s) battery"),
     ]:
-        response = await jp_fetch("api", "vgpu", "slices", kernel_id, "usage", method="POST", body=json.dumps(body), raise_error=False)
+        response = await jp_fetch(
+            "api", "vgpu", "slices", kernel_id, "usage", method="POST", body=json.dumps(body), raise_error=False
+        )
         assert response.code == 400, body
         assert wanted in check_reply("POST", f"/api/vgpu/slices/{kernel_id}/usage", response)["message"]
-    missing = await jp_fetch("api", "vgpu", "slices", "no-such-kernel", "usage", method="POST", body="{}", raise_error=False)
+    missing = await jp_fetch(
+        "api", "vgpu", "slices", "no-such-kernel", "usage", method="POST", body="{}", raise_error=False
+    )
     assert missing.code == 404
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")

@@ -10,7 +10,6 @@ import pytest
 import tornado.httpclient
 from kube_standin import OWNER, running_status
 
-
 from jupyter_vgpu.pods.manifest import KERNEL_LABEL, MANAGED_BY, OWNER_LABEL, SERVER_LABEL
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -32,10 +31,20 @@ async def slices(jp_fetch) -> list[dict]:
 
 
 def unschedulable(standin, name):
-    standin.set_status(name, {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}]})
+    standin.set_status(
+        name,
+        {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}
+            ],
+        },
+    )
 
 
-async def test_a_pod_kernel_starts_runs_and_shuts_down_against_standin(jp_fetch, jp_serverapp, pod_kernelspec, kubelet, standin, pod_ports):
+async def test_a_pod_kernel_starts_runs_and_shuts_down_against_standin(
+    jp_fetch, jp_serverapp, pod_kernelspec, kubelet, standin, pod_ports
+):
     response = await start(jp_fetch, pod_kernelspec, memory="2GiB", cores=30)
     assert response.code == 201
     reply = json.loads(response.body)
@@ -47,7 +56,11 @@ async def test_a_pod_kernel_starts_runs_and_shuts_down_against_standin(jp_fetch,
     name = model["location"]["pod"]
     pod, secret = standin.pod(name), standin.secret(name)
     container = pod["spec"]["containers"][0]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "30"}
+    assert container["resources"]["limits"] == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "2048",
+        "nvidia.com/gpucores": "30",
+    }
     labels = pod["metadata"]["labels"]
     assert labels[KERNEL_LABEL] == kernel_id and labels[OWNER_LABEL] == OWNER and labels[MANAGED_BY[0]] == MANAGED_BY[1]
     assert secret["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
@@ -84,6 +97,7 @@ async def test_slices_list_shows_a_starting_pods_state_against_standin(jp_fetch,
     scheduler(unschedulable)
     starting = asyncio.ensure_future(start(jp_fetch, pod_kernelspec))
     try:
+
         async def waiting():
             found = await slices(jp_fetch)
             return found and found[0]["state"] == "scheduling" and UNSCHEDULABLE in found[0]["message"]
@@ -97,9 +111,27 @@ async def test_slices_list_shows_a_starting_pods_state_against_standin(jp_fetch,
     finally:
         # End the start: the image cannot be pulled.
         name = standin.pods()[0]["metadata"]["name"]
-        standin.set_status(name, {"phase": "Pending", "containerStatuses": [
-            {"name": "kernel", "ready": False, "restartCount": 0, "image": "i", "imageID": "",
-             "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.example.org/kernels/standin:1"'}}}]})
+        standin.set_status(
+            name,
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "kernel",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "i",
+                        "imageID": "",
+                        "state": {
+                            "waiting": {
+                                "reason": "ImagePullBackOff",
+                                "message": 'Back-off pulling image "registry.example.org/kernels/standin:1"',
+                            }
+                        },
+                    }
+                ],
+            },
+        )
         with pytest.raises(tornado.httpclient.HTTPClientError) as refused:
             await starting
     assert refused.value.code == 503
@@ -108,7 +140,9 @@ async def test_slices_list_shows_a_starting_pods_state_against_standin(jp_fetch,
     assert standin.pods() == [] and await slices(jp_fetch) == []
 
 
-async def test_rbac_denial_names_the_missing_permission_against_standin(jp_fetch, jp_serverapp, pod_kernelspec, standin):
+async def test_rbac_denial_names_the_missing_permission_against_standin(
+    jp_fetch, jp_serverapp, pod_kernelspec, standin
+):
     standin.forbid("create", "pods")
     status, message = await refused_start(jp_fetch, pod_kernelspec)
     assert status == 503
@@ -141,7 +175,10 @@ async def test_a_pod_deleted_from_outside_ends_its_kernel_which_comes_back_on_a_
     standin.api.delete_namespaced_pod(name, "default", _preload_content=False)
 
     def ended() -> bool:
-        return any(record.getMessage() == f"kernel {kernel_id} ended: the kernel's pod no longer exists (it was deleted)" for record in caplog.records)
+        return any(
+            record.getMessage() == f"kernel {kernel_id} ended: the kernel's pod no longer exists (it was deleted)"
+            for record in caplog.records
+        )
 
     async def back_on_a_new_pod() -> bool:
         model = json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id)).body)
@@ -152,7 +189,9 @@ async def test_a_pod_deleted_from_outside_ends_its_kernel_which_comes_back_on_a_
             break
         await asyncio.sleep(0.05)
     else:
-        pytest.fail(f"no end message and new pod: {[r.getMessage() for r in caplog.records if kernel_id in r.getMessage()]}")
+        pytest.fail(
+            f"no end message and new pod: {[r.getMessage() for r in caplog.records if kernel_id in r.getMessage()]}"
+        )
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert standin.pods() == []
 
@@ -164,7 +203,9 @@ async def test_a_resize_beyond_the_pods_grant_is_refused_against_standin(jp_fetc
     assert refused.value.code == 409
     message = json.loads(refused.value.response.body)["message"]
     assert "granted 2GiB of GPU memory" in message and "restart the kernel with the new size" in message
-    shrunk = await jp_fetch("api", "vgpu", "slices", kernel_id, method="PATCH", body=json.dumps({"memory": 1024, "cores": 20}))
+    shrunk = await jp_fetch(
+        "api", "vgpu", "slices", kernel_id, method="PATCH", body=json.dumps({"memory": 1024, "cores": 20})
+    )
     assert json.loads(shrunk.body)["limits"] == {"memory_bytes": GIB, "cores": 20, "policy": "hard"}
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
 
@@ -173,11 +214,24 @@ async def test_a_resize_beyond_the_pods_grant_is_refused_against_standin(jp_fetc
 def pods_of_a_crashed_server(standin):
     """Pods and Secrets an earlier server of the same owner left (it was SIGKILLed), and one of
     another owner, made before the server under test starts."""
+
     def leave(name, owner):
         labels = {MANAGED_BY[0]: MANAGED_BY[1], OWNER_LABEL: owner, KERNEL_LABEL: name, SERVER_LABEL: "earlier"}
-        standin.api.create_namespaced_pod("default", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-                                                      "spec": {"containers": [{"name": "kernel", "image": "i"}]}}, _preload_content=False)
-        standin.api.create_namespaced_secret("default", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "labels": labels}}, _preload_content=False)
+        standin.api.create_namespaced_pod(
+            "default",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"containers": [{"name": "kernel", "image": "i"}]},
+            },
+            _preload_content=False,
+        )
+        standin.api.create_namespaced_secret(
+            "default",
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "labels": labels}},
+            _preload_content=False,
+        )
         standin.set_status(name, running_status())
 
     leave("jvgpu-left-1", OWNER)
@@ -185,7 +239,9 @@ def pods_of_a_crashed_server(standin):
     leave("jvgpu-someone-else-1", "grace")
 
 
-async def test_a_restarted_server_deletes_the_pods_its_predecessor_left_against_standin(pods_of_a_crashed_server, pod_kernelspec, jp_serverapp, standin):
+async def test_a_restarted_server_deletes_the_pods_its_predecessor_left_against_standin(
+    pods_of_a_crashed_server, pod_kernelspec, jp_serverapp, standin
+):
     assert [pod["metadata"]["name"] for pod in standin.pods()] == ["jvgpu-someone-else-1"]
     assert standin.secret("jvgpu-left-1") is None and standin.secret("jvgpu-left-2") is None
     assert standin.secret("jvgpu-someone-else-1") is not None

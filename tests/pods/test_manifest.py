@@ -27,10 +27,26 @@ from jupyter_vgpu.pods.manifest import (
 GIB, MIB = 1 << 30, 1 << 20
 KUBERNETES_VERSION = "1.31"
 KERNEL = KernelPod("0f8c3a52-1b7e-4c1e-9a3f-2d5e6f7a8b9c", "ada@example.org", "a1b2c3d4e5f6")
-CONNECTION = {"shell_port": 52101, "iopub_port": 52102, "stdin_port": 52103, "control_port": 52104, "hb_port": 52105,
-              "ip": "0.0.0.0", "key": "secret-hmac-key", "transport": "tcp", "signature_scheme": "hmac-sha256", "kernel_name": "gpu"}
-SLICE_FILE = {"kernel_id": KERNEL.kernel_id, "server_url": "http://jupyter:8888/", "credential": "kernel-credential",
-              "limits": {"memory_bytes": 4 * GIB, "cores": 30, "policy": "hard"}, "report_interval": 1.0, "simulate": False}
+CONNECTION = {
+    "shell_port": 52101,
+    "iopub_port": 52102,
+    "stdin_port": 52103,
+    "control_port": 52104,
+    "hb_port": 52105,
+    "ip": "0.0.0.0",
+    "key": "secret-hmac-key",
+    "transport": "tcp",
+    "signature_scheme": "hmac-sha256",
+    "kernel_name": "gpu",
+}
+SLICE_FILE = {
+    "kernel_id": KERNEL.kernel_id,
+    "server_url": "http://jupyter:8888/",
+    "credential": "kernel-credential",
+    "limits": {"memory_bytes": 4 * GIB, "cores": 30, "policy": "hard"},
+    "report_interval": 1.0,
+    "simulate": False,
+}
 
 EVERY_KNOB = PodSettings(
     namespace="gpu-kernels",
@@ -70,7 +86,11 @@ def test_generated_pod_and_secret_validate_against_the_kubernetes_schema(setting
 def test_the_slice_is_asked_for_as_hami_extended_resources():
     container = pod_manifest(PodSettings(), KERNEL, SliceLimits(4 * GIB + 1, 30, "hard"))["spec"]["containers"][0]
     # HAMi's gpumem is in MiB: a part of a MiB asks for the whole MiB.
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4097", "nvidia.com/gpucores": "30"}
+    assert container["resources"]["limits"] == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "4097",
+        "nvidia.com/gpucores": "30",
+    }
     assert {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"} in container["env"]
     burst = pod_manifest(PodSettings(), KERNEL, SliceLimits(GIB, 50, "burst"))["spec"]["containers"][0]
     assert all(item["name"] != "GPU_CORE_UTILIZATION_POLICY" for item in burst["env"])
@@ -103,7 +123,9 @@ def test_the_secret_is_owned_by_the_pod_mounted_read_only_and_labelled():
     assert secret["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Pod", "name": KERNEL.name, "uid": "uid-1", "blockOwnerDeletion": False}
     ]
-    assert pod["spec"]["volumes"] == [{"name": "kernel-connection", "secret": {"secretName": KERNEL.name, "defaultMode": 0o400}}]
+    assert pod["spec"]["volumes"] == [
+        {"name": "kernel-connection", "secret": {"secretName": KERNEL.name, "defaultMode": 0o400}}
+    ]
     assert pod["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] is True
     assert json.loads(secret["stringData"]["connection.json"])["key"] == "secret-hmac-key"
     for manifest in (pod, secret):
@@ -129,7 +151,9 @@ def test_a_restart_is_a_new_pod_name():
 
 def test_pod_template_merges_mappings_replaces_lists_and_removes_nulls():
     base = {"spec": {"a": 1, "list": [1, 2], "keep": {"x": 1}}}
-    assert merge(base, {"spec": {"a": None, "list": [3], "keep": {"y": 2}}}) == {"spec": {"list": [3], "keep": {"x": 1, "y": 2}}}
+    assert merge(base, {"spec": {"a": None, "list": [3], "keep": {"y": 2}}}) == {
+        "spec": {"list": [3], "keep": {"x": 1, "y": 2}}
+    }
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,13 @@ def pod(phase="Pending", *, node="", conditions=(), containers=(), ip="", annota
     return {
         "metadata": {"name": "jvgpu-k-1", "annotations": annotations or {}},
         "spec": {"nodeName": node, "containers": [{"name": "kernel", "image": "registry.example.org/torch:2.5"}]},
-        "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers), "podIP": ip, **status},
+        "status": {
+            "phase": phase,
+            "conditions": list(conditions),
+            "containerStatuses": list(containers),
+            "podIP": ip,
+            **status,
+        },
     }
 
 
@@ -21,11 +27,22 @@ def waiting(reason, message=""):
 
 
 def event(reason, message="", at="2026-11-23T10:00:00Z"):
-    return {"reason": reason, "message": message, "lastTimestamp": at, "involvedObject": {"kind": "Pod", "name": "jvgpu-k-1"}}
+    return {
+        "reason": reason,
+        "message": message,
+        "lastTimestamp": at,
+        "involvedObject": {"kind": "Pod", "name": "jvgpu-k-1"},
+    }
 
 
 def test_an_unscheduled_pod_waits_for_the_scheduler_with_its_reason():
-    state = pod_state(pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}]))
+    state = pod_state(
+        pod(
+            conditions=[
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}
+            ]
+        )
+    )
     assert state.state == "scheduling" and not state.ready and not state.over
     assert state.message == f"waiting for the scheduler to place the kernel's pod: {UNSCHEDULABLE}"
 
@@ -36,8 +53,15 @@ def test_the_reason_comes_from_the_failed_scheduling_event_when_the_condition_ha
 
 
 def test_pulling_is_seen_in_events_until_the_image_is_pulled():
-    scheduled = pod(node="gpu-node-1", conditions=[{"type": "PodScheduled", "status": "True"}], containers=[waiting("ContainerCreating")])
-    assert pod_state(scheduled, [event("Pulling", "Pulling image")]).message == "pulling the kernel image registry.example.org/torch:2.5 on node gpu-node-1"
+    scheduled = pod(
+        node="gpu-node-1",
+        conditions=[{"type": "PodScheduled", "status": "True"}],
+        containers=[waiting("ContainerCreating")],
+    )
+    assert (
+        pod_state(scheduled, [event("Pulling", "Pulling image")]).message
+        == "pulling the kernel image registry.example.org/torch:2.5 on node gpu-node-1"
+    )
     pulled = [event("Pulling", at="2026-11-23T10:00:00Z"), event("Pulled", at="2026-11-23T10:00:05Z")]
     assert pod_state(scheduled, pulled).state == "starting"
 
@@ -70,7 +94,10 @@ def test_an_oom_killed_container_fails_with_oomkilled():
 
 def test_an_evicted_pod_fails_with_the_pods_reason():
     state = pod_state(pod("Failed", node="n", reason="Evicted", message="The node was low on resource: memory."))
-    assert state.state == "failed" and state.message == "the kernel's pod failed on node n (Evicted): The node was low on resource: memory."
+    assert (
+        state.state == "failed"
+        and state.message == "the kernel's pod failed on node n (Evicted): The node was low on resource: memory."
+    )
 
 
 def test_a_deleted_pod_is_gone_and_a_deleting_one_is_stopping():

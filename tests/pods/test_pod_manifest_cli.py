@@ -22,18 +22,38 @@ def jupyter_env(tmp_path, monkeypatch):
     pod kernelspec that sets the image and a size."""
     config, data = tmp_path / "config", tmp_path / "data"
     config.mkdir()
-    (config / "jupyter_server_config.json").write_text(json.dumps({
-        "VGPUApp": {"default_memory": "2GiB", "default_cores": 40},
-        "VGPUPodProvisioner": {"namespace": "gpu-kernels", "scheduler_name": "hami-scheduler", "owner": "ada"},
-    }))
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps(
+            {
+                "VGPUApp": {"default_memory": "2GiB", "default_cores": 40},
+                "VGPUPodProvisioner": {"namespace": "gpu-kernels", "scheduler_name": "hami-scheduler", "owner": "ada"},
+            }
+        )
+    )
     for name, provisioner in (("gpu-pod", "vgpu-pod-provisioner"), ("gpu-local", "vgpu-provisioner")):
         folder = data / "kernels" / name
         folder.mkdir(parents=True)
-        (folder / "kernel.json").write_text(json.dumps({
-            "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": name, "language": "python",
-            "metadata": {"kernel_provisioner": {"provisioner_name": provisioner, "config": {"memory": "6GiB", "image": "registry.example.org/torch:2.5"}}},
-        }))
-    env = {"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_DATA_DIR": str(data), "JUPYTER_PATH": str(data), "JUPYTER_CONFIG_PATH": str(config)}
+        (folder / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": name,
+                    "language": "python",
+                    "metadata": {
+                        "kernel_provisioner": {
+                            "provisioner_name": provisioner,
+                            "config": {"memory": "6GiB", "image": "registry.example.org/torch:2.5"},
+                        }
+                    },
+                }
+            )
+        )
+    env = {
+        "JUPYTER_CONFIG_DIR": str(config),
+        "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_PATH": str(data),
+        "JUPYTER_CONFIG_PATH": str(config),
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return env
@@ -54,7 +74,11 @@ def test_pod_manifest_prints_what_a_start_would_create_valid_and_redacted(jupyte
     assert pod["spec"]["schedulerName"] == "hami-scheduler"
     container = pod["spec"]["containers"][0]
     assert container["image"] == "registry.example.org/torch:2.5"
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "6144", "nvidia.com/gpucores": "25"}
+    assert container["resources"]["limits"] == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "6144",
+        "nvidia.com/gpucores": "25",
+    }
     assert json.loads(secret["stringData"]["connection.json"])["key"] == "<redacted>"
     assert json.loads(secret["stringData"]["slice.json"])["credential"] == "<redacted>"
     assert "no cluster was contacted" in result.stdout.splitlines()[0]
@@ -71,11 +95,17 @@ def test_without_a_kernelspec_the_servers_defaults_size_the_pod(jupyter_env):
     "args, message",
     [
         (["--kernel", "nope"], "no kernelspec named 'nope'"),
-        (["--kernel", "gpu-local"], "kernelspec 'gpu-local' does not start pod kernels (its provisioner is vgpu-provisioner)"),
+        (
+            ["--kernel", "gpu-local"],
+            "kernelspec 'gpu-local' does not start pod kernels (its provisioner is vgpu-provisioner)",
+        ),
         (["--memory", "lots"], "memory size 'lots' is not a size like"),
         (["--cores", "250"], "SM share"),
         (["--policy", "soft"], "policy"),
-        (["--VGPUPodProvisioner.image_pull_policy=Sometimes"], "image_pull_policy 'Sometimes' is not one of Always, IfNotPresent, Never"),
+        (
+            ["--VGPUPodProvisioner.image_pull_policy=Sometimes"],
+            "image_pull_policy 'Sometimes' is not one of Always, IfNotPresent, Never",
+        ),
     ],
 )
 def test_bad_input_stops_with_what_is_accepted(jupyter_env, args, message):

@@ -10,7 +10,9 @@ import pytest
 
 # The in-process server loads the simulated driver into the test process; it reads its device
 # list and state file once, so every server test shares one simulated machine.
-SERVER_SIM_DEVICES = "name=Sim Small,memory=8GiB,sms=50,context_memory=0;name=Sim Large,memory=16GiB,sms=100,context_memory=0"
+SERVER_SIM_DEVICES = (
+    "name=Sim Small,memory=8GiB,sms=50,context_memory=0;name=Sim Large,memory=16GiB,sms=100,context_memory=0"
+)
 KERNEL_NAME = "vgpu-test"
 
 

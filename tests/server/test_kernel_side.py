@@ -87,7 +87,9 @@ async def test_vgpu_resize_the_ledger_refuses_prints_the_servers_reason(jp_fetch
     assert (await slice_of(jp_fetch, kernel_id))["limits"]["memory_bytes"] == GIB
 
 
-async def test_kernel_credential_reads_slices_and_resizes_only_its_own(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel):
+async def test_kernel_credential_reads_slices_and_resizes_only_its_own(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel
+):
     own = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     other = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     credential = (await run_in_kernel(own, f"import os; print(os.environ[{CREDENTIAL_VARIABLE!r}])")).strip()
@@ -118,7 +120,9 @@ async def test_kernel_credential_reads_slices_and_resizes_only_its_own(jp_fetch,
     assert "credential_sha256" in stored and credential not in json.dumps(stored)  # the ledger keeps a hash
 
 
-async def test_a_restarted_kernel_gets_a_new_credential_that_works(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel):
+async def test_a_restarted_kernel_gets_a_new_credential_that_works(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel
+):
     kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     manager = jp_serverapp.web_app.settings["vgpu_slice_manager"]
     before = manager.get(kernel_id).metadata["credential_sha256"]
@@ -135,7 +139,9 @@ async def test_out_of_memory_line_reaches_the_cell_output_with_a_resize_that_can
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     await run_in_kernel(kernel_id, cuda_prelude)
-    output = await stream_until(kernel_id, "print('result', allocate(3 * 2**30 // 2))", r"result \d+", r"`jupyter vgpu resize [^`]*`")
+    output = await stream_until(
+        kernel_id, "print('result', allocate(3 * 2**30 // 2))", r"result \d+", r"`jupyter vgpu resize [^`]*`"
+    )
     assert "result 2" in output  # CUDA_ERROR_OUT_OF_MEMORY
     assert "out of GPU memory in this slice" in output and "1.0 GiB cap" in output
     pasted = re.search(r"`(%vgpu resize [^`]*)`", output).group(1)
@@ -157,9 +163,13 @@ async def test_vgpu_panel_in_a_kernel_refreshes_while_kernels_come_and_go(jp_fet
         "    time.sleep(0.05)\n"
         "print(sorted(row.name.value for row in panel.rows.values()))\n"
     )
-    assert (await run_in_kernel(kernel_id, rows_once.format(count=1))).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"
+    assert (
+        await run_in_kernel(kernel_id, rows_once.format(count=1))
+    ).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"
     other = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     shown = (await run_in_kernel(kernel_id, rows_once.format(count=2))).strip()
     assert shown == str(sorted([f"kernel {kernel_id[:8]} (this kernel)", f"kernel {other[:8]}"]))
     await jp_fetch("api", "kernels", other, method="DELETE")
-    assert (await run_in_kernel(kernel_id, rows_once.format(count=1))).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"
+    assert (
+        await run_in_kernel(kernel_id, rows_once.format(count=1))
+    ).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"

@@ -9,9 +9,8 @@ import re
 
 import pytest
 from jupyter_server.base.handlers import APIHandler
-from openapi_spec_validator import validate as validate_openapi
-
 from openapi_check import ERROR_STATUSES, HTTP_METHODS, check_reply, request_problems, resolve, spec
+from openapi_spec_validator import validate as validate_openapi
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -28,7 +27,13 @@ def api(jp_fetch):
         if raw is None and body is not None:
             raw = json.dumps(body)
         response = await jp_fetch(
-            "api", "vgpu", *path.split("/"), method=method, body=raw, headers=headers, raise_error=False,
+            "api",
+            "vgpu",
+            *path.split("/"),
+            method=method,
+            body=raw,
+            headers=headers,
+            raise_error=False,
             allow_nonstandard_methods=True,
         )
         assert response.code == status, (
@@ -100,13 +105,21 @@ def test_every_documented_error_is_a_json_message_with_a_client_status():
                 assert reply["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
 
 
-async def test_lists_a_kernel_start_a_slice_and_a_resize_match_the_spec(api, vgpu_kernelspec, run_in_kernel, cuda_prelude):
+async def test_lists_a_kernel_start_a_slice_and_a_resize_match_the_spec(
+    api, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
     assert await api("GET", "slices", status=200) == []
     devices = await api("GET", "devices", status=200)
-    assert [(d["memory_total_bytes"], d["memory_free_bytes"], d["slices"]) for d in devices] == [(8 * GIB, 8 * GIB, 0), (16 * GIB, 16 * GIB, 0)]
+    assert [(d["memory_total_bytes"], d["memory_free_bytes"], d["slices"]) for d in devices] == [
+        (8 * GIB, 8 * GIB, 0),
+        (16 * GIB, 16 * GIB, 0),
+    ]
 
     started = await api(
-        "POST", "kernels", {"name": vgpu_kernelspec, "path": "", "memory": "1GiB", "cores": 20, "policy": "burst", "device": 1}, status=201
+        "POST",
+        "kernels",
+        {"name": vgpu_kernelspec, "path": "", "memory": "1GiB", "cores": 20, "policy": "burst", "device": 1},
+        status=201,
     )
     kernel_id = started["kernel"]["id"]
     assert started["slice"]["kernel_id"] == kernel_id
@@ -119,7 +132,9 @@ async def test_lists_a_kernel_start_a_slice_and_a_resize_match_the_spec(api, vgp
     assert listed["usage"]["memory_bytes"] == 256 * MIB
     assert [process["memory_bytes"] for process in listed["usage"]["processes"]] == [256 * MIB]
     alone = await api("GET", f"slices/{kernel_id}", status=200)
-    assert {key: value for key, value in alone.items() if key != "usage"} == {key: value for key, value in listed.items() if key != "usage"}
+    assert {key: value for key, value in alone.items() if key != "usage"} == {
+        key: value for key, value in listed.items() if key != "usage"
+    }
     large = (await api("GET", "devices", status=200))[1]
     assert (large["memory_allocated_bytes"], large["memory_free_bytes"], large["slices"]) == (GIB, 15 * GIB, 1)
 
@@ -128,7 +143,9 @@ async def test_lists_a_kernel_start_a_slice_and_a_resize_match_the_spec(api, vgp
     resized = await api("PATCH", f"slices/{kernel_id}", {"memory": "2GiB", "policy": "hard"}, status=200)
     assert resized["limits"] == {"memory_bytes": 2 * GIB, "cores": 40, "policy": "hard"}
 
-    started = await api("POST", "kernels", {"name": vgpu_kernelspec, "memory": 512, "cores": "10", "device": "0"}, status=201)
+    started = await api(
+        "POST", "kernels", {"name": vgpu_kernelspec, "memory": 512, "cores": "10", "device": "0"}, status=201
+    )
     assert started["slice"]["limits"]["memory_bytes"] == 512 * MIB and started["slice"]["device"]["index"] == 0
     assert len(await api("GET", "slices", status=200)) == 2
 

@@ -21,7 +21,9 @@ async def fetch_json(jp_fetch, *path, method="GET", body=None):
 
 async def error_of(jp_fetch, *path, method="GET", body=None, raw=None):
     with pytest.raises(tornado.httpclient.HTTPClientError) as caught:
-        await jp_fetch(*path, method=method, body=raw if raw is not None else (None if body is None else json.dumps(body)))
+        await jp_fetch(
+            *path, method=method, body=raw if raw is not None else (None if body is None else json.dumps(body))
+        )
     return caught.value.code, json.loads(caught.value.response.body)["message"]
 
 
@@ -39,7 +41,11 @@ async def test_devices_report_capacity_and_what_slices_hold(jp_fetch, vgpu_kerne
     assert all(d["memory_free_bytes"] == d["memory_capacity_bytes"] == d["memory_total_bytes"] for d in devices)
     await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", cores=40, device=1)
     large = (await fetch_json(jp_fetch, "api", "vgpu", "devices"))[1]
-    assert (large["memory_allocated_bytes"], large["memory_free_bytes"], large["sm_share_allocated"]) == (3 * GIB, 13 * GIB, 40)
+    assert (large["memory_allocated_bytes"], large["memory_free_bytes"], large["sm_share_allocated"]) == (
+        3 * GIB,
+        13 * GIB,
+        40,
+    )
 
 
 async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
@@ -53,7 +59,9 @@ async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernels
     assert [p["memory_bytes"] for p in listed["usage"]["processes"]] == [512 << 20]
 
 
-async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
+async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
     reply = await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": vgpu_kernelspec})
     out = await run_in_kernel(reply["id"], cuda_prelude + "print(memory()[1])")
     assert out.strip() == str(1 * GIB)
@@ -61,10 +69,14 @@ async def test_kernelspec_defaults_apply_to_a_plain_kernel_start(jp_fetch, vgpu_
     assert listed["limits"] == {"memory_bytes": GIB, "cores": 50, "policy": "hard"}
 
 
-async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
+async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
     await run_in_kernel(kernel_id, cuda_prelude)
-    resized = await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "3GiB", "cores": 20})
+    resized = await fetch_json(
+        jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "3GiB", "cores": 20}
+    )
     assert resized["limits"]["memory_bytes"] == 3 * GIB and resized["limits"]["cores"] == 20
     assert (await run_in_kernel(kernel_id, "print(memory()[1])")).strip() == str(3 * GIB)
     await fetch_json(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "512MiB"})
@@ -74,7 +86,9 @@ async def test_resize_reaches_the_running_kernel_on_its_next_cuda_call(jp_fetch,
 async def test_resize_beyond_the_device_is_refused_with_the_reason(jp_fetch, vgpu_kernelspec):
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="4GiB", device=0)
     await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", device=0)
-    code, message = await error_of(jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "6GiB"})
+    code, message = await error_of(
+        jp_fetch, "api", "vgpu", "slices", kernel_id, method="PATCH", body={"memory": "6GiB"}
+    )
     assert code == 409
     assert "memory" in message and "5GiB" in message
 
@@ -106,7 +120,9 @@ async def test_a_kernel_that_does_not_fit_fails_to_start_with_what_is_free(jp_fe
     ],
 )
 async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch, vgpu_kernelspec, body, accepted):
-    code, message = await error_of(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, **body})
+    code, message = await error_of(
+        jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, **body}
+    )
     assert code == 400
     assert accepted in message
     assert await fetch_json(jp_fetch, "api", "vgpu", "slices") == []
@@ -135,9 +151,13 @@ async def test_bad_resize_fields_get_400(jp_fetch, vgpu_kernelspec, raw, accepte
     assert accepted in message
 
 
-@pytest.mark.parametrize("memory, expected", [(2048, 2 << 30), (2048.0, 2 << 30), ("2048", 2 << 30), ("1.5GiB", 3 << 29)])
+@pytest.mark.parametrize(
+    "memory, expected", [(2048, 2 << 30), (2048.0, 2 << 30), ("2048", 2 << 30), ("1.5GiB", 3 << 29)]
+)
 async def test_a_bare_number_for_memory_is_mib_on_every_path(jp_fetch, vgpu_kernelspec, memory, expected):
-    started = await fetch_json(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, "memory": memory})
+    started = await fetch_json(
+        jp_fetch, "api", "vgpu", "kernels", method="POST", body={"name": vgpu_kernelspec, "memory": memory}
+    )
     assert started["slice"]["limits"]["memory_bytes"] == expected
     resized = await fetch_json(
         jp_fetch, "api", "vgpu", "slices", started["kernel"]["id"], method="PATCH", body={"memory": memory}
@@ -152,7 +172,9 @@ async def test_any_other_path_under_the_api_gets_a_json_404(jp_fetch, path):
 
 
 async def test_unknown_kernels_get_404(jp_fetch):
-    code, message = await error_of(jp_fetch, "api", "vgpu", "slices", "no-such-kernel", method="PATCH", body={"cores": 10})
+    code, message = await error_of(
+        jp_fetch, "api", "vgpu", "slices", "no-such-kernel", method="PATCH", body={"cores": 10}
+    )
     assert code == 404 and "no-such-kernel" in message
     code, _ = await error_of(jp_fetch, "api", "vgpu", "slices", "no-such-kernel")
     assert code == 404
@@ -182,7 +204,9 @@ async def test_twenty_concurrent_starts_against_room_for_ten_admit_exactly_ten(j
     assert [d["sm_share_allocated"] for d in devices] == [100, 100]
 
 
-async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude):
+async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB")
     await run_in_kernel(kernel_id, cuda_prelude + "print(allocate(1 << 30))")
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
@@ -233,13 +257,17 @@ async def test_every_handler_refuses_unauthorised_and_unauthenticated_requests(
     url = f"{jp_base_url}api/vgpu/{path}"
     anonymous = await http_server_client.fetch(url, method=method, body=body, raise_error=False, follow_redirects=False)
     assert anonymous.code == 403
-    jp_serverapp.web_app.settings["authorizer"] = DenyVGPU(parent=jp_serverapp, identity_provider=jp_serverapp.identity_provider)
+    jp_serverapp.web_app.settings["authorizer"] = DenyVGPU(
+        parent=jp_serverapp, identity_provider=jp_serverapp.identity_provider
+    )
     with pytest.raises(tornado.httpclient.HTTPClientError) as caught:
         await jp_fetch("api", "vgpu", *path.split("/"), method=method, body=body)
     assert caught.value.code == 403
 
 
-async def test_limits_a_kernel_rewrites_in_its_region_are_restored_and_the_slice_flagged(jp_fetch, jp_serverapp, vgpu_kernelspec):
+async def test_limits_a_kernel_rewrites_in_its_region_are_restored_and_the_slice_flagged(
+    jp_fetch, jp_serverapp, vgpu_kernelspec
+):
     from jupyter_vgpu.holders.region import Region
 
     kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec, memory="3GiB", cores=30)

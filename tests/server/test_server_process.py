@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import JUPYTER, JupyterProcess, wait_for
 from jupyter_client import BlockingKernelClient
+from support import JUPYTER, JupyterProcess, wait_for
 
 KERNEL_NAME = "vgpu-test"
 
@@ -21,8 +21,12 @@ TOKEN = "vgpu-test-token"
 class Server(JupyterProcess):
     def __init__(self, tmp_path: Path, env: dict[str, str]):
         super().__init__(
-            env, tmp_path / "server.log", TOKEN, "--VGPUApp.simulate=True",
-            f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}", f"--VGPUApp.region_dir={tmp_path / 'regions'}",
+            env,
+            tmp_path / "server.log",
+            TOKEN,
+            "--VGPUApp.simulate=True",
+            f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
+            f"--VGPUApp.region_dir={tmp_path / 'regions'}",
             f"--ServerApp.root_dir={tmp_path}",
         )
 
@@ -44,11 +48,18 @@ def user_env(sim_env, tmp_path, vgpu_kernelspec_dir):
 def vgpu_kernelspec_dir(tmp_path):
     folder = tmp_path / "data" / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True)
-    (folder / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "GPU slice test", "language": "python",
-        "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "1GiB"}}},
-    }))
+    (folder / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "GPU slice test",
+                "language": "python",
+                "metadata": {
+                    "kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "1GiB"}}
+                },
+            }
+        )
+    )
     return tmp_path / "data"
 
 
@@ -60,7 +71,8 @@ def run_code(env: dict[str, str], kernel_id: str, code: str) -> str:
         client.wait_for_ready(timeout=60)
         chunks = []
         reply = client.execute_interactive(
-            code, timeout=60,
+            code,
+            timeout=60,
             output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
         )
         assert reply["content"]["status"] == "ok", reply["content"]
@@ -115,7 +127,9 @@ def test_server_killed_and_restarted_leaks_nothing(user_env, tmp_path, cuda_prel
     try:
         assert restarted.api("GET", "api/vgpu/slices") == []
         devices = restarted.api("GET", "api/vgpu/devices")
-        assert all(d["memory_free_bytes"] == d["memory_capacity_bytes"] and d["sm_share_allocated"] == 0 for d in devices)
+        assert all(
+            d["memory_free_bytes"] == d["memory_capacity_bytes"] and d["sm_share_allocated"] == 0 for d in devices
+        )
 
         def orphan_gone() -> bool:
             try:
@@ -136,7 +150,9 @@ def test_refused_starts_leave_nothing_behind_and_the_server_stops_at_once(user_e
         server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB", "cores": 50})
         server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB", "cores": 50})
         # JupyterLab's path (a notebook on the full GPU), the kernels API and ours.
-        session = server.refusal("POST", "api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": KERNEL_NAME}})
+        session = server.refusal(
+            "POST", "api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": KERNEL_NAME}}
+        )
         kernel = server.refusal("POST", "api/kernels", {"name": KERNEL_NAME})
         ours = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME})
         expected = "Kernel not started. Its 1GiB GPU slice does not fit: no memory is free. To start it, stop a kernel to free some."
@@ -157,9 +173,14 @@ def test_ledger_and_regions_are_private_to_the_user(user_env, tmp_path):
     server = Server(tmp_path, user_env)
     try:
         server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "1GiB"})
-        modes = {path.name: path.stat().st_mode & 0o777 for path in [tmp_path / "regions", *tmp_path.glob("ledger.sqlite*"), *(tmp_path / "regions").iterdir()]}
+        modes = {
+            path.name: path.stat().st_mode & 0o777
+            for path in [tmp_path / "regions", *tmp_path.glob("ledger.sqlite*"), *(tmp_path / "regions").iterdir()]
+        }
         assert modes["regions"] == 0o700
-        assert {name: mode for name, mode in modes.items() if name != "regions"} == {name: 0o600 for name in modes if name != "regions"}
+        assert {name: mode for name, mode in modes.items() if name != "regions"} == {
+            name: 0o600 for name in modes if name != "regions"
+        }
         assert "ledger.sqlite" in modes and len(modes) >= 3
     finally:
         server.stop()

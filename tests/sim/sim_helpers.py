@@ -100,8 +100,12 @@ class Workload:
 
     def __init__(self, programs: Programs, env: dict[str, str], *args: str):
         self.process = subprocess.Popen(
-            [str(programs.workload), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            [str(programs.workload), *args],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: dict[str, str] = {}  # the first line of each key
         self.output: list[tuple[str, str]] = []  # every line, in order
@@ -173,7 +177,10 @@ def nvml_snapshot(env: dict[str, str], at_monotonic: float = 0.0, index: int = 0
     CLOCK_MONOTONIC time, in seconds, the reading is taken at) lets utilisation windows fill."""
     result = subprocess.run(
         [sys.executable, "-c", NVML_SNAPSHOT, str(at_monotonic), str(index)],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)

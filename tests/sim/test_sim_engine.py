@@ -70,8 +70,16 @@ def test_a_launch_loop_blocks_once_1024_launches_are_queued(programs, env):
 
 def test_launches_are_validated_as_the_driver_does(programs, env):
     seen = probe(programs, env, "launches")
-    for key in ("zero_grid", "zero_block", "block_1025", "block_2d_too_many", "block_z_65", "grid_y_65536",
-                "params_and_extra", "launch_ex_invalid"):
+    for key in (
+        "zero_grid",
+        "zero_block",
+        "block_1025",
+        "block_2d_too_many",
+        "block_z_65",
+        "grid_y_65536",
+        "params_and_extra",
+        "launch_ex_invalid",
+    ):
         assert seen[key] == "1", key  # CUDA_ERROR_INVALID_VALUE
     assert seen["null_function"] == "400"  # CUDA_ERROR_INVALID_HANDLE
     assert seen["block_1024"] == "0"
@@ -123,8 +131,13 @@ def test_a_graph_exec_update_takes_the_new_kernels_and_refuses_a_changed_topolog
     assert seen["update_v1_error_node_null"] == "1"
     assert (seen["update_v1"], seen["update_v1_result"]) == ("0", "0")
     assert float(seen["update_v1_elapsed_ns"]) == pytest.approx(small, abs=50)
-    for key in ("update_null_info", "update_v1_null_result", "update_null_exec", "update_null_graph",
-                "update_destroyed"):
+    for key in (
+        "update_null_info",
+        "update_v1_null_result",
+        "update_null_exec",
+        "update_null_graph",
+        "update_destroyed",
+    ):
         assert seen[key] == "1", key  # CUDA_ERROR_INVALID_VALUE
 
 
@@ -149,9 +162,7 @@ def test_nvml_process_utilisation_of_back_to_back_kernels_is_100_percent(program
 def test_nvml_process_utilisation_with_50_percent_idle_gaps_is_50_percent(programs, env, workloads):
     period = 10_000_000
     env = with_devices(env, f"sms={SMS},block_ns={period // 2}")
-    snapshot, pid = utilisation_while(
-        workloads, env, "duty", "2.0", str(period), str(full_wave(SMS, 256)), "256"
-    )
+    snapshot, pid = utilisation_while(workloads, env, "duty", "2.0", str(period), str(full_wave(SMS, 256)), "256")
     assert abs(snapshot["sm_util"][pid] - 50) <= 3
     assert abs(snapshot["gpu_util"] - 50) <= 3
 

@@ -16,7 +16,7 @@ HEADERS = Path(__file__).resolve().parents[2] / "native" / "include" / "vgpu"
 
 def entry_points(header: str, macro: str) -> set[str]:
     text = (HEADERS / header).read_text()
-    body = re.search(rf"#define {macro}\(X\)(.*?)(?:\n\n|\n#)", text, re.S).group(1)
+    body = re.search(rf"#define {macro}\(X\)(.*?)(?:\n\n|\n#)", text, re.DOTALL).group(1)
     return set(re.findall(r"X\([^,]+,\s*(\w+),", body))
 
 
@@ -27,8 +27,10 @@ def exported(library: Path) -> set[str]:
 
 def relocated(library: Path) -> set[str]:
     """Symbols the dynamic loader resolves for the library (names in its relocations)."""
-    listing = subprocess.run(["readelf", "--relocs", "--wide", str(library)], capture_output=True, text=True, check=True)
-    return set(re.findall(r"^\s*[0-9a-f]+\s+[0-9a-f]+\s+\S+\s+[0-9a-f]+\s+(\w+)", listing.stdout, re.M))
+    listing = subprocess.run(
+        ["readelf", "--relocs", "--wide", str(library)], capture_output=True, text=True, check=True
+    )
+    return set(re.findall(r"^\s*[0-9a-f]+\s+[0-9a-f]+\s+\S+\s+[0-9a-f]+\s+(\w+)", listing.stdout, re.MULTILINE))
 
 
 def test_libcuda_exports_every_entry_point_and_nothing_else(native_libs):
@@ -46,8 +48,14 @@ def test_libnvidia_ml_exports_every_entry_point_and_nothing_else(native_libs):
 
 def test_the_entry_points_hami_core_resolves_at_start_are_there(native_libs):
     # HAMi-core's libvgpu.so crashed over the simulated driver without these.
-    assert {"cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool", "cuDeviceSetMemPool", "cuMemPoolGetAttribute",
-            "cuMemPoolSetAttribute", "cuMemPoolTrimTo"} <= exported(native_libs.sim_dir / "libcuda.so.1")
+    assert {
+        "cuDeviceGetDefaultMemPool",
+        "cuDeviceGetMemPool",
+        "cuDeviceSetMemPool",
+        "cuMemPoolGetAttribute",
+        "cuMemPoolSetAttribute",
+        "cuMemPoolTrimTo",
+    } <= exported(native_libs.sim_dir / "libcuda.so.1")
     assert "nvmlDeviceGetComputeRunningProcesses" in exported(native_libs.sim_dir / "libnvidia-ml.so.1")
 
 
@@ -56,21 +64,41 @@ def test_pynvml_finds_every_symbol_it_needs_for_the_calls_jupyter_vgpu_makes():
 
     source = Path(pynvml.__file__).read_text()
     wanted = set()
-    for wrapper in ("nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString", "nvmlDeviceGetCount",
-                    "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetName",
-                    "nvmlDeviceGetUUID", "nvmlDeviceGetComputeRunningProcesses_v3",
-                    "nvmlDeviceGetProcessUtilization"):
-        body = re.search(rf"\ndef {wrapper}\(.*?(?=\ndef )", source, re.S).group(0)
+    for wrapper in (
+        "nvmlInitWithFlags",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetProcessUtilization",
+    ):
+        body = re.search(rf"\ndef {wrapper}\(.*?(?=\ndef )", source, re.DOTALL).group(0)
         wanted |= set(re.findall(r'_nvmlGetFunctionPointer\("(\w+)"\)', body))
     assert wanted <= entry_points("nvml_abi.h", "VGPU_NVML_ENTRY_POINTS")
 
 
 def test_get_proc_address_resolves_base_names_by_version_and_stream_mode(programs, env):
     seen = probe(programs, env, "proc-address")
-    for key in ("cuInit", "cuMemAlloc", "cuCtxCreate_12080", "cuCtxCreate_12000", "cuLaunchKernel_ptds",
-                "cuMemAlloc_ptds", "cuGetProcAddress", "cuDeviceGetUuid_11000", "cuGraphInstantiate_12000",
-                "cuGraphInstantiate_11040", "cuGraphInstantiateWithFlags_11040", "cuGraphExecUpdate_12000",
-                "cuGraphExecUpdate_11000", "unknown_fn"):
+    for key in (
+        "cuInit",
+        "cuMemAlloc",
+        "cuCtxCreate_12080",
+        "cuCtxCreate_12000",
+        "cuLaunchKernel_ptds",
+        "cuMemAlloc_ptds",
+        "cuGetProcAddress",
+        "cuDeviceGetUuid_11000",
+        "cuGraphInstantiate_12000",
+        "cuGraphInstantiate_11040",
+        "cuGraphInstantiateWithFlags_11040",
+        "cuGraphExecUpdate_12000",
+        "cuGraphExecUpdate_11000",
+        "unknown_fn",
+    ):
         assert seen[key] == "1", key
     assert seen["before_init"] == "0"  # the runtime asks for cuInit itself before initialising
     assert (seen["unknown"], seen["unknown_status"]) == ("500", "1")  # NOT_FOUND, SYMBOL_NOT_FOUND
@@ -105,9 +133,25 @@ def test_every_name_of_a_query_gives_the_same_answer(programs, env):
     assert seen["used_with_async"] == str(11 * MIB)  # 5 + 1 + 1 + 2 + 2
     assert seen["used_after_async"] == str(5 * MIB)
     assert seen["used_at_end"] == "0"
-    for key in ("alloc_async", "alloc_async_ptsz", "alloc_from_pool", "alloc_from_pool_ptsz", "free_async",
-                "free_async_ptsz", "free_pooled", "free_pooled_ptsz", "launch", "launch_ptsz", "launch_ex",
-                "launch_ex_ptsz", "launch_cooperative", "launch_cooperative_ptsz", "instantiate",
-                "instantiate_ptsz", "graph_launch", "graph_launch_ptsz"):
+    for key in (
+        "alloc_async",
+        "alloc_async_ptsz",
+        "alloc_from_pool",
+        "alloc_from_pool_ptsz",
+        "free_async",
+        "free_async_ptsz",
+        "free_pooled",
+        "free_pooled_ptsz",
+        "launch",
+        "launch_ptsz",
+        "launch_ex",
+        "launch_ex_ptsz",
+        "launch_cooperative",
+        "launch_cooperative_ptsz",
+        "instantiate",
+        "instantiate_ptsz",
+        "graph_launch",
+        "graph_launch_ptsz",
+    ):
         assert seen[key] == CUDA_SUCCESS, key
     assert seen["nvml_shutdown_once_more"] == NVML_ERROR_UNINITIALIZED  # three inits, three shutdowns

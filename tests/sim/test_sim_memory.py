@@ -38,7 +38,12 @@ def test_a_pool_reports_what_the_process_holds_from_it(programs, env):
     assert [seen[f"one_freed_{figure}"] for figure in POOL_FIGURES] == [str(MIB), str(4 * MIB), str(MIB), str(4 * MIB)]
     assert seen["device_used"] == str(MIB)
     # A reset high-water mark starts again from what is in use; the other one keeps its own.
-    assert [seen[f"used_high_reset_{figure}"] for figure in POOL_FIGURES] == [str(MIB), str(MIB), str(MIB), str(4 * MIB)]
+    assert [seen[f"used_high_reset_{figure}"] for figure in POOL_FIGURES] == [
+        str(MIB),
+        str(MIB),
+        str(MIB),
+        str(4 * MIB),
+    ]
     assert seen["trim"] == CUDA_SUCCESS
     assert seen["trimmed_reserved"] == str(MIB)
     assert [seen[f"all_freed_{figure}"] for figure in POOL_FIGURES] == ["0", str(MIB), "0", str(4 * MIB)]
@@ -51,8 +56,14 @@ def test_pool_settings_read_back_and_the_read_only_figures_refuse_writes(program
     assert seen["release_threshold_default"] == "0"
     assert seen["release_threshold_set"] == str(64 * MIB)
     assert seen["opportunistic_set"] == "0"
-    for key in ("set_used_current", "set_high_nonzero", "get_unknown_attribute", "set_unknown_attribute",
-                "get_without_value", "get_unknown_pool"):
+    for key in (
+        "set_used_current",
+        "set_high_nonzero",
+        "get_unknown_attribute",
+        "set_unknown_attribute",
+        "get_without_value",
+        "get_unknown_pool",
+    ):
         assert seen[key] == CUDA_ERROR_INVALID_VALUE, key
 
 

@@ -156,7 +156,7 @@ print(json.dumps({code: pynvml.nvmlErrorString(code) for code in list(range(0, 3
     strings = python_json(env, code)
     assert strings["0"] == "Success"
     assert strings["6"] == "Not Found"
-    assert all(strings[str(code)] != "Unknown Error" for code in range(0, 31))
+    assert all(strings[str(code)] != "Unknown Error" for code in range(31))
     assert strings["999"] == strings["12345"] == "Unknown Error"
 
 
