@@ -13,6 +13,7 @@ from jupyter_vgpu.ledger.base import (
     Ledger,
     LedgerError,
     LedgerFileError,
+    OwnerBudget,
     SliceExists,
     UnknownSlice,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerFileError",
+    "OwnerBudget",
     "SliceExists",
     "UnknownSlice",
 ]

@@ -27,8 +27,9 @@ class CapacityError(Exception):
     """A slice that does not fit; the message says what is free and what to ask for instead.
 
     ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
-    ``slices`` (this server's limits), ``devices`` (none to place on). ``requested`` and
-    ``available`` are in that resource's unit (bytes, percent, slices).
+    ``slices`` (this server's limits), ``user_memory``, ``user_sm_share`` or ``user_slices`` (the
+    owner's budget), ``devices`` (none to place on). ``requested`` and ``available`` are in that
+    resource's unit (bytes, percent, slices).
     """
 
     def __init__(self, message: str, *, resource: str, requested: int, available: int):
@@ -50,6 +51,24 @@ class UnknownSlice(_MessageKeyError):
 
 class SliceExists(_MessageKeyError):
     """A slice is already held for this kernel id."""
+
+
+@dataclass(frozen=True)
+class OwnerBudget:
+    """What all the slices of one owner may hold together, checked in the same decision that
+    admits or grows one of them (a classroom size: the broker reads it from the hub).
+
+    ``None`` is no limit. ``sm_share`` bounds the sum of the owner's shares; ``policy`` is the
+    strongest policy the owner may ask for (a ``burst`` budget refuses ``hard`` slices, whose
+    share is a promise to the owner that others pay for). ``label`` names the budget in refusals
+    (``"alice's size 'small'"``).
+    """
+
+    memory: int | None = None
+    sm_share: int | None = None
+    slices: int | None = None
+    policy: str = "hard"
+    label: str = "this budget"
 
 
 @dataclass(frozen=True)
@@ -123,15 +142,24 @@ class Ledger(Protocol):
         device: str | int | None = None,
         metadata: dict | None = None,
         holder: str = "local",
+        budget: OwnerBudget | None = None,
     ) -> Allocation:
-        """Place a slice on ``device`` or where the placement policy puts it; raises
-        CapacityError (no room), SliceValueError (a bad device or size), SliceExists."""
+        """Place a slice on ``device`` or where the placement policy puts it, within ``owner``'s
+        ``budget``; raises CapacityError (no room), SliceValueError (a bad device or size),
+        SliceExists."""
         ...
 
     def resize(
-        self, kernel_id: str, *, memory_limit: int | None = None, sm_share: int | None = None, policy: str | None = None
+        self,
+        kernel_id: str,
+        *,
+        memory_limit: int | None = None,
+        sm_share: int | None = None,
+        policy: str | None = None,
+        budget: OwnerBudget | None = None,
     ) -> Allocation:
-        """Change a slice in place; only what grows is checked against capacity."""
+        """Change a slice in place; only what grows is checked against capacity and against
+        ``budget`` (its owner's)."""
         ...
 
     def release(self, kernel_id: str) -> Allocation | None:

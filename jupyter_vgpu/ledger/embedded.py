@@ -32,6 +32,7 @@ from jupyter_vgpu.ledger.base import (
     CapacityError,
     DeviceUsage,
     LedgerFileError,
+    OwnerBudget,
     SliceExists,
     UnknownSlice,
 )
@@ -285,8 +286,10 @@ class EmbeddedLedger:
         device: str | int | None = None,
         metadata: dict | None = None,
         holder: str = "local",
+        budget: OwnerBudget | None = None,
     ) -> Allocation:
-        """Place a slice for a kernel on ``device`` or where the placement policy puts it.
+        """Place a slice for a kernel on ``device`` or where the placement policy puts it, within
+        ``owner``'s ``budget`` (what all their slices may hold together).
 
         A slice held on this machine (``holder="local"``) is placed on its devices; one held
         elsewhere (a pod) is placed by the cluster's scheduler, so only this server's own limits
@@ -305,6 +308,8 @@ class EmbeddedLedger:
             held = self._held(db)
             self._check_server_slices(held.slices)
             self._check_server_memory(held.memory, limits.memory_limit)
+            if budget is not None:
+                _check_budget(budget, self._owned(db, owner), limits, new=True)
             usages = self._usages(held)
             if named is not None:
                 usages = [usage for usage in usages if usage.device.uuid == named.uuid]
@@ -346,11 +351,13 @@ class EmbeddedLedger:
         memory_limit: int | None = None,
         sm_share: int | None = None,
         policy: str | None = None,
+        budget: OwnerBudget | None = None,
     ) -> Allocation:
         """Change a slice in place (a kernel does not move between devices while it runs).
 
-        Only what grows is checked against capacity, so a slice can always shrink, even on a
-        device that is over-committed because it came back smaller after a restart.
+        Only what grows is checked against capacity and against ``budget`` (its owner's), so a
+        slice can always shrink, even on a device that is over-committed because it came back
+        smaller after a restart, or for an owner whose budget was lowered meanwhile.
         """
         with self._decision() as db:
             current = self._get(db, kernel_id)
@@ -367,6 +374,9 @@ class EmbeddedLedger:
                 self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
             if current.holder == "local":  # elsewhere, the holder checks what the cluster granted
                 self._check_resize_fits(kernel_id, current, wanted, others)
+            if budget is not None:
+                owned = self._owned(db, current.owner, excluding=kernel_id)
+                _check_budget(budget, owned, wanted, new=False, current=current.limits)
             resized = replace(current, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy)
             db.execute(
                 "UPDATE allocations SET memory_limit = ?, sm_share = ?, policy = ? WHERE kernel_id = ?",
@@ -446,6 +456,16 @@ class EmbeddedLedger:
             memory=sum(sums[0] for sums in by_device.values()),
             slices=sum(sums[3] for sums in by_device.values()),
         )
+
+    @staticmethod
+    def _owned(db: sqlite3.Connection, owner: str, excluding: str | None = None) -> tuple[int, int, int]:
+        """What ``owner``'s slices hold together: (memory, share, slices)."""
+        memory, share, slices = db.execute(
+            "SELECT COALESCE(SUM(memory_limit), 0), COALESCE(SUM(sm_share), 0), COUNT(*) FROM allocations"
+            " WHERE owner = ? AND kernel_id IS NOT ?",
+            (owner, excluding),
+        ).fetchone()
+        return memory, share, slices
 
     def _usages(self, held: _Held) -> list[DeviceUsage]:
         usages = []
@@ -569,6 +589,57 @@ class EmbeddedLedger:
                 requested=wanted.sm_share,
                 available=most,
             )
+
+
+def _check_budget(
+    budget: OwnerBudget,
+    owned: tuple[int, int, int],
+    wanted: SliceLimits,
+    *,
+    new: bool,
+    current: SliceLimits | None = None,
+) -> None:
+    """Refuse what would take an owner's slices past their budget. ``owned`` is what the owner's
+    other slices hold; on a resize only what grows is checked (a budget lowered meanwhile
+    never forces a slice to shrink)."""
+    memory, share, slices = owned
+    if new and budget.slices is not None and slices >= budget.slices:
+        raise CapacityError(
+            f"{budget.label} allows {budget.slices} GPU slice{'s' if budget.slices != 1 else ''} at once and "
+            f"all {slices} are in use; stop one of your kernels first",
+            resource="user_slices",
+            requested=1,
+            available=max(0, budget.slices - slices),
+        )
+    if budget.policy == "burst" and wanted.policy == "hard" and (current is None or current.policy != "hard"):
+        raise SliceValueError(
+            f"{budget.label} gives burst slices, not hard ones (a hard share is a promise others pay for); "
+            "ask for policy burst"
+        )
+    grows_memory = current is None or wanted.memory_limit > current.memory_limit
+    if grows_memory and budget.memory is not None and memory + wanted.memory_limit > budget.memory:
+        free = max(0, budget.memory - memory)
+        held = f"your other slices hold {format_size(memory)}" if memory else "you hold no other slice"
+        advice = f"ask for at most {format_size(free)}, or stop a kernel" if free else "stop one of your kernels first"
+        raise CapacityError(
+            f"{format_size(wanted.memory_limit)} of GPU memory does not fit in {budget.label}: it allows "
+            f"{format_size(budget.memory)} for all your slices together and {held}; {advice}",
+            resource="user_memory",
+            requested=wanted.memory_limit,
+            available=free,
+        )
+    grows_share = current is None or wanted.sm_share > current.sm_share
+    if grows_share and budget.sm_share is not None and share + wanted.sm_share > budget.sm_share:
+        free = max(0, budget.sm_share - share)
+        held = f"your other slices hold {share}%" if share else "you hold no other slice"
+        advice = f"ask for at most {free}%, or stop a kernel" if free else "stop one of your kernels first"
+        raise CapacityError(
+            f"an SM share of {wanted.sm_share}% does not fit in {budget.label}: it allows {budget.sm_share}% "
+            f"for all your slices together and {held}; {advice}",
+            resource="user_sm_share",
+            requested=wanted.sm_share,
+            available=free,
+        )
 
 
 def _either(options: list[str]) -> str:

@@ -31,6 +31,7 @@ from jupyter_vgpu.ledger.base import (
     CapacityError,
     DeviceUsage,
     LedgerError,
+    OwnerBudget,
     SliceExists,
     UnknownSlice,
 )
@@ -223,8 +224,11 @@ class RemoteLedger:
         device: str | int | None = None,
         metadata: dict | None = None,
         holder: str = "local",
+        budget: OwnerBudget | None = None,
     ) -> Allocation:
-        """Place a slice on ``device`` or where the service's placement policy puts it."""
+        """Place a slice on ``device`` or where the service's placement policy puts it. The
+        service sets the owner's budget (the broker reads it from the hub), never its client."""
+        _no_budget(budget)
         _slice_path(kernel_id)  # the same refusal of an unusable id as every other call
         body = {
             "kernel_id": kernel_id,
@@ -245,8 +249,11 @@ class RemoteLedger:
         memory_limit: int | None = None,
         sm_share: int | None = None,
         policy: str | None = None,
+        budget: OwnerBudget | None = None,
     ) -> Allocation:
-        """Change a slice in place; only what grows is checked against capacity."""
+        """Change a slice in place; only what grows is checked against capacity and the budget
+        the service holds for its owner."""
+        _no_budget(budget)
         body = {"memory_limit": memory_limit, "sm_share": sm_share, "policy": policy}
         return self._call("PATCH", _slice_path(kernel_id), body, read=_allocation)
 
@@ -377,6 +384,14 @@ class RemoteLedger:
                 self._idle.append(connection)
                 return
         connection.close()
+
+
+def _no_budget(budget: OwnerBudget | None) -> None:
+    if budget is not None:
+        raise ValueError(
+            "a remote ledger's budgets are the service's to set (the broker reads them from the hub); "
+            "its clients cannot send one"
+        )
 
 
 def _why(error: Exception) -> str:

@@ -20,7 +20,11 @@ POST     ``reconcile``                       release ``{"dead": [{"kernel_id", "
 =======  ==================================  ==================================================
 
 Records are the dataclasses of :mod:`jupyter_vgpu.ledger.base` as JSON objects, field for field.
-Every request carries ``Authorization: token <token>`` (or ``Bearer <token>``). Every refusal is
+Every request carries ``Authorization: token <token>`` (or ``Bearer <token>``), which a
+:class:`Gate` turns into a :class:`Caller`: the service's one token (:class:`TokenGate`) is a
+caller who may see and change every slice; the broker's gate asks the hub who a token belongs
+to, and such a caller sees and changes only the slices it owns (403 for another's), admits
+slices in its own name whatever the body says, and within the budget the gate gives it. Every refusal is
 JSON, ``{"message": ..., "error": <kind>}``, with ``resource``, ``requested`` and ``available``
 for a CapacityError: 400 a body or value not accepted, 401 no token, 403 a wrong token, 404 no
 slice for that kernel (or no such route), 409 no room or a slice that exists, 503 the ledger
@@ -36,13 +40,21 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, TypeVar
 
-from tornado import web
+from tornado import httputil, web
 from tornado.ioloop import IOLoop
 
-from jupyter_vgpu.ledger.base import CapacityError, Ledger, LedgerError, SliceExists, UnknownSlice
+from jupyter_vgpu.ledger.base import (
+    Allocation,
+    CapacityError,
+    Ledger,
+    LedgerError,
+    OwnerBudget,
+    SliceExists,
+    UnknownSlice,
+)
 from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError
 
 # Far more than any decision needs (a reconcile of a few thousand dead kernels fits), small
@@ -193,6 +205,47 @@ def _not_a_number(text: str) -> None:
     raise ValueError(f"{text} is not JSON")
 
 
+# -- who is asking ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whom a request acts for. ``name`` owns the slices the caller admits (empty: the owner the
+    request names); ``admin`` may see and change every slice, others only their own."""
+
+    name: str
+    admin: bool = False
+
+
+class Gate(Protocol):
+    """Turns a request's credential into a :class:`Caller` and says what the caller may hold."""
+
+    async def caller(self, request: httputil.HTTPServerRequest, credential: str) -> Caller:
+        """The caller presenting ``credential``; raises a 403 :class:`Refusal` for one not accepted."""
+        ...
+
+    async def budget(self, caller: Caller) -> OwnerBudget | None:
+        """What all of ``caller``'s slices may hold together (None: no limit beyond the devices')."""
+        ...
+
+
+class TokenGate:
+    """One shared token, whose holder may do everything: a ledger served to trusted servers."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("the ledger service needs a token: it never serves a ledger without one")
+        self._token = token.encode("utf-8")
+
+    async def caller(self, request: httputil.HTTPServerRequest, credential: str) -> Caller:
+        if not hmac.compare_digest(credential.encode("utf-8", "replace"), self._token):
+            raise Refusal(403, "the ledger service does not accept this token", "Forbidden")
+        return Caller("", admin=True)
+
+    async def budget(self, caller: Caller) -> OwnerBudget | None:
+        return None
+
+
 # -- handlers ----------------------------------------------------------------------------------
 
 
@@ -200,9 +253,9 @@ class LedgerHandler(web.RequestHandler):
     """What every route shares: token authentication, JSON bodies and replies, refusals as JSON,
     and ledger calls off the event loop."""
 
-    def initialize(self, ledger: Ledger, token: str) -> None:
+    def initialize(self, ledger: Ledger, gate: Gate) -> None:
         self.ledger = ledger
-        self.token = token
+        self.gate = gate
 
     def set_default_headers(self) -> None:
         # Decisions and usage change from one moment to the next; nothing on the way may keep them.
@@ -214,20 +267,37 @@ class LedgerHandler(web.RequestHandler):
         # these handlers with xsrf_cookies on must not refuse their clients for lack of one.
         return None
 
-    def prepare(self) -> None:
-        self.authenticate()
-
-    def authenticate(self) -> None:
-        """Refuse a request without the service's token (401) or with another one (403).
-
-        A service that authenticates otherwise (the broker asks the hub) overrides this.
-        """
+    async def prepare(self) -> None:
+        """Refuse a request without a token (401) or with one the gate does not accept (403)."""
         scheme, _, credential = self.request.headers.get("Authorization", "").strip().partition(" ")
         credential = credential.strip()
         if scheme.lower() not in ("token", "bearer") or not credential:
             raise Refusal(401, "the ledger service needs a token: send 'Authorization: token <token>'", "Unauthorized")
-        if not hmac.compare_digest(credential.encode("utf-8", "replace"), self.token.encode("utf-8")):
-            raise Refusal(403, "the ledger service does not accept this token", "Forbidden")
+        self.caller = await self.gate.caller(self.request, credential)
+
+    def sees(self, allocation: Allocation) -> bool:
+        return self.caller.admin or allocation.owner == self.caller.name
+
+    async def owned(self, kernel_id: str) -> Allocation:
+        """The caller's allocation for ``kernel_id``: 404 where there is none, 403 where it is another's."""
+        allocation = await self.decide(self.ledger.get, kernel_id)
+        if allocation is None:
+            raise Refusal(404, f"no slice is held for kernel {kernel_id!r}", "UnknownSlice")
+        if not self.sees(allocation):
+            raise Refusal(
+                403,
+                f"the slice of kernel {kernel_id!r} is not yours ({self.caller.name!r}); only its owner or a "
+                "vGPU admin may see or change it",
+                "Forbidden",
+            )
+        return allocation
+
+    async def own_budget(self, allocation: Allocation | None = None) -> OwnerBudget | None:
+        """The budget a decision is checked against: the caller's, for its own slices (an admin
+        changing another's slice is held to the devices' capacity only)."""
+        if allocation is not None and allocation.owner != self.caller.name:
+            return None
+        return await self.gate.budget(self.caller)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -307,7 +377,7 @@ class UsageHandler(LedgerHandler):
 class AllocationsHandler(LedgerHandler):
     async def get(self) -> None:
         allocations = await self.decide(self.ledger.allocations)
-        self.reply({"allocations": [asdict(allocation) for allocation in allocations]})
+        self.reply({"allocations": [asdict(allocation) for allocation in allocations if self.sees(allocation)]})
 
     async def post(self) -> None:
         body = self.body(ADMIT_FIELDS)
@@ -319,29 +389,28 @@ class AllocationsHandler(LedgerHandler):
             self.ledger.admit,
             body["kernel_id"],
             limits,
-            owner=body["owner"],
+            owner=self.caller.name or body["owner"],
             device=body["device"],
             metadata=body["metadata"],
             holder=body["holder"],
+            budget=await self.own_budget(),
         )
         self.reply(asdict(allocation), status=201)
 
 
 class SliceHandler(LedgerHandler):
     async def get(self, kernel_id: str) -> None:
-        kernel_id = self.kernel_id(kernel_id)
-        allocation = await self.decide(self.ledger.get, kernel_id)
-        if allocation is None:
-            raise Refusal(404, f"no slice is held for kernel {kernel_id!r}", "UnknownSlice")
-        self.reply(asdict(allocation))
+        self.reply(asdict(await self.owned(self.kernel_id(kernel_id))))
 
     async def patch(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
         body = self.body(RESIZE_FIELDS)
-        self.reply(asdict(await self.decide(self.ledger.resize, kernel_id, **body)))
+        budget = await self.own_budget(await self.owned(kernel_id))
+        self.reply(asdict(await self.decide(self.ledger.resize, kernel_id, **body, budget=budget)))
 
     async def delete(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
+        await self.owned(kernel_id)
         allocation = await self.decide(self.ledger.release, kernel_id)
         if allocation is None:
             raise Refusal(404, f"no slice is held for kernel {kernel_id!r}", "UnknownSlice")
@@ -355,6 +424,7 @@ class MetadataHandler(LedgerHandler):
         reserved = [name for name in RESERVED_METADATA if name in fields]
         if reserved:
             raise _bad(f"metadata fields may not be named {' or '.join(map(repr, reserved))}")
+        await self.owned(kernel_id)
         self.reply(asdict(await self.decide(self.ledger.update_metadata, kernel_id, **fields)))
 
 
@@ -362,9 +432,10 @@ class ReconcileHandler(LedgerHandler):
     async def post(self) -> None:
         dead = self.body(RECONCILE_FIELDS)["dead"]
         # The ledger releases what it is told is not alive only while it is still the allocation
-        # the client judged (same kernel id, same creation time).
+        # the client judged (same kernel id, same creation time), and only where it is the caller's.
         released = await self.decide(
-            self.ledger.reconcile, lambda allocation: (allocation.kernel_id, allocation.created_at) not in dead
+            self.ledger.reconcile,
+            lambda allocation: not self.sees(allocation) or (allocation.kernel_id, allocation.created_at) not in dead,
         )
         self.reply({"released": [asdict(allocation) for allocation in released]})
 
@@ -379,15 +450,17 @@ class NotFoundHandler(LedgerHandler):
     get = post = put = patch = delete = head = options = _not_found
 
 
-def ledger_handlers(prefix: str, ledger: Ledger, token: str) -> list[tuple[str, type[web.RequestHandler], dict]]:
-    """The routes that serve ``ledger`` under ``prefix`` (``/services/vgpu/ledger``) to clients that
-    present ``token``, for a tornado ``Application`` (or ``add_handlers``)."""
-    if not token:
-        raise ValueError("the ledger service needs a token: it never serves a ledger without one")
+def ledger_handlers(
+    prefix: str, ledger: Ledger, access: str | Gate
+) -> list[tuple[str, type[web.RequestHandler], dict]]:
+    """The routes that serve ``ledger`` under ``prefix`` (``/services/vgpu/ledger``), for a tornado
+    ``Application`` (or ``add_handlers``), to clients that present ``access`` (one token whose
+    holder may do everything) or that ``access`` (a :class:`Gate`) accepts."""
+    gate = TokenGate(access) if isinstance(access, str) else access
     if prefix and not prefix.startswith("/"):
         raise ValueError(f"the ledger service's prefix must start with '/', not {prefix!r}")
     base = re.escape(prefix.rstrip("/"))
-    options = {"ledger": ledger, "token": token}
+    options = {"ledger": ledger, "gate": gate}
     segment = "([^/]+)"
     return [
         (rf"{base}/devices", DevicesHandler, options),
