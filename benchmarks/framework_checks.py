@@ -141,7 +141,12 @@ def in_slice(command: list[str], *, simulate: bool, cores: int = 100, env: dict[
     ]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        run, env={**os.environ, "PYTHONPATH": path, **(env or {})}, capture_output=True, text=True, timeout=600
+        run,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

@@ -183,7 +183,7 @@ def main() -> None:
             ("  the same, a slice's first process", first_process_runs(startups), "-", "-"),
             ("no driver call", startup_runs(capped, startups, 0), STARTUP_GOAL_MS, "-"),
         ):
-            bare, sliced = zip(*runs)
+            bare, sliced = zip(*runs, strict=True)
             for how, pick in (("fastest", min), ("median", statistics.median)):
                 d, i = pick(bare), pick(sliced)
                 print(f"{label + ', ' + how:<46}{d:>11.3f}{i:>10.3f}{i - d:>10.3f}{goal:>7}{hami:>11}")

@@ -146,9 +146,9 @@ def latencies(ledger: Ledger, kernels: int) -> dict[str, list[float]]:
     for number in range(kernels):
         kernel_id = f"kernel-{number}"
         for decision, call in (
-            ("admit", lambda: ledger.admit(kernel_id, SliceLimits(GIB, 10))),
-            ("resize", lambda: ledger.resize(kernel_id, memory_limit=2 * GIB)),
-            ("release", lambda: ledger.release(kernel_id)),
+            ("admit", lambda kernel_id=kernel_id: ledger.admit(kernel_id, SliceLimits(GIB, 10))),
+            ("resize", lambda kernel_id=kernel_id: ledger.resize(kernel_id, memory_limit=2 * GIB)),
+            ("release", lambda kernel_id=kernel_id: ledger.release(kernel_id)),
         ):
             began = time.perf_counter()
             call()

@@ -22,7 +22,7 @@ from pathlib import Path
 from jupyter_client import BlockingKernelClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support import JupyterProcess  # noqa: E402
+from support import JupyterProcess
 
 TOKEN = "vgpu-benchmark"
 

@@ -219,7 +219,7 @@ def main() -> None:
         process, pid, start_us = start(slice_env("burst", share, "burst"), "--seconds", "3.0")
         wait_until(start_us + 1_000_000)
         alone = utilisation(start_us + 500_000).get(pid, 0)
-        other, other_pid, other_start_us = start(slice_env("other", 50, "hard"), "--seconds", "1.5")
+        other, _other_pid, other_start_us = start(slice_env("other", 50, "hard"), "--seconds", "1.5")
         # Utilisation over successive 50 ms windows after the other slice starts: when does the
         # burst slice come back to its share?
         yielded_ms = None

@@ -272,8 +272,8 @@ class Kubelet(threading.Thread):
             "VGPU_REGION",
         ):
             env.pop(name, None)  # a pod starts clean, not with this test process's variables
-        log = open(self.folder / f"{pod['metadata']['name']}.log", "w")
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.folder / f"{pod['metadata']['name']}.log", "w") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self):
         self.stopped.set()

@@ -16,12 +16,16 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cffi
 
 from jupyter_vgpu.model import SliceLimits
 from jupyter_vgpu.model.sizes import POLICIES
 from jupyter_vgpu.native import region_header_path
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _U64 = (1 << 64) - 1
 
@@ -177,7 +181,7 @@ class Region:
         os.close(self._fd)
         self._fd = -1
 
-    def __enter__(self) -> Region:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -6,6 +6,7 @@ functions, so they accept and refuse the same things with the same messages.
 
 from __future__ import annotations
 
+import math
 import re
 
 MIB = 1 << 20
@@ -53,7 +54,7 @@ def parse_size(value: str | float) -> int:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
     if isinstance(value, (int, float)):
-        if value != value or value in (float("inf"), float("-inf")):
+        if math.isnan(value) or math.isinf(value):
             raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
         # A float of a huge int overflows; any such int is beyond MAX_SIZE anyway.
         number, unit = (float(value) if abs(value) <= MAX_SIZE else float("inf")), ""

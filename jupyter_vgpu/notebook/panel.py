@@ -30,7 +30,7 @@ _LABELLED = {"description_width": "initial"}
 
 
 def _row(*children: widgets.Widget) -> widgets.HBox:
-    for child, width in zip(children, _COLUMN_WIDTHS):
+    for child, width in zip(children, _COLUMN_WIDTHS, strict=True):
         child.layout.width = width
     return widgets.HBox(list(children), layout=widgets.Layout(align_items="center"))
 

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         use_simulator()
     try:
         device = select_device(list_devices(), 0)  # the pod sees the GPU the cluster gave it
-    except Exception as error:  # NVML missing or no GPU: say so and stop, rather than run unsliced
+    except Exception as error:  # noqa: BLE001 -- NVML missing or no GPU: say so and stop, rather than run unsliced
         print(f"jupyter-vgpu agent: no GPU in this pod: {error}", file=sys.stderr)
         return 3
     holder = LocalHolder(Path(tempfile.mkdtemp(prefix="jupyter-vgpu-")), simulate=simulate)

@@ -159,7 +159,7 @@ class Cluster:
             if error.status == 404 and missing_ok:
                 return None
             raise _api_error(error, verb, resource, namespace) from None
-        except Exception as error:  # urllib3's connection errors, timeouts, TLS failures
+        except Exception as error:  # noqa: BLE001 -- urllib3's connection errors, timeouts, TLS failures
             raise ClusterError(
                 f"cannot reach the Kubernetes API at {self.host} to {verb} {resource}: {error}"
             ) from None

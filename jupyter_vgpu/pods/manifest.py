@@ -187,7 +187,7 @@ def pod_manifest(settings: PodSettings, kernel: KernelPod, limits: SliceLimits) 
         "imagePullPolicy": settings.image_pull_policy,
         "command": kernel_command(settings),
         "env": [{"name": name, "value": str(value)} for name, value in sorted(settings.env.items())],
-        "ports": [{"name": name, "containerPort": port} for name, port in zip(PORT_NAMES, settings.ports)],
+        "ports": [{"name": name, "containerPort": port} for name, port in zip(PORT_NAMES, settings.ports, strict=True)],
         "resources": settings.resources(limits),
         "volumeMounts": [{"name": "kernel-connection", "mountPath": SECRET_DIR, "readOnly": True}],
         "securityContext": {"allowPrivilegeEscalation": False},

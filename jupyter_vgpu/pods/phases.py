@@ -76,7 +76,7 @@ def pod_state(pod: dict[str, Any] | None, events: list[dict[str, Any]] = ()) -> 
     metadata, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
     annotations = metadata.get("annotations") or {}
     node = spec.get("nodeName") or annotations.get(HAMI_NODE, "")
-    where = dict(node=node, gpu=hami_gpu(annotations), ip=status.get("podIP", ""))
+    where = {"node": node, "gpu": hami_gpu(annotations), "ip": status.get("podIP", "")}
     on_node = f" on node {node}" if node else ""
     if metadata.get("deletionTimestamp"):
         return PodState("stopping", "the kernel's pod is being deleted", **where)

@@ -295,7 +295,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
     ) -> tuple[dict, dict]:
         """The kernel's connection file and slice file, as its Secret holds them."""
         connection = {
-            **dict(zip((f"{name}_port" for name in PORT_NAMES), settings.ports)),
+            **dict(zip((f"{name}_port" for name in PORT_NAMES), settings.ports, strict=True)),
             "ip": "0.0.0.0",  # the kernel listens on the pod's network; the server connects to its IP
             "key": key,
             "transport": "tcp",

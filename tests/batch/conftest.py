@@ -123,7 +123,9 @@ def jupyter(user_env):
     """jupyter(*args, timeout=) -> the finished `jupyter ARGS...` in the user's environment."""
 
     def run(*args: str, timeout: float = 180, env: dict | None = None):
-        return subprocess.run([JUPYTER, *args], env=env or user_env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [JUPYTER, *args], check=False, env=env or user_env, capture_output=True, text=True, timeout=timeout
+        )
 
     return run
 
@@ -134,7 +136,12 @@ def papermill(user_env):
 
     def run(*args: str):
         return subprocess.run(
-            [PAPERMILL, "--no-progress-bar", *args], env=user_env, capture_output=True, text=True, timeout=240
+            [PAPERMILL, "--no-progress-bar", *args],
+            check=False,
+            env=user_env,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
 
     return run
@@ -170,7 +177,7 @@ def nbconvert(nbconvert_command, user_env):
 
     def run(notebook: Path, output: Path, *options: str, kernel: str = "python3-vgpu"):
         command = nbconvert_command(notebook, output, *options, kernel=kernel)
-        return subprocess.run(command, env=user_env, capture_output=True, text=True, timeout=240)
+        return subprocess.run(command, check=False, env=user_env, capture_output=True, text=True, timeout=240)
 
     return run
 

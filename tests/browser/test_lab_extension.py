@@ -65,11 +65,13 @@ def test_limits_rewritten_from_inside_the_kernel_show_as_a_warning_under_the_sli
     notebook = lab.write_notebook(
         "tampered.ipynb",
         [
-            "import os\n"
-            "from jupyter_vgpu.holders.region import Region\n"
-            "with Region.open(os.environ['VGPU_REGION']) as region:\n"
-            "    region.set_limits(memory_limit=16 << 30, sm_share=100)\n"
-            "print('rewritten')",
+            (
+                "import os\n"
+                "from jupyter_vgpu.holders.region import Region\n"
+                "with Region.open(os.environ['VGPU_REGION']) as region:\n"
+                "    region.set_limits(memory_limit=16 << 30, sm_share=100)\n"
+                "print('rewritten')"
+            ),
         ],
     )
 

@@ -38,7 +38,7 @@ def vgpu(cli_env):
 
     def run(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = (), timeout: float = 120):
         command = [*prefix, JUPYTER, "vgpu", *args]
-        return subprocess.run(command, env=env or cli_env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(command, check=False, env=env or cli_env, capture_output=True, text=True, timeout=timeout)
 
     return run
 

@@ -49,15 +49,23 @@ def test_doctor_names_each_region_and_ledger_file_open_to_other_users(vgpu, runt
     assert result.returncode == 1
     failed = [line for line in result.stdout.splitlines() if line.startswith("[FAIL]")]
     assert failed == [
-        f"[FAIL] file modes: region folder {regions} is mode 0755 (drwxr-xr-x): other users can list the kernels in "
-        f"slices; it should be 700: chmod 700 {regions}",
-        f"[FAIL] file modes: region file {regions / 'k1.region'} is mode 0644 (-rw-r--r--): other users can read the "
-        f"slice's limits and usage; it should be 600: chmod 600 {regions / 'k1.region'}",
-        f"[FAIL] file modes: region file {standalone / 'k2.region'} is mode 0666 (-rw-rw-rw-): other users can read "
-        f"the slice's limits and usage and replace or rewrite slices' limits; it should be 600: chmod 600 "
-        f"{standalone / 'k2.region'}",
-        f"[FAIL] file modes: ledger file {ledger} is mode 0666 (-rw-rw-rw-): group or other users can write it, and "
-        f"so admit, resize or release slices; chmod 600 {ledger}",
+        (
+            f"[FAIL] file modes: region folder {regions} is mode 0755 (drwxr-xr-x): other users can list the kernels in "
+            f"slices; it should be 700: chmod 700 {regions}"
+        ),
+        (
+            f"[FAIL] file modes: region file {regions / 'k1.region'} is mode 0644 (-rw-r--r--): other users can read the "
+            f"slice's limits and usage; it should be 600: chmod 600 {regions / 'k1.region'}"
+        ),
+        (
+            f"[FAIL] file modes: region file {standalone / 'k2.region'} is mode 0666 (-rw-rw-rw-): other users can read "
+            f"the slice's limits and usage and replace or rewrite slices' limits; it should be 600: chmod 600 "
+            f"{standalone / 'k2.region'}"
+        ),
+        (
+            f"[FAIL] file modes: ledger file {ledger} is mode 0666 (-rw-rw-rw-): group or other users can write it, and "
+            f"so admit, resize or release slices; chmod 600 {ledger}"
+        ),
     ]
     assert "4 problem(s) found" in result.stdout
 

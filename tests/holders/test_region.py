@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_foreign_file_is_not_a_region(tmp_path, native_libs):
 def test_processes_lists_only_live_owners(region):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        start_time = int(open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        start_time = int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
         slot = region.raw.procs[0]
         slot.pid, slot.start_time, slot.allocated = child.pid, start_time, 1000
         region.raw.procs_high_water = 1

@@ -18,6 +18,7 @@ def probe(compile_c):
     def run(env: dict[str, str], *commands: str, path: str = "direct", timeout: float = 60) -> ProbeRun:
         result = subprocess.run(
             [str(executable), f"--path={path}", *commands],
+            check=False,
             env=env,
             capture_output=True,
             text=True,

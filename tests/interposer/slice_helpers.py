@@ -56,7 +56,8 @@ class Interactive:
     """A program that prints lines and waits on stdin at points a test chooses."""
 
     def __init__(self, argv: list[str], env: dict[str, str], stderr_path: Path | None = None):
-        self._stderr_file = open(stderr_path, "w") if stderr_path else subprocess.DEVNULL
+        # closed in close(), after the program has ended
+        self._stderr_file = open(stderr_path, "w") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True
         )

@@ -40,7 +40,7 @@ def hami_standin(build_shared):
 
 def run_probe(executable, env: dict[str, str], path: str, *commands: str) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run(
-        [str(executable), f"--path={path}", *commands], env=env, capture_output=True, text=True, timeout=60
+        [str(executable), f"--path={path}", *commands], check=False, env=env, capture_output=True, text=True, timeout=60
     )
     lines: dict[str, list[list[str]]] = {}
     for line in result.stdout.splitlines():
@@ -76,7 +76,7 @@ def check_common(result, lines, native_libs, standin, path: str):
     # cuGetProcAddress path its own cuGetProcAddress_v2 answered too, with its wrappers for
     # cuMemAlloc and cuMemFree and the driver's own cuMemGetInfo_v2 (as HAMi-core built without
     # HOOK_MEMINFO_ENABLE does): each must still lead through both libraries.
-    before, after = (dict(zip(STANDIN_FIELDS, map(int, fields))) for fields in lines["standin"])
+    before, after = (dict(zip(STANDIN_FIELDS, map(int, fields), strict=True)) for fields in lines["standin"])
     assert (before["used"], before["free"], before["info"], before["nvml"]) == (512 * MIB, 0, 1, 1)
     assert (before["procaddr"] > 0) == (path == "procaddr")
     assert (after["used"], after["free"], after["info"]) == (0, 1, 2)

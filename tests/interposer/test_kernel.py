@@ -57,6 +57,6 @@ def run_in_kernel(env: dict[str, str], code: str, timeout: float = 60) -> tuple[
 
 def test_kernel_started_in_a_slice_reports_its_slice(sim_env, make_slice):
     env, _ = make_slice(sim_env, memory_limit=GIB)
-    stdout, stderr = run_in_kernel(env, CODE)
+    stdout, _stderr = run_in_kernel(env, CODE)
     seen = json.loads(stdout)
-    assert seen == dict(allocated=0, refused=2, free=GIB - 300 * MIB, total=GIB)
+    assert seen == {"allocated": 0, "refused": 2, "free": GIB - 300 * MIB, "total": GIB}

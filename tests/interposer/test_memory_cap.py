@@ -68,7 +68,7 @@ def test_pitched_allocation_is_charged_pitch_times_height(probe, sim_env, make_s
     env, _ = make_slice(sim_env, memory_limit=256 * MIB)
     run = probe(env, "init", "pitch:1000:1000", "info", "pitch:8192:40000", "info", "free:0", "info", path=path)
     assert run.returncode == 0, run.stderr
-    rc, index, pitch = run.values(1)
+    rc, _index, pitch = run.values(1)
     assert rc == CUDA_SUCCESS and pitch >= 1000
     free, total = run.values(2)[1:]
     assert total - free == pitch * 1000

@@ -202,7 +202,7 @@ def test_share_holds_whatever_the_device_size_and_kernel_shape(programs, device_
     load_program, monitor = programs
     share = 30
     env = dict(device_env, VGPU_SIM_DEVICES=DEVICE.replace("sms=100", f"sms={sms}"))
-    slice_env, region = make_slice(env, sm_share=share, policy="hard")
+    slice_env, _region = make_slice(env, sm_share=share, policy="hard")
     load = start_load(load_program, slice_env, *shape, seconds=3.2)
 
     measured = window(monitor, env, load, 2.0, 3.0)[load.pid]
@@ -220,7 +220,7 @@ def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_e
     """Steady, two-thread and on/off loads: idle time must not be banked as credit."""
     load_program, monitor = programs
     share = 30
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    slice_env, _region = make_slice(device_env, sm_share=share, policy="hard")
     load = start_load(load_program, slice_env, *pattern, seconds=3.6)
     watcher = watch(monitor, device_env, interval_ms=100, duration_ms=3400, window_ms=1000)
     series = watched_series(watcher, load.pid)
@@ -256,7 +256,7 @@ def test_hard_share_holds_on_every_100ms_window_of_an_on_off_load(programs, devi
     that runs late on a busy machine moves its window, and never blurs it."""
     load_program, monitor = programs
     share, busy_ms, idle_ms, window_ms = 60, 200, 300, 100
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    slice_env, _region = make_slice(device_env, sm_share=share, policy="hard")
     load = start_load(load_program, slice_env, "--busy-ms", str(busy_ms), "--idle-ms", str(idle_ms), seconds=2.5)
     watcher = watch(monitor, device_env, interval_ms=10, duration_ms=2500, window_ms=window_ms)
     series = watched_series(watcher, load.pid)
@@ -275,7 +275,7 @@ def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, mak
     it, however many threads each launches from (the split is between processes)."""
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    slice_env, _region = make_slice(device_env, sm_share=share, policy="hard")
     first = start_load(load_program, slice_env, seconds=3.3)
     second = start_load(load_program, slice_env, *second_pattern, seconds=3.3 - (realtime_us() - first.start_us) / 1e6)
 
@@ -381,7 +381,7 @@ INSTANTIATE_ENTRY_POINTS = pytest.mark.parametrize("instantiate", ["flags", "par
 def test_graph_launches_are_paced(programs, device_env, make_slice, instantiate):
     load_program, monitor = programs
     share = 30
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
+    slice_env, _region = make_slice(device_env, sm_share=share, policy="hard")
     load = start_load(load_program, slice_env, "--graph", "--instantiate", instantiate, "--batch", "8", seconds=3.3)
 
     measured = window(monitor, device_env, load, 2.0, 3.0)[load.pid]

@@ -60,7 +60,9 @@ def jupyter_env(tmp_path, monkeypatch):
 
 
 def pod_manifest(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([JUPYTER, "vgpu", "pod-manifest", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [JUPYTER, "vgpu", "pod-manifest", *args], check=False, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_pod_manifest_prints_what_a_start_would_create_valid_and_redacted(jupyter_env):

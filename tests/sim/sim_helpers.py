@@ -55,7 +55,7 @@ def with_devices(env: dict[str, str], devices: str) -> dict[str, str]:
 
 def run_program(program: Path, env: dict[str, str], *args: str) -> dict[str, str]:
     """Runs a program that prints "key value" lines; its stderr is kept in the result under 'stderr'."""
-    result = subprocess.run([str(program), *args], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([str(program), *args], check=False, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"{program.name} {' '.join(args)} failed ({result.returncode}): {result.stderr}"
     values = parse_lines(result.stdout)
     values["stderr"] = result.stderr
@@ -177,6 +177,7 @@ def nvml_snapshot(env: dict[str, str], at_monotonic: float = 0.0, index: int = 0
     CLOCK_MONOTONIC time, in seconds, the reading is taken at) lets utilisation windows fill."""
     result = subprocess.run(
         [sys.executable, "-c", NVML_SNAPSHOT, str(at_monotonic), str(index)],
+        check=False,
         env=env,
         capture_output=True,
         text=True,
@@ -201,6 +202,8 @@ def wait_until(condition, timeout: float, interval: float = 0.05):
 def python_json(env: dict[str, str], code: str):
     """Runs Python code in a child with `env` (NVML must be on LD_LIBRARY_PATH from the start);
     the code prints one JSON document, which is returned."""
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
