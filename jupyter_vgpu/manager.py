@@ -18,7 +18,7 @@ from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu.holders import Holder, SliceUsage
 from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, UnknownSlice
+from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, UnknownSlice
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
 
 WARNINGS_KEY = "warnings"
@@ -130,6 +130,8 @@ class SliceManager(LoggingConfigurable):
             raise SliceRefused(start_refusal(error), kind="capacity") from error
         except ValueError as error:
             raise SliceRefused(str(error).replace("%", " percent"), kind="invalid") from None
+        except LedgerError as error:
+            raise SliceRefused(f"No GPU slice could be decided: {error}", kind="unavailable") from None
         try:
             self.holder(allocation).create(allocation)
         except BaseException:

@@ -151,6 +151,7 @@ class RemoteLedger:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         ssl_context: ssl.SSLContext | None = None,
+        name: str = "the ledger service",
     ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -162,6 +163,7 @@ class RemoteLedger:
         if timeout <= 0:
             raise ValueError(f"timeout must be more than zero seconds, not {timeout!r}")
         self.url = url.rstrip("/")
+        self.name = name  # how messages call the service ("the node's GPU broker")
         self.timeout = timeout
         self._scheme = parts.scheme
         self._host = parts.hostname
@@ -296,7 +298,7 @@ class RemoteLedger:
                 return read(reply)
             except _Unreadable as error:
                 raise LedgerError(
-                    f"the ledger service at {self.url} answered {request} with a reply this client cannot read "
+                    f"{self.name} at {self.url} answered {request} with a reply this client cannot read "
                     f"({error}); is it a jupyter-vgpu of another version?"
                 ) from None
         raise self._refusal(request, status, reason, reply, data)
@@ -306,7 +308,7 @@ class RemoteLedger:
         if not isinstance(message, str):
             snippet = data[:80].decode("utf-8", "replace")
             return LedgerError(
-                f"the ledger service at {self.url} answered {request} with {status} {reason} and no ledger reply "
+                f"{self.name} at {self.url} answered {request} with {status} {reason} and no ledger reply "
                 f"({snippet!r}); check that the URL is the ledger's address"
             )
         error = reply.get("error")
@@ -323,8 +325,8 @@ class RemoteLedger:
             # This client sends only well-formed bodies, so a 400 is a value the ledger refused.
             return SliceValueError(message)
         elif status in (401, 403):
-            return LedgerError(f"the ledger service at {self.url} refused this server's token ({status}): {message}")
-        return LedgerError(f"the ledger service at {self.url} answered {request} with {status} {reason}: {message}")
+            return LedgerError(f"{self.name} at {self.url} refused ({status}): {message}")
+        return LedgerError(f"{self.name} at {self.url} answered {request} with {status} {reason}: {message}")
 
     def _exchange(self, method: str, path: str, body: dict | None) -> tuple[int, str, bytes]:
         headers = dict(self._headers)
@@ -340,7 +342,7 @@ class RemoteLedger:
                 connection.connect()
             except OSError as error:
                 connection.close()
-                raise LedgerError(f"cannot reach the ledger service at {self.url}: {_why(error)}") from error
+                raise LedgerError(f"cannot reach {self.name} at {self.url}: {_why(error)}") from error
         # Once the request is sent, the service may have decided even if no answer comes back.
         outcome = "" if method == "GET" else "; the decision may or may not have been made"
         try:
@@ -350,13 +352,12 @@ class RemoteLedger:
         except TimeoutError:
             connection.close()
             raise LedgerError(
-                f"the ledger service at {self.url} did not answer {method} {path} within {self.timeout:g} s{outcome}"
+                f"{self.name} at {self.url} did not answer {method} {path} within {self.timeout:g} s{outcome}"
             ) from None
         except (OSError, http.client.HTTPException) as error:
             connection.close()
             raise LedgerError(
-                f"the connection to the ledger service at {self.url} failed during {method} {path}: "
-                f"{_why(error)}{outcome}"
+                f"the connection to {self.name} at {self.url} failed during {method} {path}: {_why(error)}{outcome}"
             ) from error
         if response.will_close:
             connection.close()
@@ -367,7 +368,7 @@ class RemoteLedger:
     def _connection(self) -> http.client.HTTPConnection:
         with self._lock:
             if self._closed:
-                raise LedgerError(f"this client of the ledger service at {self.url} is closed")
+                raise LedgerError(f"this client of {self.name} at {self.url} is closed")
             while self._idle:
                 connection = self._idle.pop()
                 if not _dropped(connection):

@@ -7,6 +7,10 @@ from typing import Any
 from jupyter_vgpu.manager import SliceManager
 
 MANAGER_SETTING = "vgpu_slice_manager"  # where the server keeps its SliceManager (web_app.settings)
+# The server's own hub token (JupyterHub hands one to every single-user server; with it the server
+# speaks to the node's broker). A sliced kernel never gets it: it speaks to its own server only,
+# with its per-kernel credential.
+HUB_TOKEN_VARIABLES = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")
 
 
 class ServerLinked:

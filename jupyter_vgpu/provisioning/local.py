@@ -54,7 +54,7 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
-from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
+from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
@@ -203,6 +203,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             raise
         server_url = self._server_app().connection_url
         credential = manager.issue_kernel_credential(self.kernel_id)
+        for name in HUB_TOKEN_VARIABLES:
+            kwargs["env"].pop(name, None)
         kwargs["env"].update(kernel_environment(server_url, self.kernel_id, credential))
         kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs

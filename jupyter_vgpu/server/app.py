@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
@@ -12,7 +14,8 @@ from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 from jupyter_vgpu.holders import LocalHolder, PodHolder
 from jupyter_vgpu.holders.local import default_region_dir, private_folder
 from jupyter_vgpu.holders.pod import PodScope
-from jupyter_vgpu.ledger import EmbeddedLedger
+from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
+from jupyter_vgpu.ledger.remote import RemoteLedger
 from jupyter_vgpu.manager import SliceManager
 from jupyter_vgpu.model import (
     DEFAULT_LIMITS,
@@ -28,7 +31,7 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.pods.cluster import default_namespace
-from jupyter_vgpu.provisioning.base import MANAGER_SETTING
+from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
 from jupyter_vgpu.server.errors import refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
@@ -38,8 +41,28 @@ def _size_or_none(value: str) -> int | None:
     return parse_size(value) if value.strip() else None
 
 
+# What a hub's spawner may set for a single-user server (jupyter_vgpu.hub): each variable,
+# JUPYTER_VGPU_<TRAIT>, is the default of the trait of that name, below any config file or
+# command line. The one place this extension reads its configuration from the environment.
+ENVIRONMENT_TRAITS = (
+    "broker_url",
+    "simulate",
+    "default_memory",
+    "default_cores",
+    "default_policy",
+    "max_cores",
+    "server_memory_limit",
+    "server_slice_limit",
+)
+
+
+def environment_variable(trait: str) -> str:
+    return f"JUPYTER_VGPU_{trait.upper()}"
+
+
 class VGPUApp(ExtensionApp):
     name = "jupyter_vgpu"
+    _ledger_unavailable = False
     description = "GPU slices for Jupyter kernels."
 
     simulate = Bool(False, config=True, help="Use the simulated GPU (for trying jupyter-vgpu without one).")
@@ -88,6 +111,30 @@ class VGPUApp(ExtensionApp):
     watch_interval = Float(
         0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released."
     )
+    broker_url = Unicode(
+        "",
+        config=True,
+        help="The node's GPU broker (a JupyterHub service, `jupyter vgpu broker`), e.g. "
+        "http://127.0.0.1:10101/services/vgpu/: slices are decided there, against every user's slices on the node "
+        "and this user's budget. Empty: this server's own ledger (ledger_path). A hub sets it through "
+        "$JUPYTER_VGPU_BROKER_URL.",
+    )
+    broker_token = Unicode(
+        "",
+        config=True,
+        help="Token this server presents to the broker. Empty: $JUPYTERHUB_API_TOKEN, the server's own hub token.",
+    )
+
+    @validate("broker_url")
+    def _valid_broker_url(self, proposal):
+        value = proposal["value"].strip()
+        parts = urlsplit(value)
+        if value and (parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment):
+            raise TraitError(
+                f"VGPUApp.broker_url must be an http:// or https:// URL with a host (the broker's service URL), "
+                f"not {value!r}"
+            )
+        return value
 
     @validate("reserve", "default_memory", "max_memory", "server_memory_limit")
     def _valid_size(self, proposal):
@@ -126,7 +173,43 @@ class VGPUApp(ExtensionApp):
             raise TraitError("VGPUApp.burst_oversubscription must be 1.0 or more")
         return proposal["value"]
 
+    def _take_environment(self) -> None:
+        configured = self.config.get(type(self).__name__, {})
+        for trait in ENVIRONMENT_TRAITS:
+            value = os.environ.get(environment_variable(trait))
+            if value is None or trait in configured:
+                continue
+            try:
+                setattr(self, trait, self.traits()[trait].from_string(value))
+            except (TraitError, ValueError) as error:
+                raise SystemExit(f"jupyter_vgpu: ${environment_variable(trait)}={value!r}: {error}") from None
+
+    def _ledger(self, devices, max_slice: SliceLimits | None) -> Ledger:
+        if self.broker_url:
+            token = self.broker_token or next(filter(None, map(os.environ.get, HUB_TOKEN_VARIABLES)), "")
+            if not token:
+                raise SystemExit(
+                    f"jupyter_vgpu: VGPUApp.broker_url is {self.broker_url} but this server has no token for it: "
+                    "set VGPUApp.broker_token, or run it under JupyterHub (which sets $JUPYTERHUB_API_TOKEN)"
+                )
+            return RemoteLedger(self.broker_url.rstrip("/") + "/ledger", token, name="the node's GPU broker")
+        ledger_path = (
+            Path(self.ledger_path) if self.ledger_path else Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
+        )
+        private_folder(ledger_path.parent)
+        return EmbeddedLedger(
+            ledger_path,
+            devices,
+            reserve=0 if self.reserve.strip() in ("", "0") else parse_size(self.reserve),
+            burst_oversubscription=self.burst_oversubscription,
+            placement=self.placement,
+            max_slice=max_slice,
+            server_memory_limit=_size_or_none(self.server_memory_limit),
+            server_slice_limit=self.server_slice_limit or None,
+        )
+
     def initialize_settings(self) -> None:
+        self._take_environment()
         if self.simulate:
             use_simulator()
         try:
@@ -137,20 +220,7 @@ class VGPUApp(ExtensionApp):
                 f"jupyter_vgpu: {error}. A server that starts only pod kernels needs no GPU: set VGPUApp.local_gpus = False"
             ) from None
         max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
-        ledger_path = (
-            Path(self.ledger_path) if self.ledger_path else Path(jupyter_runtime_dir()) / "vgpu" / "ledger.sqlite"
-        )
-        private_folder(ledger_path.parent)
-        ledger = EmbeddedLedger(
-            ledger_path,
-            chosen,
-            reserve=0 if self.reserve.strip() in ("", "0") else parse_size(self.reserve),
-            burst_oversubscription=self.burst_oversubscription,
-            placement=self.placement,
-            max_slice=max_slice,
-            server_memory_limit=_size_or_none(self.server_memory_limit),
-            server_slice_limit=self.server_slice_limit or None,
-        )
+        ledger = self._ledger(chosen, max_slice)
         manager = SliceManager(
             ledger,
             [
@@ -161,8 +231,13 @@ class VGPUApp(ExtensionApp):
             start_error=refusal_for_http,
             parent=self,
         )
-        for released in manager.reconcile():
-            self.log.info("released the slice of kernel %s, which did not survive the last server", released.kernel_id)
+        try:
+            for released in manager.reconcile():
+                self.log.info(
+                    "released the slice of kernel %s, which did not survive the last server", released.kernel_id
+                )
+        except LedgerError as error:
+            self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
@@ -197,7 +272,18 @@ class VGPUApp(ExtensionApp):
         """
         manager: SliceManager = self.settings[MANAGER_SETTING]
         kernel_manager = self.serverapp.kernel_manager
-        for status in manager.statuses():  # reading the holders re-asserts drifted limits
+        try:
+            statuses = manager.statuses()  # reading the holders re-asserts drifted limits
+        except LedgerError as error:
+            # The broker is down: kernels keep the limits in their regions; say so once an outage.
+            if not self._ledger_unavailable:
+                self.log.warning("jupyter_vgpu: %s; running kernels keep their limits", error)
+            self._ledger_unavailable = True
+            return
+        if self._ledger_unavailable:
+            self.log.info("jupyter_vgpu: the ledger answers again")
+            self._ledger_unavailable = False
+        for status in statuses:
             allocation = status.allocation
             launched = "provisioner_info" in allocation.metadata
             if (

@@ -7,7 +7,8 @@ from tornado.web import HTTPError
 from jupyter_vgpu.manager import SliceRefused
 
 # cluster: the Kubernetes API, its scheduler or the kernel pod said no, or the start timed out.
-REFUSAL_STATUS = {"capacity": 409, "invalid": 400, "cluster": 503}
+# unavailable: the ledger (its file, or the node's broker) did not decide.
+REFUSAL_STATUS = {"capacity": 409, "invalid": 400, "cluster": 503, "unavailable": 503}
 
 
 class VGPUHTTPError(HTTPError):

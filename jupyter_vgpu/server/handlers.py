@@ -24,7 +24,7 @@ from tornado import web
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
-from jupyter_vgpu.ledger import CapacityError, DeviceUsage, UnknownSlice
+from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, UnknownSlice
 from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
@@ -147,8 +147,19 @@ class VGPUHandler(APIHandler):
         exception = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exception, VGPUHTTPError):
             self.finish(json.dumps({"message": exception.message}))
+        elif isinstance(exception, LedgerError):
+            # The ledger itself (its file, or the node's broker) did not decide: nothing the
+            # client sent was wrong, and the slices in force keep their limits.
+            self.set_status(503)
+            self.finish(json.dumps({"message": f"GPU slices cannot be read or changed right now: {exception}"}))
         else:
             super().write_error(status_code, **kwargs)
+
+    def log_exception(self, typ, value, tb) -> None:
+        if isinstance(value, LedgerError):
+            self.log.warning("%s %s: %s", self.request.method, self.request.path, value)
+        else:
+            super().log_exception(typ, value, tb)
 
     def json_body(self, allowed: set[str]) -> dict[str, Any]:
         if len(self.request.body or b"") > MAX_BODY:
