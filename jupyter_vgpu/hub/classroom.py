@@ -1,0 +1,766 @@
+"""The classroom file: one YAML file that says what a JupyterHub's users may have of the node's GPUs.
+
+It names the node's GPUs, the hub's groups and their members, the GPU sizes users pick from when
+their server starts (each a budget that all of a user's kernels share), per-user limits and the
+idle policy. :func:`load_classroom` reads and checks it; everything else (the hub configuration,
+KubeSpawner profiles, the broker) reads the :class:`Classroom` it returns. Sizes and SM shares are
+parsed by :mod:`jupyter_vgpu.model`, so they accept and refuse what every other entry point does.
+
+A bad file is refused as a whole with a :class:`ClassroomError` that names the file, the key and
+what is accepted; nothing quietly guesses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from jupyter_vgpu.model import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
+
+MIB = 1 << 20
+DEFAULT_SERVICE_NAME = "vgpu"
+DEFAULT_BROKER_PORT = 10101
+DEFAULT_STATE_DIR = "vgpu-broker"
+DEFAULT_SMS = 100
+DEFAULT_FLOOR_CORES = 5
+SIMULATED_GPU_NAME = "jupyter-vgpu simulated GPU"
+
+_SLUG = re.compile(r"^[a-z0-9-]+$")
+_SERVICE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION_HELP = "a duration like 90s, 20m, 2h or a bare number of seconds"
+
+_TOP_KEYS = (
+    "gpus",
+    "simulate",
+    "broker",
+    "groups",
+    "admins",
+    "admin_groups",
+    "sizes",
+    "limits",
+    "oversubscribe",
+    "idle",
+)
+_GPU_KEYS = ("count", "memory", "sms")
+_BROKER_KEYS = ("port", "name", "state_dir")
+_SIZE_KEYS = ("name", "display_name", "description", "memory", "cores", "policy", "groups", "default", "kernel")
+_KERNEL_KEYS = ("memory", "cores")
+_LIMIT_KEYS = ("kernels", "memory", "groups")
+_GROUP_LIMIT_KEYS = ("kernels", "memory")
+_IDLE_KEYS = ("lower_after", "floor_cores", "cull_after")
+
+
+_T = TypeVar("_T")
+_GroupCheck = Callable[[str, str], None]
+
+
+class ClassroomError(ValueError):
+    """A classroom file that is not accepted, or a size a user may not have; the message says why
+    and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """What the node has: ``count`` GPUs of ``memory`` bytes and ``sms`` streaming multiprocessors."""
+
+    count: int
+    memory: int
+    sms: int = DEFAULT_SMS
+
+
+@dataclass(frozen=True)
+class Size:
+    """A GPU size a user picks when their server starts: a budget all their kernels share.
+
+    ``memory`` (bytes) and ``cores`` (percent of one GPU's SMs) are the user's budget;
+    ``kernel_memory`` and ``kernel_cores`` are a kernel's default slice within it: the file's
+    ``kernel:``, else resolved for the size's strictest picker (see :func:`_kernel_default`); a
+    user's own default slice is :attr:`Budget.kernel_memory` / :attr:`Budget.kernel_cores`.
+    ``groups`` are the groups whose members may pick it (empty: everyone).
+    """
+
+    name: str
+    display_name: str
+    description: str
+    memory: int
+    cores: int
+    policy: str
+    groups: tuple[str, ...]
+    default: bool
+    kernel_memory: int
+    kernel_cores: int
+    kernel_memory_given: bool = False
+    kernel_cores_given: bool = False
+
+    def kernel_slice(self, budget_memory: int, kernels: int | None) -> tuple[int, int]:
+        """A kernel's default slice (memory, cores) for a user with this budget memory and kernel
+        limit: the file's ``kernel:`` values, else the budget divided by the kernel limit (memory
+        floored to whole MiB, at least 1MiB; cores at least 1; no limit: the whole budget)."""
+        memory, cores = _divide(budget_memory, self.cores, kernels)
+        memory = self.kernel_memory if self.kernel_memory_given else memory
+        cores = self.kernel_cores if self.kernel_cores_given else cores
+        return min(memory, budget_memory), cores
+
+
+@dataclass(frozen=True)
+class GroupLimits:
+    """A group's own per-user limits; ``None`` in a field the group does not set (see
+    :attr:`kernels_set` / :attr:`memory_set` for an explicit ``null``: no limit)."""
+
+    kernels: int | None = None
+    memory: int | None = None
+    kernels_set: bool = False
+    memory_set: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-user limits at admission: the file's ``limits:`` (``None``: no limit)."""
+
+    kernels: int | None = None
+    memory: int | None = None
+    groups: Mapping[str, GroupLimits] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """The limits of one user, from their groups: sliced kernels at once and memory (``None``: no limit)."""
+
+    kernels: int | None
+    memory: int | None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one user's server may hold: the chosen size, its memory (capped by the user's memory
+    limit) and SM share, its policy, how many sliced kernels at once (``None``: no limit), and a
+    kernel's default slice for this user (:meth:`Size.kernel_slice`)."""
+
+    size_name: str
+    memory: int
+    cores: int
+    policy: str
+    kernels: int | None
+    kernel_memory: int = 0
+    kernel_cores: int = 0
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    """What the broker does with idle kernels: lower their SM share to ``floor_cores`` after
+    ``lower_after`` seconds, stop them after ``cull_after`` seconds (``None``: never)."""
+
+    lower_after: float | None = None
+    floor_cores: int = DEFAULT_FLOOR_CORES
+    cull_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Classroom:
+    """A loaded, checked classroom file (see :func:`load_classroom`)."""
+
+    path: Path
+    gpus: Gpus
+    sizes: tuple[Size, ...]
+    groups: Mapping[str, tuple[str, ...]]
+    admins: tuple[str, ...] = ()
+    admin_groups: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+    oversubscribe: bool = False
+    simulate: bool = False
+    service_name: str = DEFAULT_SERVICE_NAME
+    broker_port: int = DEFAULT_BROKER_PORT
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+
+    @property
+    def broker_url(self) -> str:
+        """The broker's URL as single-user servers on this node reach it (through no proxy)."""
+        return f"http://127.0.0.1:{self.broker_port}/services/{self.service_name}/"
+
+    @property
+    def simulated_devices(self) -> str:
+        """A ``VGPU_SIM_DEVICES`` spec for a simulated node like this one (native/sim/common/spec.c)."""
+        # The simulator takes whole numbers with a unit; bytes when MiB is not exact.
+        memory = f"{self.gpus.memory // MIB}MiB" if self.gpus.memory % MIB == 0 else f"{self.gpus.memory}B"
+        device = f"name={SIMULATED_GPU_NAME},memory={memory},sms={self.gpus.sms}"
+        return ";".join([device] * self.gpus.count)
+
+    @property
+    def default_size(self) -> Size | None:
+        """The size marked ``default: true``, if any."""
+        return next((size for size in self.sizes if size.default), None)
+
+    def sizes_for(self, groups: Iterable[str]) -> list[Size]:
+        """The sizes a user in ``groups`` may pick, in the file's order."""
+        mine = set(_names(groups))
+        return [size for size in self.sizes if not size.groups or mine.intersection(size.groups)]
+
+    def size_for(self, user_options: Mapping[str, Any] | None, groups: Iterable[str]) -> Size:
+        """The size a user in ``groups`` chose in ``user_options["profile"]`` (KubeSpawner's key),
+        or their default size when they chose none: the file's default if they may pick it, else
+        the first size they may pick. Refuses a size that is unknown or not theirs."""
+        groups = _names(groups)
+        allowed = self.sizes_for(groups)
+        chosen = _chosen_profile(user_options)
+        if chosen is None:
+            if not allowed:
+                raise ClassroomError(
+                    f"no GPU size is open to {_describe_groups(groups)}; sizes are open to groups: "
+                    + ", ".join(f"{size.name} ({', '.join(size.groups)})" for size in self.sizes)
+                )
+            default = self.default_size
+            return default if default in allowed else allowed[0]
+        names = ", ".join(size.name for size in allowed) or "none"
+        size = next((size for size in self.sizes if size.name == chosen), None)
+        if size is None:
+            raise ClassroomError(f"GPU size {chosen[:60]!r} does not exist; the sizes you may pick: {names}")
+        if size not in allowed:
+            raise ClassroomError(
+                f"GPU size {chosen!r} is for groups {', '.join(size.groups)}, not for {_describe_groups(groups)}; "
+                f"the sizes you may pick: {names}"
+            )
+        return size
+
+    def limits_for(self, groups: Iterable[str]) -> UserLimits:
+        """The limits of a user in ``groups``: each group with its own ``limits.groups`` entry gives
+        its values (what it leaves out is the file's ``limits``); a user in several such groups gets
+        the most generous value of each; a user in none gets the file's ``limits``."""
+        return _user_limits(self.limits, _names(groups))
+
+    def budget_for(self, user_options: Mapping[str, Any] | None, groups: Iterable[str]) -> Budget:
+        """The budget of a user in ``groups`` who chose ``user_options`` (see :meth:`size_for`)."""
+        groups = _names(groups)
+        size = self.size_for(user_options, groups)
+        limits = self.limits_for(groups)
+        memory = size.memory if limits.memory is None else min(size.memory, limits.memory)
+        return _budget(size, memory, limits.kernels)
+
+    def strictest_budget(self, size: Size) -> Budget:
+        """The budget that every user who may pick ``size`` gets at least (for a list that
+        cannot tell users apart: the least generous of their limits)."""
+        limits = [_user_limits(self.limits, picker) for picker in _pickers(size.groups, self.limits)]
+        memory = _least([size.memory, *(limit.memory for limit in limits)])
+        return _budget(size, memory or size.memory, _least([limit.kernels for limit in limits]))
+
+
+def _divide(memory: int, cores: int, kernels: int | None) -> tuple[int, int]:
+    """A budget divided by a kernel limit: memory floored to whole MiB (at least 1MiB), cores at
+    least 1; no limit: the whole budget."""
+    share = kernels or 1
+    return max(MIB, memory // share // MIB * MIB), max(1, cores // share)
+
+
+def _budget(size: Size, memory: int, kernels: int | None) -> Budget:
+    kernel_memory, kernel_cores = size.kernel_slice(memory, kernels)
+    return Budget(
+        size_name=size.name,
+        memory=memory,
+        cores=size.cores,
+        policy=size.policy,
+        kernels=kernels,
+        kernel_memory=kernel_memory,
+        kernel_cores=kernel_cores,
+    )
+
+
+def _least(values: list[int | None]) -> int | None:
+    finite = [value for value in values if value is not None]
+    return min(finite) if finite else None
+
+
+def _user_limits(limits: Limits, groups: tuple[str, ...]) -> UserLimits:
+    entries = [limits.groups[name] for name in groups if name in limits.groups]
+    if not entries:
+        return UserLimits(kernels=limits.kernels, memory=limits.memory)
+    kernels = [entry.kernels if entry.kernels_set else limits.kernels for entry in entries]
+    memory = [entry.memory if entry.memory_set else limits.memory for entry in entries]
+    return UserLimits(kernels=_most_generous(kernels), memory=_most_generous(memory))
+
+
+def _pickers(size_groups: tuple[str, ...], limits: Limits) -> list[tuple[str, ...]]:
+    """The least generous group sets among the users who may pick a size: each of its groups
+    alone, or for a size open to everyone, no group and each group with limits of its own (a user
+    in more groups gets limits at least as generous)."""
+    return [(group,) for group in size_groups] if size_groups else [(), *((group,) for group in limits.groups)]
+
+
+def _names(groups: Iterable[str]) -> tuple[str, ...]:
+    # A lone group name is one group, not its letters.
+    return (groups,) if isinstance(groups, str) else tuple(groups)
+
+
+def _describe_groups(groups: tuple[str, ...]) -> str:
+    return f"groups {', '.join(groups)}" if groups else "a user in no group"
+
+
+def _chosen_profile(user_options: Mapping[str, Any] | None) -> str | None:
+    """The size named in user_options, ``None`` when none is; a form's one-item list is its item."""
+    if not user_options:
+        return None
+    chosen = user_options.get("profile")
+    if isinstance(chosen, list) and len(chosen) == 1:
+        chosen = chosen[0]
+    if chosen is None or chosen == "":
+        return None
+    if not isinstance(chosen, str):
+        raise ClassroomError(f"the GPU size (user option 'profile') must be a size's name, not {chosen!r:.60}")
+    return chosen
+
+
+def _most_generous(values: list[int | None]) -> int | None:
+    return None if any(value is None for value in values) else max(v for v in values if v is not None)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a duration: ``90s``, ``20m``, ``2h``, ``1d`` or a bare number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SliceValueError(f"{value!r:.40} is not {DURATION_HELP}")
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match or match.group(2).lower() not in _DURATION_UNITS:
+            raise SliceValueError(f"{value[:40]!r} is not {DURATION_HELP}")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+    else:
+        seconds = float(value)
+    if not 0 < seconds < float("inf"):
+        raise SliceValueError(f"{str(value)[:40]!r} must be more than zero; use {DURATION_HELP}")
+    return seconds
+
+
+class _Reader:
+    """Reads one classroom file's values, raising errors that name the file and the key."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def error(self, key: str, message: str) -> ClassroomError:
+        return ClassroomError(f"{self.label}: {key}: {message}" if key else f"{self.label}: {message}")
+
+    def mapping(self, value: object, key: str, accepted: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.error(key, f"must be a mapping with keys {', '.join(accepted)}, not {_shown(value)}")
+        for name in value:
+            if name not in accepted:
+                close = (
+                    difflib.get_close_matches(str(name), accepted, n=1)
+                    or [key for key in accepted if key.startswith(str(name)) or str(name).startswith(key)][:1]
+                )
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                where = f"{key}.{name}" if key else str(name)
+                raise self.error(where, f"unknown key{hint}; accepted: {', '.join(accepted)}")
+        return value
+
+    def text(self, value: object, key: str, what: str = "text") -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, f"must be {what}, not {_shown(value)} (quote it in YAML if it reads as a number)")
+        return value.strip()
+
+    def names(self, value: object, key: str, what: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list of {what} like [alice, bob], not {_shown(value)}")
+        names = tuple(self.text(item, f"{key}[{index}]", f"a {what[:-1]}") for index, item in enumerate(value))
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise self.error(f"{key}[{index}]", f"{name!r} is listed twice")
+        return names
+
+    def flag(self, value: object, key: str, default: bool) -> bool:
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, not {_shown(value)}")
+        return value
+
+    def count(self, value: object, key: str, low: int, high: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"of {low} or more"
+            raise self.error(key, f"must be a whole number {span}, not {_shown(value)}")
+        return value
+
+    def parsed(self, parse: Callable[[Any], _T], value: object, key: str) -> _T:
+        try:
+            return parse(value)
+        except SliceValueError as error:
+            raise self.error(key, str(error)) from None
+
+
+def _shown(value: object) -> str:
+    return "nothing" if value is None else repr(value)[:60]
+
+
+def load_classroom(path: str | Path, *, hub_groups: Iterable[str] | None = ()) -> Classroom:
+    """Read and check a classroom file.
+
+    ``hub_groups`` are groups the hub defines elsewhere (its ``c.JupyterHub.load_groups``) that
+    sizes, limits and ``admin_groups`` may name besides the file's own ``groups:``. ``None`` means
+    the hub's groups are not known here (the broker, started by a hub that checked the file with
+    them): references to groups outside ``groups:`` are then taken as they are.
+    """
+    label = str(path)
+    reader = _Reader(label)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ClassroomError(f"{label}: cannot read the classroom file: {error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ClassroomError(f"{label}: not valid YAML{line}: {problem}") from None
+    if data is None:
+        raise ClassroomError(f"{label}: the file is empty; it needs at least gpus: and sizes:")
+    top = reader.mapping(data, "", _TOP_KEYS)
+    folder = Path(path).resolve().parent
+
+    gpus = _read_gpus(reader, top)
+    simulate = reader.flag(top.get("simulate"), "simulate", False)
+    broker = reader.mapping(top.get("broker"), "broker", _BROKER_KEYS)
+    port = reader.count(broker.get("port", DEFAULT_BROKER_PORT), "broker.port", 1, 65535)
+    name = reader.text(broker.get("name", DEFAULT_SERVICE_NAME), "broker.name", "a service name")
+    if not _SERVICE_NAME.match(name):
+        raise reader.error("broker.name", f"{name[:60]!r} is not a service name: lowercase letters, digits, - and _")
+    state_dir = Path(reader.text(broker.get("state_dir", DEFAULT_STATE_DIR), "broker.state_dir", "a folder"))
+
+    groups = _read_groups(reader, top.get("groups"))
+    known = None if hub_groups is None else set(groups) | set(hub_groups)
+
+    def check_group(group: str, key: str) -> None:
+        if known is not None and group not in known:
+            listed = ", ".join(sorted(known)) or "none"
+            raise reader.error(key, f"unknown group {group!r}; groups are those under groups: or the hub's ({listed})")
+
+    admins = reader.names(top.get("admins"), "admins", "user names")
+    admin_groups = reader.names(top.get("admin_groups"), "admin_groups", "group names")
+    for index, group in enumerate(admin_groups):
+        check_group(group, f"admin_groups[{index}]")
+
+    limits = _read_limits(reader, top.get("limits"), check_group)
+    sizes = _read_sizes(reader, top.get("sizes"), gpus, limits, check_group)
+    idle = _read_idle(reader, top.get("idle"))
+    oversubscribe = reader.flag(top.get("oversubscribe"), "oversubscribe", False)
+
+    classroom = Classroom(
+        path=Path(path).resolve(),
+        gpus=gpus,
+        sizes=sizes,
+        groups=groups,
+        admins=admins,
+        admin_groups=admin_groups,
+        limits=limits,
+        idle=idle,
+        oversubscribe=oversubscribe,
+        simulate=simulate,
+        service_name=name,
+        broker_port=port,
+        state_dir=state_dir if state_dir.is_absolute() else folder / state_dir,
+    )
+    _check_limits_cover_sizes(reader, classroom)
+    if not oversubscribe:
+        _check_fits(reader, classroom)
+    return classroom
+
+
+def _read_gpus(reader: _Reader, top: dict[str, Any]) -> Gpus:
+    if "gpus" not in top:
+        raise reader.error("gpus", "missing: say what the node has, like gpus: {count: 2, memory: 16GiB}")
+    gpus = reader.mapping(top["gpus"], "gpus", _GPU_KEYS)
+    for key in ("count", "memory"):
+        if key not in gpus:
+            raise reader.error(f"gpus.{key}", "missing; like gpus: {count: 2, memory: 16GiB}")
+    return Gpus(
+        count=reader.count(gpus["count"], "gpus.count", 1, 64),
+        memory=reader.parsed(parse_size, gpus["memory"], "gpus.memory"),
+        sms=reader.count(gpus.get("sms", DEFAULT_SMS), "gpus.sms", 1, 1024),
+    )
+
+
+def _read_groups(reader: _Reader, value: object) -> dict[str, tuple[str, ...]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise reader.error(
+            "groups", f"must map group names to member lists, like students: [alice, bob]; not {_shown(value)}"
+        )
+    groups = {}
+    for name, members in value.items():
+        group = reader.text(name, "groups", "a group name")
+        groups[group] = reader.names(members, f"groups.{group}", "user names")
+    return groups
+
+
+def _read_limits(reader: _Reader, value: object, check_group: _GroupCheck) -> Limits:
+    limits = reader.mapping(value, "limits", _LIMIT_KEYS)
+
+    def kernels(entry: dict[str, Any], key: str) -> int | None:
+        return None if entry.get("kernels") is None else reader.count(entry["kernels"], key, 1)
+
+    def memory(entry: dict[str, Any], key: str) -> int | None:
+        return None if entry.get("memory") is None else reader.parsed(parse_size, entry["memory"], key)
+
+    per_group = {}
+    raw_groups = limits.get("groups")
+    if raw_groups is not None and not isinstance(raw_groups, dict):
+        raise reader.error(
+            "limits.groups", f"must map group names to limits, like staff: {{kernels: 6}}; not {_shown(raw_groups)}"
+        )
+    for name, raw in (raw_groups or {}).items():
+        group = reader.text(name, "limits.groups", "a group name")
+        check_group(group, f"limits.groups.{group}")
+        entry = reader.mapping(raw, f"limits.groups.{group}", _GROUP_LIMIT_KEYS)
+        per_group[group] = GroupLimits(
+            kernels=kernels(entry, f"limits.groups.{group}.kernels"),
+            memory=memory(entry, f"limits.groups.{group}.memory"),
+            kernels_set="kernels" in entry,
+            memory_set="memory" in entry,
+        )
+    return Limits(kernels=kernels(limits, "limits.kernels"), memory=memory(limits, "limits.memory"), groups=per_group)
+
+
+def _read_sizes(
+    reader: _Reader, value: object, gpus: Gpus, limits: Limits, check_group: _GroupCheck
+) -> tuple[Size, ...]:
+    if value is None:
+        raise reader.error(
+            "sizes", "missing: list the GPU sizes users pick from, like - {name: small, memory: 2GiB, cores: 20}"
+        )
+    if not isinstance(value, list) or not value:
+        raise reader.error(
+            "sizes", f"must be a list of sizes, like - {{name: small, memory: 2GiB, cores: 20}}; not {_shown(value)}"
+        )
+    sizes: list[Size] = []
+    for index, raw in enumerate(value):
+        key = f"sizes[{index}]"
+        entry = reader.mapping(raw, key, _SIZE_KEYS)
+        for required in ("name", "memory", "cores"):
+            if required not in entry:
+                raise reader.error(f"{key}.{required}", "missing; a size needs name, memory and cores")
+        name = reader.text(entry["name"], f"{key}.name", "a name")
+        if not _SLUG.match(name):
+            raise reader.error(f"{key}.name", f"{name[:60]!r} is not a size name: lowercase letters, digits and -")
+        earlier = next((i for i, size in enumerate(sizes) if size.name == name), None)
+        if earlier is not None:
+            raise reader.error(f"{key}.name", f"{name!r} is also the name of sizes[{earlier}]; names must be unique")
+        memory = reader.parsed(parse_size, entry["memory"], f"{key}.memory")
+        if memory > gpus.memory:
+            raise reader.error(
+                f"{key}.memory",
+                f"{format_size(memory)} is more than one GPU's {format_size(gpus.memory)} (gpus.memory)",
+            )
+        if memory < MIB:
+            raise reader.error(f"{key}.memory", f"{format_size(memory)} is less than the smallest slice, 1MiB")
+        cores = reader.parsed(parse_sm_share, entry["cores"], f"{key}.cores")
+        policy = reader.parsed(parse_policy, entry.get("policy", "hard"), f"{key}.policy")
+        groups = reader.names(entry.get("groups"), f"{key}.groups", "group names")
+        for position, group in enumerate(groups):
+            check_group(group, f"{key}.groups[{position}]")
+        default = reader.flag(entry.get("default"), f"{key}.default", False)
+        if default:
+            other = next((i for i, size in enumerate(sizes) if size.default), None)
+            if other is not None:
+                raise reader.error(f"{key}.default", f"sizes[{other}] is the default already; at most one size is")
+        kernel = reader.mapping(entry.get("kernel"), f"{key}.kernel", _KERNEL_KEYS)
+        kernel_memory, kernel_cores = _kernel_default(reader, kernel, key, memory, cores, groups, limits)
+        display_name = entry.get("display_name")
+        display_name = (
+            reader.text(display_name, f"{key}.display_name")
+            if display_name is not None
+            else f"{name.replace('-', ' ').capitalize()}: {format_size(memory)}, {cores}% of a GPU"
+            + (" (burst)" if policy == "burst" else "")
+        )
+        description = entry.get("description")
+        description = (
+            reader.text(description, f"{key}.description")
+            if description is not None
+            else f"Your notebooks share {format_size(memory)} of GPU memory and {cores}% of a GPU's compute."
+            + (
+                f" Each starts with {format_size(kernel_memory)} and {kernel_cores}%."
+                if "memory" in kernel and "cores" in kernel
+                else ""
+            )
+        )
+        sizes.append(
+            Size(
+                name=name,
+                display_name=display_name,
+                description=description,
+                memory=memory,
+                cores=cores,
+                policy=policy,
+                groups=groups,
+                default=default,
+                kernel_memory=kernel_memory,
+                kernel_cores=kernel_cores,
+                kernel_memory_given="memory" in kernel,
+                kernel_cores_given="cores" in kernel,
+            )
+        )
+    return tuple(sizes)
+
+
+def _kernel_default(
+    reader: _Reader, kernel: dict[str, Any], key: str, memory: int, cores: int, groups: tuple[str, ...], limits: Limits
+) -> tuple[int, int]:
+    """A kernel's default slice of a size, checked against the size: the file's ``kernel:``,
+    else the budget divided by the kernel limit of the size's strictest picker (the smallest
+    limit of the users who may pick it; none: the whole budget). Each user's own default divides
+    by their own limit (:meth:`Size.kernel_slice`)."""
+    limited = (_user_limits(limits, picker).kernels for picker in _pickers(groups, limits))
+    kernel_memory, kernel_cores = _divide(memory, cores, _least(list(limited)))
+    if "memory" in kernel:
+        kernel_memory = reader.parsed(parse_size, kernel["memory"], f"{key}.kernel.memory")
+        if kernel_memory > memory:
+            raise reader.error(
+                f"{key}.kernel.memory",
+                f"a kernel's default {format_size(kernel_memory)} is more than the size's budget "
+                f"{format_size(memory)} ({key}.memory)",
+            )
+    if "cores" in kernel:
+        kernel_cores = reader.parsed(parse_sm_share, kernel["cores"], f"{key}.kernel.cores")
+        if kernel_cores > cores:
+            raise reader.error(
+                f"{key}.kernel.cores",
+                f"a kernel's default {kernel_cores}% is more than the size's budget {cores}% ({key}.cores)",
+            )
+    return kernel_memory, kernel_cores
+
+
+def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
+    idle = reader.mapping(value, "idle", _IDLE_KEYS)
+
+    def duration(key: str) -> float | None:
+        return None if idle.get(key) is None else reader.parsed(parse_duration, idle[key], f"idle.{key}")
+
+    floor = idle.get("floor_cores")
+    return IdlePolicy(
+        lower_after=duration("lower_after"),
+        floor_cores=DEFAULT_FLOOR_CORES if floor is None else reader.parsed(parse_sm_share, floor, "idle.floor_cores"),
+        cull_after=duration("cull_after"),
+    )
+
+
+def _check_limits_cover_sizes(reader: _Reader, classroom: Classroom) -> None:
+    """No user limit below a size offered to that user: the size would be a promise not kept."""
+    limits = classroom.limits
+    for index, size in enumerate(classroom.sizes):
+        for picker in _pickers(size.groups, limits):
+            memory = classroom.limits_for(picker).memory
+            if memory is None or memory >= size.memory:
+                continue
+            group = picker[0] if picker else None
+            own = group is not None and group in limits.groups and limits.groups[group].memory_set
+            key = f"limits.groups.{group}.memory" if own else "limits.memory"
+            who = f"group {group}" if group is not None else "every user"
+            raise reader.error(
+                key,
+                f"{format_size(memory)} is less than size {size.name!r} ({format_size(size.memory)}, sizes[{index}]) "
+                f"offered to {who}; raise the limit, or take the group off the size",
+            )
+
+
+def _check_fits(reader: _Reader, classroom: Classroom) -> None:
+    """Every listed group member's default budget fits on the node at once."""
+    members: dict[str, list[str]] = {}
+    for group, users in classroom.groups.items():
+        for user in users:
+            members.setdefault(user, []).append(group)
+    memory = cores = 0
+    for groups in members.values():
+        try:
+            budget = classroom.budget_for(None, groups)
+        except ClassroomError:
+            continue  # no size open to this user: they hold nothing
+        memory += budget.memory
+        cores += budget.cores
+    have_memory = classroom.gpus.count * classroom.gpus.memory
+    have_cores = classroom.gpus.count * 100
+    if memory > have_memory or cores > have_cores:
+        raise reader.error(
+            "oversubscribe",
+            f"the default budgets of the {len(members)} users under groups: need {format_size(memory)} and "
+            f"{cores}% of a GPU's SMs together, more than the node's {classroom.gpus.count} GPUs have "
+            f"({format_size(have_memory)}, {have_cores}%); make the default sizes smaller, "
+            "or set oversubscribe: true to allow it",
+        )
+
+
+# What a single-user server of this classroom reads (VGPUApp takes its settings from these).
+ENV_BROKER_URL = "JUPYTER_VGPU_BROKER_URL"
+ENV_DEFAULT_MEMORY = "JUPYTER_VGPU_DEFAULT_MEMORY"
+ENV_DEFAULT_CORES = "JUPYTER_VGPU_DEFAULT_CORES"
+ENV_DEFAULT_POLICY = "JUPYTER_VGPU_DEFAULT_POLICY"
+ENV_SERVER_MEMORY_LIMIT = "JUPYTER_VGPU_SERVER_MEMORY_LIMIT"
+ENV_SERVER_SLICE_LIMIT = "JUPYTER_VGPU_SERVER_SLICE_LIMIT"
+ENV_MAX_CORES = "JUPYTER_VGPU_MAX_CORES"
+ENV_SIMULATE = "JUPYTER_VGPU_SIMULATE"
+SERVER_ENVIRONMENT = (
+    ENV_BROKER_URL,
+    ENV_DEFAULT_MEMORY,
+    ENV_DEFAULT_CORES,
+    ENV_DEFAULT_POLICY,
+    ENV_SERVER_MEMORY_LIMIT,
+    ENV_SERVER_SLICE_LIMIT,
+    ENV_MAX_CORES,
+    ENV_SIMULATE,
+)
+
+
+def exact_size(size: int) -> str:
+    """A size as text that parses back to exactly ``size`` bytes: ``1GiB`` where
+    :func:`format_size` is exact (it rounds to 0.1), else whole MiB, else bytes."""
+    text = format_size(size)
+    try:
+        exact = parse_size(text) == size
+    except SliceValueError:
+        exact = False
+    if exact:
+        return text
+    return f"{size // MIB}MiB" if size % MIB == 0 else f"{size}B"
+
+
+def server_environment(
+    classroom: Classroom, user_options: Mapping[str, Any] | None, groups: Iterable[str], *, broker: bool = True
+) -> dict[str, str]:
+    """The variables that size a user's single-user server: their kernels' default slice, their
+    budget, the broker's URL (``broker=False`` leaves it out: a KubeSpawner pod's slice is shared
+    out by its own embedded ledger). Only what applies is set: no slice limit when the user has
+    none, no ``JUPYTER_VGPU_SIMULATE`` when the node is real. Refuses a size the user may not pick.
+
+    The budget shown here is for the server's own checks and display; the broker enforces it
+    from the hub's ``user_options``, never from what a server says.
+    """
+    groups = _names(groups)
+    size = classroom.size_for(user_options, groups)
+    return size_environment(classroom, size, classroom.budget_for(user_options, groups), broker=broker)
+
+
+def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker: bool = True) -> dict[str, str]:
+    """The variables of :func:`server_environment` for a size and a budget already decided."""
+    environment = {
+        ENV_DEFAULT_MEMORY: exact_size(budget.kernel_memory),
+        ENV_DEFAULT_CORES: str(budget.kernel_cores),
+        ENV_DEFAULT_POLICY: size.policy,
+        ENV_SERVER_MEMORY_LIMIT: exact_size(budget.memory),
+        ENV_MAX_CORES: str(size.cores),
+    }
+    if broker:
+        environment[ENV_BROKER_URL] = classroom.broker_url
+    if budget.kernels is not None:
+        environment[ENV_SERVER_SLICE_LIMIT] = str(budget.kernels)
+    if classroom.simulate:
+        environment[ENV_SIMULATE] = "1"
+    return environment
