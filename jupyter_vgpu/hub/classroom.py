@@ -763,4 +763,6 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
         environment[ENV_SERVER_SLICE_LIMIT] = str(budget.kernels)
     if classroom.simulate:
         environment[ENV_SIMULATE] = "1"
+        # The same simulated devices as the broker's (a slice on GPU 1 must find a GPU 1).
+        environment["VGPU_SIM_DEVICES"] = classroom.simulated_devices
     return environment
