@@ -707,6 +707,7 @@ ENV_SERVER_MEMORY_LIMIT = "JUPYTER_VGPU_SERVER_MEMORY_LIMIT"
 ENV_SERVER_SLICE_LIMIT = "JUPYTER_VGPU_SERVER_SLICE_LIMIT"
 ENV_MAX_CORES = "JUPYTER_VGPU_MAX_CORES"
 ENV_SIMULATE = "JUPYTER_VGPU_SIMULATE"
+ENV_SIM_DEVICES = "VGPU_SIM_DEVICES"
 SERVER_ENVIRONMENT = (
     ENV_BROKER_URL,
     ENV_DEFAULT_MEMORY,
@@ -716,6 +717,7 @@ SERVER_ENVIRONMENT = (
     ENV_SERVER_SLICE_LIMIT,
     ENV_MAX_CORES,
     ENV_SIMULATE,
+    ENV_SIM_DEVICES,
 )
 
 
@@ -738,7 +740,8 @@ def server_environment(
     """The variables that size a user's single-user server: their kernels' default slice, their
     budget, the broker's URL (``broker=False`` leaves it out: a KubeSpawner pod's slice is shared
     out by its own embedded ledger). Only what applies is set: no slice limit when the user has
-    none, no ``JUPYTER_VGPU_SIMULATE`` when the node is real. Refuses a size the user may not pick.
+    none, no ``JUPYTER_VGPU_SIMULATE`` (nor the simulated node's ``VGPU_SIM_DEVICES``) when the
+    node is real. Refuses a size the user may not pick.
 
     The budget shown here is for the server's own checks and display; the broker enforces it
     from the hub's ``user_options``, never from what a server says.
@@ -764,5 +767,5 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
     if classroom.simulate:
         environment[ENV_SIMULATE] = "1"
         # The same simulated devices as the broker's (a slice on GPU 1 must find a GPU 1).
-        environment["VGPU_SIM_DEVICES"] = classroom.simulated_devices
+        environment[ENV_SIM_DEVICES] = classroom.simulated_devices
     return environment

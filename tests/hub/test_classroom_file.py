@@ -462,11 +462,14 @@ def test_server_environment(tmp_path):
         "JUPYTER_VGPU_SERVER_SLICE_LIMIT": "6",
         "JUPYTER_VGPU_MAX_CORES": "50",
         "JUPYTER_VGPU_SIMULATE": "1",
+        # the broker's simulated devices: a slice it places on GPU 1 finds a GPU 1 in its kernel
+        "VGPU_SIM_DEVICES": "name=jupyter-vgpu simulated GPU,memory=16384MiB,sms=100;"
+        "name=jupyter-vgpu simulated GPU,memory=16384MiB,sms=100",
     }
     plain = load(tmp_path, lambda d: d.pop("limits"))
     environment = server_environment(plain, None, ["students"], broker=False)
     assert "JUPYTER_VGPU_SERVER_SLICE_LIMIT" not in environment  # no limit
-    assert "JUPYTER_VGPU_SIMULATE" not in environment
+    assert "JUPYTER_VGPU_SIMULATE" not in environment and "VGPU_SIM_DEVICES" not in environment
     assert "JUPYTER_VGPU_BROKER_URL" not in environment
     assert environment["JUPYTER_VGPU_DEFAULT_MEMORY"] == "2GiB"
     with pytest.raises(ClassroomError):
