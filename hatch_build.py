@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,13 +68,13 @@ def compiler_environment(arch: str) -> dict[str, str]:
 
 def build_native(root: Path, output: Path, arch: str) -> None:
     env = compiler_environment(arch)
-    try:
-        subprocess.run([sys.executable, str(root / "native" / "build.py"), str(output)], env=env, check=True)
-    except FileNotFoundError as error:  # the compiler itself is missing
+    compiler = shlex.split(env.get("CC", "cc"))[0]
+    if not shutil.which(compiler):
         raise SystemExit(
-            f"jupyter-vgpu wheel: {error.filename or env.get('CC', 'cc')} not found: building the native libraries "
-            f"for {arch} needs it (for aarch64 on x86-64: Debian's gcc-aarch64-linux-gnu and libc6-dev-arm64-cross)"
-        ) from error
+            f"jupyter-vgpu wheel: {compiler} not found: building the native libraries for {arch} needs it "
+            "(for aarch64 on x86-64: Debian's gcc-aarch64-linux-gnu and libc6-dev-arm64-cross)"
+        )
+    subprocess.run([sys.executable, str(root / "native" / "build.py"), str(output)], env=env, check=True)
 
 
 def check_elf_machines(directory: Path, arch: str) -> None:
