@@ -75,6 +75,10 @@ def start_refusal(error: CapacityError) -> str:
     return str(error).replace("%", " percent")
 
 
+def _unavailable(error: LedgerError) -> SliceRefused:
+    return SliceRefused(f"No GPU slice could be decided: {error}", kind="unavailable")
+
+
 class SliceManager(LoggingConfigurable):
     """Drives one ledger and the holders of its slices. One per server; provisioners find it
     through their parent chain (kernel manager -> server), handlers through the settings."""
@@ -111,6 +115,14 @@ class SliceManager(LoggingConfigurable):
         except ValueError as error:
             raise SliceRefused(str(error), kind="invalid") from None
 
+    def held(self, kernel_id: str) -> Allocation | None:
+        """The slice the ledger holds for a kernel about to start (a restart keeps its slice), if
+        any; a ledger that does not answer refuses the start."""
+        try:
+            return self.ledger.get(kernel_id)
+        except LedgerError as error:
+            raise _unavailable(error) from None
+
     def admit(
         self,
         kernel_id: str,
@@ -131,7 +143,7 @@ class SliceManager(LoggingConfigurable):
         except ValueError as error:
             raise SliceRefused(str(error).replace("%", " percent"), kind="invalid") from None
         except LedgerError as error:
-            raise SliceRefused(f"No GPU slice could be decided: {error}", kind="unavailable") from None
+            raise _unavailable(error) from None
         try:
             self.holder(allocation).create(allocation)
         except BaseException:

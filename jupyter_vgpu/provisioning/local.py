@@ -182,7 +182,7 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             if manager is None:
                 return await self._batch_launch(configured, from_spec, size, requested.get("device"), kwargs)
             # A restart reuses the provisioner and keeps the kernel's slice.
-            if manager.ledger.get(self.kernel_id) is None:
+            if manager.held(self.kernel_id) is None:
                 chosen = {**configured, **from_spec}  # in a server the kernelspec wins over config
                 manager.admit(
                     self.kernel_id,

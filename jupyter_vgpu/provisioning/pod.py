@@ -250,7 +250,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
                 except ValueError as error:
                     raise SliceRefused(str(error), kind="invalid") from None
             else:
-                allocation = manager.ledger.get(self.kernel_id)
+                allocation = manager.held(self.kernel_id)
                 if allocation is None:  # a restart keeps the slice, resized or not
                     allocation = manager.admit(
                         self.kernel_id,
