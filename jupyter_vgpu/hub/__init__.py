@@ -20,7 +20,8 @@ from inspect import isawaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from traitlets.config import Config, LazyConfigValue
+from traitlets.config import Config
+from traitlets.config.loader import LazyConfigValue
 
 from jupyter_vgpu.hub.classroom import (
     Budget,
