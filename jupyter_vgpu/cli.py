@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from jupyter_core.application import JupyterApp
-from traitlets import Bool, TraitError, Unicode
+from traitlets import Bool, Float, List, TraitError, Unicode
 from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
@@ -698,6 +698,69 @@ class PodManifestApp(JupyterApp):
         self.exit(2)
 
 
+class BrokerApp(JupyterApp):
+    name = "jupyter-vgpu-broker"
+    version = __version__
+    description = (
+        "The node's GPU ledger for a JupyterHub's users, run by the hub as a managed service "
+        "(jupyter_vgpu.hub.configure(c, 'classroom.yaml') in jupyterhub_config.py adds it)."
+    )
+    classroom = Unicode("", config=True, help="The classroom file (YAML) the hub was configured with.")
+    reconcile_interval = Float(
+        30.0,
+        config=True,
+        help="Seconds between asking the hub which users still run a server (others' slices are given back).",
+    )
+    aliases = {"classroom": "BrokerApp.classroom", "reconcile-interval": "BrokerApp.reconcile_interval"}
+
+    def start(self) -> None:
+        if not self.classroom:
+            print("jupyter vgpu broker: --classroom FILE is required (the hub's classroom file)", file=sys.stderr)
+            self.exit(2)
+        import logging
+
+        from jupyter_vgpu.hub.broker import run
+
+        logging.basicConfig(level=self.log_level, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+        self.exit(run(self.classroom, reconcile_interval=self.reconcile_interval))
+
+
+class HubProfilesApp(JupyterApp):
+    name = "jupyter-vgpu-hub-profiles"
+    version = __version__
+    description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
+    config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
+    groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")
+    aliases = {"config": "HubProfilesApp.config_file_name", "group": "HubProfilesApp.groups"}
+
+    def start(self) -> None:
+        from jupyter_vgpu.hub.classroom import ClassroomError, load_classroom
+        from jupyter_vgpu.hub.profiles import profile_list
+
+        if not self.config_file_name:
+            print("jupyter vgpu hub profiles: --config FILE is required (the classroom file)", file=sys.stderr)
+            self.exit(2)
+        try:
+            classroom = load_classroom(self.config_file_name, hub_groups=None)
+        except (ClassroomError, OSError) as error:
+            print(f"jupyter vgpu hub profiles: {error}", file=sys.stderr)
+            self.exit(2)
+        print(json.dumps(profile_list(classroom, self.groups or None), indent=2))
+
+
+class HubApp(JupyterApp):
+    name = "jupyter-vgpu-hub"
+    version = __version__
+    description = "JupyterHub integration: what a classroom file makes."
+    subcommands = {"profiles": (HubProfilesApp, HubProfilesApp.description)}
+
+    def start(self) -> None:
+        if self.subapp is None:
+            print("usage: jupyter vgpu hub profiles --config FILE  (jupyter vgpu hub profiles --help)", file=sys.stderr)
+            self.exit(2)
+        super().start()
+
+
 class VGPUCommand(JupyterApp):
     name = "jupyter-vgpu"
     version = __version__
@@ -711,6 +774,8 @@ class VGPUCommand(JupyterApp):
         "kernelspec": (KernelspecApp, KernelspecApp.description),
         "config": (ConfigApp, ConfigApp.description),
         "pod-manifest": (PodManifestApp, PodManifestApp.description.split(" (")[0]),
+        "broker": (BrokerApp, BrokerApp.description.split(" (")[0]),
+        "hub": (HubApp, HubApp.description),
     }
 
     def start(self) -> None:

@@ -1,0 +1,201 @@
+"""A classroom on a real JupyterHub: the hub (PyPI jupyterhub) behind configurable-http-proxy,
+the broker as its managed service, users' servers started by SimpleLocalProcessSpawner with the
+size they chose, their kernels sliced on the simulated GPU (2 x 16 GiB) through the broker.
+
+All users run under this one Unix account (as in CI): these tests prove what the hub's scopes and
+the broker decide, not what separate accounts would add (docs/classroom.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from hub_process import Hub, kernel_connection_file, run_in_hub_kernel
+from support import wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+CLASSROOM = """
+gpus: {count: 2, memory: 16GiB}
+simulate: true
+broker: {port: BROKER_PORT, state_dir: broker-state}
+groups:
+  students: [alice, bob, carol, dave, erin, frank]
+  staff: [teacher]
+admins: [teacher]
+sizes:
+  - name: small
+    memory: 2GiB
+    cores: 20
+    policy: burst
+    default: true
+    kernel: {memory: 1GiB, cores: 10}
+  - name: large
+    memory: 6GiB
+    cores: 40
+    policy: burst
+    kernel: {memory: 2GiB, cores: 10}
+limits: {kernels: 3}
+oversubscribe: true
+"""
+# The broker asks the hub every second which users still run a server (default: 30 s).
+FAST_RECONCILE = """
+for service in c.JupyterHub.services:
+    if service["name"] == "vgpu":
+        service["command"] = [*service["command"], "--reconcile-interval", "1"]
+"""
+GiB = 1 << 30
+CHECK_SLICE = """
+import ctypes, os
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+device, context = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuDeviceGet(ctypes.byref(device), 0)
+cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+cuda.cuCtxSetCurrent(context)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+pointer = ctypes.c_uint64()
+over = cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(total.value + 1))
+print(total.value, over, os.environ.get("JUPYTERHUB_API_TOKEN"), os.environ.get("JPY_API_TOKEN"))
+"""
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    running = Hub(tmp_path_factory.mktemp("hub"), CLASSROOM, extra_config=FAST_RECONCILE)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def teacher(hub):
+    return hub.user_token("teacher")
+
+
+def started_kernel(hub: Hub, user: str, token: str) -> str:
+    status, reply = hub.start_kernel(user, token)
+    assert status == 201, reply
+    return reply["id"]
+
+
+def slice_in_kernel(hub: Hub, user: str, kernel_id: str) -> tuple[int, int, str, str]:
+    total, over, hub_token, jpy_token = run_in_hub_kernel(hub, user, kernel_id, CHECK_SLICE).split()
+    return int(total), int(over), hub_token, jpy_token
+
+
+def allocations(hub: Hub, token: str) -> dict[str, dict]:
+    status, reply = hub.broker("GET", "ledger/allocations", token)
+    assert status == 200, reply
+    return {allocation["kernel_id"]: allocation for allocation in reply["allocations"]}
+
+
+def test_two_users_get_slices_within_the_sizes_they_chose_and_a_kernel_over_the_budget_is_refused(hub):
+    alice, bob = hub.user_token("alice"), hub.user_token("bob")
+    hub.start_server("alice", {"profile": "small"})
+    hub.start_server("bob", {"profile": "large"})
+
+    alice_kernels = [started_kernel(hub, "alice", alice) for _ in range(2)]
+    status, refusal = hub.start_kernel("alice", alice)
+    bob_kernels = [started_kernel(hub, "bob", bob) for _ in range(2)]
+
+    # small: 2 GiB for all of alice's kernels, 1 GiB each; her third does not fit.
+    assert status == 409, refusal
+    assert "alice's GPU size 'small'" in refusal["message"] and "2GiB" in refusal["message"], refusal
+    # large: 2 GiB each, so bob holds twice what alice's whole size allows.
+    for user, token, kernels, cap in (("alice", alice, alice_kernels, GiB), ("bob", bob, bob_kernels, 2 * GiB)):
+        status, slices = hub.server(user, token, "GET", "api/vgpu/slices")
+        assert status == 200, slices
+        assert sorted(item["kernel_id"] for item in slices) == sorted(kernels)
+        assert {item["limits"]["memory_bytes"] for item in slices} == {cap}
+        assert {item["owner"] for item in slices} == {user}
+        # The cap holds in the kernel itself, and the server's hub token never reached it.
+        total, over, hub_token, jpy_token = slice_in_kernel(hub, user, kernels[0])
+        assert (total, over) == (cap, CUDA_ERROR_OUT_OF_MEMORY)
+        assert (hub_token, jpy_token) == ("None", "None")
+
+
+def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(hub, teacher):
+    carol, dave = hub.user_token("carol"), hub.user_token("dave")
+    hub.start_server("carol", {})  # no choice: the default size
+    hub.start_server("dave", {"profile": "small"})
+    carols = started_kernel(hub, "carol", carol)
+    daves = started_kernel(hub, "dave", dave)
+
+    assert set(allocations(hub, dave)) == {daves}
+    for method, body in (("GET", None), ("PATCH", {"sm_share": 20}), ("DELETE", None)):
+        status, reply = hub.broker(method, f"ledger/allocations/{carols}", dave, body)
+        assert status == 403, (method, reply)
+        assert "not yours" in reply["message"]
+    status, reply = hub.broker("PATCH", f"ledger/allocations/{carols}/metadata", dave, {"note": "x"})
+    assert status == 403, reply
+    status, reply = hub.broker("GET", "metrics", dave)
+    assert status == 403 and "custom:vgpu:admin" in reply["message"], reply
+
+    everything = allocations(hub, teacher)
+    assert {carols, daves} <= set(everything)
+    assert (everything[carols]["owner"], everything[daves]["owner"]) == ("carol", "dave")
+    status, resized = hub.broker("PATCH", f"ledger/allocations/{carols}", teacher, {"sm_share": 5})
+    assert status == 200 and resized["sm_share"] == 5, resized
+    status, metrics = hub.broker("GET", "metrics", teacher)
+    assert status == 200
+    assert 'vgpu_slice_sm_share_percent{device="' in metrics
+    line = next(line for line in metrics.splitlines() if carols in line and line.startswith("vgpu_slice_sm_share"))
+    assert 'user="carol"' in line and 'groups="students"' in line and line.endswith(" 5.0"), line
+
+
+def test_the_broker_killed_with_sigkill_comes_back_with_every_slice_and_grants_nothing_twice(hub, teacher):
+    erin = hub.user_token("erin")
+    hub.start_server("erin", {"profile": "small"})
+    first = started_kernel(hub, "erin", erin)
+    before = allocations(hub, teacher)
+
+    os.kill(hub.broker_pid(), signal.SIGKILL)
+    wait_for(lambda: not hub.broker_answers(), 30, "the broker to be gone")
+    started = time.monotonic()
+    status, refusal = hub.start_kernel("erin", erin)
+    refused_after = time.monotonic() - started
+    # Refused at once (no wait for a timeout), naming the broker; the running kernel keeps its cap.
+    assert status == 503, refusal
+    assert "the node's GPU broker" in refusal["message"], refusal
+    assert refused_after < 30, refused_after
+    assert slice_in_kernel(hub, "erin", first)[:2] == (GiB, CUDA_ERROR_OUT_OF_MEMORY)
+
+    wait_for(hub.broker_answers, 120, "the hub to start the broker again", interval=0.2)
+    after = allocations(hub, teacher)
+    assert after == before  # every slice, with its device, size, owner and creation time
+    second = started_kernel(hub, "erin", erin)
+    status, refusal = hub.start_kernel("erin", erin)  # her 2 GiB are held: 1 GiB before, 1 GiB now
+    assert status == 409 and "erin's GPU size 'small'" in refusal["message"], refusal
+    assert {first, second} <= set(allocations(hub, erin))
+
+
+def test_slices_of_a_user_whose_server_is_gone_are_given_back_by_the_broker(hub, teacher):
+    frank = hub.user_token("frank")
+    hub.start_server("frank", {"profile": "small"})
+    kernel = started_kernel(hub, "frank", frank)
+    connection_file = kernel_connection_file(hub, "frank", kernel)
+    assert kernel in allocations(hub, teacher)
+
+    # The server dies without shutting its kernels down (nothing of it releases a slice).
+    os.kill(hub.server_pid("frank"), signal.SIGKILL)
+    wait_for(lambda: hub.server_gone("frank"), 60, "the hub to see frank's server gone", interval=0.2)
+    wait_for(lambda: kernel not in allocations(hub, teacher), 60, "the broker to give frank's slice back", 0.2)
+    _kill_kernels_of(connection_file)
+
+
+def _kill_kernels_of(connection_file: Path) -> None:
+    """The orphaned kernel of a killed server (its command line names its connection file)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(connection_file).encode() in argv:
+                os.kill(int(entry.name), signal.SIGKILL)
