@@ -13,10 +13,11 @@ import fcntl
 import mmap
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cffi
 
@@ -97,14 +98,16 @@ class Region:
         self.path = path
         self._fd = fd
         self._mmap = buffer
-        self.raw = ffi.from_buffer("struct vgpu_region *", buffer)
+        # A cffi pointer into the mapping: its fields are region.h's struct vgpu_region, which
+        # mypy cannot see, so it is typed Any.
+        self.raw: Any = ffi.from_buffer("struct vgpu_region *", buffer)
 
     # -- life cycle --------------------------------------------------------------------------
 
     @classmethod
     def create(
         cls,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         memory_limit: int,
         sm_share: int = 100,
@@ -141,7 +144,7 @@ class Region:
         return region
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> Region:
+    def open(cls, path: str | os.PathLike[str]) -> Region:
         """Attach to an existing region, validating it as the interposer does."""
         ffi, consts = _ffi()
         path = Path(path)
@@ -250,13 +253,14 @@ class Region:
 
     @property
     def device_uuid(self) -> str:
-        return _ffi()[0].string(self.raw.device_uuid).decode()
+        uuid = _ffi()[0].string(self.raw.device_uuid)
+        return uuid.decode() if isinstance(uuid, bytes) else uuid
 
     @property
     def device_index(self) -> int:
-        return self.raw.device_index
+        return int(self.raw.device_index)
 
-    def _slots(self):
+    def _slots(self) -> Iterator[Any]:
         raw = self.raw
         high = min(raw.procs_high_water, raw.max_procs)
         return (raw.procs[index] for index in range(high))
@@ -289,4 +293,4 @@ class Region:
     @property
     def sm_util_permille(self) -> int:
         """SM utilisation of the whole slice over the controller's last period, per mille."""
-        return self.raw.sm_util_permille
+        return int(self.raw.sm_util_permille)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ class Device:
     memory_used: int = 0
 
 
-def select_device(devices, selector: str | int) -> Device:
+def select_device(devices: Sequence[Device], selector: str | int) -> Device:
     """The device named by an index (``0``) or a UUID (``GPU-...``; a unique prefix is enough)."""
     text = str(selector).strip()
     if isinstance(selector, int) or (text.isascii() and text.isdigit()):
@@ -60,7 +61,7 @@ def simulated_state_path() -> Path:
     return Path(runtime) / f"jupyter-vgpu-sim-{os.getuid()}.state"
 
 
-def simulator_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+def simulator_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables that put a process on the simulated GPU (kept where the caller set them)."""
     environ = os.environ if environ is None else environ
     library_path = os.pathsep.join(filter(None, [str(simulator_dir()), environ.get("LD_LIBRARY_PATH", "")]))

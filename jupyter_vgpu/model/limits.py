@@ -3,7 +3,9 @@ ledger, the holders and the region all speak :class:`SliceLimits`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from jupyter_vgpu.model.sizes import (
     POLICIES,
@@ -35,15 +37,14 @@ class SliceLimits:
 
     def __post_init__(self) -> None:
         # The constructor takes values already parsed (ints, a policy word); text from people
-        # goes through parse(), which says what is accepted.
-        if isinstance(self.memory_limit, bool) or not isinstance(self.memory_limit, int) or self.memory_limit < 0:
-            raise SliceValueError(f"memory limit {self.memory_limit!r} must be a whole number of bytes, 0 or more")
-        if (
-            isinstance(self.sm_share, bool)
-            or not isinstance(self.sm_share, int)
-            or not 1 <= self.sm_share <= FULL_SHARE
-        ):
-            raise SliceValueError(f"SM share {self.sm_share!r} is not {SM_SHARE_HELP}")
+        # goes through parse(), which says what is accepted. Callers with JSON in hand may pass
+        # anything, so the fields are checked as the objects they are, not as their annotations.
+        memory: object = self.memory_limit
+        share: object = self.sm_share
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+            raise SliceValueError(f"memory limit {memory!r} must be a whole number of bytes, 0 or more")
+        if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= FULL_SHARE:
+            raise SliceValueError(f"SM share {share!r} is not {SM_SHARE_HELP}")
         if self.policy not in POLICIES:
             raise SliceValueError(f"policy {self.policy!r} is not {POLICY_HELP}")
 
@@ -78,7 +79,7 @@ class SliceLimits:
 DEFAULT_LIMITS = SliceLimits(4 << 30, FULL_SHARE, "hard")
 
 
-def decide_limits(defaults: SliceLimits, *layers: dict) -> SliceLimits:
+def decide_limits(defaults: SliceLimits, *layers: Mapping[str, Any]) -> SliceLimits:
     """The one rule for a slice's size: each layer (e.g. the kernelspec's config, then the start
     request) overrides the one before, ``defaults`` first; in each, ``memory``, ``cores`` and
     ``policy`` are in the parse() vocabulary and an empty or missing value is unset."""

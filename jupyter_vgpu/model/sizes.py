@@ -94,9 +94,9 @@ def parse_sm_share(value: str | int) -> int:
     return int(match.group(1))
 
 
-def parse_policy(value: str) -> str:
+def parse_policy(value: object) -> str:
     """A pacing policy: ``hard`` or ``burst``."""
     policy = value.strip().lower() if isinstance(value, str) else None
-    if policy not in POLICIES:
+    if policy is None or policy not in POLICIES:
         raise SliceValueError(f"policy {str(value)[:40]!r} is not {POLICY_HELP}")
     return policy

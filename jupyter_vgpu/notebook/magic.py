@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -39,6 +40,9 @@ from jupyter_vgpu.model.sizes import (
     parse_size,
     parse_sm_share,
 )
+
+if TYPE_CHECKING:
+    from jupyter_vgpu.notebook.panel import SlicePanel
 
 ACTIONS = ("show", "resize", "panel")
 BATCH_NOTE = "started without a vGPU server (a batch run): its size was chosen when the run started"
@@ -68,12 +72,12 @@ PANEL_NEEDS_SERVER = (
 )
 
 
-def _memory_line(usage: dict, limits: dict) -> str:
+def _memory_line(usage: dict[str, Any], limits: dict[str, Any]) -> str:
     cap = f"{format_size(limits['memory_bytes'])} cap" if limits["memory_bytes"] else "no cap"
     return f"  memory  {format_size(usage['memory_bytes'])} used of {cap}"
 
 
-def describe_slice(model: dict, devices: list[dict]) -> str:
+def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     """The slice as %vgpu prints it."""
     limits, usage = model["limits"], model["usage"]
     return "\n".join(
@@ -99,7 +103,7 @@ def batch_region() -> str | None:
     return os.environ.get(REGION_VARIABLE) or None
 
 
-def region_model(path: str) -> dict:
+def region_model(path: str) -> dict[str, Any]:
     """This kernel's slice as GET slices would answer it, read from its region file."""
     from jupyter_vgpu.holders.local import REGION_SUFFIX
     from jupyter_vgpu.holders.region import Region, RegionError
@@ -129,7 +133,7 @@ def region_model(path: str) -> dict:
     }
 
 
-def device_names(uuid: str) -> list[dict]:
+def device_names(uuid: str) -> list[dict[str, Any]]:
     """The device with that UUID as GET devices lists it (its name from NVML), or none."""
     import pynvml
 
@@ -165,10 +169,10 @@ def requested_changes(memory: str | None, cores: str | None, policy: str | None)
 
 @magics_class
 class VGPUMagics(Magics):
-    def __init__(self, shell, client_factory: Callable[[], ServerClient] = ServerClient.for_kernel):
+    def __init__(self, shell: Any, client_factory: Callable[[], ServerClient] = ServerClient.for_kernel):
         super().__init__(shell)
         self.client_factory = client_factory
-        self.panel = None  # one live panel per kernel, shown again by every %vgpu panel
+        self.panel: SlicePanel | None = None  # one live panel per kernel, shown again by every %vgpu panel
 
     @magic_arguments()
     @argument("action", nargs="?", default="show", choices=ACTIONS, help="show (the default), resize or panel.")

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER, kernel_environment
 from jupyter_vgpu.holders.local import FORWARDED_SIGNALS, LocalHolder, slice_environment
@@ -33,7 +34,7 @@ from jupyter_vgpu.provisioning.local import LOAD_MAGIC_ARGUMENT
 log = logging.getLogger("jupyter_vgpu.pods.agent")
 
 
-def report(region: Region) -> dict:
+def report(region: Region) -> dict[str, Any]:
     """The slice's usage as the server's UsageReport: per process, the slice's SM use, and the
     limits in force (so the server can show a resize the pod has not applied yet)."""
     limits = region.limits

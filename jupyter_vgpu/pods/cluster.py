@@ -85,19 +85,26 @@ class Cluster:
 
     @property
     def host(self) -> str:
-        return self.api.api_client.configuration.host
+        return str(self.api.api_client.configuration.host)
 
     # -- what the pod kernels use ------------------------------------------------------------
 
     def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
-        return self._call("create", "pods", namespace, self.api.create_namespaced_pod, namespace, pod)
+        reply: dict[str, Any] = self._call("create", "pods", namespace, self.api.create_namespaced_pod, namespace, pod)
+        return reply
 
     def create_secret(self, namespace: str, secret: dict[str, Any]) -> dict[str, Any]:
-        return self._call("create", "secrets", namespace, self.api.create_namespaced_secret, namespace, secret)
+        reply: dict[str, Any] = self._call(
+            "create", "secrets", namespace, self.api.create_namespaced_secret, namespace, secret
+        )
+        return reply
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod, or None when it does not exist."""
-        return self._call("get", "pods", namespace, self.api.read_namespaced_pod, name, namespace, missing_ok=True)
+        reply: dict[str, Any] | None = self._call(
+            "get", "pods", namespace, self.api.read_namespaced_pod, name, namespace, missing_ok=True
+        )
+        return reply
 
     def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Pods carrying all ``labels``; filtered here too, so a server that ignores the selector
@@ -148,8 +155,9 @@ class Cluster:
         *args: Any,
         missing_ok: bool = False,
         **kwargs: Any,
-    ):
-        """One blocking request: its JSON reply, or its failure as a ClusterError."""
+    ) -> Any:
+        """One blocking request: its JSON reply (None for a missing object when ``missing_ok``),
+        or its failure as a ClusterError."""
         from kubernetes.client import ApiException
 
         try:

@@ -7,6 +7,7 @@ its annotations), so it holds for any scheduler and any cluster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,14 +64,14 @@ def hami_gpu(annotations: dict[str, str]) -> str:
     return ""
 
 
-def _latest(events: list[dict[str, Any]], *reasons: str) -> dict[str, Any] | None:
+def _latest(events: Sequence[dict[str, Any]], *reasons: str) -> dict[str, Any] | None:
     matching = [event for event in events if event.get("reason") in reasons]
     if not matching:
         return None
     return max(matching, key=lambda event: str(event.get("lastTimestamp") or event.get("eventTime") or ""))
 
 
-def pod_state(pod: dict[str, Any] | None, events: list[dict[str, Any]] = ()) -> PodState:
+def pod_state(pod: dict[str, Any] | None, events: Sequence[dict[str, Any]] = ()) -> PodState:
     if pod is None:
         return PodState("gone", "the kernel's pod no longer exists (it was deleted)")
     metadata, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}

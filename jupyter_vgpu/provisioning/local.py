@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import Bool, Int, Unicode, Union
 from traitlets.config import Application
@@ -197,7 +197,12 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         try:
             kwargs = await super().pre_launch(**kwargs)
             allocation = manager.get(self.kernel_id)
-            kwargs["env"] = manager.holder(allocation).environment(allocation, kwargs["env"])
+            holder = manager.holder(allocation)
+            if not isinstance(holder, LocalHolder):
+                raise TypeError(
+                    f"kernel {self.kernel_id}'s slice is held by a {holder.kind} holder, not this machine's"
+                )
+            kwargs["env"] = holder.environment(allocation, kwargs["env"])
         except BaseException:
             manager.release(self.kernel_id)
             raise
@@ -210,7 +215,12 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         return kwargs
 
     async def _batch_launch(
-        self, configured: dict, from_spec: dict, requested: dict, device, kwargs: dict[str, Any]
+        self,
+        configured: dict[str, Any],
+        from_spec: dict[str, Any],
+        requested: dict[str, Any],
+        device: Any,
+        kwargs: dict[str, Any],
     ) -> dict[str, Any]:
         """A kernel of a batch run (no server): a slice of the run's size, admitted to a vGPU
         server's ledger where there is one. A restart keeps the slice."""
@@ -383,17 +393,18 @@ class BatchSlice:
                 "server's kernels hold)",
                 kind="invalid",
             ) from None
-        self.manager, self.ledger_path = SliceManager(ledger, [self.holder], self.limits, parent=parent), path
+        manager = SliceManager(ledger, [self.holder], self.limits, parent=parent)
+        self.manager, self.ledger_path = manager, path
         try:
-            self._admit()
+            self._admit(manager)
         except BaseException:
             ledger.close()
             self.manager = None
             raise
 
-    def _admit(self) -> None:
+    def _admit(self, manager: SliceManager) -> None:
         try:
-            self.manager.admit(
+            manager.admit(
                 self.kernel_id, self.limits, owner=_user(), device=self.device or None, metadata=self.metadata
             )
         except SliceRefused as refusal:
@@ -413,7 +424,7 @@ class BatchSlice:
         releases the slice of a batch kernel whose process it saw gone)."""
         if self.manager is not None and self.manager.ledger.get(self.kernel_id) is None:
             self.holder.release(self.kernel_id)
-            self._admit()
+            self._admit(self.manager)
 
     def region_view(self) -> Region:
         return self.region if self.region is not None else self.holder.region(self.kernel_id)

@@ -24,8 +24,9 @@ import signal
 import time
 import uuid
 from dataclasses import fields
-from typing import Any
+from typing import Any, cast
 
+from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, validate
 
@@ -188,7 +189,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
 
     def pod_settings(self) -> PodSettings:
         """The traits as one checked PodSettings; ManifestError names a wrong one."""
-        values = {}
+        values: dict[str, Any] = {}
         for setting in fields(PodSettings):
             value = getattr(self, TRAIT_OF_SETTING.get(setting.name, setting.name))
             if isinstance(value, dict) and setting.name in STRING_MAPS:
@@ -204,7 +205,8 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
 
     def _holder(self) -> PodHolder | None:
         manager = self.slice_manager()
-        return manager.holders.get(PodHolder.kind) if manager is not None else None
+        holder = manager.holders.get(PodHolder.kind) if manager is not None else None
+        return holder if isinstance(holder, PodHolder) else None
 
     def _cluster(self) -> Cluster:
         holder = self._holder()
@@ -272,7 +274,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         kwargs["cmd"] = []  # the pod's command comes from the settings (manifest.kernel_command)
         return kwargs
 
-    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> dict[str, Any]:
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         manager = self.slice_manager()
         try:
             return await self._launch_pod(manager)
@@ -292,7 +294,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         signature_scheme: str,
         kernel_name: str,
         credential: str,
-    ) -> tuple[dict, dict]:
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The kernel's connection file and slice file, as its Secret holds them."""
         connection = {
             **dict(zip((f"{name}_port" for name in PORT_NAMES), settings.ports, strict=True)),
@@ -324,7 +326,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         pod = pod_manifest(settings, kernel, limits)
         return [pod, redacted(secret_manifest(settings, kernel, connection, slice_file, "<the pod's uid>"))]
 
-    async def _launch_pod(self, manager: SliceManager | None) -> dict[str, Any]:
+    async def _launch_pod(self, manager: SliceManager | None) -> KernelConnectionInfo:
         settings, limits, km = self._settings, self._limits, self.parent
         self._starts += 1
         kernel = KernelPod(self.kernel_id, self.owner or default_owner(), self._server_instance(), self._starts)
@@ -358,7 +360,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         except BaseException:
             await self._delete_pod(grace_seconds=0)
             raise
-        self.connection_info = {**connection, "ip": state.ip, "key": session.key}
+        self.connection_info = cast(KernelConnectionInfo, {**connection, "ip": state.ip, "key": session.key})
         if manager is not None:
             manager.record_kernel(self.kernel_id, await self.get_provisioner_info())
         return self.connection_info
@@ -462,7 +464,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
             info.update({"pod": self._pod.name, "namespace": self._namespace, "starts": self._starts})
         return info
 
-    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
         await super().load_provisioner_info(provisioner_info)
         if provisioner_info.get("pod"):
             kernel_id = provisioner_info["kernel_id"]
