@@ -33,8 +33,8 @@ static struct vgpu_alloc_shard *shard_of(uint64_t hash)
 }
 
 /* The slot of (kind, key) in the shard, or of the first free place for it; NULL if full. */
-static struct vgpu_alloc_entry *shard_probe(struct vgpu_alloc_shard *shard, uint64_t hash, uint8_t kind,
-                                            uint64_t key, int for_insert)
+static struct vgpu_alloc_entry *shard_probe(struct vgpu_alloc_shard *shard, uint64_t hash, uint8_t kind, uint64_t key,
+                                            int for_insert)
 {
     if (!shard->capacity)
         return NULL;

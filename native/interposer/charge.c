@@ -16,10 +16,14 @@
 
 /* For debug logs: which kind of allocation an entry came from. */
 static const char *const family_names[] = {
-    [VGPU_FAMILY_ALLOC] = "cuMemAlloc",          [VGPU_FAMILY_PITCH] = "cuMemAllocPitch",
-    [VGPU_FAMILY_MANAGED] = "cuMemAllocManaged", [VGPU_FAMILY_ASYNC] = "cuMemAllocAsync",
-    [VGPU_FAMILY_POOL] = "cuMemAllocFromPoolAsync", [VGPU_FAMILY_VMM] = "cuMemCreate",
-    [VGPU_FAMILY_ARRAY] = "cuArrayCreate",       [VGPU_FAMILY_MIPMAPPED_ARRAY] = "cuMipmappedArrayCreate",
+    [VGPU_FAMILY_ALLOC] = "cuMemAlloc",
+    [VGPU_FAMILY_PITCH] = "cuMemAllocPitch",
+    [VGPU_FAMILY_MANAGED] = "cuMemAllocManaged",
+    [VGPU_FAMILY_ASYNC] = "cuMemAllocAsync",
+    [VGPU_FAMILY_POOL] = "cuMemAllocFromPoolAsync",
+    [VGPU_FAMILY_VMM] = "cuMemCreate",
+    [VGPU_FAMILY_ARRAY] = "cuArrayCreate",
+    [VGPU_FAMILY_MIPMAPPED_ARRAY] = "cuMipmappedArrayCreate",
 };
 
 static void slot_add(struct vgpu_proc_slot *slot, uint64_t bytes)
@@ -36,8 +40,7 @@ static void slot_subtract(struct vgpu_proc_slot *slot, uint64_t bytes)
     vgpu_note_allocated_change();
 }
 
-static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t request, uint64_t usage,
-                       uint64_t limit)
+static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t request, uint64_t usage, uint64_t limit)
 {
     __atomic_fetch_add(&slot->oom_refusals, 1, __ATOMIC_RELAXED);
     vgpu_report_oom(call, request, usage, limit);

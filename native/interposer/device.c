@@ -16,9 +16,8 @@ enum { VERDICT_UNKNOWN = 0, VERDICT_SLICE = 1, VERDICT_OTHER = 2 };
 static void format_uuid(char *out, size_t size, const char *prefix, const CUuuid *uuid)
 {
     const unsigned char *b = (const unsigned char *)uuid->bytes;
-    snprintf(out, size,
-             "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix, b[0], b[1], b[2],
-             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    snprintf(out, size, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix, b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
 static int ask_cuda(uintptr_t ordinal)

@@ -226,8 +226,8 @@ void vgpu_measure_driver_memory(void)
 static void record_context_memory(struct vgpu_region *region, uint64_t bytes)
 {
     uint64_t seen = __atomic_load_n(&region->context_memory, __ATOMIC_RELAXED);
-    while (seen < bytes && !__atomic_compare_exchange_n(&region->context_memory, &seen, bytes, 1, __ATOMIC_RELAXED,
-                                                        __ATOMIC_RELAXED))
+    while (seen < bytes &&
+           !__atomic_compare_exchange_n(&region->context_memory, &seen, bytes, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ;
     __atomic_store_n(&region->context_memory_known, 1, __ATOMIC_RELEASE);
 }

@@ -112,9 +112,9 @@ void *vgpu_real_lookup(enum vgpu_hook_id id);
  * library lacks it, the hook returns that library's "not found" at once, before doing anything
  * else: it never calls through NULL, never charges an allocation nobody can make, never
  * holds a launch back. */
-#define VGPU_HOOK_REAL(name)                                                                      \
-    vgpu_pfn_##name real = VGPU_REAL(name);                                                       \
-    if (__builtin_expect(real == NULL, 0))                                                        \
+#define VGPU_HOOK_REAL(name)                                                                                           \
+    vgpu_pfn_##name real = VGPU_REAL(name);                                                                            \
+    if (__builtin_expect(real == NULL, 0))                                                                             \
     return VGPU_MISSING_##name
 
 /* The real entry point of any symbol of the driver or NVML (hooked or not), or NULL. Not
@@ -123,24 +123,27 @@ void *vgpu_real_symbol(enum vgpu_library library, const char *symbol);
 
 /* Entry points libvgpu.so calls but does not hook, resolved and cached like the hooks' real
  * ones: X(library, name). */
-#define VGPU_CALLED_ENTRY_POINTS(X)                                                              \
-    X(VGPU_LIB_CUDA, cuCtxGetCurrent)                                                            \
-    X(VGPU_LIB_CUDA, cuCtxGetDevice)                                                             \
-    X(VGPU_LIB_CUDA, cuDevicePrimaryCtxGetState)                                                 \
-    X(VGPU_LIB_CUDA, cuDeviceGetCount)                                                           \
-    X(VGPU_LIB_CUDA, cuDeviceGetUuid)                                                            \
-    X(VGPU_LIB_CUDA, cuDeviceGetUuid_v2)                                                         \
-    X(VGPU_LIB_NVML, nvmlInit_v2)                                                                \
-    X(VGPU_LIB_NVML, nvmlDeviceGetHandleByUUID)                                                  \
-    X(VGPU_LIB_NVML, nvmlDeviceGetHandleByIndex_v2)                                              \
-    X(VGPU_LIB_NVML, nvmlDeviceGetUUID)                                                          \
+#define VGPU_CALLED_ENTRY_POINTS(X)                                                                                    \
+    X(VGPU_LIB_CUDA, cuCtxGetCurrent)                                                                                  \
+    X(VGPU_LIB_CUDA, cuCtxGetDevice)                                                                                   \
+    X(VGPU_LIB_CUDA, cuDevicePrimaryCtxGetState)                                                                       \
+    X(VGPU_LIB_CUDA, cuDeviceGetCount)                                                                                 \
+    X(VGPU_LIB_CUDA, cuDeviceGetUuid)                                                                                  \
+    X(VGPU_LIB_CUDA, cuDeviceGetUuid_v2)                                                                               \
+    X(VGPU_LIB_NVML, nvmlInit_v2)                                                                                      \
+    X(VGPU_LIB_NVML, nvmlDeviceGetHandleByUUID)                                                                        \
+    X(VGPU_LIB_NVML, nvmlDeviceGetHandleByIndex_v2)                                                                    \
+    X(VGPU_LIB_NVML, nvmlDeviceGetUUID)                                                                                \
     X(VGPU_LIB_NVML, nvmlDeviceGetComputeRunningProcesses_v3)
+/* The list's expansion ends in a comma, which clang-format cannot see: */
+/* clang-format off */
 enum vgpu_called_id {
 #define VGPU_CALLED_ID(library, name) VGPU_CALLED_##name,
     VGPU_CALLED_ENTRY_POINTS(VGPU_CALLED_ID)
 #undef VGPU_CALLED_ID
     VGPU_CALLED_COUNT
 };
+/* clang-format on */
 void *vgpu_real_called(enum vgpu_called_id id);
 #define VGPU_CALLED(name) ((vgpu_pfn_##name)vgpu_real_called(VGPU_CALLED_##name))
 
@@ -214,20 +217,20 @@ int vgpu_reap_dead_slots(void);
 
 enum vgpu_fail_kind {
     VGPU_FAIL_NONE = 0,
-    VGPU_FAIL_ATTACH,        /* no usable region: unset, missing, foreign, corrupt header */
-    VGPU_FAIL_LIMITS,        /* the region's published limits do not pass their check */
-    VGPU_FAIL_NO_SLOT,       /* every proc slot of the region is held by a live process */
+    VGPU_FAIL_ATTACH,  /* no usable region: unset, missing, foreign, corrupt header */
+    VGPU_FAIL_LIMITS,  /* the region's published limits do not pass their check */
+    VGPU_FAIL_NO_SLOT, /* every proc slot of the region is held by a live process */
 };
 struct vgpu_region_state {
     pthread_once_t init_once;
-    atomic_int ready;                /* init_once has run: checked inline before calling it */
-    struct vgpu_region *region;      /* set once by init; NULL when attaching failed */
-    char attach_failure[PATH_MAX + 512];      /* why attaching failed, written once by init */
+    atomic_int ready;                    /* init_once has run: checked inline before calling it */
+    struct vgpu_region *region;          /* set once by init; NULL when attaching failed */
+    char attach_failure[PATH_MAX + 512]; /* why attaching failed, written once by init */
     pthread_once_t messages_once;
-    char limits_failure[PATH_MAX + 512];      /* the message for corrupt limits, written once */
-    char slot_failure[PATH_MAX + 512];        /* the message for a full region, written once */
-    atomic_int last_failure;         /* enum vgpu_fail_kind of the latest refusal */
-    atomic_uint reported_failures;   /* bit per enum vgpu_fail_kind already printed */
+    char limits_failure[PATH_MAX + 512]; /* the message for corrupt limits, written once */
+    char slot_failure[PATH_MAX + 512];   /* the message for a full region, written once */
+    atomic_int last_failure;             /* enum vgpu_fail_kind of the latest refusal */
+    atomic_uint reported_failures;       /* bit per enum vgpu_fail_kind already printed */
     /* This process's slot: -1 none yet, -2 being claimed by a thread, -3 given back at exit,
      * else its index. */
     atomic_int slot_index;
@@ -257,10 +260,10 @@ struct vgpu_device_state {
 
 enum vgpu_alloc_kind {
     VGPU_KIND_EMPTY = 0,
-    VGPU_KIND_DEVICE_POINTER, /* cuMemAlloc*, cuMemAllocPitch, cuMemAllocManaged, async and pool allocations */
-    VGPU_KIND_VMM_HANDLE,     /* cuMemCreate */
-    VGPU_KIND_ARRAY,          /* cuArrayCreate, cuArray3DCreate */
-    VGPU_KIND_MIPMAPPED_ARRAY,/* cuMipmappedArrayCreate */
+    VGPU_KIND_DEVICE_POINTER,  /* cuMemAlloc*, cuMemAllocPitch, cuMemAllocManaged, async and pool allocations */
+    VGPU_KIND_VMM_HANDLE,      /* cuMemCreate */
+    VGPU_KIND_ARRAY,           /* cuArrayCreate, cuArray3DCreate */
+    VGPU_KIND_MIPMAPPED_ARRAY, /* cuMipmappedArrayCreate */
     VGPU_KIND_DELETED = 0xff,
 };
 
@@ -302,7 +305,7 @@ struct vgpu_alloc_shard {
     pthread_mutex_t lock;
     struct vgpu_alloc_entry *entries; /* capacity entries, power of two; NULL until used */
     uint32_t capacity;
-    uint32_t used;   /* live + deleted: what probing has to walk over */
+    uint32_t used; /* live + deleted: what probing has to walk over */
     uint32_t live;
 } __attribute__((aligned(64)));
 struct vgpu_alloc_table_state {
@@ -344,7 +347,7 @@ struct vgpu_driver_memory_state {
     _Atomic uint64_t allocated_changes;
     pthread_once_t fork_handler_once;
     /* The slice's device as NVML knows it, for the per-process memory figure. */
-    atomic_int nvml_ready;   /* 0: not tried, 1: ready, -1: unavailable (no NVML) */
+    atomic_int nvml_ready; /* 0: not tried, 1: ready, -1: unavailable (no NVML) */
     pthread_mutex_t nvml_lock;
     nvmlDevice_t nvml_slice_device;
     /* Under nvml_lock: the last steady sample and this process's `allocated` then, to find the
@@ -419,15 +422,15 @@ struct vgpu_controller {
     /* Pool bookkeeping since the last measurement. */
     int pool_known;
     int64_t pool_after_refill;
-    int64_t granted; /* tokens the last refill set aside for waiting processes */
+    int64_t granted;  /* tokens the last refill set aside for waiting processes */
     uint64_t spent;   /* tokens drawn since the last measurement */
     double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
     uint64_t last_draw_ns;
-    int drained;      /* the pool ran dry at some tick: launches were held back */
-    int slack;        /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
+    int drained;        /* the pool ran dry at some tick: launches were held back */
+    int slack;          /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
     int held_last_tick; /* the last tick found the pool drained and every grant drawn */
-    int window_clean; /* launches drew tokens throughout the window (no MODE_OFF tick) */
-    double carry;     /* fraction of a token owed by the last refill */
+    int window_clean;   /* launches drew tokens throughout the window (no MODE_OFF tick) */
+    double carry;       /* fraction of a token owed by the last refill */
 
     /* The cost estimate: utilisation-seconds per token = util_seconds / token_count. */
     double util_seconds;
@@ -470,9 +473,9 @@ struct vgpu_proc_slot *vgpu_gpu_slot_start(void);
 
 struct vgpu_monitor_state {
     pthread_once_t handlers_once; /* exit and fork handlers, registered once per process tree */
-    atomic_int started;   /* the monitor was started in this process, or could not be */
-    pthread_mutex_t lock; /* held by the monitor while it works, and across fork */
-    int stopping;         /* under lock */
+    atomic_int started;           /* the monitor was started in this process, or could not be */
+    pthread_mutex_t lock;         /* held by the monitor while it works, and across fork */
+    int stopping;                 /* under lock */
 };
 
 /* ---- charge.c ----------------------------------------------------------------------- */

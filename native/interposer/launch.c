@@ -6,8 +6,8 @@
 
 #include "internal.h"
 
-static uint64_t launch_cost(unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                            unsigned int by, unsigned int bz)
+static uint64_t launch_cost(unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                            unsigned int bz)
 {
     uint64_t blocks = (uint64_t)gx * gy * gz;
     uint64_t threads = (uint64_t)bx * by * bz;
@@ -23,39 +23,37 @@ static inline void admit(uint64_t cost)
         vgpu_gpu_slot();
 }
 
-#define LAUNCH_HOOK(name)                                                                          \
-    VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,     \
-                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm, \
-                              CUstream stream, void **params, void **extra)                        \
-    {                                                                                              \
-        VGPU_HOOK_REAL(name);                                                                      \
-        admit(launch_cost(gx, gy, gz, bx, by, bz));                                                \
-        return real(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);                        \
+#define LAUNCH_HOOK(name)                                                                                              \
+    VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,        \
+                              unsigned int by, unsigned int bz, unsigned int shm, CUstream stream, void **params,      \
+                              void **extra)                                                                            \
+    {                                                                                                                  \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        admit(launch_cost(gx, gy, gz, bx, by, bz));                                                                    \
+        return real(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);                                            \
     }
 LAUNCH_HOOK(cuLaunchKernel)
 LAUNCH_HOOK(cuLaunchKernel_ptsz)
 
-#define COOPERATIVE_LAUNCH_HOOK(name)                                                              \
-    VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,     \
-                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm, \
-                              CUstream stream, void **params)                                      \
-    {                                                                                              \
-        VGPU_HOOK_REAL(name);                                                                      \
-        admit(launch_cost(gx, gy, gz, bx, by, bz));                                                \
-        return real(f, gx, gy, gz, bx, by, bz, shm, stream, params);                               \
+#define COOPERATIVE_LAUNCH_HOOK(name)                                                                                  \
+    VGPU_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,        \
+                              unsigned int by, unsigned int bz, unsigned int shm, CUstream stream, void **params)      \
+    {                                                                                                                  \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        admit(launch_cost(gx, gy, gz, bx, by, bz));                                                                    \
+        return real(f, gx, gy, gz, bx, by, bz, shm, stream, params);                                                   \
     }
 COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel)
 COOPERATIVE_LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz)
 
-#define LAUNCH_EX_HOOK(name)                                                                       \
-    VGPU_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params,           \
-                              void **extra)                                                        \
-    {                                                                                              \
-        VGPU_HOOK_REAL(name);                                                                      \
-        if (config)                                                                                \
-            admit(launch_cost(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, \
-                              config->blockDimY, config->blockDimZ));                              \
-        return real(config, f, params, extra);                                                     \
+#define LAUNCH_EX_HOOK(name)                                                                                           \
+    VGPU_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)                 \
+    {                                                                                                                  \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        if (config)                                                                                                    \
+            admit(launch_cost(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,                 \
+                              config->blockDimY, config->blockDimZ));                                                  \
+        return real(config, f, params, extra);                                                                         \
     }
 LAUNCH_EX_HOOK(cuLaunchKernelEx)
 LAUNCH_EX_HOOK(cuLaunchKernelEx_ptsz)
@@ -123,10 +121,8 @@ static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, 
             return VGPU_GRAPH_PRICE_UNKNOWN;
         return graph_price(api, child, depth + 1);
     }
-    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
-        return VGPU_GRAPH_PRICE_UNKNOWN;
-    default:
-        return 0; /* copies, memsets, host calls, events: no SM work worth pacing */
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL: return VGPU_GRAPH_PRICE_UNKNOWN;
+    default: return 0; /* copies, memsets, host calls, events: no SM work worth pacing */
     }
 }
 
@@ -149,15 +145,17 @@ static void price_graph_exec(const CUgraphExec *exec, CUgraph graph)
  * or remakes one from another graph (updates): once the real call succeeds, the executable costs
  * what `graph` runs. Each takes the executable (or where to put it) and the graph first, named
  * `exec` and `graph`; `made` points to the executable. */
-#define GRAPH_EXEC_HOOK(name, made, params, ...)                                                   \
-    VGPU_EXPORT CUresult name params                                                               \
-    {                                                                                              \
-        VGPU_HOOK_REAL(name);                                                                      \
-        CUresult result = real(exec, graph, __VA_ARGS__);                                          \
-        if (result == CUDA_SUCCESS)                                                                \
-            price_graph_exec(made, graph);                                                         \
-        return result;                                                                             \
+#define GRAPH_EXEC_HOOK(name, made, params, ...)                                                                       \
+    VGPU_EXPORT CUresult name params                                                                                   \
+    {                                                                                                                  \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        CUresult result = real(exec, graph, __VA_ARGS__);                                                              \
+        if (result == CUDA_SUCCESS)                                                                                    \
+            price_graph_exec(made, graph);                                                                             \
+        return result;                                                                                                 \
     }
+/* The parameter lists are macro arguments, where clang-format would read `T *p` as a product: */
+/* clang-format off */
 GRAPH_EXEC_HOOK(cuGraphInstantiateWithFlags, exec, (CUgraphExec *exec, CUgraph graph, unsigned long long flags),
                 flags)
 GRAPH_EXEC_HOOK(cuGraphInstantiateWithParams, exec,
@@ -172,13 +170,14 @@ GRAPH_EXEC_HOOK(cuGraphExecUpdate_v2, &exec, (CUgraphExec exec, CUgraph graph, C
 GRAPH_EXEC_HOOK(cuGraphExecUpdate, &exec,
                 (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, CUgraphExecUpdateResult *outcome),
                 error_node, outcome)
+/* clang-format on */
 
-#define GRAPH_LAUNCH_HOOK(name)                                                                    \
-    VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                   \
-    {                                                                                              \
-        VGPU_HOOK_REAL(name);                                                                      \
-        admit(vgpu_graph_exec_cost(exec));                                                         \
-        return real(exec, stream);                                                                 \
+#define GRAPH_LAUNCH_HOOK(name)                                                                                        \
+    VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                                       \
+    {                                                                                                                  \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        admit(vgpu_graph_exec_cost(exec));                                                                             \
+        return real(exec, stream);                                                                                     \
     }
 GRAPH_LAUNCH_HOOK(cuGraphLaunch)
 GRAPH_LAUNCH_HOOK(cuGraphLaunch_ptsz)

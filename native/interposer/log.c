@@ -85,13 +85,18 @@ void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_
     const char *kernel = vgpu_env()->kernel_id;
     char advice[192];
     if (kernel[0] && vgpu_env()->has_server)
-        snprintf(advice, sizeof advice, "Resize it with `%%vgpu resize --memory %s` in the notebook or `jupyter vgpu resize %.8s --memory %s`.",
-                 suggested, kernel, suggested);
+        snprintf(
+            advice, sizeof advice,
+            "Resize it with `%%vgpu resize --memory %s` in the notebook or `jupyter vgpu resize %.8s --memory %s`.",
+            suggested, kernel, suggested);
     else if (kernel[0])
-        snprintf(advice, sizeof advice, "This kernel has no vGPU server to resize it: start the run with a larger slice, e.g. `--VGPUProvisioner.memory=%s`.",
+        snprintf(advice, sizeof advice,
+                 "This kernel has no vGPU server to resize it: start the run with a larger slice, e.g. "
+                 "`--VGPUProvisioner.memory=%s`.",
                  suggested);
     else
-        snprintf(advice, sizeof advice, "Run it in a larger slice, e.g. `jupyter vgpu run --memory %s -- ...`.", suggested);
+        snprintf(advice, sizeof advice, "Run it in a larger slice, e.g. `jupyter vgpu run --memory %s -- ...`.",
+                 suggested);
     int length = snprintf(line, sizeof line,
                           "jupyter-vgpu: out of GPU memory in this slice: %s asked for %s, the slice uses "
                           "%s of its %s cap. %s\n",

@@ -12,40 +12,39 @@
  * nature, so it lives outside vgpu_state. */
 static __thread int inside_driver __attribute__((tls_model("initial-exec")));
 
-#define CALL_DRIVER(result, call)                                                                  \
-    do {                                                                                           \
-        inside_driver = 1;                                                                         \
-        (result) = (call);                                                                         \
-        inside_driver = 0;                                                                         \
+#define CALL_DRIVER(result, call)                                                                                      \
+    do {                                                                                                               \
+        inside_driver = 1;                                                                                             \
+        (result) = (call);                                                                                             \
+        inside_driver = 0;                                                                                             \
     } while (0)
 
 /* An allocation that returns a device pointer through `dptr` and takes `bytes`. */
-#define CHARGED_DEVICE_ALLOCATION(name, family, bytes, ...)                                        \
-    do {                                                                                           \
-        VGPU_HOOK_REAL(name);                                                                      \
-        if (inside_driver)                                                                         \
-            return real(__VA_ARGS__);                                                              \
-        struct vgpu_charge c;                                                                      \
-        CUresult result = vgpu_charge(&c, #name, (bytes));                                         \
-        if (result != CUDA_SUCCESS)                                                                \
-            return result;                                                                         \
-        CALL_DRIVER(result, real(__VA_ARGS__));                                                    \
-        return vgpu_settle_charge(&c, result, VGPU_KIND_DEVICE_POINTER, result == CUDA_SUCCESS ? *dptr : 0, \
-                                  family);                                                         \
+#define CHARGED_DEVICE_ALLOCATION(name, family, bytes, ...)                                                            \
+    do {                                                                                                               \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        if (inside_driver)                                                                                             \
+            return real(__VA_ARGS__);                                                                                  \
+        struct vgpu_charge c;                                                                                          \
+        CUresult result = vgpu_charge(&c, #name, (bytes));                                                             \
+        if (result != CUDA_SUCCESS)                                                                                    \
+            return result;                                                                                             \
+        CALL_DRIVER(result, real(__VA_ARGS__));                                                                        \
+        return vgpu_settle_charge(&c, result, VGPU_KIND_DEVICE_POINTER, result == CUDA_SUCCESS ? *dptr : 0, family);   \
     } while (0)
 
 /* A free of something the table may know as (kind, key). */
-#define RELEASE(name, kind, key, ...)                                                              \
-    do {                                                                                           \
-        VGPU_HOOK_REAL(name);                                                                      \
-        if (inside_driver)                                                                         \
-            return real(__VA_ARGS__);                                                              \
-        struct vgpu_alloc_entry entry;                                                             \
-        int known = vgpu_table_take((kind), (uint64_t)(key), &entry);                              \
-        CUresult result;                                                                           \
-        CALL_DRIVER(result, real(__VA_ARGS__));                                                    \
-        vgpu_release_settle(known, &entry, result);                                                \
-        return result;                                                                             \
+#define RELEASE(name, kind, key, ...)                                                                                  \
+    do {                                                                                                               \
+        VGPU_HOOK_REAL(name);                                                                                          \
+        if (inside_driver)                                                                                             \
+            return real(__VA_ARGS__);                                                                                  \
+        struct vgpu_alloc_entry entry;                                                                                 \
+        int known = vgpu_table_take((kind), (uint64_t)(key), &entry);                                                  \
+        CUresult result;                                                                                               \
+        CALL_DRIVER(result, real(__VA_ARGS__));                                                                        \
+        vgpu_release_settle(known, &entry, result);                                                                    \
+        return result;                                                                                                 \
     } while (0)
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -68,8 +67,7 @@ VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CU
     CHARGED_DEVICE_ALLOCATION(cuMemAllocAsync_ptsz, VGPU_FAMILY_ASYNC, bytesize, dptr, bytesize, hStream);
 }
 
-VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                             CUstream hStream)
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     CHARGED_DEVICE_ALLOCATION(cuMemAllocFromPoolAsync, VGPU_FAMILY_POOL, bytesize, dptr, bytesize, pool, hStream);
 }
@@ -139,16 +137,15 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
                                  unsigned long long flags)
 {
     VGPU_HOOK_REAL(cuMemCreate);
-    if (inside_driver ||
-        (prop && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE && prop->location.type != CU_MEM_LOCATION_TYPE_INVALID))
+    if (inside_driver || (prop && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE &&
+                          prop->location.type != CU_MEM_LOCATION_TYPE_INVALID))
         return real(handle, size, prop, flags);
     struct vgpu_charge c;
     CUresult result = vgpu_charge(&c, "cuMemCreate", size);
     if (result != CUDA_SUCCESS)
         return result;
     CALL_DRIVER(result, real(handle, size, prop, flags));
-    return vgpu_settle_charge(&c, result, VGPU_KIND_VMM_HANDLE, result == CUDA_SUCCESS ? *handle : 0,
-                              VGPU_FAMILY_VMM);
+    return vgpu_settle_charge(&c, result, VGPU_KIND_VMM_HANDLE, result == CUDA_SUCCESS ? *handle : 0, VGPU_FAMILY_VMM);
 }
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -162,34 +159,26 @@ static uint64_t array_element_bytes(CUarray_format format, unsigned int channels
 {
     switch (format) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return channels;
+    case CU_AD_FORMAT_SIGNED_INT8: return channels;
     case CU_AD_FORMAT_UNSIGNED_INT16:
     case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2ull * channels;
+    case CU_AD_FORMAT_HALF: return 2ull * channels;
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4ull * channels;
+    case CU_AD_FORMAT_FLOAT: return 4ull * channels;
     case CU_AD_FORMAT_UNORM_INT8X1:
-    case CU_AD_FORMAT_SNORM_INT8X1:
-        return 1;
+    case CU_AD_FORMAT_SNORM_INT8X1: return 1;
     case CU_AD_FORMAT_UNORM_INT8X2:
     case CU_AD_FORMAT_SNORM_INT8X2:
     case CU_AD_FORMAT_UNORM_INT16X1:
-    case CU_AD_FORMAT_SNORM_INT16X1:
-        return 2;
+    case CU_AD_FORMAT_SNORM_INT16X1: return 2;
     case CU_AD_FORMAT_UNORM_INT8X4:
     case CU_AD_FORMAT_SNORM_INT8X4:
     case CU_AD_FORMAT_UNORM_INT16X2:
-    case CU_AD_FORMAT_SNORM_INT16X2:
-        return 4;
+    case CU_AD_FORMAT_SNORM_INT16X2: return 4;
     case CU_AD_FORMAT_UNORM_INT16X4:
-    case CU_AD_FORMAT_SNORM_INT16X4:
-        return 8;
-    default:
-        return 4ull * (channels ? channels : 4);
+    case CU_AD_FORMAT_SNORM_INT16X4: return 8;
+    default: return 4ull * (channels ? channels : 4);
     }
 }
 
@@ -232,12 +221,13 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIP
         return real(pHandle, pAllocateArray);
     const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
     struct vgpu_charge c;
-    CUresult result = vgpu_charge(&c, "cuArrayCreate_v2", array_bytes(d->Width, d->Height, 0, 0, d->Format, d->NumChannels, 1));
+    CUresult result =
+        vgpu_charge(&c, "cuArrayCreate_v2", array_bytes(d->Width, d->Height, 0, 0, d->Format, d->NumChannels, 1));
     if (result != CUDA_SUCCESS)
         return result;
     CALL_DRIVER(result, real(pHandle, pAllocateArray));
     return vgpu_settle_charge(&c, result, VGPU_KIND_ARRAY, result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
-                         VGPU_FAMILY_ARRAY);
+                              VGPU_FAMILY_ARRAY);
 }
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
@@ -248,12 +238,12 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DES
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
     struct vgpu_charge c;
     CUresult result = vgpu_charge(&c, "cuArray3DCreate_v2",
-                             array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, 1));
+                                  array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, 1));
     if (result != CUDA_SUCCESS)
         return result;
     CALL_DRIVER(result, real(pHandle, pAllocateArray));
     return vgpu_settle_charge(&c, result, VGPU_KIND_ARRAY, result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
-                         VGPU_FAMILY_ARRAY);
+                              VGPU_FAMILY_ARRAY);
 }
 
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray hArray)
@@ -261,7 +251,8 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray hArray)
     RELEASE(cuArrayDestroy, VGPU_KIND_ARRAY, (uintptr_t)hArray, hArray);
 }
 
-VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                            const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
                                             unsigned int numMipmapLevels)
 {
     VGPU_HOOK_REAL(cuMipmappedArrayCreate);
@@ -269,14 +260,14 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUD
         return real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
     struct vgpu_charge c;
-    CUresult result = vgpu_charge(&c, "cuMipmappedArrayCreate",
-                             array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels,
-                                         numMipmapLevels));
+    CUresult result =
+        vgpu_charge(&c, "cuMipmappedArrayCreate",
+                    array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, numMipmapLevels));
     if (result != CUDA_SUCCESS)
         return result;
     CALL_DRIVER(result, real(pHandle, pMipmappedArrayDesc, numMipmapLevels));
     return vgpu_settle_charge(&c, result, VGPU_KIND_MIPMAPPED_ARRAY,
-                         result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, VGPU_FAMILY_MIPMAPPED_ARRAY);
+                              result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, VGPU_FAMILY_MIPMAPPED_ARRAY);
 }
 
 VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)

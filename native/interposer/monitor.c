@@ -94,8 +94,10 @@ static void start_monitor(void)
     pthread_attr_destroy(&attributes);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     if (failed) /* not tried again: `started` stays set */
-        VGPU_LOG(VGPU_LOG_WARN, "cannot start the monitor thread (%s): dead processes are reaped by "
-                                "others only", strerror(failed));
+        VGPU_LOG(VGPU_LOG_WARN,
+                 "cannot start the monitor thread (%s): dead processes are reaped by "
+                 "others only",
+                 strerror(failed));
 }
 
 struct vgpu_proc_slot *vgpu_gpu_slot_start(void)

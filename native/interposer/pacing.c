@@ -49,23 +49,23 @@
 #include "internal.h"
 
 #define MS 1000000ULL
-#define TICK_NS (5 * MS)              /* refill and heartbeat */
-#define LATE_TICK_NS (6 * MS)         /* a refill covers this much time at most */
-#define CONTROL_PERIOD_NS (25 * MS)   /* measure utilisation, set the rate */
-#define REPORT_PERIOD_NS (250 * MS)   /* limiter off or slice idle: measure only to report */
-#define IDLE_AFTER_NS (1000 * MS)     /* no tokens drawn this long: the slice is idle */
-#define LEARN_PERIOD_NS (10 * MS)     /* the first measurement of a slice that must be limited */
-#define LEASE_SUSPECT_NS (50 * MS)    /* heartbeat this old: check whether the holder lives */
-#define LEASE_STALE_NS (200 * MS)     /* heartbeat this old: take the lease over */
-#define THREAD_BATCH_NS (1 * MS)      /* a thread caches about this much of the refill rate */
-#define WAIT_SLICE_NS (5 * MS)        /* longest park before re-checking limits and lease */
-#define LAUNCH_FLUSH_EVERY 256        /* thread-local launch counts fold into the slot this often */
-#define OTHERS_BUSY_PERMILLE 20       /* burst: the device is busy above this outside the slice */
-#define OTHERS_BUSY_HOLD_NS (100 * MS)/* burst: stay at the share this long after others idle */
-#define ESTIMATE_DECAY 0.8            /* per control period: about 125 ms of memory */
-#define INTEGRAL_GAIN 0.2             /* per control period, on the utilisation error */
+#define TICK_NS (5 * MS)                /* refill and heartbeat */
+#define LATE_TICK_NS (6 * MS)           /* a refill covers this much time at most */
+#define CONTROL_PERIOD_NS (25 * MS)     /* measure utilisation, set the rate */
+#define REPORT_PERIOD_NS (250 * MS)     /* limiter off or slice idle: measure only to report */
+#define IDLE_AFTER_NS (1000 * MS)       /* no tokens drawn this long: the slice is idle */
+#define LEARN_PERIOD_NS (10 * MS)       /* the first measurement of a slice that must be limited */
+#define LEASE_SUSPECT_NS (50 * MS)      /* heartbeat this old: check whether the holder lives */
+#define LEASE_STALE_NS (200 * MS)       /* heartbeat this old: take the lease over */
+#define THREAD_BATCH_NS (1 * MS)        /* a thread caches about this much of the refill rate */
+#define WAIT_SLICE_NS (5 * MS)          /* longest park before re-checking limits and lease */
+#define LAUNCH_FLUSH_EVERY 256          /* thread-local launch counts fold into the slot this often */
+#define OTHERS_BUSY_PERMILLE 20         /* burst: the device is busy above this outside the slice */
+#define OTHERS_BUSY_HOLD_NS (100 * MS)  /* burst: stay at the share this long after others idle */
+#define ESTIMATE_DECAY 0.8              /* per control period: about 125 ms of memory */
+#define INTEGRAL_GAIN 0.2               /* per control period, on the utilisation error */
 #define NO_SAMPLE_PATIENCE_US 500000ULL /* wait this long for NVML to sample fresh launches */
-#define NVML_RESOLUTION 0.01          /* smUtil is a whole percent */
+#define NVML_RESOLUTION 0.01            /* smUtil is a whole percent */
 
 /* An open pool: far above anything a period draws, far below overflow. Levels above the
  * floor mean "open" even after threads drew from it. */
@@ -219,8 +219,8 @@ static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
         (vgpu_pfn_nvmlDeviceGetHandleByUUID)vgpu_real_symbol(VGPU_LIB_NVML, "nvmlDeviceGetHandleByUUID");
     vgpu_pfn_nvmlDeviceGetHandleByIndex_v2 by_index =
         (vgpu_pfn_nvmlDeviceGetHandleByIndex_v2)vgpu_real_symbol(VGPU_LIB_NVML, "nvmlDeviceGetHandleByIndex_v2");
-    c->process_utilization = (vgpu_pfn_nvmlDeviceGetProcessUtilization)vgpu_real_symbol(
-        VGPU_LIB_NVML, "nvmlDeviceGetProcessUtilization");
+    c->process_utilization =
+        (vgpu_pfn_nvmlDeviceGetProcessUtilization)vgpu_real_symbol(VGPU_LIB_NVML, "nvmlDeviceGetProcessUtilization");
     const char *why = NULL;
     nvmlReturn_t result = NVML_SUCCESS;
     char uuid[VGPU_DEVICE_UUID_SIZE];
@@ -444,9 +444,14 @@ static void control(struct vgpu_controller *c, struct vgpu_region *region, const
         if (u.others_permille >= OTHERS_BUSY_PERMILLE)
             c->others_busy_until_ns = now_ns + OTHERS_BUSY_HOLD_NS;
         learn(c, &u);
-        VGPU_LOG(VGPU_LOG_DEBUG, "pacing: mode %d, slice %u, others %u per mille over %.3f s, %llu tokens drawn, cost %.3g, rate %.0f/s, integral %.3f%s",
-                 c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c), c->rate,
-                 c->integral, c->drained && !c->slack ? ", held back" : c->drained ? ", held back at times" : "");
+        VGPU_LOG(VGPU_LOG_DEBUG,
+                 "pacing: mode %d, slice %u, others %u per mille over %.3f s, %llu tokens drawn, cost %.3g, rate "
+                 "%.0f/s, integral %.3f%s",
+                 c->mode, u.slice_permille, u.others_permille, u.window_s, (unsigned long long)c->spent, token_cost(c),
+                 c->rate, c->integral,
+                 c->drained && !c->slack ? ", held back"
+                 : c->drained            ? ", held back at times"
+                                         : "");
         /* Only a window governed throughout by the limited rate says how far off it is. */
         if (c->mode == VGPU_MODE_LIMITED && c->limited_periods >= 2)
             integrate(c, &u, limits->sm_share);
@@ -514,7 +519,7 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
             each = 0;
         } else {
             int64_t base = level >= POOL_OPEN_FLOOR ? 0 : level; /* closing an open pool */
-            int64_t left = base + returned; /* undrawn (negative: overdrawn, a debt to repay) */
+            int64_t left = base + returned;                      /* undrawn (negative: overdrawn, a debt to repay) */
             /* Processes waiting side by side: what one left of its grant (stopped, or not on a
              * CPU in time) goes to the others through this split, up to a tick's worth. */
             int64_t most = waiting_count > 1 ? whole : keep;
@@ -571,7 +576,9 @@ static void repool(struct vgpu_controller *c, struct vgpu_region *region)
 {
     int limited = c->mode == VGPU_MODE_LIMITED;
     double tick = c->rate * (double)TICK_NS / 1e9;
-    int64_t next = !limited ? POOL_OPEN_LEVEL : tick < (double)(POOL_OPEN_FLOOR / 4) ? (int64_t)tick : POOL_OPEN_FLOOR / 4;
+    int64_t next = !limited                               ? POOL_OPEN_LEVEL
+                   : tick < (double)(POOL_OPEN_FLOOR / 4) ? (int64_t)tick
+                                                          : POOL_OPEN_FLOOR / 4;
     int64_t level = __atomic_exchange_n(&region->tokens, next, __ATOMIC_ACQ_REL);
     int64_t drawn = c->pool_after_refill - level;
     if (c->pool_known && drawn > 0)
@@ -626,8 +633,7 @@ static int controller_sleep(uint64_t deadline_ns)
 {
     struct timespec deadline = {(time_t)(deadline_ns / 1000000000ULL), (long)(deadline_ns % 1000000000ULL)};
     pthread_mutex_lock(&L.lock);
-    while (!L.stopping &&
-           pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    while (!L.stopping && pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
     }
     int stopping = L.stopping;
     pthread_mutex_unlock(&L.lock);
@@ -734,8 +740,7 @@ static void keep_controller_alive(struct vgpu_region *region, uint64_t now_ns)
         if (age < LEASE_STALE_NS && process_exists(holder))
             return;
     }
-    if (__atomic_compare_exchange_n(&region->controller_pid, &holder, L.pid, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
+    if (__atomic_compare_exchange_n(&region->controller_pid, &holder, L.pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         if (holder != 0)
             VGPU_LOG(VGPU_LOG_INFO, "pacing: took the controller lease from process %d (heartbeat %.0f ms old)", holder,
                      (double)age / 1e6);
@@ -804,8 +809,8 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
     for (;;) {
         /* Read before looking at the budgets, so a refill in between ends the wait at once. */
         uint32_t epoch = __atomic_load_n(&region->refill_epoch, __ATOMIC_ACQUIRE);
-        uint64_t batch = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED) /
-                         (1000000000ULL / THREAD_BATCH_NS);
+        uint64_t batch =
+            __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED) / (1000000000ULL / THREAD_BATCH_NS);
         uint64_t take = need > batch ? need : batch;
         if (take > VGPU_MAX_LAUNCH_COST)
             take = VGPU_MAX_LAUNCH_COST;

@@ -224,14 +224,10 @@ const char *vgpu_fail_reason(void)
     ensure_initialised();
     pthread_once(&R.messages_once, format_failure_messages);
     switch (atomic_load_explicit(&R.last_failure, memory_order_relaxed)) {
-    case VGPU_FAIL_ATTACH:
-        return R.attach_failure;
-    case VGPU_FAIL_LIMITS:
-        return R.limits_failure;
-    case VGPU_FAIL_NO_SLOT:
-        return R.slot_failure;
-    default:
-        return R.region ? "" : R.attach_failure;
+    case VGPU_FAIL_ATTACH: return R.attach_failure;
+    case VGPU_FAIL_LIMITS: return R.limits_failure;
+    case VGPU_FAIL_NO_SLOT: return R.slot_failure;
+    default: return R.region ? "" : R.attach_failure;
     }
 }
 
@@ -261,9 +257,8 @@ static int slot_owner_alive(pid_t pid, uint64_t start_time)
 static void raise_high_water(struct vgpu_region *region, uint32_t at_least)
 {
     uint32_t seen = __atomic_load_n(&region->procs_high_water, __ATOMIC_SEQ_CST);
-    while (seen < at_least &&
-           !__atomic_compare_exchange_n(&region->procs_high_water, &seen, at_least, 0, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_SEQ_CST))
+    while (seen < at_least && !__atomic_compare_exchange_n(&region->procs_high_water, &seen, at_least, 0,
+                                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         ;
 }
 

@@ -75,8 +75,8 @@ static void *library_handle(enum vgpu_library library, int may_load)
     if (!handle)
         return NULL;
     void *expected = NULL;
-    if (!atomic_compare_exchange_strong_explicit(&R.library_handle[library], &expected, handle,
-                                                 memory_order_acq_rel, memory_order_acquire)) {
+    if (!atomic_compare_exchange_strong_explicit(&R.library_handle[library], &expected, handle, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
         dlclose(handle); /* another thread won; drop our extra reference */
         handle = expected;
     }
@@ -93,8 +93,8 @@ static void *library_handle(enum vgpu_library library, int may_load)
  * entry point would bypass it, and with it its memory cap; forwarding to the next definition
  * chains the two, so the lower cap wins. Entry points we only call (`hook` NULL) stay the
  * library's own. */
-static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library, const char *name,
-                            const void *hook, int may_load)
+static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library, const char *name, const void *hook,
+                            int may_load)
 {
     uintptr_t cached = atomic_load_explicit(cache, memory_order_acquire);
     if (cached > VGPU_REAL_MISSING)

@@ -223,7 +223,12 @@ typedef struct CUmemPoolProps_st {
 
 enum { CU_MEM_ATTACH_GLOBAL = 0x1, CU_MEM_ATTACH_HOST = 0x2 };
 enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
-enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_BLOCKING_SYNC = 0x1, CU_EVENT_DISABLE_TIMING = 0x2, CU_EVENT_INTERPROCESS = 0x4 };
+enum {
+    CU_EVENT_DEFAULT = 0x0,
+    CU_EVENT_BLOCKING_SYNC = 0x1,
+    CU_EVENT_DISABLE_TIMING = 0x2,
+    CU_EVENT_INTERPROCESS = 0x4
+};
 /* Special stream handles: the legacy default stream and the per-thread default stream. */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
@@ -308,6 +313,8 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
  * A translation unit defines VGPU_CUDA_API before including this list to declare prototypes,
  * typedefs of function-pointer types, or tables; by default it declares prototypes.
  */
+/* One entry point a line (tests/sim/test_sim_exports.py reads the list), left as written: */
+/* clang-format off */
 #define VGPU_CUDA_ENTRY_POINTS(X) \
     X(CUresult, cuInit, (unsigned int Flags)) \
     X(CUresult, cuDriverGetVersion, (int *driverVersion)) \
@@ -403,17 +410,21 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \
     X(CUresult, cuGraphDestroy, (CUgraph hGraph))
+/* clang-format on */
 
 /*
  * Entry points the interposer calls only when the installed driver has them, looked up by name
  * (vgpu_real_symbol); without them it falls back to an estimate. Every real driver since CUDA
  * 12.0 exports them; the simulated driver need not. Same form as the list above.
  */
+/* One entry point a line (tests/sim/test_sim_exports.py reads the list), left as written: */
+/* clang-format off */
 #define VGPU_CUDA_OPTIONAL_ENTRY_POINTS(X) \
     X(CUresult, cuGraphGetNodes, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \
     X(CUresult, cuGraphNodeGetType, (CUgraphNode hNode, CUgraphNodeType *type)) \
     X(CUresult, cuGraphKernelNodeGetParams_v2, (CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)) \
     X(CUresult, cuGraphChildGraphNodeGetGraph, (CUgraphNode hNode, CUgraph *phGraph))
+/* clang-format on */
 
 #define VGPU_DECLARE_PROTOTYPE(ret, name, params) ret name params;
 VGPU_CUDA_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)

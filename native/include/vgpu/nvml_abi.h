@@ -96,6 +96,8 @@ typedef struct nvmlPciInfo_st {
 } nvmlPciInfo_t;
 
 /* Entry points, one line each, as in cuda_abi.h. */
+/* One entry point a line (tests/sim/test_sim_exports.py reads the list), left as written: */
+/* clang-format off */
 #define VGPU_NVML_ENTRY_POINTS(X) \
     X(nvmlReturn_t, nvmlInit, (void)) \
     X(nvmlReturn_t, nvmlInit_v2, (void)) \
@@ -126,6 +128,7 @@ typedef struct nvmlPciInfo_st {
     X(nvmlReturn_t, nvmlDeviceGetComputeRunningProcesses_v3, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
     X(nvmlReturn_t, nvmlDeviceGetTemperature, (nvmlDevice_t device, int sensorType, unsigned int *temp)) \
     X(nvmlReturn_t, nvmlDeviceGetPowerUsage, (nvmlDevice_t device, unsigned int *power))
+/* clang-format on */
 
 #define VGPU_DECLARE_PROTOTYPE(ret, name, params) ret name params;
 VGPU_NVML_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)

@@ -55,20 +55,20 @@ struct vgpu_limits {
 /* One process of the slice: 128 bytes, two cache lines, written only by that process (except
  * by a reaper once the process is gone, and `granted` by the controller). */
 struct vgpu_proc_slot {
-    int32_t pid;              /* 0: free; claimed with compare-and-swap */
-    uint32_t wanting;         /* threads of this process waiting for launch tokens */
-    uint64_t start_time;      /* field 22 of /proc/<pid>/stat, tells a reused pid apart */
-    uint64_t allocated;       /* bytes held through the hooked allocation calls */
-    uint64_t driver_reserved; /* bytes the driver holds for this process beyond `allocated`
-                                 (contexts), from NVML's per-process figure */
-    uint64_t launches;        /* launches that went through the limiter */
-    uint64_t throttled_ns;    /* time spent waiting in the limiter */
-    uint32_t sm_util_permille;/* last measured SM utilisation of this process, per mille */
-    uint32_t oom_refusals;    /* allocations refused by the cap */
-    int64_t granted;          /* launch tokens the controller set aside for this process;
-                                 below 0 when it overdrew them */
-    int32_t nvml_pid;         /* the pid NVML lists this process under (the host's pid when the
-                                 slice runs in a PID namespace); 0 until known */
+    int32_t pid;               /* 0: free; claimed with compare-and-swap */
+    uint32_t wanting;          /* threads of this process waiting for launch tokens */
+    uint64_t start_time;       /* field 22 of /proc/<pid>/stat, tells a reused pid apart */
+    uint64_t allocated;        /* bytes held through the hooked allocation calls */
+    uint64_t driver_reserved;  /* bytes the driver holds for this process beyond `allocated`
+                                  (contexts), from NVML's per-process figure */
+    uint64_t launches;         /* launches that went through the limiter */
+    uint64_t throttled_ns;     /* time spent waiting in the limiter */
+    uint32_t sm_util_permille; /* last measured SM utilisation of this process, per mille */
+    uint32_t oom_refusals;     /* allocations refused by the cap */
+    int64_t granted;           /* launch tokens the controller set aside for this process;
+                                  below 0 when it overdrew them */
+    int32_t nvml_pid;          /* the pid NVML lists this process under (the host's pid when the
+                                  slice runs in a PID namespace); 0 until known */
     uint32_t reserved0;
     uint8_t reserved1[56];
 };
@@ -77,25 +77,25 @@ struct vgpu_region {
     /* Header, written once when the region is created: 128 bytes. */
     uint32_t magic;
     uint32_t version;
-    uint32_t region_size;     /* sizeof(struct vgpu_region) */
-    uint32_t max_procs;       /* VGPU_REGION_MAX_PROCS */
+    uint32_t region_size;                    /* sizeof(struct vgpu_region) */
+    uint32_t max_procs;                      /* VGPU_REGION_MAX_PROCS */
     char device_uuid[VGPU_DEVICE_UUID_SIZE]; /* NVML UUID of the slice's device, NUL-terminated */
-    int32_t device_index;     /* NVML index of the slice's device */
+    int32_t device_index;                    /* NVML index of the slice's device */
     uint32_t reserved0[3];
 
     /* Limits, published as described above: 64 + 2 * 64 bytes. */
-    uint64_t active_limits;   /* 0 or 1: the copy readers use */
+    uint64_t active_limits; /* 0 or 1: the copy readers use */
     uint8_t reserved1[56];
     struct vgpu_limits limits[2];
 
     /* Limiter, shared by the processes of the slice: 64 bytes. */
-    int32_t controller_pid;   /* process running the controller; 0 when none */
-    uint32_t sm_util_permille;/* SM utilisation of the whole slice, last controller period */
+    int32_t controller_pid;           /* process running the controller; 0 when none */
+    uint32_t sm_util_permille;        /* SM utilisation of the whole slice, last controller period */
     uint64_t controller_heartbeat_ns; /* CLOCK_MONOTONIC of the controller's last period */
-    int64_t tokens;           /* launch budget the controller refills and launches draw from */
-    uint64_t tokens_per_second;/* refill rate the controller settled on */
-    uint32_t device_busy_permille; /* utilisation of the device by processes outside the slice */
-    uint32_t refill_epoch;    /* bumped by every refill that waiting launches should see: their futex */
+    int64_t tokens;                   /* launch budget the controller refills and launches draw from */
+    uint64_t tokens_per_second;       /* refill rate the controller settled on */
+    uint32_t device_busy_permille;    /* utilisation of the device by processes outside the slice */
+    uint32_t refill_epoch;            /* bumped by every refill that waiting launches should see: their futex */
     uint64_t reserved3[3];
 
     /* Highest slot index ever claimed + 1, so that sums stop early. */
@@ -126,7 +126,9 @@ _Static_assert(__builtin_offsetof(struct vgpu_region, active_limits) == 128, "he
 _Static_assert(__builtin_offsetof(struct vgpu_region, limits) % 64 == 0, "limits are cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) % 64 == 0, "limiter is cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, procs) % 64 == 0, "slots are cache-line aligned");
-_Static_assert(__builtin_offsetof(struct vgpu_region, procs) - __builtin_offsetof(struct vgpu_region, procs_high_water) == 64,
+_Static_assert(__builtin_offsetof(struct vgpu_region, procs) -
+                       __builtin_offsetof(struct vgpu_region, procs_high_water) ==
+                   64,
                "context_memory took reserved bytes: every offset is as before");
 
 #endif /* VGPU_REGION_H */

@@ -78,8 +78,8 @@ uint64_t sim_device_execute(struct sim_device_view *device, uint64_t tag, uint64
     do {
         start = busy_until > now_ns ? busy_until : now_ns;
         end = start + duration_ns;
-    } while (!atomic_compare_exchange_weak_explicit(free_at, &busy_until, end, memory_order_acq_rel,
-                                                    memory_order_relaxed));
+    } while (
+        !atomic_compare_exchange_weak_explicit(free_at, &busy_until, end, memory_order_acq_rel, memory_order_relaxed));
     record_interval(device, tag, start, end);
     *start_ns = start;
     return end;

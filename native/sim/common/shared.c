@@ -141,14 +141,15 @@ static int open_state_file(const char *path, int is_default, const char *library
 {
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | (is_default ? O_NOFOLLOW : 0), 0666);
     if (fd < 0) {
-        fprintf(stderr, "%s: cannot open the simulated GPU's state file %s: %s (set VGPU_SIM_STATE to a writable path)\n",
+        fprintf(stderr,
+                "%s: cannot open the simulated GPU's state file %s: %s (set VGPU_SIM_STATE to a writable path)\n",
                 library, path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (is_default && (fstat(fd, &st) != 0 || st.st_uid != getuid())) {
-        fprintf(stderr, "%s: the simulated GPU's state file %s belongs to another user; set VGPU_SIM_STATE\n",
-                library, path);
+        fprintf(stderr, "%s: the simulated GPU's state file %s belongs to another user; set VGPU_SIM_STATE\n", library,
+                path);
         close(fd);
         return -1;
     }
@@ -160,8 +161,7 @@ int sim_machine_open(struct sim_machine *machine, const struct sim_env *env, con
     memset(machine, 0, sizeof *machine);
     char error[512];
     if (sim_spec_parse(env->devices, &machine->spec, error, sizeof error) != 0) {
-        fprintf(stderr, "%s: VGPU_SIM_DEVICES is malformed, so the simulated GPU has no device: %s\n",
-                library, error);
+        fprintf(stderr, "%s: VGPU_SIM_DEVICES is malformed, so the simulated GPU has no device: %s\n", library, error);
         return -1;
     }
     struct sim_state_header want;
@@ -171,8 +171,8 @@ int sim_machine_open(struct sim_machine *machine, const struct sim_env *env, con
     if (env->state_path)
         snprintf(path, sizeof path, "%s", env->state_path);
     else if (env->runtime_dir)
-        snprintf(path, sizeof path, "%s/jupyter-vgpu-sim-v%u-%016llx.state", env->runtime_dir,
-                 SIM_LAYOUT_VERSION, (unsigned long long)want.spec_hash);
+        snprintf(path, sizeof path, "%s/jupyter-vgpu-sim-v%u-%016llx.state", env->runtime_dir, SIM_LAYOUT_VERSION,
+                 (unsigned long long)want.spec_hash);
     else
         snprintf(path, sizeof path, "/tmp/jupyter-vgpu-sim-%u-v%u-%016llx.state", (unsigned)getuid(),
                  SIM_LAYOUT_VERSION, (unsigned long long)want.spec_hash);

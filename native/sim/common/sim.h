@@ -106,8 +106,8 @@ const char *sim_proc_root(void);
 
 struct sim_kernel_cost {
     uint64_t duration_ns;
-    uint32_t weight;       /* share of the device's SMs it occupies, of SIM_WEIGHT_ONE */
-    uint64_t wave_blocks;  /* blocks that run at once: sms * blocks_per_sm */
+    uint32_t weight;      /* share of the device's SMs it occupies, of SIM_WEIGHT_ONE */
+    uint64_t wave_blocks; /* blocks that run at once: sms * blocks_per_sm */
 };
 
 /* How long a grid of `blocks` blocks of `threads_per_block` threads holds the device:
@@ -141,8 +141,7 @@ struct sim_interval {
     _Atomic uint64_t end_ns; /* grows in place when the same process's next kernel follows at once */
     _Atomic uint64_t tag;    /* weight | slot << 17 | generation << 24 */
 };
-#define SIM_TAG(weight, slot, generation) \
-    ((uint64_t)(weight) | (uint64_t)(slot) << 17 | (uint64_t)(generation) << 24)
+#define SIM_TAG(weight, slot, generation) ((uint64_t)(weight) | (uint64_t)(slot) << 17 | (uint64_t)(generation) << 24)
 #define SIM_TAG_WEIGHT(tag) ((uint32_t)((tag) & 0x1ffff))
 #define SIM_TAG_SLOT(tag) ((int)(((tag) >> 17) & 0x7f))
 #define SIM_TAG_GENERATION(tag) ((uint32_t)(((tag) >> 24) & 0xffff))
@@ -210,17 +209,17 @@ int sim_list_processes(struct sim_device_view *device, struct sim_process *out, 
 /* Runs a kernel of `duration_ns` on the device's timeline: it starts when the device has
  * finished everything queued before it (by any process) or now, whichever is later. Records
  * the interval under `tag` (SIM_TAG) and returns its end; *start_ns gets its start. */
-uint64_t sim_device_execute(struct sim_device_view *device, uint64_t tag, uint64_t now_ns,
-                            uint64_t duration_ns, uint64_t *start_ns);
+uint64_t sim_device_execute(struct sim_device_view *device, uint64_t tag, uint64_t now_ns, uint64_t duration_ns,
+                            uint64_t *start_ns);
 
 /* Busy time over a window [from_ns, to_ns], from the interval log. */
 struct sim_usage {
-    uint64_t device_busy_ns;                   /* any process */
-    uint64_t slot_weighted_ns[SIM_MAX_PROCS];  /* per slot, scaled by occupancy weight */
-    unsigned char slot_active[SIM_MAX_PROCS];  /* ran kernels after active_since_ns */
+    uint64_t device_busy_ns;                  /* any process */
+    uint64_t slot_weighted_ns[SIM_MAX_PROCS]; /* per slot, scaled by occupancy weight */
+    unsigned char slot_active[SIM_MAX_PROCS]; /* ran kernels after active_since_ns */
 };
-void sim_usage_scan(const struct sim_device_view *device, uint64_t from_ns, uint64_t to_ns,
-                    uint64_t active_since_ns, struct sim_usage *usage);
+void sim_usage_scan(const struct sim_device_view *device, uint64_t from_ns, uint64_t to_ns, uint64_t active_since_ns,
+                    struct sim_usage *usage);
 
 /* ---- time -------------------------------------------------------------------------------- */
 

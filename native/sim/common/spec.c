@@ -21,12 +21,11 @@
 #include "sim.h"
 
 #define SPEC_TEXT_MAX 8192
-#define SPEC_ACCEPTED                                                                               \
-    "accepted: devices separated by ';', each 'key=value,...' with keys name, uuid, memory, sms, " \
+#define SPEC_ACCEPTED                                                                                                  \
+    "accepted: devices separated by ';', each 'key=value,...' with keys name, uuid, memory, sms, "                     \
     "context_memory, block_ns (sizes like 16GiB, 512MiB, 4G; a bare number is MiB)"
 
-static int fail(char *error, size_t error_size, const char *format, ...)
-    __attribute__((format(printf, 3, 4)));
+static int fail(char *error, size_t error_size, const char *format, ...) __attribute__((format(printf, 3, 4)));
 
 static int fail(char *error, size_t error_size, const char *format, ...)
 {
@@ -69,8 +68,8 @@ static int parse_size(const char *text, uint64_t *out)
     static const struct {
         const char *unit;
         unsigned shift;
-    } units[] = {{"", 20},   {"b", 0},    {"k", 10},  {"kib", 10}, {"m", 20},
-                 {"mib", 20}, {"g", 30},  {"gib", 30}, {"t", 40},  {"tib", 40}};
+    } units[] = {{"", 20},    {"b", 0},  {"k", 10},   {"kib", 10}, {"m", 20},
+                 {"mib", 20}, {"g", 30}, {"gib", 30}, {"t", 40},   {"tib", 40}};
     if (!isdigit((unsigned char)*text))
         return -1;
     errno = 0;
@@ -145,8 +144,8 @@ static void default_device(struct sim_device_spec *device, int index)
 enum spec_key { KEY_NAME, KEY_UUID, KEY_MEMORY, KEY_SMS, KEY_CONTEXT_MEMORY, KEY_BLOCK_NS, KEY_COUNT };
 static const char *const key_names[KEY_COUNT] = {"name", "uuid", "memory", "sms", "context_memory", "block_ns"};
 
-static int parse_item(struct sim_device_spec *device, int index, enum spec_key key, const char *value,
-                      char *error, size_t error_size)
+static int parse_item(struct sim_device_spec *device, int index, enum spec_key key, const char *value, char *error,
+                      size_t error_size)
 {
     uint64_t number;
     switch (key) {
@@ -158,8 +157,8 @@ static int parse_item(struct sim_device_spec *device, int index, enum spec_key k
     case KEY_UUID:
         if (strlen(value) >= SIM_UUID_SIZE || parse_uuid(value, device->uuid, device->uuid_bytes) != 0)
             return fail(error, error_size,
-                        "device %d: uuid '%s' is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex digits)",
-                        index, value);
+                        "device %d: uuid '%s' is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex digits)", index,
+                        value);
         return 0;
     case KEY_MEMORY:
         if (parse_size(value, &number) != 0 || number < (1ull << 20) || number > SIM_MAX_MEMORY)
@@ -178,12 +177,11 @@ static int parse_item(struct sim_device_spec *device, int index, enum spec_key k
         return 0;
     case KEY_BLOCK_NS:
         if (parse_count(value, &number) != 0 || number < 1 || number > 10000000000ull)
-            return fail(error, error_size, "device %d: block_ns '%s' is not a whole number from 1 to 10^10",
-                        index, value);
+            return fail(error, error_size, "device %d: block_ns '%s' is not a whole number from 1 to 10^10", index,
+                        value);
         device->block_ns = number;
         return 0;
-    case KEY_COUNT:
-        break;
+    case KEY_COUNT: break;
     }
     return -1;
 }

@@ -53,7 +53,7 @@ CUresult sim_charge(struct sim_cuda_device *device, uint64_t bytes)
     if (result != CUDA_SUCCESS)
         return result;
     return sim_memory_charge(device->view, atomic_load(&device->slot), bytes) == 0 ? CUDA_SUCCESS
-                                                                                  : CUDA_ERROR_OUT_OF_MEMORY;
+                                                                                   : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 void sim_uncharge(struct sim_cuda_device *device, uint64_t bytes)

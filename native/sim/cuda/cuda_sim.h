@@ -79,9 +79,9 @@ struct CUctx_st {
     uint32_t magic;
     struct sim_cuda_device *device;
     int is_primary;
-    _Atomic int active;  /* 0 once destroyed (or, for a primary context, released or reset) */
+    _Atomic int active; /* 0 once destroyed (or, for a primary context, released or reset) */
     unsigned int flags;
-    int retains;         /* primary: cuDevicePrimaryCtxRetain count; under the lock */
+    int retains; /* primary: cuDevicePrimaryCtxRetain count; under the lock */
     struct CUstream_st *null_stream;
     struct CUstream_st *streams; /* created streams; under the lock */
 };
@@ -90,11 +90,11 @@ struct CUstream_st {
     uint32_t magic;
     unsigned int flags;
     struct CUctx_st *ctx;
-    _Atomic uint64_t tail_ns;  /* when the last kernel queued on it ends */
-    _Atomic uint64_t launches; /* kernels ever queued on it */
+    _Atomic uint64_t tail_ns;               /* when the last kernel queued on it ends */
+    _Atomic uint64_t launches;              /* kernels ever queued on it */
     _Atomic uint64_t ends[SIM_PUSH_BUFFER]; /* end of launch n at [n % SIM_PUSH_BUFFER] */
-    struct CUgraph_st *capture; /* the graph being captured instead of executing, or NULL */
-    struct CUstream_st *next;   /* in its context's list, or in the free list */
+    struct CUgraph_st *capture;             /* the graph being captured instead of executing, or NULL */
+    struct CUstream_st *next;               /* in its context's list, or in the free list */
 };
 
 struct CUevent_st {
@@ -157,8 +157,8 @@ enum sim_handle_kind {
 struct CUmemPoolHandle_st {
     struct sim_cuda_device *device;
     int is_default;
-    int destroyed; /* freed when its last allocation is */
-    uint64_t used; /* bytes of its allocations not yet freed */
+    int destroyed;                     /* freed when its last allocation is */
+    uint64_t used;                     /* bytes of its allocations not yet freed */
     uint64_t used_high, reserved_high; /* high-water marks since the program last reset each */
     uint64_t release_threshold;
     int reuse_follow_event_dependencies, reuse_allow_opportunistic, reuse_allow_internal_dependencies;
@@ -196,9 +196,9 @@ struct sim_allocation {
     uint64_t span; /* address space taken: size rounded up to pages */
     enum sim_allocation_kind kind;
     struct sim_cuda_device *device;
-    struct CUctx_st *ctx;              /* linear: freed with this context */
-    struct CUmemPoolHandle_st *pool;   /* linear from a pool, or NULL */
-    struct sim_vmm_handle *handle;     /* mapping: the memory behind it */
+    struct CUctx_st *ctx;            /* linear: freed with this context */
+    struct CUmemPoolHandle_st *pool; /* linear from a pool, or NULL */
+    struct sim_vmm_handle *handle;   /* mapping: the memory behind it */
     int in_arena;
     int host_access; /* pages readable and writable by copies */
 };
@@ -207,8 +207,8 @@ struct sim_allocation {
  * an allocation costs no system call until a copy touches it. */
 struct sim_arena {
     uintptr_t base;
-    size_t size, top;            /* bytes below top have been handed out at least once */
-    struct sim_map free_ranges;  /* offset -> length of free ranges below top, coalesced */
+    size_t size, top;           /* bytes below top have been handed out at least once */
+    struct sim_map free_ranges; /* offset -> length of free ranges below top, coalesced */
 };
 
 enum sim_cuda_state { SIM_UNINITIALISED, SIM_READY, SIM_INIT_FAILED, SIM_DEINITIALISED };
@@ -219,8 +219,8 @@ struct sim_cuda {
     CUresult init_result;
     pthread_mutex_t lock; /* guards everything below that is not atomic; never taken by launches */
     struct sim_machine machine;
-    uint64_t identity; /* this process in the state file's slots */
-    int device_count;  /* visible through CUDA_VISIBLE_DEVICES */
+    uint64_t identity;                               /* this process in the state file's slots */
+    int device_count;                                /* visible through CUDA_VISIBLE_DEVICES */
     struct sim_cuda_device devices[SIM_MAX_DEVICES]; /* by ordinal */
     struct sim_arena arena;
     struct sim_map allocations;  /* base address -> struct sim_allocation * */
@@ -329,7 +329,7 @@ void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes);
 /* ---- exec.c ----------------------------------------------------------------------------- */
 
 struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags); /* lock held */
-void sim_stream_retire(struct CUstream_st *stream);                            /* lock held */
+void sim_stream_retire(struct CUstream_st *stream);                           /* lock held */
 /* The stream a handle names (NULL and the special handles: the current context's default
  * stream), after the ready check. */
 CUresult sim_stream_resolve(CUstream handle, struct CUstream_st **stream);

@@ -310,6 +310,7 @@ static const struct {
  * gets the newest variant its version allows. Names with one variant serve every version. A
  * variant can answer to a base name other than its own (`serves`, a prefix of its name): from
  * CUDA 12, cuGraphInstantiate means cuGraphInstantiateWithFlags. */
+/* clang-format off */
 static const struct {
     const char *name;
     int version;
@@ -326,6 +327,7 @@ static const struct {
     {"cuGraphExecUpdate", 10020, NULL},
     {"cuGraphExecUpdate_v2", 12000, NULL},
 };
+/* clang-format on */
 
 /* The version that introduced the variant `name` (0: it serves every version); sets *base to the
  * length of the base name it answers to where that is not its own. */

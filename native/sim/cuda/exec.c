@@ -322,8 +322,8 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 static CUresult price(const struct sim_launch *launch, const struct sim_device_spec *spec, struct sim_kernel_cost *cost)
 {
     const unsigned int *grid = launch->grid, *block = launch->block;
-    if (!grid[0] || !grid[1] || !grid[2] || !block[0] || !block[1] || !block[2] || block[0] > 1024 ||
-        block[1] > 1024 || block[2] > 64 || grid[0] > INT_MAX || grid[1] > 65535 || grid[2] > 65535 ||
+    if (!grid[0] || !grid[1] || !grid[2] || !block[0] || !block[1] || !block[2] || block[0] > 1024 || block[1] > 1024 ||
+        block[2] > 64 || grid[0] > INT_MAX || grid[1] > 65535 || grid[2] > 65535 ||
         launch->shared_bytes > SIM_MAX_SHARED_MEMORY_OPTIN)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t threads = (uint64_t)block[0] * block[1] * block[2];
@@ -709,8 +709,12 @@ CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAM
     const struct sim_launch *launch = &hNode->launch;
     *nodeParams = (CUDA_KERNEL_NODE_PARAMS){
         .func = launch->function,
-        .gridDimX = launch->grid[0], .gridDimY = launch->grid[1], .gridDimZ = launch->grid[2],
-        .blockDimX = launch->block[0], .blockDimY = launch->block[1], .blockDimZ = launch->block[2],
+        .gridDimX = launch->grid[0],
+        .gridDimY = launch->grid[1],
+        .gridDimZ = launch->grid[2],
+        .blockDimX = launch->block[0],
+        .blockDimY = launch->block[1],
+        .blockDimZ = launch->block[2],
         .sharedMemBytes = launch->shared_bytes,
         .ctx = hNode->ctx,
     };

@@ -98,8 +98,14 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
         address = mapping == MAP_FAILED ? 0 : (uintptr_t)mapping;
     }
     *allocation = (struct sim_allocation){
-        .base = address, .size = size, .span = span, .kind = SIM_ALLOCATION_LINEAR, .device = device,
-        .ctx = ctx, .pool = pool, .in_arena = in_arena,
+        .base = address,
+        .size = size,
+        .span = span,
+        .kind = SIM_ALLOCATION_LINEAR,
+        .device = device,
+        .ctx = ctx,
+        .pool = pool,
+        .in_arena = in_arena,
     };
     if (address && sim_map_put(&sim_cuda.allocations, address, (uintptr_t)allocation) == 0) {
         if (pool)
@@ -278,8 +284,8 @@ static struct sim_cuda_device *allocation_device(const CUmemAllocationProp *prop
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option)
 {
-    CUresult result = sim_check(granularity && (option == CU_MEM_ALLOC_GRANULARITY_MINIMUM ||
-                                                option == CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    CUresult result = sim_check(
+        granularity && (option == CU_MEM_ALLOC_GRANULARITY_MINIMUM || option == CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     if (result == CUDA_SUCCESS && !allocation_device(prop))
         result = CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS)
@@ -316,7 +322,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         free(created);
         return result;
     }
-    *created = (struct sim_vmm_handle){.device = device, .size = size, .fd = memfd_create("jupyter-vgpu-sim", MFD_CLOEXEC)};
+    *created =
+        (struct sim_vmm_handle){.device = device, .size = size, .fd = memfd_create("jupyter-vgpu-sim", MFD_CLOEXEC)};
     if (created->fd < 0 || ftruncate(created->fd, (off_t)size) != 0) {
         if (created->fd >= 0)
             close(created->fd);
@@ -355,8 +362,8 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
     if (result != CUDA_SUCCESS)
         return result;
     uint64_t align = alignment > SIM_VMM_GRANULARITY ? alignment : SIM_VMM_GRANULARITY;
-    void *mapping = mmap((void *)(uintptr_t)addr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                         -1, 0);
+    void *mapping =
+        mmap((void *)(uintptr_t)addr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mapping == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t start = round_up((uintptr_t)mapping, align), end = start + size;
@@ -443,18 +450,25 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     struct sim_vmm_handle *physical = vmm_handle(handle);
     const struct sim_map_entry *reservation = sim_map_floor(&sim_cuda.reservations, ptr);
     const struct sim_map_entry *below = sim_map_floor(&sim_cuda.allocations, ptr + size - 1);
-    int overlaps = below && ((struct sim_allocation *)below->value)->base + ((struct sim_allocation *)below->value)->span > ptr;
-    if (physical && offset + size <= physical->size && reservation && ptr + size <= reservation->key + reservation->value &&
-        !overlaps &&
-        mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, physical->fd, (off_t)offset) != MAP_FAILED) {
-        *mapping = (struct sim_allocation){.base = ptr, .size = size, .span = size, .kind = SIM_ALLOCATION_MAPPING,
-                                           .device = physical->device, .handle = physical};
+    int overlaps =
+        below && ((struct sim_allocation *)below->value)->base + ((struct sim_allocation *)below->value)->span > ptr;
+    if (physical && offset + size <= physical->size && reservation &&
+        ptr + size <= reservation->key + reservation->value && !overlaps &&
+        mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, physical->fd, (off_t)offset) !=
+            MAP_FAILED) {
+        *mapping = (struct sim_allocation){.base = ptr,
+                                           .size = size,
+                                           .span = size,
+                                           .kind = SIM_ALLOCATION_MAPPING,
+                                           .device = physical->device,
+                                           .handle = physical};
         if (sim_map_put(&sim_cuda.allocations, ptr, (uintptr_t)mapping) == 0) {
             physical->mappings++;
             mapping = NULL;
             result = CUDA_SUCCESS;
         } else {
-            mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+                 0);
             result = CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
@@ -512,18 +526,14 @@ static unsigned int format_bytes(CUarray_format format)
 {
     switch (format) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
     case CU_AD_FORMAT_UNSIGNED_INT16:
     case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
+    case CU_AD_FORMAT_HALF: return 2;
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4;
-    default:
-        return 0;
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
     }
 }
 
@@ -616,8 +626,10 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAlloca
 {
     if (!pAllocateArray)
         return create_array(NULL, 1, SIM_HANDLE_ARRAY, (void **)pHandle);
-    CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = pAllocateArray->Width, .Height = pAllocateArray->Height,
-                                    .Format = pAllocateArray->Format, .NumChannels = pAllocateArray->NumChannels};
+    CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = pAllocateArray->Width,
+                                    .Height = pAllocateArray->Height,
+                                    .Format = pAllocateArray->Format,
+                                    .NumChannels = pAllocateArray->NumChannels};
     return create_array(&desc, 1, SIM_HANDLE_ARRAY, (void **)pHandle);
 }
 

@@ -27,8 +27,8 @@ struct nvmlDevice_st {
 
 /* The library's one piece of process state. */
 static struct sim_nvml {
-    pthread_mutex_t lock;   /* init and shutdown */
-    _Atomic int refcount;   /* nvmlInit calls not yet matched by nvmlShutdown */
+    pthread_mutex_t lock; /* init and shutdown */
+    _Atomic int refcount; /* nvmlInit calls not yet matched by nvmlShutdown */
     struct sim_machine machine;
     struct nvmlDevice_st handles[SIM_MAX_DEVICES];
 } nvml = {.lock = PTHREAD_MUTEX_INITIALIZER};
