@@ -421,9 +421,19 @@ def short_ids(kernel_ids: list[str]) -> dict[str, str]:
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
-    aliases = {"server": "StatusApp.server"}
+    show_all = Bool(
+        False,
+        config=True,
+        help="Every user's slices on the node, from its broker, by GPU (a JupyterHub with jupyter_vgpu.hub). "
+        "Needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN.",
+    )
+    broker = Unicode("", config=True, help="The broker's URL for --all. Empty: $JUPYTER_VGPU_BROKER_URL.")
+    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker"}
+    flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}
 
     def run(self) -> int:
+        if self.show_all:
+            return self.run_all()
         slices = self.client().slices()
         print(
             f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE"
@@ -440,6 +450,43 @@ class StatusApp(_ServerCommand):
                 print(f"{'':<10}warning: {warning}")
         if not slices:
             print("(no slices)")
+        return 0
+
+    def run_all(self) -> int:
+        from jupyter_vgpu.ledger import LedgerError
+        from jupyter_vgpu.ledger.remote import RemoteLedger
+
+        url = self.broker or os.environ.get("JUPYTER_VGPU_BROKER_URL", "")
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        if not url:
+            raise UsageError("--all reads the node's broker: give --broker URL or set $JUPYTER_VGPU_BROKER_URL")
+        if not token:
+            raise UsageError(
+                "--all needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN"
+            )
+        try:
+            with RemoteLedger(url.rstrip("/") + "/ledger", token, name="the node's GPU broker") as ledger:
+                usages, allocations = ledger.devices_usage(), ledger.allocations()
+        except (LedgerError, ValueError) as error:
+            print(f"jupyter vgpu status: {error}", file=sys.stderr)
+            return 1
+        owners = {allocation.owner for allocation in allocations}
+        print(f"{len(allocations)} slice(s) of {len(owners)} user(s) on {len(usages)} GPU(s)")
+        for usage in usages:
+            device = usage.device
+            print(
+                f"\nGPU {device.index} {device.name}: {format_size(usage.memory_allocated)} of "
+                f"{format_size(usage.memory_capacity)} promised, {usage.total_share}% of the SMs "
+                f"({usage.hard_share}% hard), {usage.slices} slice(s)"
+            )
+            held = [allocation for allocation in allocations if allocation.device_uuid == device.uuid]
+            if held:
+                print(f"  {'USER':<16}{'KERNEL':<10}{'MEMORY':>10}{'SHARE':>7}{'POLICY':>8}")
+            for allocation in sorted(held, key=lambda allocation: (allocation.owner, allocation.created_at)):
+                print(
+                    f"  {allocation.owner or '-':<16}{allocation.kernel_id[:8]:<10}"
+                    f"{format_size(allocation.memory_limit):>10}{allocation.sm_share:>6}%{allocation.policy:>8}"
+                )
         return 0
 
 

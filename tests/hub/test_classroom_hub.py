@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from hub_process import Hub, kernel_connection_file, run_in_hub_kernel
-from support import wait_for
+from support import JUPYTER, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -147,6 +148,22 @@ def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(h
     assert 'vgpu_slice_sm_share_percent{device="' in metrics
     line = next(line for line in metrics.splitlines() if carols in line and line.startswith("vgpu_slice_sm_share"))
     assert 'user="carol"' in line and 'groups="students"' in line and line.endswith(" 5.0"), line
+
+    # `jupyter vgpu status --all`, as the teacher runs it: who holds what on each GPU.
+    shown = subprocess.run(
+        [JUPYTER, "vgpu", "status", "--all", "--broker", hub.broker_url],
+        env={**os.environ, "JUPYTERHUB_API_TOKEN": teacher},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    rows = {
+        line.split()[1]: line.split() for line in shown.stdout.splitlines() if line.startswith("  ") and "%" in line
+    }
+    assert rows[carols[:8]][0] == "carol" and rows[carols[:8]][3] == "5%", shown.stdout
+    assert rows[daves[:8]][0] == "dave", shown.stdout
 
 
 def test_the_broker_killed_with_sigkill_comes_back_with_every_slice_and_grants_nothing_twice(hub, teacher):
