@@ -8,7 +8,9 @@ the broker decide, not what separate accounts would add (docs/classroom.md).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -25,7 +27,7 @@ gpus: {count: 2, memory: 16GiB}
 simulate: true
 broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
-  students: [alice, bob, carol, dave, erin, frank]
+  students: [alice, bob, carol, dave, erin, frank, gina]
   staff: [teacher]
 admins: [teacher]
 sizes:
@@ -216,3 +218,22 @@ def _kill_kernels_of(connection_file: Path) -> None:
                 continue
             if str(connection_file).encode() in argv:
                 os.kill(int(entry.name), signal.SIGKILL)
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_and_labels_the_broker_exports(hub, teacher):
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana" / "jupyter-vgpu-classroom.json").read_text())
+    gina = hub.user_token("gina")
+    hub.start_server("gina", {})
+    started_kernel(hub, "gina", gina)  # a slice, so its labels are exported
+    status, metrics = hub.broker("GET", "metrics", teacher)
+    assert status == 200
+    exported = set(re.findall(r"^# TYPE (\w+) ", metrics, re.MULTILINE))
+    labels = set(re.findall(r"[{,](\w+)=", metrics))
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            asked = set(re.findall(r"\b(vgpu_\w+)", target["expr"]))
+            assert asked and asked <= exported, (panel["title"], asked - exported)
+            grouped = set(re.findall(r"by \((\w+)\)", target["expr"])) | set(
+                re.findall(r"{{(\w+)}}", target["legendFormat"])
+            )
+            assert grouped <= labels, (panel["title"], grouped - labels)
