@@ -6,10 +6,17 @@
 import type { TranslationBundle } from '@jupyterlab/translation';
 
 import type { IDeviceModel, ISliceModel } from './api';
-import { formatSize, formatSliceSummary, formatUsedOfCap } from './slice-values';
+import {
+  formatSize,
+  formatSliceSummary,
+  formatUsedOfCap
+} from './slice-values';
 
 /** "GPU 0 Sim GPU: 4GiB free of 8GiB · SM 50 % of 100 % promised". */
-export function describeDevice(device: IDeviceModel, trans: TranslationBundle): string {
+export function describeDevice(
+  device: IDeviceModel,
+  trans: TranslationBundle
+): string {
   return trans.__(
     'GPU %1 %2: %3 free of %4 · SM %5 % of %6 % promised',
     device.index,
@@ -50,7 +57,12 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
 }
 
 /** States in which a slice has stopped for a reason its user should see (warn colour). */
-const STOPPED_STATES: ReadonlySet<string> = new Set(['failed', 'exited', 'gone', 'lost']);
+const STOPPED_STATES: ReadonlySet<string> = new Set([
+  'failed',
+  'exited',
+  'gone',
+  'lost'
+]);
 
 /** Whether the slice's pod failed, exited or is gone (its kernel no longer runs there). */
 export function podStopped(slice: ISliceModel): boolean {
@@ -73,13 +85,19 @@ export function sliceMessage(slice: ISliceModel): string {
 /** Where the slice is: "GPU 1" (local), "pod", "pod on node-a", "pod on node-a · GPU-8f2c1d (...)". */
 function sliceWhere(slice: ISliceModel, trans: TranslationBundle): string {
   if (slice.holder !== 'pod') {
-    return slice.device ? trans.__('GPU %1', slice.device.index) : trans.__('no device');
+    return slice.device
+      ? trans.__('GPU %1', slice.device.index)
+      : trans.__('no device');
   }
   const { node, gpu } = slice.location ?? {};
   if (node && gpu) {
     return trans.__('pod on %1 · %2', node, gpu);
   }
-  return node ? trans.__('pod on %1', node) : gpu ? trans.__('pod · %1', gpu) : trans.__('pod');
+  return node
+    ? trans.__('pod on %1', node)
+    : gpu
+      ? trans.__('pod · %1', gpu)
+      : trans.__('pod');
 }
 
 /**
@@ -88,28 +106,44 @@ function sliceWhere(slice: ISliceModel, trans: TranslationBundle): string {
  * "analysis.ipynb · GPU 1 · hard", "analysis.ipynb · pod on node-a · GPU-8f2c1d (4096 MiB, 30%) · hard",
  * "analysis.ipynb · pod · scheduling".
  */
-export function sliceTitle(slice: ISliceModel, trans: TranslationBundle): string {
+export function sliceTitle(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
   const name = slice.path || slice.kernel_id.slice(0, 8);
   const where = sliceWhere(slice, trans);
   if (slice.holder === 'pod') {
-    const last = slice.state === 'running' ? slice.limits.policy : stateLabel(slice.state, trans);
+    const last =
+      slice.state === 'running'
+        ? slice.limits.policy
+        : stateLabel(slice.state, trans);
     return trans.__('%1 · %2 · %3', name, where, last);
   }
   const title = trans.__('%1 · %2 · %3', name, where, slice.limits.policy);
-  return slice.state === 'running' ? title : trans.__('%1 · %2', title, stateLabel(slice.state, trans));
+  return slice.state === 'running'
+    ? title
+    : trans.__('%1 · %2', title, stateLabel(slice.state, trans));
 }
 
 /** The status-bar text: "GPU 1.2 / 4.0 GiB · SM 28 / 30 %". */
 export function sliceSummary(slice: ISliceModel): string {
   const { limits, usage } = slice;
-  return formatSliceSummary(usage.memory_bytes, limits.memory_bytes, usage.sm_util, limits.cores);
+  return formatSliceSummary(
+    usage.memory_bytes,
+    limits.memory_bytes,
+    usage.sm_util,
+    limits.cores
+  );
 }
 
 /**
  * The status item's text: the summary, and for a pod that is not running (yet) its state,
  * "GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling". A local slice's text is the summary alone.
  */
-export function sliceStatusText(slice: ISliceModel, trans: TranslationBundle): string {
+export function sliceStatusText(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
   const summary = sliceSummary(slice);
   return slice.holder === 'pod' && slice.state !== 'running'
     ? trans.__('%1 · %2', summary, stateLabel(slice.state, trans))
@@ -117,25 +151,39 @@ export function sliceStatusText(slice: ISliceModel, trans: TranslationBundle): s
 }
 
 /** The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB". */
-export function memoryLabel(slice: ISliceModel, trans: TranslationBundle): string {
-  return trans.__('Memory %1', formatUsedOfCap(slice.usage.memory_bytes, slice.limits.memory_bytes));
+export function memoryLabel(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
+  return trans.__(
+    'Memory %1',
+    formatUsedOfCap(slice.usage.memory_bytes, slice.limits.memory_bytes)
+  );
 }
 
 /** The sidebar's SM bar label: "SM 28 / 30 %". */
 export function smLabel(slice: ISliceModel, trans: TranslationBundle): string {
-  return trans.__('SM %1 / %2 %', Math.round(slice.usage.sm_util), slice.limits.cores);
+  return trans.__(
+    'SM %1 / %2 %',
+    Math.round(slice.usage.sm_util),
+    slice.limits.cores
+  );
 }
 
 /**
  * The status item's tooltip: the slice's limits and where it is, then the server's sentence
  * about its state (if any), then its warnings, one per line, each whole.
  */
-export function sliceTooltip(slice: ISliceModel, trans: TranslationBundle): string {
+export function sliceTooltip(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
   const { device, limits } = slice;
   const lines: string[] = [];
   if (slice.holder === 'pod') {
     const { pod, namespace, node, gpu } = slice.location ?? {};
-    const name = pod && namespace ? `${namespace}/${pod}` : pod || slice.kernel_id;
+    const name =
+      pod && namespace ? `${namespace}/${pod}` : pod || slice.kernel_id;
     lines.push(
       trans.__(
         'GPU slice in pod %1: memory cap %2, SM share %3 % (%4)',
@@ -146,7 +194,11 @@ export function sliceTooltip(slice: ISliceModel, trans: TranslationBundle): stri
       )
     );
     if (node) {
-      lines.push(gpu ? trans.__('On node %1, GPU %2', node, gpu) : trans.__('On node %1', node));
+      lines.push(
+        gpu
+          ? trans.__('On node %1, GPU %2', node, gpu)
+          : trans.__('On node %1', node)
+      );
     }
   } else {
     lines.push(

@@ -14,9 +14,12 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+// The sidebar, the status item and their store are built in activate(): they load with the plugin.
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { SliceSidebar } from './sidebar';
-import { newNotebookOnSlice } from './start-dialog';
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { SliceStatusItem } from './statusbar';
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { SliceStore } from './store';
 
 const PLUGIN_ID = 'jupyter-vgpu:plugin';
@@ -33,10 +36,18 @@ const gpuIcon = new LabIcon({
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
-  description: 'GPU slices of notebook kernels: status bar, sidebar with live resize, start with a chosen size.',
+  description:
+    'GPU slices of notebook kernels: status bar, sidebar with live resize, start with a chosen size.',
   autoStart: true,
   requires: [IDocumentManager, INotebookTracker],
-  optional: [ISettingRegistry, ITranslator, IStatusBar, ICommandPalette, ILauncher, ILayoutRestorer],
+  optional: [
+    ISettingRegistry,
+    ITranslator,
+    IStatusBar,
+    ICommandPalette,
+    ILauncher,
+    ILayoutRestorer
+  ],
   activate: (
     app: JupyterFrontEnd,
     docManager: IDocumentManager,
@@ -71,19 +82,52 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.commands.addCommand(COMMAND_NEW_NOTEBOOK, {
       label: trans.__('New notebook on a GPU slice...'),
-      caption: trans.__('Start a kernel in a GPU slice of the size you choose and open a notebook on it'),
+      caption: trans.__(
+        'Start a kernel in a GPU slice of the size you choose and open a notebook on it'
+      ),
       icon: args => (args.isPalette ? undefined : gpuIcon),
-      execute: args =>
-        newNotebookOnSlice(docManager, app.serviceManager.kernelspecs.specs, store, (args.cwd as string) ?? '', trans)
+      describedBy: {
+        args: {
+          type: 'object',
+          properties: {
+            cwd: {
+              type: 'string',
+              description: trans.__(
+                'The folder to create the notebook in (the root by default)'
+              )
+            },
+            isPalette: {
+              type: 'boolean',
+              description: trans.__('Whether the command palette runs it')
+            }
+          }
+        }
+      },
+      execute: async args => {
+        // The dialog loads the first time it is asked for, not with the application.
+        const { newNotebookOnSlice } = await import('./start-dialog');
+        return newNotebookOnSlice(
+          docManager,
+          app.serviceManager.kernelspecs.specs,
+          store,
+          (args.cwd as string) ?? '',
+          trans
+        );
+      }
     });
     app.commands.addCommand(COMMAND_SHOW_SIDEBAR, {
       label: trans.__('Show GPU slices'),
+      describedBy: { args: { type: 'object', properties: {} } },
       execute: () => app.shell.activateById(sidebar.id)
     });
     const category = trans.__('GPU slices');
     palette?.addItem({ command: COMMAND_NEW_NOTEBOOK, category });
     palette?.addItem({ command: COMMAND_SHOW_SIDEBAR, category });
-    launcher?.add({ command: COMMAND_NEW_NOTEBOOK, category: trans.__('Notebook'), rank: 50 });
+    launcher?.add({
+      command: COMMAND_NEW_NOTEBOOK,
+      category: trans.__('Notebook'),
+      rank: 50
+    });
 
     settingRegistry
       ?.load(PLUGIN_ID)
@@ -94,7 +138,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         settings.changed.connect(apply);
         apply();
       })
-      .catch(reason => console.error('jupyter-vgpu: cannot load its settings', reason));
+      .catch(reason =>
+        console.error('jupyter-vgpu: cannot load its settings', reason)
+      );
   }
 };
 

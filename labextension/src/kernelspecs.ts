@@ -10,7 +10,10 @@ export const PROVISIONER_NAME = 'vgpu-provisioner';
 /** The provisioner whose kernels run as Kubernetes pods holding slices (jupyter_vgpu/provisioning/pod.py). */
 export const POD_PROVISIONER_NAME = 'vgpu-pod-provisioner';
 
-const HOLDERS: Record<string, SliceHolder> = { [PROVISIONER_NAME]: 'local', [POD_PROVISIONER_NAME]: 'pod' };
+const HOLDERS: Record<string, SliceHolder> = {
+  [PROVISIONER_NAME]: 'local',
+  [POD_PROVISIONER_NAME]: 'pod'
+};
 
 export interface ISlicedKernelspec {
   name: string;
@@ -22,7 +25,9 @@ export interface ISlicedKernelspec {
 }
 
 /** The slice fields of a provisioner's config (a pod kernelspec's config also has image, etc.). */
-function sliceDefaults(config: Record<string, unknown> | undefined): Partial<ISliceForm> {
+function sliceDefaults(
+  config: Record<string, unknown> | undefined
+): Partial<ISliceForm> {
   const defaults: Partial<ISliceForm> = {};
   for (const key of ['memory', 'cores', 'policy'] as const) {
     const value = config?.[key];
@@ -44,7 +49,14 @@ export function slicedKernelspecs(
     };
     const holder = HOLDERS[provisioner.provisioner_name ?? ''];
     return spec && holder
-      ? [{ name: spec.name, displayName: spec.display_name, holder, defaults: sliceDefaults(provisioner.config) }]
+      ? [
+          {
+            name: spec.name,
+            displayName: spec.display_name,
+            holder,
+            defaults: sliceDefaults(provisioner.config)
+          }
+        ]
       : [];
   });
 }

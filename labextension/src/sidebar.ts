@@ -118,8 +118,15 @@ class SliceRow {
     this.node.dataset.state = slice.state;
     this._showWarnings(slice.warnings);
     this._showState(slice);
-    this._memoryBar.show(memoryLabel(slice, this._trans), usage.memory_bytes / limits.memory_bytes);
-    this._smBar.show(smLabel(slice, this._trans), usage.sm_util / 100, limits.cores / 100);
+    this._memoryBar.show(
+      memoryLabel(slice, this._trans),
+      usage.memory_bytes / limits.memory_bytes
+    );
+    this._smBar.show(
+      smLabel(slice, this._trans),
+      usage.sm_util / 100,
+      limits.cores / 100
+    );
     this._memory.placeholder = formatSize(limits.memory_bytes);
     this._cores.placeholder = `${limits.cores}`;
     if (!this._policyTouched) {
@@ -130,10 +137,15 @@ class SliceRow {
   /** One line per warning; the DOM changes only when the warnings do (polls repeat them). */
   private _showWarnings(warnings: readonly string[]): void {
     const shown = Array.from(this._warnings.children, line => line.textContent);
-    if (shown.length === warnings.length && shown.every((text, i) => text === warnings[i])) {
+    if (
+      shown.length === warnings.length &&
+      shown.every((text, i) => text === warnings[i])
+    ) {
       return;
     }
-    this._warnings.replaceChildren(...warnings.map(text => element('div', 'jp-vgpu-Warning', text)));
+    this._warnings.replaceChildren(
+      ...warnings.map(text => element('div', 'jp-vgpu-Warning', text))
+    );
   }
 
   /** The state's sentence, whole (it wraps; never cut), in the warn colour when the pod stopped. */
@@ -151,14 +163,20 @@ class SliceRow {
     const check = checkSliceForm({
       memory: this._memory.value,
       cores: this._cores.value,
-      policy: this._policy.value === current?.limits.policy ? '' : this._policy.value
+      policy:
+        this._policy.value === current?.limits.policy ? '' : this._policy.value
     });
     if (!check.ok) {
       this._say(Object.values(check.errors).join('; '), true);
       return;
     }
     if (!Object.keys(check.request).length) {
-      this._say(this._trans.__('Nothing to change: type a new memory cap or SM share, or pick another policy.'), true);
+      this._say(
+        this._trans.__(
+          'Nothing to change: type a new memory cap or SM share, or pick another policy.'
+        ),
+        true
+      );
       return;
     }
     this._apply.disabled = true;
@@ -189,7 +207,10 @@ class SliceRow {
   private _cores = element('input', 'jp-mod-styled');
   private _policy = element('select', 'jp-mod-styled');
   private _policyTouched = false;
-  private _apply = element('button', 'jp-mod-styled jp-mod-accept jp-vgpu-Apply');
+  private _apply = element(
+    'button',
+    'jp-mod-styled jp-mod-accept jp-vgpu-Apply'
+  );
   private _message = element('div', 'jp-vgpu-Message');
 }
 
@@ -235,7 +256,11 @@ export class SliceSidebar extends Widget {
         : this._trans.__('No kernel holds a GPU slice.');
     this._devices.replaceChildren(
       ...this._store.devices.map(device => {
-        const item = element('li', 'jp-vgpu-Device', describeDevice(device, this._trans));
+        const item = element(
+          'li',
+          'jp-vgpu-Device',
+          describeDevice(device, this._trans)
+        );
         item.dataset.deviceIndex = `${device.index}`;
         return item;
       })

@@ -163,5 +163,7 @@ export function checkSliceForm(form: ISliceForm): FormCheck {
       errors[field] = error.message;
     }
   }
-  return Object.keys(errors).length ? { ok: false, errors } : { ok: true, request };
+  return Object.keys(errors).length
+    ? { ok: false, errors }
+    : { ok: true, request };
 }

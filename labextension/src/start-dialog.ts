@@ -11,7 +11,12 @@ import { Widget } from '@lumino/widgets';
 
 import { startKernel } from './api';
 import { describeDevice } from './describe';
-import { POD_PROVISIONER_NAME, PROVISIONER_NAME, ISlicedKernelspec, slicedKernelspecs } from './kernelspecs';
+import {
+  POD_PROVISIONER_NAME,
+  PROVISIONER_NAME,
+  ISlicedKernelspec,
+  slicedKernelspecs
+} from './kernelspecs';
 import { checkSliceForm, ISliceForm, POLICIES } from './slice-values';
 import { SliceStore } from './store';
 
@@ -30,11 +35,15 @@ class StartForm extends Widget {
     super();
     this.addClass('jp-vgpu-StartForm');
     for (const spec of kernelspecs) {
-      const label = spec.holder === 'pod' ? trans.__('%1 (Kubernetes pod)', spec.displayName) : spec.displayName;
+      const label =
+        spec.holder === 'pod'
+          ? trans.__('%1 (Kubernetes pod)', spec.displayName)
+          : spec.displayName;
       this._kernelspec.append(new Option(label, spec.name));
     }
     this._kernelspec.value = previous.kernelspec;
-    const chosen = () => kernelspecs.find(spec => spec.name === this._kernelspec.value);
+    const chosen = () =>
+      kernelspecs.find(spec => spec.name === this._kernelspec.value);
     const defaults = () => chosen()?.defaults ?? {};
     const podNote = document.createElement('div');
     podNote.className = 'jp-vgpu-PodNote';
@@ -94,9 +103,18 @@ class StartForm extends Widget {
   }
 
   private _kernelspec = document.createElement('select');
-  private _memory = Object.assign(document.createElement('input'), { name: 'memory', className: 'jp-mod-styled' });
-  private _cores = Object.assign(document.createElement('input'), { name: 'cores', className: 'jp-mod-styled' });
-  private _policy = Object.assign(document.createElement('select'), { name: 'policy', className: 'jp-mod-styled' });
+  private _memory = Object.assign(document.createElement('input'), {
+    name: 'memory',
+    className: 'jp-mod-styled'
+  });
+  private _cores = Object.assign(document.createElement('input'), {
+    name: 'cores',
+    className: 'jp-mod-styled'
+  });
+  private _policy = Object.assign(document.createElement('select'), {
+    name: 'policy',
+    className: 'jp-mod-styled'
+  });
 }
 
 /**
@@ -125,13 +143,21 @@ export async function newNotebookOnSlice(
     return null;
   }
   await store.refresh().catch(() => undefined); // the dialog shows the freshest free capacity
-  let choice: IStartChoice = { kernelspec: kernelspecs[0].name, memory: '', cores: '', policy: '' };
+  let choice: IStartChoice = {
+    kernelspec: kernelspecs[0].name,
+    memory: '',
+    cores: '',
+    policy: ''
+  };
   let problem = '';
   for (;;) {
     const result = await showDialog({
       title: trans.__('New notebook on a GPU slice'),
       body: new StartForm(kernelspecs, choice, problem, store, trans),
-      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: trans.__('Start') })]
+      buttons: [
+        Dialog.cancelButton(),
+        Dialog.okButton({ label: trans.__('Start') })
+      ]
     });
     if (!result.button.accept || !result.value) {
       return null;
@@ -150,7 +176,10 @@ export async function newNotebookOnSlice(
       continue;
     }
     const model = await docManager.newUntitled({ path: cwd, type: 'notebook' });
-    docManager.open(model.path, 'default', { id: kernel.id, name: kernel.name });
+    docManager.open(model.path, 'default', {
+      id: kernel.id,
+      name: kernel.name
+    });
     void store.refresh();
     return model.path;
   }

@@ -43,7 +43,8 @@ export class SliceStatusItem extends Widget {
   }
 
   private _update(): void {
-    const kernelId = this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
+    const kernelId =
+      this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
     const slice = this._store.sliceOf(kernelId);
     if (slice) {
       this.node.textContent = sliceStatusText(slice, this._trans);

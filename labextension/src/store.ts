@@ -40,13 +40,20 @@ export class SliceStore {
   }
 
   set interval(interval: number) {
-    this._poll.frequency = { ...this._poll.frequency, interval, max: 30 * interval };
+    this._poll.frequency = {
+      ...this._poll.frequency,
+      interval,
+      max: 30 * interval
+    };
   }
 
   /** Fetch now (after a resize or a start), instead of waiting for the next tick. */
   async refresh(): Promise<void> {
     try {
-      [this._slices, this._devices] = await Promise.all([listSlices(), listDevices()]);
+      [this._slices, this._devices] = await Promise.all([
+        listSlices(),
+        listDevices()
+      ]);
       this._error = '';
     } catch (error) {
       this._error = (error as Error).message;

@@ -35,7 +35,9 @@ function slice(overrides: Partial<ISliceModel> = {}): ISliceModel {
     usage: {
       memory_bytes: 1.2 * GIB,
       sm_util: 27.6,
-      processes: [{ pid: 4242, memory_bytes: 1.2 * GIB, sm_util: 27.6, oom_refusals: 0 }]
+      processes: [
+        { pid: 4242, memory_bytes: 1.2 * GIB, sm_util: 27.6, oom_refusals: 0 }
+      ]
     },
     warnings: [],
     ...overrides
@@ -47,7 +49,12 @@ function podSlice(overrides: Partial<ISliceModel> = {}): ISliceModel {
   return slice({
     holder: 'pod',
     device: null,
-    location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: 'node-a', gpu: 'GPU-8f2c1d (4096 MiB, 30%)' },
+    location: {
+      pod: 'jvgpu-3f2a9c4e-1',
+      namespace: 'default',
+      node: 'node-a',
+      gpu: 'GPU-8f2c1d (4096 MiB, 30%)'
+    },
     message: 'the kernel runs on node node-a, GPU GPU-8f2c1d (4096 MiB, 30%)',
     ...overrides
   });
@@ -56,7 +63,7 @@ function podSlice(overrides: Partial<ISliceModel> = {}): ISliceModel {
 const SCHEDULING_MESSAGE =
   "waiting for the scheduler to place the kernel's pod: 0/3 nodes are available: 3 Insufficient nvidia.com/gpumem.";
 const FAILED_MESSAGE =
-  "the kernel's container cannot start on node node-a (ImagePullBackOff): Back-off pulling image \"registry.example/kernel:1\"";
+  'the kernel\'s container cannot start on node node-a (ImagePullBackOff): Back-off pulling image "registry.example/kernel:1"';
 
 const device: IDeviceModel = {
   index: 0,
@@ -75,11 +82,15 @@ const device: IDeviceModel = {
 
 describe('a device', () => {
   it('says what is free of what slices may hold, and the SM share promised', () => {
-    expect(describeDevice(device, trans)).toBe('GPU 0 Sim GPU: 4GiB free of 15GiB · SM 70 % of 100 % promised');
+    expect(describeDevice(device, trans)).toBe(
+      'GPU 0 Sim GPU: 4GiB free of 15GiB · SM 70 % of 100 % promised'
+    );
   });
 
   it('says a full device has nothing free', () => {
-    expect(describeDevice({ ...device, memory_free_bytes: 0 }, trans)).toContain(': 0B free of 15GiB');
+    expect(
+      describeDevice({ ...device, memory_free_bytes: 0 }, trans)
+    ).toContain(': 0B free of 15GiB');
   });
 });
 
@@ -89,24 +100,35 @@ describe('a slice', () => {
   });
 
   it('is titled by its kernel id without a notebook, and says its state unless running', () => {
-    expect(sliceTitle(slice({ path: '', state: 'lost' }), trans)).toBe('3f2a9c4e · GPU 1 · hard · lost');
+    expect(sliceTitle(slice({ path: '', state: 'lost' }), trans)).toBe(
+      '3f2a9c4e · GPU 1 · hard · lost'
+    );
   });
 
   it('reads its memory and SM share from the byte and percent fields', () => {
     expect(sliceSummary(slice())).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
     expect(memoryLabel(slice(), trans)).toBe('Memory 1.2 / 4.0 GiB');
     expect(smLabel(slice(), trans)).toBe('SM 28 / 30 %');
-    const small = slice({ limits: { memory_bytes: 768 * MIB, cores: 20, policy: 'burst' } });
-    expect(sliceSummary({ ...small, usage: { memory_bytes: 0, sm_util: 0, processes: [] } })).toBe(
-      'GPU 0 / 768 MiB · SM 0 / 20 %'
-    );
+    const small = slice({
+      limits: { memory_bytes: 768 * MIB, cores: 20, policy: 'burst' }
+    });
+    expect(
+      sliceSummary({
+        ...small,
+        usage: { memory_bytes: 0, sm_util: 0, processes: [] }
+      })
+    ).toBe('GPU 0 / 768 MiB · SM 0 / 20 %');
   });
 
   it("has its limits in the status item's tooltip, then each warning on a line of its own", () => {
-    expect(sliceTooltip(slice(), trans)).toBe('GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)');
+    expect(sliceTooltip(slice(), trans)).toBe(
+      'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)'
+    );
     const warning =
       "the slice's limits were changed from inside the kernel (memory cap 16GiB instead of 3GiB); the server restored them";
-    expect(sliceTooltip(slice({ warnings: [warning] }), trans).split('\n')).toEqual([
+    expect(
+      sliceTooltip(slice({ warnings: [warning] }), trans).split('\n')
+    ).toEqual([
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)',
       warning
     ]);
@@ -116,10 +138,18 @@ describe('a slice', () => {
 describe('a local slice', () => {
   it('reads as before: the summary in the status bar, its device in the tooltip, no state sentence', () => {
     expect(sliceTitle(slice(), trans)).toBe('analysis.ipynb · GPU 1 · hard');
-    expect(sliceTitle(slice({ state: 'idle' }), trans)).toBe('analysis.ipynb · GPU 1 · hard · idle');
-    expect(sliceStatusText(slice(), trans)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
-    expect(sliceStatusText(slice({ state: 'lost' }), trans)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
-    expect(sliceTooltip(slice(), trans)).toBe('GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)');
+    expect(sliceTitle(slice({ state: 'idle' }), trans)).toBe(
+      'analysis.ipynb · GPU 1 · hard · idle'
+    );
+    expect(sliceStatusText(slice(), trans)).toBe(
+      'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
+    );
+    expect(sliceStatusText(slice({ state: 'lost' }), trans)).toBe(
+      'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
+    );
+    expect(sliceTooltip(slice(), trans)).toBe(
+      'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)'
+    );
     expect(sliceMessage(slice())).toBe('');
     expect(sliceNeedsAttention(slice())).toBe(false);
     expect(sliceNeedsAttention(slice({ state: 'lost' }))).toBe(false);
@@ -127,16 +157,24 @@ describe('a local slice', () => {
   });
 
   it('does not break on a null device', () => {
-    expect(sliceTitle(slice({ device: null }), trans)).toBe('analysis.ipynb · no device · hard');
-    expect(sliceTooltip(slice({ device: null }), trans)).toBe('GPU slice on device ?: memory cap 4GiB, SM share 30 % (hard)');
+    expect(sliceTitle(slice({ device: null }), trans)).toBe(
+      'analysis.ipynb · no device · hard'
+    );
+    expect(sliceTooltip(slice({ device: null }), trans)).toBe(
+      'GPU slice on device ?: memory cap 4GiB, SM share 30 % (hard)'
+    );
   });
 });
 
 describe("a pod's slice", () => {
   it('running: titled by its node and GPU and policy, with no device to read', () => {
     const running = podSlice();
-    expect(sliceTitle(running, trans)).toBe('analysis.ipynb · pod on node-a · GPU-8f2c1d (4096 MiB, 30%) · hard');
-    expect(sliceStatusText(running, trans)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
+    expect(sliceTitle(running, trans)).toBe(
+      'analysis.ipynb · pod on node-a · GPU-8f2c1d (4096 MiB, 30%) · hard'
+    );
+    expect(sliceStatusText(running, trans)).toBe(
+      'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
+    );
     expect(sliceTooltip(running, trans).split('\n')).toEqual([
       'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
       'On node node-a, GPU GPU-8f2c1d (4096 MiB, 30%)',
@@ -150,8 +188,17 @@ describe("a pod's slice", () => {
   });
 
   it('running on a node whose GPU HAMi has not annotated: the node alone', () => {
-    const running = podSlice({ location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: 'node-a', gpu: '' } });
-    expect(sliceTitle(running, trans)).toBe('analysis.ipynb · pod on node-a · hard');
+    const running = podSlice({
+      location: {
+        pod: 'jvgpu-3f2a9c4e-1',
+        namespace: 'default',
+        node: 'node-a',
+        gpu: ''
+      }
+    });
+    expect(sliceTitle(running, trans)).toBe(
+      'analysis.ipynb · pod on node-a · hard'
+    );
     expect(sliceTooltip(running, trans).split('\n')[1]).toBe('On node node-a');
   });
 
@@ -159,12 +206,21 @@ describe("a pod's slice", () => {
     const waiting = podSlice({
       state: 'scheduling',
       message: SCHEDULING_MESSAGE,
-      location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: '', gpu: '' },
+      location: {
+        pod: 'jvgpu-3f2a9c4e-1',
+        namespace: 'default',
+        node: '',
+        gpu: ''
+      },
       usage: { memory_bytes: 0, sm_util: 0, processes: [] }
     });
-    expect(sliceTitle(waiting, trans)).toBe('analysis.ipynb · pod · scheduling');
+    expect(sliceTitle(waiting, trans)).toBe(
+      'analysis.ipynb · pod · scheduling'
+    );
     expect(sliceMessage(waiting)).toBe(SCHEDULING_MESSAGE);
-    expect(sliceStatusText(waiting, trans)).toBe('GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling');
+    expect(sliceStatusText(waiting, trans)).toBe(
+      'GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling'
+    );
     expect(sliceTooltip(waiting, trans).split('\n')).toEqual([
       'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
       `scheduling: ${SCHEDULING_MESSAGE}`
@@ -173,8 +229,14 @@ describe("a pod's slice", () => {
   });
 
   it('before its pod exists: no location at all, still a title and a tooltip', () => {
-    const creating = podSlice({ state: 'scheduling', message: "the kernel's pod is being created", location: {} });
-    expect(sliceTitle(creating, trans)).toBe('analysis.ipynb · pod · scheduling');
+    const creating = podSlice({
+      state: 'scheduling',
+      message: "the kernel's pod is being created",
+      location: {}
+    });
+    expect(sliceTitle(creating, trans)).toBe(
+      'analysis.ipynb · pod · scheduling'
+    );
     expect(sliceTooltip(creating, trans).split('\n')[0]).toBe(
       'GPU slice in pod 3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b: memory cap 4GiB, SM share 30 % (hard)'
     );
@@ -184,12 +246,21 @@ describe("a pod's slice", () => {
     const failed = podSlice({
       state: 'failed',
       message: FAILED_MESSAGE,
-      location: { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node: 'node-a', gpu: '' },
+      location: {
+        pod: 'jvgpu-3f2a9c4e-1',
+        namespace: 'default',
+        node: 'node-a',
+        gpu: ''
+      },
       usage: { memory_bytes: 0, sm_util: 0, processes: [] }
     });
-    expect(sliceTitle(failed, trans)).toBe('analysis.ipynb · pod on node-a · failed');
+    expect(sliceTitle(failed, trans)).toBe(
+      'analysis.ipynb · pod on node-a · failed'
+    );
     expect(sliceMessage(failed)).toBe(FAILED_MESSAGE);
-    expect(sliceStatusText(failed, trans)).toBe('GPU 0.0 / 4.0 GiB · SM 0 / 30 % · failed');
+    expect(sliceStatusText(failed, trans)).toBe(
+      'GPU 0.0 / 4.0 GiB · SM 0 / 30 % · failed'
+    );
     expect(sliceTooltip(failed, trans).split('\n')).toEqual([
       'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
       'On node node-a',
@@ -200,15 +271,33 @@ describe("a pod's slice", () => {
   });
 
   it('says a state without a sentence in its tooltip, and its warnings after it', () => {
-    const gone = podSlice({ state: 'gone', message: '', warnings: ['a warning'] });
-    expect(sliceTooltip(gone, trans).split('\n').slice(-2)).toEqual(['gone', 'a warning']);
+    const gone = podSlice({
+      state: 'gone',
+      message: '',
+      warnings: ['a warning']
+    });
+    expect(sliceTooltip(gone, trans).split('\n').slice(-2)).toEqual([
+      'gone',
+      'a warning'
+    ]);
     expect(podStopped(gone)).toBe(true);
   });
 });
 
 describe('slice states', () => {
   it('each has its word, through the translation bundle; an unknown one is shown as it came', () => {
-    const states = ['running', 'idle', 'lost', 'scheduling', 'pulling', 'starting', 'stopping', 'failed', 'exited', 'gone'];
+    const states = [
+      'running',
+      'idle',
+      'lost',
+      'scheduling',
+      'pulling',
+      'starting',
+      'stopping',
+      'failed',
+      'exited',
+      'gone'
+    ];
     expect(states.map(state => stateLabel(state, trans))).toEqual(states);
     expect(stateLabel('hibernating', trans)).toBe('hibernating');
   });

@@ -3,8 +3,18 @@ import { describe, expect, it } from 'vitest';
 
 import { slicedKernelspecs } from '../src/kernelspecs';
 
-function spec(name: string, metadata: KernelSpec.ISpecModel['metadata']): KernelSpec.ISpecModel {
-  return { name, display_name: `${name} display`, language: 'python', argv: [], resources: {}, metadata };
+function spec(
+  name: string,
+  metadata: KernelSpec.ISpecModel['metadata']
+): KernelSpec.ISpecModel {
+  return {
+    name,
+    display_name: `${name} display`,
+    language: 'python',
+    argv: [],
+    resources: {},
+    metadata
+  };
 }
 
 describe('slicedKernelspecs', () => {
@@ -13,14 +23,24 @@ describe('slicedKernelspecs', () => {
       default: 'python3',
       kernelspecs: {
         python3: spec('python3', {}),
-        other: spec('other', { kernel_provisioner: { provisioner_name: 'local-provisioner' } }),
+        other: spec('other', {
+          kernel_provisioner: { provisioner_name: 'local-provisioner' }
+        }),
         gpu: spec('gpu', {
-          kernel_provisioner: { provisioner_name: 'vgpu-provisioner', config: { memory: '4GiB', cores: '30' } }
+          kernel_provisioner: {
+            provisioner_name: 'vgpu-provisioner',
+            config: { memory: '4GiB', cores: '30' }
+          }
         })
       }
     };
     expect(slicedKernelspecs(specs)).toEqual([
-      { name: 'gpu', displayName: 'gpu display', holder: 'local', defaults: { memory: '4GiB', cores: '30' } }
+      {
+        name: 'gpu',
+        displayName: 'gpu display',
+        holder: 'local',
+        defaults: { memory: '4GiB', cores: '30' }
+      }
     ]);
   });
 
@@ -31,13 +51,23 @@ describe('slicedKernelspecs', () => {
         pod: spec('pod', {
           kernel_provisioner: {
             provisioner_name: 'vgpu-pod-provisioner',
-            config: { image: 'registry.example/kernel:1', memory: '8GiB', cores: 30, namespace: 'jupyter' }
+            config: {
+              image: 'registry.example/kernel:1',
+              memory: '8GiB',
+              cores: 30,
+              namespace: 'jupyter'
+            }
           }
         })
       }
     };
     expect(slicedKernelspecs(specs)).toEqual([
-      { name: 'pod', displayName: 'pod display', holder: 'pod', defaults: { memory: '8GiB', cores: '30' } }
+      {
+        name: 'pod',
+        displayName: 'pod display',
+        holder: 'pod',
+        defaults: { memory: '8GiB', cores: '30' }
+      }
     ]);
   });
 

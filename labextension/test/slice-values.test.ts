@@ -26,12 +26,19 @@ describe('parseSize accepts what sizes.py accepts', () => {
     expect(parseSize(text)).toBe(bytes);
   });
 
-  it.each(['', 'lots', '-1GiB', '4 GiB extra', '1e3'])('refuses %j saying what is accepted', text => {
-    expect(() => parseSize(text)).toThrow(/is not a size like 512MiB, 4GiB, 4G or a bare number of MiB/);
-  });
+  it.each(['', 'lots', '-1GiB', '4 GiB extra', '1e3'])(
+    'refuses %j saying what is accepted',
+    text => {
+      expect(() => parseSize(text)).toThrow(
+        /is not a size like 512MiB, 4GiB, 4G or a bare number of MiB/
+      );
+    }
+  );
 
   it('names an unknown unit', () => {
-    expect(() => parseSize('4XB')).toThrow("memory size '4XB' has an unknown unit 'XB'");
+    expect(() => parseSize('4XB')).toThrow(
+      "memory size '4XB' has an unknown unit 'XB'"
+    );
   });
 
   it('refuses zero', () => {
@@ -62,7 +69,9 @@ describe('SM share is a whole percentage 1..100', () => {
   });
 
   it.each(['0', '101', '12.5', 'half', '-5'])('refuses %s', text => {
-    expect(() => parseSmShare(text)).toThrow(`SM share '${text}' is not a whole percentage from 1 to 100`);
+    expect(() => parseSmShare(text)).toThrow(
+      `SM share '${text}' is not a whole percentage from 1 to 100`
+    );
   });
 });
 
@@ -79,7 +88,9 @@ describe('policy', () => {
 
 describe('the status bar text', () => {
   it('reads "GPU 1.2 / 4.0 GiB · SM 28 / 30 %"', () => {
-    expect(formatSliceSummary(1.2 * GIB, 4 * GIB, 27.6, 30)).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
+    expect(formatSliceSummary(1.2 * GIB, 4 * GIB, 27.6, 30)).toBe(
+      'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
+    );
   });
 
   it('uses MiB for caps below a GiB', () => {
@@ -89,21 +100,31 @@ describe('the status bar text', () => {
 
 describe('checkSliceForm', () => {
   it('sends only the fields that were filled, parsed', () => {
-    expect(checkSliceForm({ memory: ' 6GiB ', cores: '40%', policy: '' })).toEqual({
+    expect(
+      checkSliceForm({ memory: ' 6GiB ', cores: '40%', policy: '' })
+    ).toEqual({
       ok: true,
       request: { memory: '6GiB', cores: 40 }
     });
   });
 
   it('an empty form asks for nothing', () => {
-    expect(checkSliceForm({ memory: '', cores: ' ', policy: '' })).toEqual({ ok: true, request: {} });
+    expect(checkSliceForm({ memory: '', cores: ' ', policy: '' })).toEqual({
+      ok: true,
+      request: {}
+    });
   });
 
   it('reports every refused field with its message', () => {
-    const check = checkSliceForm({ memory: 'big', cores: '0', policy: 'burst' });
+    const check = checkSliceForm({
+      memory: 'big',
+      cores: '0',
+      policy: 'burst'
+    });
     expect(check.ok).toBe(false);
     expect(check.ok ? {} : check.errors).toEqual({
-      memory: "memory size 'big' is not a size like 512MiB, 4GiB, 4G or a bare number of MiB",
+      memory:
+        "memory size 'big' is not a size like 512MiB, 4GiB, 4G or a bare number of MiB",
       cores: "SM share '0' is not a whole percentage from 1 to 100"
     });
   });
