@@ -155,8 +155,9 @@ class Budget:
 
 @dataclass(frozen=True)
 class IdlePolicy:
-    """What the broker does with idle kernels: lower their SM share to ``floor_cores`` after
-    ``lower_after`` seconds, stop them after ``cull_after`` seconds (``None``: never)."""
+    """What each user's server does with its idle kernels (jupyter_vgpu/server/idle.py): lower
+    their SM share to ``floor_cores`` after ``lower_after`` seconds, stop them after
+    ``cull_after`` seconds (``None``: never). The spawner passes it in the server's environment."""
 
     lower_after: float | None = None
     floor_cores: int = DEFAULT_FLOOR_CORES
@@ -707,6 +708,9 @@ ENV_SERVER_MEMORY_LIMIT = "JUPYTER_VGPU_SERVER_MEMORY_LIMIT"
 ENV_SERVER_SLICE_LIMIT = "JUPYTER_VGPU_SERVER_SLICE_LIMIT"
 ENV_MAX_CORES = "JUPYTER_VGPU_MAX_CORES"
 ENV_SIMULATE = "JUPYTER_VGPU_SIMULATE"
+ENV_IDLE_LOWER_AFTER = "JUPYTER_VGPU_IDLE_LOWER_AFTER"
+ENV_IDLE_FLOOR_CORES = "JUPYTER_VGPU_IDLE_FLOOR_CORES"
+ENV_IDLE_CULL_AFTER = "JUPYTER_VGPU_IDLE_CULL_AFTER"
 ENV_SIM_DEVICES = "VGPU_SIM_DEVICES"
 SERVER_ENVIRONMENT = (
     ENV_BROKER_URL,
@@ -718,6 +722,9 @@ SERVER_ENVIRONMENT = (
     ENV_MAX_CORES,
     ENV_SIMULATE,
     ENV_SIM_DEVICES,
+    ENV_IDLE_LOWER_AFTER,
+    ENV_IDLE_FLOOR_CORES,
+    ENV_IDLE_CULL_AFTER,
 )
 
 
@@ -768,4 +775,10 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
         environment[ENV_SIMULATE] = "1"
         # The same simulated devices as the broker's (a slice on GPU 1 must find a GPU 1).
         environment[ENV_SIM_DEVICES] = classroom.simulated_devices
+    # The idle policy is applied by the user's own server, which knows when its kernels run.
+    if classroom.idle.lower_after is not None:
+        environment[ENV_IDLE_LOWER_AFTER] = repr(classroom.idle.lower_after)
+        environment[ENV_IDLE_FLOOR_CORES] = str(classroom.idle.floor_cores)
+    if classroom.idle.cull_after is not None:
+        environment[ENV_IDLE_CULL_AFTER] = repr(classroom.idle.cull_after)
     return environment

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from jupyter_vgpu.hub.classroom import (
+    SERVER_ENVIRONMENT,
     Budget,
     ClassroomError,
     IdlePolicy,
@@ -474,6 +475,29 @@ def test_server_environment(tmp_path):
     assert environment["JUPYTER_VGPU_DEFAULT_MEMORY"] == "2GiB"
     with pytest.raises(ClassroomError):
         server_environment(classroom, {"profile": "large"}, ["students"])
+
+
+def test_server_environment_carries_the_idle_policy(tmp_path):
+    from jupyter_vgpu.server.app import VGPUApp, environment_variable
+
+    idle = {"lower_after": "20m", "floor_cores": 3, "cull_after": "2h"}
+    environment = server_environment(load(tmp_path, lambda d: d.update(idle=idle)), None, ["students"])
+    assert {name: value for name, value in environment.items() if "IDLE" in name} == {
+        "JUPYTER_VGPU_IDLE_LOWER_AFTER": "1200.0",
+        "JUPYTER_VGPU_IDLE_FLOOR_CORES": "3",
+        "JUPYTER_VGPU_IDLE_CULL_AFTER": "7200.0",
+    }
+    # Each is the variable of the server's trait, in a form the trait reads back.
+    traits = VGPUApp.class_traits()
+    for trait, expected in (("idle_lower_after", 1200.0), ("idle_floor_cores", 3), ("idle_cull_after", 7200.0)):
+        assert traits[trait].from_string(environment[environment_variable(trait)]) == expected
+    only_cull = server_environment(load(tmp_path, lambda d: d.update(idle={"cull_after": 90})), None, ["students"])
+    assert {name for name in only_cull if "IDLE" in name} == {"JUPYTER_VGPU_IDLE_CULL_AFTER"}
+    # No idle policy: none of them; a later start takes away those an earlier one set.
+    assert not {name for name in server_environment(load(tmp_path), None, ["students"]) if "IDLE" in name}
+    assert {"JUPYTER_VGPU_IDLE_LOWER_AFTER", "JUPYTER_VGPU_IDLE_FLOOR_CORES", "JUPYTER_VGPU_IDLE_CULL_AFTER"} <= set(
+        SERVER_ENVIRONMENT
+    )
 
 
 @pytest.mark.parametrize("size", [GIB, 1536 * MIB, 682 * MIB, int(1.25 * GIB), 1342177281, 5 * GIB // 3])
