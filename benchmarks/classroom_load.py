@@ -1,0 +1,360 @@
+"""A classroom's kernel starts against the node's broker: 30 users with 3 kernels each asking
+within one minute for slices of 2 simulated GPUs (2 x 16 GiB), through the broker's real HTTP
+application.
+
+    python benchmarks/classroom_load.py            # about 70 seconds
+    python benchmarks/classroom_load.py --smoke    # a few seconds, as CI runs it
+
+The broker is jupyter_vgpu.hub.broker.Broker, the one `jupyter vgpu broker` runs: its tornado
+application (HubGate, the ledger handlers, an EmbeddedLedger on an SQLite file) served from a
+thread of this process. JupyterHub is a stand-in: a small tornado application (another thread)
+that answers what the broker asks the hub, `GET /hub/api/user` for a user's token (the user
+model with `custom:vgpu:use!user=<name>` in `scopes`, and `groups`) and `GET /hub/api/users/<name>`
+(`groups`, and `servers: {"": {"user_options": {"profile": <size>}}}`), as a hub whose users have
+started their servers with a size. Each user's kernels ask through a RemoteLedger with the user's
+token, as their single-user server does: one thread per kernel start, each arriving at a random
+moment within the minute (seeded, so every run asks the same).
+
+The classroom has two sizes: `small` (2 GiB, 20 %, burst; 1 GiB and 10 % a kernel) for two users
+in three, `large` (6 GiB, 40 %, hard; 2 GiB and 15 % a kernel) for the others, at most 3 kernels a
+user. Their wishes together are more than the node has, so some are refused by their budget and
+some by the devices. After the minute, every slice is given back and all 90 kernels ask again at
+the same moment (the "burst" row: the broker's decisions at full load). After each phase the
+ledger's allocations are checked: no device over capacity, no user over budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tornado import web  # noqa: E402
+from tornado.httpserver import HTTPServer  # noqa: E402
+from tornado.netutil import bind_sockets  # noqa: E402
+
+from jupyter_vgpu.hub.broker import USE_SCOPE, Broker  # noqa: E402
+from jupyter_vgpu.hub.classroom import load_classroom  # noqa: E402
+from jupyter_vgpu.ledger import CapacityError, LedgerError  # noqa: E402
+from jupyter_vgpu.ledger.remote import RemoteLedger  # noqa: E402
+from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError  # noqa: E402
+
+GIB = 1 << 30
+BROKER_TOKEN = "broker-service-token"
+PREFIX = "/services/vgpu/"
+CLASSROOM = """\
+gpus: {count: 2, memory: 16GiB}
+simulate: true
+broker: {state_dir: broker-state}
+sizes:
+  - name: small
+    memory: 2GiB
+    cores: 20
+    policy: burst
+    default: true
+    kernel: {memory: 1GiB, cores: 10}
+  - name: large
+    memory: 6GiB
+    cores: 40
+    policy: hard
+    kernel: {memory: 2GiB, cores: 15}
+limits: {kernels: 3}
+oversubscribe: true
+"""
+# What each size's kernels ask for: the size's kernel slice and policy.
+KERNEL = {"small": SliceLimits(GIB, 10, "burst"), "large": SliceLimits(2 * GIB, 15, "hard")}
+
+
+# -- the stand-in hub ----------------------------------------------------------------------------
+
+
+@dataclass
+class HubState:
+    """The users the stand-in hub knows: token -> name, name -> chosen size."""
+
+    tokens: dict[str, str]
+    sizes: dict[str, str]
+    requests: Counter = field(default_factory=Counter)
+
+
+class _HubHandler(web.RequestHandler):
+    def initialize(self, state: HubState) -> None:
+        self.state = state
+
+    def token(self) -> str:
+        return self.request.headers.get("Authorization", "").partition(" ")[2].strip()
+
+
+class WhoAmIHandler(_HubHandler):
+    """GET /hub/api/user: the model of the token's owner (how HubAuth.user_for_token asks)."""
+
+    def get(self) -> None:
+        self.state.requests["GET /hub/api/user"] += 1
+        name = self.state.tokens.get(self.token())
+        if name is None:
+            raise web.HTTPError(403)
+        self.finish(
+            {
+                "kind": "user",
+                "name": name,
+                "admin": False,
+                "groups": ["students"],
+                "scopes": [f"{USE_SCOPE}!user={name}", "access:servers!user=" + name],
+            }
+        )
+
+
+class UserHandler(_HubHandler):
+    """GET /hub/api/users/<name>, for the broker's own token: groups and the running server's options."""
+
+    def get(self, name: str) -> None:
+        self.state.requests["GET /hub/api/users/<name>"] += 1
+        if self.token() != BROKER_TOKEN:
+            raise web.HTTPError(403)
+        size = self.state.sizes.get(name)
+        if size is None:
+            raise web.HTTPError(404)
+        self.finish(
+            {
+                "kind": "user",
+                "name": name,
+                "groups": ["students"],
+                "servers": {"": {"name": "", "ready": True, "user_options": {"profile": size}}},
+            }
+        )
+
+
+class LoopThread:
+    """An asyncio event loop in a thread of its own (the hub's, the broker's)."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
+
+    def serve(self, make_application: Callable[[], web.Application]) -> tuple[str, HTTPServer]:
+        async def start() -> tuple[str, HTTPServer]:
+            sockets = bind_sockets(0, "127.0.0.1")
+            server = HTTPServer(make_application())
+            server.add_sockets(sockets)
+            return f"http://127.0.0.1:{sockets[0].getsockname()[1]}", server
+
+        return self.run(start())
+
+    def stop(self, server: HTTPServer) -> None:
+        async def stop() -> None:
+            server.stop()
+            await server.close_all_connections()
+
+        self.run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+# -- the classroom -------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    user: str
+    kernel_id: str
+    result: str  # "admitted" or the reason it was refused
+    seconds: float
+
+
+def ask(client: RemoteLedger, user: str, kernel_id: str, limits: SliceLimits) -> Outcome:
+    began = time.perf_counter()
+    try:
+        client.admit(kernel_id, limits)
+        result = "admitted"
+    except CapacityError as error:
+        result = error.resource
+    except SliceValueError:
+        result = "policy"
+    except LedgerError as error:
+        result = f"error: {error}"
+    return Outcome(user, kernel_id, result, time.perf_counter() - began)
+
+
+def run_phase(
+    clients: dict[str, RemoteLedger], sizes: dict[str, str], kernels: int, arrivals: list[float], tag: str
+) -> tuple[list[Outcome], float]:
+    """Every user's ``kernels`` kernel starts, the n-th at ``arrivals[n]`` seconds after the start;
+    returns the outcomes and the seconds from the first request to the last answer."""
+    jobs = [(user, number) for user in sorted(clients) for number in range(kernels)]
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(jobs) + 1)
+    began = 0.0
+
+    def start(job: int) -> None:
+        user, number = jobs[job]
+        barrier.wait()
+        delay = began + arrivals[job] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        outcome = ask(clients[user], user, f"{user}-{tag}-kernel-{number}", KERNEL[sizes[user]])
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=start, args=(job,)) for job in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    began = time.perf_counter()
+    barrier.wait()
+    for thread in threads:
+        thread.join()
+    return outcomes, time.perf_counter() - began - min(arrivals)
+
+
+def check_capacity(broker: Broker) -> list[str]:
+    """What the ledger holds beyond a device's capacity or a user's budget (nothing, if it works)."""
+    problems = []
+    allocations = broker.ledger.allocations()
+    for usage in broker.ledger.devices_usage():
+        on_it = [a for a in allocations if a.device_uuid == usage.device.uuid]
+        memory = sum(a.memory_limit for a in on_it)
+        hard = sum(a.sm_share for a in on_it if a.policy == "hard")
+        total = sum(a.sm_share for a in on_it)
+        if memory > usage.memory_capacity or hard > FULL_SHARE or total > usage.share_capacity:
+            problems.append(f"GPU {usage.device.index}: {memory} bytes, {hard}% hard, {total}% in all")
+    classroom = broker.classroom
+    for owner in sorted({a.owner for a in allocations}):
+        mine = [a for a in allocations if a.owner == owner]
+        budget = classroom.budget_for({"profile": SIZES_BY_USER[owner]}, ["students"])
+        if (
+            sum(a.memory_limit for a in mine) > budget.memory
+            or sum(a.sm_share for a in mine) > budget.cores
+            or (budget.kernels is not None and len(mine) > budget.kernels)
+            or (budget.policy == "burst" and any(a.policy == "hard" for a in mine))
+        ):
+            problems.append(f"{owner} holds more than the size {budget.size_name!r}")
+    return problems
+
+
+SIZES_BY_USER: dict[str, str] = {}
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def row(phase: str, outcomes: list[Outcome], seconds: float, problems: list[str]) -> str:
+    counts = Counter(outcome.result for outcome in outcomes)
+    refused = {reason: count for reason, count in counts.items() if reason != "admitted"}
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(refused.items())) or "-"
+    latencies = [outcome.seconds * 1e3 for outcome in outcomes]
+    return (
+        f"| {phase} | {len(outcomes)} | {counts['admitted']} | {sum(refused.values())} ({reasons}) | "
+        f"{'yes: ' + '; '.join(problems) if problems else 'no'} | {statistics.median(latencies):.1f} | "
+        f"{percentile(latencies, 0.99):.1f} | {max(latencies):.1f} | {len(outcomes) / seconds:.1f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="4 users over 2 seconds: proves the benchmark runs")
+    parser.add_argument("--users", type=int, default=30)
+    parser.add_argument("--kernels", type=int, default=3, help="kernel starts per user")
+    parser.add_argument("--seconds", type=float, default=60.0, help="the window the starts arrive in")
+    parser.add_argument("--seed", type=int, default=10)
+    args = parser.parse_args()
+    # Refusals are answers: tornado logs each 409 as a warning, which would bury the table.
+    logging.getLogger("tornado.access").setLevel(logging.ERROR)
+    users, kernels, window = (4, 3, 2.0) if args.smoke else (args.users, args.kernels, args.seconds)
+
+    names = [f"student-{number:02d}" for number in range(users)]
+    SIZES_BY_USER.update({name: "large" if number % 3 == 0 else "small" for number, name in enumerate(names)})
+    state = HubState(tokens={f"token-{name}": name for name in names}, sizes=dict(SIZES_BY_USER))
+
+    with tempfile.TemporaryDirectory(prefix="vgpu-classroom-bench-") as tmp:
+        path = Path(tmp) / "classroom.yaml"
+        path.write_text(CLASSROOM)
+        classroom = load_classroom(path, hub_groups=None)
+
+        hub_loop = LoopThread("stand-in-hub")
+        hub_url, hub_server = hub_loop.serve(
+            lambda: web.Application(
+                [
+                    (r"/hub/api/user", WhoAmIHandler, {"state": state}),
+                    (r"/hub/api/users/([^/]+)", UserHandler, {"state": state}),
+                ]
+            )
+        )
+        broker_loop = LoopThread("broker")
+
+        async def make_broker() -> Broker:
+            # On the broker's loop: its hub clients belong to the loop they are made on.
+            return Broker(classroom, api_url=f"{hub_url}/hub/api", api_token=BROKER_TOKEN, prefix=PREFIX)
+
+        broker = broker_loop.run(make_broker())
+        broker_url, broker_server = broker_loop.serve(broker.application)
+        ledger_url = f"{broker_url}{PREFIX}ledger"
+        clients = {name: RemoteLedger(ledger_url, f"token-{name}", timeout=60) for name in names}
+        try:
+            random.seed(args.seed)
+            arrivals = sorted(random.uniform(0, window) for _ in range(users * kernels))
+            random.shuffle(arrivals)
+            spread, spread_s = run_phase(clients, SIZES_BY_USER, kernels, arrivals, "minute")
+            spread_problems = check_capacity(broker)
+            held = len(broker.ledger.allocations())
+            for name, client in clients.items():
+                for allocation in client.allocations():
+                    assert allocation.owner == name
+                    client.release(allocation.kernel_id)
+            burst, burst_s = run_phase(clients, SIZES_BY_USER, kernels, [0.0] * (users * kernels), "burst")
+            burst_problems = check_capacity(broker)
+        finally:
+            for client in clients.values():
+                client.close()
+            broker_loop.stop(broker_server)
+            broker.close()
+            hub_loop.stop(hub_server)
+
+    errors = [outcome.result for outcome in spread + burst if outcome.result.startswith("error")]
+    sizes = Counter(SIZES_BY_USER.values())
+    print(
+        f"{users} users x {kernels} kernels, arriving within {window:g} s, on 2 simulated GPUs (2 x 16 GiB); "
+        f"sizes: small {sizes['small']} users (1GiB 10% burst a kernel, budget 2GiB 20%), large "
+        f"{sizes['large']} users (2GiB 15% hard a kernel, budget 6GiB 40%), at most {kernels} kernels a user."
+    )
+    print("The broker (jupyter_vgpu.hub.broker.Broker) is real; JupyterHub is a stand-in in this process.")
+    print()
+    print(
+        "| phase | asked | admitted | refused (by reason) | over capacity? | p50 ms | p99 ms | max ms | decisions/s |"
+    )
+    print("|---|---:|---:|---|---|---:|---:|---:|---:|")
+    print(row(f"spread over {window:g} s", spread, spread_s, spread_problems))
+    print(row("burst: all at once", burst, burst_s, burst_problems))
+    print()
+    print(
+        f"Slices held after the spread phase: {held}. Stand-in hub requests: "
+        + ", ".join(f"{path} {count}" for path, count in sorted(state.requests.items()))
+        + ". decisions/s: answers over the seconds from the first request to the last answer (paced by "
+        "the arrivals in the spread phase)."
+    )
+    if errors or spread_problems or burst_problems:
+        for error in sorted(set(errors)):
+            print(error, file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
