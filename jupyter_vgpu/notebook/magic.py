@@ -89,6 +89,8 @@ def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
             f"  policy  {limits['policy']}",
             *(f"  warning {warning}" for warning in model.get("warnings", ())),
             *(f"  note    {note}" for note in model.get("notes", ())),
+            # What the server's idle policy did to this kernel (lowered, not given back).
+            *([f"  idle    {model['notice']}"] if model.get("notice") else []),
         ]
     )
 
@@ -184,7 +186,8 @@ class VGPUMagics(Magics):
         """This kernel's GPU slice: show it, resize it, or open a live panel of every slice.
 
         ``%vgpu`` prints the slice: its device, memory used and cap, SM utilisation measured and
-        the share, and the policy.
+        the share, and the policy; and, when the server's idle policy lowered this kernel's SM
+        share (or could not give it back), why.
 
         ``%vgpu resize --memory 6GiB --cores 40 --policy burst`` asks the server for new limits
         (any of the three) and prints the outcome: the limits granted, or the reason the server

@@ -35,6 +35,7 @@ from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
 from jupyter_vgpu.server.errors import refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
+from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
 
 
 def _size_or_none(value: str) -> int | None:
@@ -53,6 +54,9 @@ ENVIRONMENT_TRAITS = (
     "max_cores",
     "server_memory_limit",
     "server_slice_limit",
+    "idle_lower_after",
+    "idle_floor_cores",
+    "idle_cull_after",
 )
 
 
@@ -124,6 +128,42 @@ class VGPUApp(ExtensionApp):
         config=True,
         help="Token this server presents to the broker. Empty: $JUPYTERHUB_API_TOKEN, the server's own hub token.",
     )
+
+    idle_lower_after = Float(
+        0.0,
+        config=True,
+        help="Seconds a kernel may go without running code before its SM share is lowered to "
+        "idle_floor_cores; it gets its share back when it runs again (if that still fits). 0: never. "
+        "A hub sets it through $JUPYTER_VGPU_IDLE_LOWER_AFTER.",
+    )
+    idle_floor_cores = Int(
+        5,
+        config=True,
+        help="SM share (percent) an idle kernel's slice is lowered to after idle_lower_after.",
+    )
+    idle_cull_after = Float(
+        0.0,
+        config=True,
+        help="Seconds a kernel may go without running code before it is stopped, freeing its GPU "
+        "memory; the notebook is told why (GET /api/vgpu/notices). 0: never. A hub sets it through "
+        "$JUPYTER_VGPU_IDLE_CULL_AFTER.",
+    )
+
+    @validate("idle_lower_after", "idle_cull_after")
+    def _valid_idle_time(self, proposal):
+        value = proposal["value"]
+        if not 0 <= value < float("inf"):
+            raise TraitError(
+                f"VGPUApp.{proposal['trait'].name} must be a number of seconds, 0 (never) or more, not {value!r}"
+            )
+        return value
+
+    @validate("idle_floor_cores")
+    def _valid_floor(self, proposal):
+        try:
+            return parse_sm_share(proposal["value"])
+        except SliceValueError as error:
+            raise TraitError(f"VGPUApp.idle_floor_cores: {error}") from None
 
     @validate("broker_url")
     def _valid_broker_url(self, proposal):
@@ -241,11 +281,41 @@ class VGPUApp(ExtensionApp):
         self.settings[MANAGER_SETTING] = manager
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
+        self._start_idle_policy(manager)
         self.log.info(
             "jupyter_vgpu: %d GPU(s)%s: %s",
             len(chosen),
             " (simulated)" if self.simulate else "",
             ", ".join(f"{d.index} {d.name}" for d in chosen),
+        )
+
+    def _start_idle_policy(self, manager: SliceManager) -> None:
+        """Idle kernels: lowered to idle_floor_cores, stopped after idle_cull_after (server/idle.py)."""
+        idle = IdleKernels(
+            manager,
+            self.serverapp.kernel_manager,
+            lower_after=self.idle_lower_after,
+            floor_cores=self.idle_floor_cores,
+            cull_after=self.idle_cull_after,
+            log=self.log,
+        )
+        self.settings[IDLE_SETTING] = idle
+        if not idle.enabled:
+            return
+        if self.idle_lower_after and self.idle_cull_after and self.idle_cull_after <= self.idle_lower_after:
+            self.log.warning(
+                "jupyter_vgpu: VGPUApp.idle_cull_after (%g s) is not longer than idle_lower_after (%g s): "
+                "idle kernels are stopped without being lowered first",
+                self.idle_cull_after,
+                self.idle_lower_after,
+            )
+        self._idle_watcher = PeriodicCallback(idle.check, self.watch_interval * 1000)
+        self._idle_watcher.start()
+        self.log.info(
+            "jupyter_vgpu: idle kernels lowered to %d%% of the SMs after %s, stopped after %s",
+            self.idle_floor_cores,
+            f"{self.idle_lower_after:g} s" if self.idle_lower_after else "never",
+            f"{self.idle_cull_after:g} s" if self.idle_cull_after else "never",
         )
 
     def _pod_scopes(self) -> list[PodScope]:
@@ -300,3 +370,6 @@ class VGPUApp(ExtensionApp):
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+        idle_watcher = getattr(self, "_idle_watcher", None)
+        if idle_watcher is not None:
+            idle_watcher.stop()

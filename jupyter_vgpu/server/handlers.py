@@ -30,6 +30,7 @@ from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
+from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
@@ -101,6 +102,8 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
             ],
         },
         "warnings": status.warnings,
+        # What the idle policy did to the kernel's slice (lowered, not restored), else null.
+        "notice": idle_notice(allocation),
     }
 
 
@@ -331,6 +334,19 @@ class KernelsHandler(VGPUHandler):
         self.finish(json.dumps({"kernel": model, "slice": slice_model(status, {})}, default=str))
 
 
+class NoticesHandler(VGPUHandler):
+    """Why kernels of this server were stopped as idle (kernel id -> notice), for a notebook
+    whose kernel is no longer listed among the slices; kept for a day."""
+
+    kernel_actions = frozenset({"read"})
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        idle = self.settings.get(IDLE_SETTING)
+        self.finish(json.dumps(idle.notices() if idle is not None else {}))
+
+
 class MetricsHandler(VGPUHandler):
     @web.authenticated
     @authorized
@@ -386,6 +402,7 @@ HANDLERS = [
     (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/usage", UsageReportHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
+    (r"/api/vgpu/notices", NoticesHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
     (r"/api/vgpu/.*", NotFoundHandler),
 ]

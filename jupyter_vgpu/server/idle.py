@@ -1,0 +1,184 @@
+"""Idle kernels (a classroom policy): an idle kernel's SM share is lowered to a floor and given
+back when it runs again; a kernel idle for longer is stopped, which frees its GPU memory.
+
+Applied by the user's own single-user server, where kernel activity is known (jupyter_server's
+``execution_state`` and ``last_activity`` of each kernel it manages): a cooperative policy, in
+the same trust boundary as the interposer. Decisions go through the slice manager, so a share
+given back is admitted like any resize (against the GPU, and the user's budget when the ledger
+is the node's broker).
+
+What the policy remembers of a lowered slice (the share it had, when it was lowered, the notice
+for the notebook) is kept in the slice's metadata in the ledger, so a restarted server keeps it.
+Notices of stopped kernels, whose slices are gone, are kept here for a bounded time and count.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, UnknownSlice
+from jupyter_vgpu.manager import SliceManager
+from jupyter_vgpu.model import format_size
+
+# The slice metadata the policy keeps: {"share": percent before lowering, "lowered_at": epoch
+# seconds of the lowering (or of the last refused restore), "notice": text for the notebook}.
+IDLE_KEY = "idle"
+# Where the handlers find the server's policy (for GET /api/vgpu/notices).
+IDLE_SETTING = "jupyter_vgpu_idle_kernels"
+KEEP_NOTICES_FOR = 24 * 3600.0
+MAX_NOTICES = 1000
+
+
+def idle_notice(allocation: Allocation) -> str | None:
+    """What the idle policy has to tell about a slice's kernel (lowered, not restored), or None."""
+    state = allocation.metadata.get(IDLE_KEY)
+    notice = state.get("notice") if isinstance(state, dict) else None
+    return notice if isinstance(notice, str) and notice else None
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people say it: ``45 s``, ``20 min``, ``2 h``, ``1.5 d``."""
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length:
+            return f"{round(seconds / length, 1):g} {unit}"
+    return f"{round(seconds, 1):g} s"
+
+
+class IdleKernels:
+    """The idle policy of one server: :meth:`check` looks at every sliced kernel the server's
+    kernel manager runs and lowers, restores or stops it. ``lower_after`` and ``cull_after``
+    are seconds (0: never)."""
+
+    def __init__(
+        self,
+        slices: SliceManager,
+        kernels: Any,
+        *,
+        lower_after: float = 0.0,
+        floor_cores: int = 5,
+        cull_after: float = 0.0,
+        log: logging.Logger | logging.LoggerAdapter | None = None,
+        clock: Callable[[], float] = time.time,
+        keep_notices_for: float = KEEP_NOTICES_FOR,
+        max_notices: int = MAX_NOTICES,
+    ):
+        self.slices = slices
+        self.kernels = kernels  # jupyter_server's MappingKernelManager
+        self.lower_after = lower_after
+        self.floor_cores = floor_cores
+        self.cull_after = cull_after
+        self.log = log or logging.getLogger(__name__)
+        self.clock = clock
+        self.keep_notices_for = keep_notices_for
+        self.max_notices = max_notices
+        self._culled: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.lower_after or self.cull_after)
+
+    # -- notices of stopped kernels ----------------------------------------------------------
+
+    def notices(self) -> dict[str, str]:
+        """Why kernels were stopped (kernel id -> notice), the last ``keep_notices_for`` seconds."""
+        self._forget_old()
+        return {kernel_id: text for kernel_id, (_, text) in self._culled.items()}
+
+    def _remember(self, kernel_id: str, text: str) -> None:
+        self._culled.pop(kernel_id, None)
+        self._culled[kernel_id] = (self.clock(), text)
+        self._forget_old()
+
+    def _forget_old(self) -> None:
+        oldest = self.clock() - self.keep_notices_for
+        while self._culled and (len(self._culled) > self.max_notices or next(iter(self._culled.values()))[0] < oldest):
+            self._culled.popitem(last=False)
+
+    # -- the policy --------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """One pass over this server's sliced kernels."""
+        if not self.enabled:
+            return
+        try:
+            allocations = {allocation.kernel_id: allocation for allocation in self.slices.ledger.allocations()}
+        except LedgerError:
+            return  # the slice watcher says that the ledger does not answer
+        for kernel_id in list(self.kernels.list_kernel_ids()):
+            allocation = allocations.get(kernel_id)
+            if allocation is None or kernel_id not in self.kernels:
+                continue
+            try:
+                await self._check_kernel(self.kernels.get_kernel(kernel_id), allocation)
+            except (UnknownSlice, KeyError):
+                continue  # stopped or released meanwhile
+            except (LedgerError, CapacityError, ValueError) as error:
+                self.log.warning("jupyter_vgpu: idle kernel %s not handled: %s", kernel_id, error)
+
+    async def _check_kernel(self, kernel: Any, allocation: Allocation) -> None:
+        state = getattr(kernel, "execution_state", "")
+        last_activity = getattr(kernel, "last_activity", None)
+        if state in ("starting", "restarting", "dead") or last_activity is None:
+            return
+        now = self.clock()
+        active_at = last_activity.timestamp()
+        busy = state == "busy"
+        idle_for = 0.0 if busy else now - active_at
+        lowered = allocation.metadata.get(IDLE_KEY)
+        if isinstance(lowered, dict) and lowered.get("share"):
+            if allocation.sm_share != self.floor_cores:
+                # Resized by hand since it was lowered: that size is the one to keep.
+                self.slices.ledger.update_metadata(allocation.kernel_id, **{IDLE_KEY: None})
+                return
+            if busy or active_at > float(lowered.get("lowered_at", 0)):
+                self._restore(allocation, int(lowered["share"]), now)
+                return
+        if self.cull_after and idle_for > self.cull_after:
+            await self._cull(allocation)
+        elif self.lower_after and idle_for > self.lower_after and allocation.sm_share > self.floor_cores:
+            self._lower(allocation, now)
+
+    def _lower(self, allocation: Allocation, now: float) -> None:
+        kernel_id = allocation.kernel_id
+        self.slices.resize(kernel_id, cores=self.floor_cores)
+        notice = (
+            f"lowered to {self.floor_cores}% of the SMs after {format_duration(self.lower_after)} idle; "
+            "restored when it runs again"
+        )
+        self.slices.ledger.update_metadata(
+            kernel_id, **{IDLE_KEY: {"share": allocation.sm_share, "lowered_at": now, "notice": notice}}
+        )
+        self.log.info("jupyter_vgpu: kernel %s %s (it had %d%%)", kernel_id, notice, allocation.sm_share)
+
+    def _restore(self, allocation: Allocation, share: int, now: float) -> None:
+        kernel_id = allocation.kernel_id
+        try:
+            self.slices.resize(kernel_id, cores=share)
+        except CapacityError as error:
+            notice = f"kept at {self.floor_cores}% of the SMs: its {share}% did not fit when it ran again ({error})"
+            # The next activity after this attempt tries again.
+            self.slices.ledger.update_metadata(
+                kernel_id, **{IDLE_KEY: {"share": share, "lowered_at": now, "notice": notice}}
+            )
+            self.log.info("jupyter_vgpu: kernel %s %s", kernel_id, notice)
+            return
+        self.slices.ledger.update_metadata(kernel_id, **{IDLE_KEY: None})
+        self.log.info("jupyter_vgpu: kernel %s runs again: its %d%% of the SMs restored", kernel_id, share)
+
+    async def _cull(self, allocation: Allocation) -> None:
+        kernel_id = allocation.kernel_id
+        memory = f"its {format_size(allocation.memory_limit)} of GPU memory" if allocation.memory_limit else "its GPU"
+        notice = (
+            f"stopped after {format_duration(self.cull_after)} idle to free {memory}; "
+            "start it again from the Kernel menu"
+        )
+        self._remember(kernel_id, notice)
+        self.log.info("jupyter_vgpu: kernel %s %s", kernel_id, notice)
+        await self.kernels.shutdown_kernel(kernel_id)
+
+
+__all__ = ["IDLE_KEY", "IDLE_SETTING", "IdleKernels", "format_duration", "idle_notice"]
