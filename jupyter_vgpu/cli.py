@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Float, List, TraitError, Unicode
@@ -528,12 +529,13 @@ class ResizeApp(_ServerCommand):
         return 0
 
     @staticmethod
-    def find_kernel(wanted: str, slices: list[dict]) -> str:
+    def find_kernel(wanted: str, slices: list[dict[str, Any]]) -> str:
         """The one sliced kernel whose id starts with ``wanted``; else say which ones there are,
         so the next try can be typed from the message."""
         matches = [item for item in slices if item["kernel_id"].startswith(wanted)]
         if len(matches) == 1:
-            return matches[0]["kernel_id"]
+            kernel_id: str = matches[0]["kernel_id"]  # a str: startswith(str) just took it
+            return kernel_id
         if not slices:
             raise UsageError(f"no kernel id starts with {wanted!r}: this server has no sliced kernels")
         shown = matches or slices
@@ -595,7 +597,7 @@ class KernelspecInstallApp(_VGPUSubcommand):
             device = checked_layer({"device": self.device}, "--{name}").get("device", "").strip()
         except (SliceValueError, SliceRefused) as error:
             raise UsageError(error) from None
-        config = {"memory": memory, "cores": str(cores), "policy": policy}
+        config: dict[str, str | bool] = {"memory": memory, "cores": str(cores), "policy": policy}
         if device:
             config["device"] = device
         if self.simulate:
@@ -714,7 +716,7 @@ class PodManifestApp(JupyterApp):
         # The options a server would start pod kernels with: its config files, then the kernelspec.
         Application.load_config_file(self, "jupyter_server_config", path=jupyter_config_path())
         self.update_config(self.cli_config)  # this command's own options win over the files
-        configured: dict = {}
+        configured: dict[str, Any] = {}
         if self.kernel:
             try:
                 spec = KernelSpecManager().get_kernel_spec(self.kernel)
@@ -768,7 +770,9 @@ class BrokerApp(JupyterApp):
 
         from jupyter_vgpu.hub.broker import run
 
-        logging.basicConfig(level=self.log_level, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+        level = self.log_level  # traitlets' Enum of level numbers and names
+        assert isinstance(level, (int, str)), level
+        logging.basicConfig(level=level, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
         self.exit(run(self.classroom, reconcile_interval=self.reconcile_interval))
 
 

@@ -105,20 +105,27 @@ class ServerClient:
             timeout=timeout,
         )
 
+    # The replies' shapes are the server's API (jupyter_vgpu/server/api.yaml); they are not
+    # checked here, so each is the JSON reply as its documented type.
+
     def devices(self) -> list[dict[str, Any]]:
-        return self._request("GET", "devices")
+        devices: list[dict[str, Any]] = self._request("GET", "devices")
+        return devices
 
     def slices(self) -> list[dict[str, Any]]:
-        return self._request("GET", "slices")
+        slices: list[dict[str, Any]] = self._request("GET", "slices")
+        return slices
 
     def slice(self, kernel_id: str | None = None) -> dict[str, Any]:
-        return self._request("GET", "slices", kernel_id or self.kernel_id)
+        model: dict[str, Any] = self._request("GET", "slices", kernel_id or self.kernel_id)
+        return model
 
     def resize(self, kernel_id: str | None = None, **changes: str | int) -> dict[str, Any]:
         """PATCH a slice with ``memory`` (a size, or MiB), ``cores`` and/or ``policy``."""
-        return self._request("PATCH", "slices", kernel_id or self.kernel_id, body=changes)
+        model: dict[str, Any] = self._request("PATCH", "slices", kernel_id or self.kernel_id, body=changes)
+        return model
 
-    def _request(self, method: str, *path: str, body: dict | None = None) -> Any:
+    def _request(self, method: str, *path: str, body: dict[str, Any] | None = None) -> Any:
         url = self.server_url.rstrip("/") + "/api/vgpu/" + "/".join(urllib.parse.quote(part, safe="") for part in path)
         headers = {"Content-Type": "application/json"}
         if self.authorization:

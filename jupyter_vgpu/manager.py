@@ -13,6 +13,7 @@ import hmac
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from traitlets.config import LoggingConfigurable
 
@@ -106,7 +107,9 @@ class SliceManager(LoggingConfigurable):
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def decide_limits(self, requested: dict | None = None, configured: dict | None = None) -> SliceLimits:
+    def decide_limits(
+        self, requested: dict[str, Any] | None = None, configured: dict[str, Any] | None = None
+    ) -> SliceLimits:
         """The one place a slice's size is decided: what the start asked for, else what the
         kernelspec (or the provisioner's config) sets, else this server's defaults. Values are
         in the parse() vocabulary (``memory``, ``cores``, ``policy``); empty ones are unset."""
@@ -130,7 +133,7 @@ class SliceManager(LoggingConfigurable):
         *,
         owner: str = "",
         device=None,
-        metadata: dict | None = None,
+        metadata: dict[str, Any] | None = None,
         holder: str = "local",
     ) -> Allocation:
         """A slice for a kernel about to start: a ledger decision, then its holder's place."""
@@ -169,7 +172,7 @@ class SliceManager(LoggingConfigurable):
             holder.release(kernel_id)
         return allocation
 
-    def report_usage(self, kernel_id: str, report: dict) -> Allocation:
+    def report_usage(self, kernel_id: str, report: dict[str, Any]) -> Allocation:
         """Take a usage report from a kernel that runs elsewhere (a pod's agent) and return its
         slice, whose limits the agent then puts in force. Raises UnknownSlice, and ValueError
         for a slice whose holder reads usage itself."""
@@ -182,7 +185,7 @@ class SliceManager(LoggingConfigurable):
         record(allocation, report)
         return allocation
 
-    def record_kernel(self, kernel_id: str, provisioner_info: dict) -> None:
+    def record_kernel(self, kernel_id: str, provisioner_info: dict[str, Any]) -> None:
         """Remember what identifies the kernel's process (its provisioner's
         ``get_provisioner_info()``), so a restarted server can tell whether it still runs."""
         self.ledger.update_metadata(kernel_id, provisioner_info=provisioner_info)

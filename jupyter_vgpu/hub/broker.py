@@ -40,7 +40,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
-from jupyter_vgpu.ledger import Allocation, EmbeddedLedger, LedgerError, OwnerBudget
+from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, LedgerError, OwnerBudget
 from jupyter_vgpu.ledger.service import Caller, Refusal, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
@@ -67,7 +67,7 @@ class HubUsers:
         self._headers = {"Authorization": f"token {token}", "Accept": "application/json"}
         self._client = httpclient.AsyncHTTPClient()
 
-    async def user(self, name: str) -> dict | None:
+    async def user(self, name: str) -> dict[str, Any] | None:
         """The user's model (``name``, ``groups``, active ``servers``); None if the hub has no such user."""
         request = httpclient.HTTPRequest(
             f"{self.api_url}/users/{quote(name, safe='')}", headers=self._headers, request_timeout=HUB_TIMEOUT_S
@@ -90,7 +90,7 @@ class HubUnavailable(RuntimeError):
     """The hub did not answer a question the broker had to ask it."""
 
 
-def chosen_options(user: Mapping[str, Any]) -> dict:
+def chosen_options(user: Mapping[str, Any]) -> dict[str, Any]:
     """The ``user_options`` the user's default server was started with ({} when none runs)."""
     servers = user.get("servers") or {}
     default = servers.get("") or {}
@@ -196,7 +196,9 @@ class MetricsHandler(_BrokerHandler):
         self.finish(broker_metrics(allocations, usages, self.broker.gate.groups))
 
 
-def broker_metrics(allocations: list[Allocation], usages: list, groups: Mapping[str, tuple[str, ...]]) -> bytes:
+def broker_metrics(
+    allocations: list[Allocation], usages: list[DeviceUsage], groups: Mapping[str, tuple[str, ...]]
+) -> bytes:
     registry = CollectorRegistry()
     device_labels = ["device", "uuid"]
     capacity = Gauge(
@@ -209,10 +211,10 @@ def broker_metrics(allocations: list[Allocation], usages: list, groups: Mapping[
         "vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry
     )
     for usage in usages:
-        labels = (str(usage.device.index), usage.device.uuid)
-        capacity.labels(*labels).set(usage.memory_capacity)
-        allocated.labels(*labels).set(usage.memory_allocated)
-        shares.labels(*labels).set(usage.total_share)
+        device = (str(usage.device.index), usage.device.uuid)
+        capacity.labels(*device).set(usage.memory_capacity)
+        allocated.labels(*device).set(usage.memory_allocated)
+        shares.labels(*device).set(usage.total_share)
     slice_labels = ["kernel_id", "device", "policy", "user", "groups"]
     limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
     share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
@@ -269,7 +271,7 @@ class Broker:
         ]
         return web.Application(handlers)
 
-    def snapshot(self) -> tuple[list[Allocation], list]:
+    def snapshot(self) -> tuple[list[Allocation], list[DeviceUsage]]:
         return self.ledger.allocations(), self.ledger.devices_usage()
 
     async def reconcile_with_hub(self) -> list[Allocation]:

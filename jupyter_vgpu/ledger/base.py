@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits
 
@@ -84,7 +84,7 @@ class Allocation:
     policy: str
     owner: str
     created_at: float
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     holder: str = "local"
     node: str = ""
 
@@ -140,7 +140,7 @@ class Ledger(Protocol):
         *,
         owner: str = "",
         device: str | int | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, Any] | None = None,
         holder: str = "local",
         budget: OwnerBudget | None = None,
     ) -> Allocation:

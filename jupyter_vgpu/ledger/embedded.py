@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
@@ -83,9 +84,24 @@ class _Held:
     slices: int
 
 
-def _allocation(row: tuple) -> Allocation:
-    *columns, metadata, holder, node = row
-    return Allocation(*columns, metadata=json.loads(metadata), holder=holder, node=node)
+def _allocation(row: tuple[Any, ...]) -> Allocation:
+    """An allocation from a row of the columns ``_COLUMNS`` names, its metadata decoded from JSON."""
+    kernel_id, device_uuid, device_index, memory_limit, sm_share, policy, owner, created_at, metadata, holder, node = (
+        row
+    )
+    return Allocation(
+        kernel_id,
+        device_uuid,
+        device_index,
+        memory_limit,
+        sm_share,
+        policy,
+        owner,
+        created_at,
+        metadata=json.loads(metadata),
+        holder=holder,
+        node=node,
+    )
 
 
 def _gpu(device: Device) -> str:
@@ -284,7 +300,7 @@ class EmbeddedLedger:
         *,
         owner: str = "",
         device: str | int | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, Any] | None = None,
         holder: str = "local",
         budget: OwnerBudget | None = None,
     ) -> Allocation:

@@ -20,9 +20,9 @@ import json
 import select
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 from jupyter_vgpu._version import __version__
@@ -37,11 +37,15 @@ from jupyter_vgpu.ledger.base import (
 )
 from jupyter_vgpu.model import Device, SliceLimits, SliceValueError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 # Longer than the embedded ledger waits for a busy file (30 s), so that a decision the service is
 # still waiting to make is answered rather than abandoned half-way by the client.
 DEFAULT_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 class _Unreadable(ValueError):
@@ -55,7 +59,7 @@ def _checked(value: Any, expected: type | tuple[type, ...], what: str) -> Any:
     return value
 
 
-def _record(cls: type[T], value: Any, types: dict[str, type | tuple[type, ...]]) -> T:
+def _record(cls: type[D], value: Any, types: Mapping[str, type | tuple[type, ...]]) -> D:
     """A dataclass from a JSON object, every field checked; fields a newer service adds are
     ignored, so an older client keeps working against it."""
     name = cls.__name__
@@ -224,7 +228,7 @@ class RemoteLedger:
         *,
         owner: str = "",
         device: str | int | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, Any] | None = None,
         holder: str = "local",
         budget: OwnerBudget | None = None,
     ) -> Allocation:
@@ -285,7 +289,7 @@ class RemoteLedger:
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: dict | None = None, *, read: Callable[[Any], T]) -> T:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, read: Callable[[Any], T]) -> T:
         """One request; its reply read by ``read``, or its refusal raised as the ledger's exception."""
         status, reason, data = self._exchange(method, path, body)
         try:
@@ -328,7 +332,7 @@ class RemoteLedger:
             return LedgerError(f"{self.name} at {self.url} refused ({status}): {message}")
         return LedgerError(f"{self.name} at {self.url} answered {request} with {status} {reason}: {message}")
 
-    def _exchange(self, method: str, path: str, body: dict | None) -> tuple[int, str, bytes]:
+    def _exchange(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, str, bytes]:
         headers = dict(self._headers)
         payload = None
         if body is not None:
@@ -400,7 +404,8 @@ def _why(error: Exception) -> str:
     return error.strerror if isinstance(error, OSError) and error.strerror else f"{type(error).__name__}: {error}"
 
 
-def _slice_path(kernel_id: str) -> str:
+def _slice_path(kernel_id: object) -> str:
+    # object, not str: it refuses what a caller without type checks passes (None, a number).
     if not isinstance(kernel_id, str) or not kernel_id:
         raise SliceValueError(f"a kernel id must be a non-empty string, not {kernel_id!r}")
     # Every character escaped, "/" too: the id is one path segment, whatever it holds.

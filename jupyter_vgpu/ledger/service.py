@@ -39,7 +39,7 @@ import hmac
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -71,6 +71,9 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 RESERVED_METADATA = ("kernel_id", "self")
 
 T = TypeVar("T")
+# Field name -> (its check, its default or _REQUIRED); Mapping and object so that a spec of
+# checks with narrower results (a set, an int) is one too.
+FieldSpec = Mapping[str, tuple[Callable[[str, Any], object], object]]
 
 
 class Refusal(web.HTTPError):
@@ -125,10 +128,11 @@ def _device(name: str, value: Any) -> int | str:
     return _whole(name, value) if isinstance(value, int) and not isinstance(value, bool) else _text(name, value)
 
 
-def _metadata(name: str, value: Any) -> dict:
+def _metadata(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _bad(f"{name} must be a JSON object, not {json.dumps(value)[:60]}")
-    level, depth = [value], 1
+    level: list[dict[str, Any] | list[Any]] = [value]
+    depth = 1
     while level:
         if depth > MAX_METADATA_DEPTH:
             raise _bad(f"{name} is nested more than {MAX_METADATA_DEPTH} levels deep")
@@ -147,9 +151,7 @@ def _optional(check: Callable[[str, Any], T]) -> Callable[[str, Any], T | None]:
     return lambda name, value: None if value is None else check(name, value)
 
 
-def _fields(
-    body: Any, spec: dict[str, tuple[Callable[[str, Any], Any], Any]], where: str = "the request body"
-) -> dict[str, Any]:
+def _fields(body: Any, spec: FieldSpec, where: str = "the request body") -> dict[str, Any]:
     """The checked fields of ``body`` (a JSON object): every one known, every required one there."""
     if not isinstance(body, dict):
         raise _bad(f"{where} must be a JSON object")
@@ -157,7 +159,7 @@ def _fields(
     if unknown:
         names = ", ".join(repr(name[:40]) for name in unknown[:5])
         raise _bad(f"{where} has unknown field {names}; it takes {', '.join(spec)}")
-    checked = {}
+    checked: dict[str, Any] = {}
     for name, (check, default) in spec.items():
         if name in body:
             checked[name] = check(name, body[name])
@@ -319,7 +321,7 @@ class LedgerHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.finish(json.dumps(value))
 
-    def body(self, spec: dict[str, tuple[Callable[[str, Any], Any], Any]] | None) -> dict[str, Any]:
+    def body(self, spec: FieldSpec | None) -> dict[str, Any]:
         """The request's JSON object, checked against ``spec`` (None: any object of fields)."""
         if len(self.request.body) > MAX_BODY_BYTES:
             raise _bad(f"the request body must be at most {MAX_BODY_BYTES} bytes, not {len(self.request.body)}")
@@ -452,7 +454,7 @@ class NotFoundHandler(LedgerHandler):
 
 def ledger_handlers(
     prefix: str, ledger: Ledger, access: str | Gate
-) -> list[tuple[str, type[web.RequestHandler], dict]]:
+) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:
     """The routes that serve ``ledger`` under ``prefix`` (``/services/vgpu/ledger``), for a tornado
     ``Application`` (or ``add_handlers``), to clients that present ``access`` (one token whose
     holder may do everything) or that ``access`` (a :class:`Gate`) accepts."""
