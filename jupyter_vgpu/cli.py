@@ -57,10 +57,12 @@ class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2, nothing started."""
 
 
+# flags, aliases and subcommands are traitlets' class-level tables, which Application annotates
+# as instance attributes (a ClassVar here is a mypy error) and only reads: RUF012 does not apply.
 class _VGPUSubcommand(JupyterApp):
     version = __version__
     simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
-    flags = {"simulate": ({"_VGPUSubcommand": {"simulate": True}}, simulate.help)}
+    flags = {"simulate": ({"_VGPUSubcommand": {"simulate": True}}, simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         command = self.name.replace("-", " ")  # jupyter vgpu kernelspec install
@@ -102,13 +104,13 @@ class RunApp(_VGPUSubcommand):
     policy = Unicode("hard", config=True, help="hard: never above the SM share; burst: may use idle SMs.")
     device = Unicode("0", config=True, help="The GPU: an index or a UUID (GPU-...).")
 
-    aliases = {
+    aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "memory": "RunApp.memory",
         "cores": "RunApp.cores",
         "policy": "RunApp.policy",
         "device": "RunApp.device",
     }
-    flags = {"simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}
+    flags = {"simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def limits(self) -> SliceLimits:
         """The slice asked for; no --memory: the whole device (0 in the region: no cap)."""
@@ -140,7 +142,7 @@ class RunApp(_VGPUSubcommand):
 class DevicesApp(_VGPUSubcommand):
     name = "jupyter-vgpu-devices"
     description = "List the GPUs NVML reports (or the simulated ones with --simulate)."
-    flags = {"simulate": ({"DevicesApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}
+    flags = {"simulate": ({"DevicesApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         devices = self.devices()
@@ -223,8 +225,8 @@ class DoctorApp(_VGPUSubcommand):
     region_dir = Unicode(
         "", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions."
     )
-    aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}
-    flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}
+    aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def _paths(self) -> tuple[Path, list[Path]]:
         """(the ledger file, the region folders) to check; a path given that is not there is a
@@ -264,8 +266,8 @@ class DoctorApp(_VGPUSubcommand):
         holder = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
         try:
             directory = holder.region_dir
-            probe = tempfile.NamedTemporaryFile(dir=directory)
-            probe.close()
+            with tempfile.NamedTemporaryFile(dir=directory):
+                pass  # made and removed: the folder takes files
             report(True, "region directory", f"{directory} is writable")
         except OSError as error:
             report(False, "region directory", f"cannot write slice regions: {error}")
@@ -301,6 +303,7 @@ class DoctorApp(_VGPUSubcommand):
             env = slice_environment(region, simulate=self.simulate)
             result = subprocess.run(
                 [sys.executable, "-c", SLICE_PROBE, region.device_uuid],
+                check=False,  # the probe's exit status is reported below
                 env=env,
                 capture_output=True,
                 text=True,
@@ -429,8 +432,8 @@ class StatusApp(_ServerCommand):
         "Needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN.",
     )
     broker = Unicode("", config=True, help="The broker's URL for --all. Empty: $JUPYTER_VGPU_BROKER_URL.")
-    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker"}
-    flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}
+    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker"}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         if self.show_all:
@@ -497,7 +500,7 @@ class ResizeApp(_ServerCommand):
     memory = Unicode("", config=True, help="New memory cap: 512MiB, 4GiB, 4G or MiB.")
     cores = Unicode("", config=True, help="New SM share in percent, 1..100.")
     policy = Unicode("", config=True, help="New policy: hard or burst.")
-    aliases = {
+    aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "memory": "ResizeApp.memory",
         "cores": "ResizeApp.cores",
         "policy": "ResizeApp.policy",
@@ -566,7 +569,7 @@ class KernelspecInstallApp(_VGPUSubcommand):
         help="GPU index or UUID of every kernel's slice. Empty: the ledger places it (GPU 0 in a batch run without one).",
     )
     user = Bool(False, config=True, help="Install for this user only.")
-    aliases = {
+    aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "memory": "KernelspecInstallApp.memory",
         "cores": "KernelspecInstallApp.cores",
         "policy": "KernelspecInstallApp.policy",
@@ -574,7 +577,7 @@ class KernelspecInstallApp(_VGPUSubcommand):
         "name": "KernelspecInstallApp.kernel_name",
         "display-name": "KernelspecInstallApp.display_name",
     }
-    flags = {
+    flags = {  # noqa: RUF012 -- traitlets' class-level table
         "user": ({"KernelspecInstallApp": {"user": True}}, user.help),
         "simulate": (
             {"KernelspecInstallApp": {"simulate": True}},
@@ -628,7 +631,7 @@ class KernelspecApp(JupyterApp):
     name = "jupyter-vgpu-kernelspec"
     version = __version__
     description = "Manage vGPU kernelspecs."
-    subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}
+    subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         if self.subapp is None:
@@ -695,7 +698,7 @@ class PodManifestApp(JupyterApp):
     )
     cores = Unicode("", config=True, help="SM share in percent. Empty: the kernelspec's, else the server's default.")
     policy = Unicode("", config=True, help="hard or burst. Empty: the kernelspec's, else the server's default.")
-    aliases = {
+    aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "kernel": "PodManifestApp.kernel",
         "memory": "PodManifestApp.memory",
         "cores": "PodManifestApp.cores",
@@ -760,7 +763,7 @@ class BrokerApp(JupyterApp):
         config=True,
         help="Seconds between asking the hub which users still run a server (others' slices are given back).",
     )
-    aliases = {"classroom": "BrokerApp.classroom", "reconcile-interval": "BrokerApp.reconcile_interval"}
+    aliases = {"classroom": "BrokerApp.classroom", "reconcile-interval": "BrokerApp.reconcile_interval"}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         if not self.classroom:
@@ -782,7 +785,7 @@ class HubProfilesApp(JupyterApp):
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
     config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
     groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")
-    aliases = {"config": "HubProfilesApp.config_file_name", "group": "HubProfilesApp.groups"}
+    aliases = {"config": "HubProfilesApp.config_file_name", "group": "HubProfilesApp.groups"}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         from jupyter_vgpu.hub.classroom import ClassroomError, load_classroom
@@ -803,7 +806,7 @@ class HubApp(JupyterApp):
     name = "jupyter-vgpu-hub"
     version = __version__
     description = "JupyterHub integration: what a classroom file makes."
-    subcommands = {"profiles": (HubProfilesApp, HubProfilesApp.description)}
+    subcommands = {"profiles": (HubProfilesApp, HubProfilesApp.description)}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         if self.subapp is None:
@@ -816,7 +819,7 @@ class VGPUCommand(JupyterApp):
     name = "jupyter-vgpu"
     version = __version__
     description = "GPU slices for Jupyter kernels and any program."
-    subcommands = {
+    subcommands = {  # noqa: RUF012 -- traitlets' class-level table
         "run": (RunApp, RunApp.description.splitlines()[0]),
         "devices": (DevicesApp, DevicesApp.description),
         "doctor": (DoctorApp, DoctorApp.description),

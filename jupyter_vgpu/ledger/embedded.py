@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
@@ -38,6 +38,9 @@ from jupyter_vgpu.ledger.base import (
     UnknownSlice,
 )
 from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits, SliceValueError, format_size, select_device
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 SCHEMA_VERSION = 2
 PLACEMENTS = ("binpack", "spread")
@@ -217,7 +220,7 @@ class EmbeddedLedger:
         with self._lock:
             self._connection.close()
 
-    def __enter__(self) -> EmbeddedLedger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -39,6 +39,7 @@ from jupyter_vgpu.model import Device, SliceLimits, SliceValueError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+    from typing_extensions import Self
 
 # Longer than the embedded ledger waits for a busy file (30 s), so that a decision the service is
 # still waiting to make is answered rather than abandoned half-way by the client.
@@ -191,7 +192,7 @@ class RemoteLedger:
         for connection in idle:
             connection.close()
 
-    def __enter__(self) -> RemoteLedger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

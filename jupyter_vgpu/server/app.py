@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
+from jupyter_server.serverapp import ServerApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
@@ -289,11 +290,19 @@ class VGPUApp(ExtensionApp):
             ", ".join(f"{d.index} {d.name}" for d in chosen),
         )
 
+    @property
+    def _server(self) -> ServerApp:
+        """The server this extension is loaded into (ExtensionApp's serverapp is None only before
+        the server loads it, and everything here runs after)."""
+        if self.serverapp is None:
+            raise RuntimeError("jupyter_vgpu: VGPUApp is not loaded into a Jupyter server")
+        return self.serverapp
+
     def _start_idle_policy(self, manager: SliceManager) -> None:
         """Idle kernels: lowered to idle_floor_cores, stopped after idle_cull_after (server/idle.py)."""
         idle = IdleKernels(
             manager,
-            self.serverapp.kernel_manager,
+            self._server.kernel_manager,
             lower_after=self.idle_lower_after,
             floor_cores=self.idle_floor_cores,
             cull_after=self.idle_cull_after,
@@ -322,7 +331,10 @@ class VGPUApp(ExtensionApp):
         """Where this server's kernel pods go (each pod kernelspec's namespace and owner): where a
         restarted server looks for pods its predecessor left."""
         scopes = set()
-        for spec in self.serverapp.kernel_spec_manager.get_all_specs().values():
+        kernel_spec_manager = self._server.kernel_spec_manager
+        if kernel_spec_manager is None:
+            raise RuntimeError("jupyter_vgpu: the Jupyter server has no kernelspec manager")
+        for spec in kernel_spec_manager.get_all_specs().values():
             provisioner = spec.get("spec", {}).get("metadata", {}).get("kernel_provisioner", {})
             if provisioner.get("provisioner_name") != POD_PROVISIONER_NAME:
                 continue
@@ -341,7 +353,7 @@ class VGPUApp(ExtensionApp):
         holds no pid), and one its restarter is bringing back is still known.
         """
         manager: SliceManager = self.settings[MANAGER_SETTING]
-        kernel_manager = self.serverapp.kernel_manager
+        kernel_manager = self._server.kernel_manager
         try:
             statuses = manager.statuses()  # reading the holders re-asserts drifted limits
         except LedgerError as error:

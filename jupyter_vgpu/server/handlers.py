@@ -16,7 +16,7 @@ from typing import Any
 
 from jupyter_server.auth import Authorizer, User
 from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import APIHandler
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -111,8 +111,9 @@ class KernelScope(Authorizer):
     """What a kernel's own credential allows: the handler's ``kernel_actions``, and writing only
     to the kernel's own slice."""
 
-    def is_authorized(self, handler: VGPUHandler, user: User, action: str, resource: str) -> bool:
-        if action not in handler.kernel_actions:
+    def is_authorized(self, handler: JupyterHandler, user: User, action: str, resource: str) -> bool:
+        # Only the vGPU handlers authorise a kernel's credential with this.
+        if not isinstance(handler, VGPUHandler) or action not in handler.kernel_actions:
             return False
         return action == "read" or handler.path_kwargs.get("kernel_id") == handler.calling_kernel
 
@@ -125,10 +126,13 @@ class VGPUHandler(APIHandler):
     kernel_actions: frozenset[str] = frozenset()  # what a kernel's credential may do here
     calling_kernel: str | None = None  # the kernel whose credential authenticated this request
 
-    async def prepare(self):
+    # JupyterHandler's signature; APIHandler.prepare, called here, takes no _redirect_to_login
+    # (an API answers 403, never a redirect to the login page).
+    async def prepare(self, *, _redirect_to_login: bool = True) -> None:
         credential = self.request.headers.get(CREDENTIAL_HEADER)
         if credential is None:
-            return await super().prepare()
+            await super().prepare()
+            return
         if not self.check_host():
             raise VGPUHTTPError(403, "requests from this host are not accepted")
         self.calling_kernel = self.slices.kernel_with_credential(credential)
@@ -143,7 +147,8 @@ class VGPUHandler(APIHandler):
 
     @property
     def slices(self) -> SliceManager:
-        return self.settings[MANAGER_SETTING]
+        manager: SliceManager = self.settings[MANAGER_SETTING]
+        return manager
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         # Whatever escapes a handler still answers JSON the client can show.
@@ -308,7 +313,7 @@ class KernelsHandler(VGPUHandler):
         name = body.get("name") or self.kernel_manager.default_kernel_name
         try:
             spec = self.kernel_spec_manager.get_kernel_spec(name)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a kernelspec missing, unreadable or malformed is a 404, never a 500
             raise VGPUHTTPError(404, f"no kernelspec named {name!r}") from None
         provisioner = spec.metadata.get("kernel_provisioner", {}).get("provisioner_name")
         if provisioner not in (PROVISIONER_NAME, POD_PROVISIONER_NAME):
@@ -316,7 +321,7 @@ class KernelsHandler(VGPUHandler):
                 400,
                 f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec",
             )
-        requested = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
+        requested: dict[str, Any] = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         requested["owner"] = getattr(self.current_user, "username", "")
         kernel_id = str(uuid.uuid4())
         try:
@@ -363,7 +368,7 @@ class MetricsHandler(VGPUHandler):
             "vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry
         )
         for usage in self.slices.ledger.devices_usage():
-            labels = (str(usage.device.index), usage.device.uuid)
+            labels: tuple[str, ...] = (str(usage.device.index), usage.device.uuid)
             capacity.labels(*labels).set(usage.memory_capacity)
             allocated.labels(*labels).set(usage.memory_allocated)
             shares.labels(*labels).set(usage.total_share)
@@ -389,7 +394,7 @@ class NotFoundHandler(VGPUHandler):
 
     kernel_actions = frozenset({"read", "write"})
 
-    def prepare(self):
+    async def prepare(self, *, _redirect_to_login: bool = True) -> None:
         raise VGPUHTTPError(
             404, f"no such vGPU API path {self.request.path[:80]!r}; see the API description in api.yaml"
         )

@@ -61,7 +61,7 @@ class IdleKernels:
         lower_after: float = 0.0,
         floor_cores: int = 5,
         cull_after: float = 0.0,
-        log: logging.Logger | logging.LoggerAdapter | None = None,
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         clock: Callable[[], float] = time.time,
         keep_notices_for: float = KEEP_NOTICES_FOR,
         max_notices: int = MAX_NOTICES,

@@ -107,9 +107,11 @@ def test_the_token_is_taken_in_either_scheme(service, scheme):
 
 
 def test_a_client_with_a_wrong_token_gets_a_ledger_error_without_the_token(service):
-    with RemoteLedger(service.url, "not-the-secret") as client:
-        with pytest.raises(LedgerError, match=r"refused \(403\)") as raised:
-            client.allocations()
+    with (
+        RemoteLedger(service.url, "not-the-secret") as client,
+        pytest.raises(LedgerError, match=r"refused \(403\)") as raised,
+    ):
+        client.allocations()
     assert "not-the-secret" not in str(raised.value)
 
 
@@ -337,15 +339,17 @@ def test_a_reply_that_is_not_the_ledger_api_is_a_ledger_error(service_loop, stat
     served = service_loop.serve([(r"/api/devices", CannedHandler, canned)])
     try:
         with RemoteLedger(f"{served.url}/api", TOKEN) as client, pytest.raises(LedgerError, match=message):
-            client.devices
+            client.devices  # noqa: B018 -- reading the property is the request that fails
     finally:
         served.stop()
 
 
 def test_a_wrong_address_is_a_ledger_error_that_says_to_check_it(service):
-    with RemoteLedger(service.url.replace("/ledger", "/ledgr"), TOKEN) as client:
-        with pytest.raises(LedgerError, match="404 Not Found and no ledger reply .*check that the URL is the ledger's"):
-            client.allocations()
+    with (
+        RemoteLedger(service.url.replace("/ledger", "/ledgr"), TOKEN) as client,
+        pytest.raises(LedgerError, match="404 Not Found and no ledger reply .*check that the URL is the ledger's"),
+    ):
+        client.allocations()
 
 
 def test_a_connection_the_service_closed_while_idle_is_not_reused(service_loop, ledger_path, gpu):
