@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support import CUDA_PRELUDE
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -254,21 +255,3 @@ def run_in_kernel(jp_serverapp):
 def cuda_prelude() -> str:
     """Kernel code defining memory() and allocate(size) over the CUDA driver, via ctypes."""
     return CUDA_PRELUDE
-
-
-CUDA_PRELUDE = """
-import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-device, context = ctypes.c_int(), ctypes.c_void_p()
-cuda.cuDeviceGet(ctypes.byref(device), 0)
-cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
-cuda.cuCtxSetCurrent(context)
-def memory():
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
-    return free.value, total.value
-def allocate(size):
-    pointer = ctypes.c_uint64()
-    return cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size))
-"""

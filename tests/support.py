@@ -178,3 +178,23 @@ class JupyterProcess:
             self.process.wait()
             return None
         return time.monotonic() - started
+
+
+# Kernel (or program) code defining memory() -> (free, total) and allocate(size) -> CUresult over
+# the CUDA driver, via ctypes.
+CUDA_PRELUDE = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+device, context = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuDeviceGet(ctypes.byref(device), 0)
+cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+cuda.cuCtxSetCurrent(context)
+def memory():
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+    return free.value, total.value
+def allocate(size):
+    pointer = ctypes.c_uint64()
+    return cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size))
+"""

@@ -41,6 +41,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, LedgerError, OwnerBudget
+from jupyter_vgpu.ledger.metrics import add_device_gauges
 from jupyter_vgpu.ledger.service import Caller, Refusal, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
@@ -200,21 +201,7 @@ def broker_metrics(
     allocations: list[Allocation], usages: list[DeviceUsage], groups: Mapping[str, tuple[str, ...]]
 ) -> bytes:
     registry = CollectorRegistry()
-    device_labels = ["device", "uuid"]
-    capacity = Gauge(
-        "vgpu_device_memory_capacity_bytes", "Device memory slices may hold", device_labels, registry=registry
-    )
-    allocated = Gauge(
-        "vgpu_device_memory_allocated_bytes", "Device memory promised to slices", device_labels, registry=registry
-    )
-    shares = Gauge(
-        "vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry
-    )
-    for usage in usages:
-        device = (str(usage.device.index), usage.device.uuid)
-        capacity.labels(*device).set(usage.memory_capacity)
-        allocated.labels(*device).set(usage.memory_allocated)
-        shares.labels(*device).set(usage.total_share)
+    add_device_gauges(registry, usages)
     slice_labels = ["kernel_id", "device", "policy", "user", "groups"]
     limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
     share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)

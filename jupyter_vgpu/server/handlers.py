@@ -25,6 +25,7 @@ from tornado import web
 from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, UnknownSlice
+from jupyter_vgpu.ledger.metrics import add_device_gauges
 from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
@@ -357,21 +358,7 @@ class MetricsHandler(VGPUHandler):
     @authorized
     async def get(self):
         registry = CollectorRegistry()
-        device_labels = ["device", "uuid"]
-        capacity = Gauge(
-            "vgpu_device_memory_capacity_bytes", "Device memory slices may hold", device_labels, registry=registry
-        )
-        allocated = Gauge(
-            "vgpu_device_memory_allocated_bytes", "Device memory promised to slices", device_labels, registry=registry
-        )
-        shares = Gauge(
-            "vgpu_device_sm_share_allocated_percent", "SM share promised to slices", device_labels, registry=registry
-        )
-        for usage in self.slices.ledger.devices_usage():
-            labels: tuple[str, ...] = (str(usage.device.index), usage.device.uuid)
-            capacity.labels(*labels).set(usage.memory_capacity)
-            allocated.labels(*labels).set(usage.memory_allocated)
-            shares.labels(*labels).set(usage.total_share)
+        add_device_gauges(registry, self.slices.ledger.devices_usage())
         slice_labels = ["kernel_id", "device", "policy"]
         limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
         used = Gauge("vgpu_slice_memory_used_bytes", "Memory a slice's processes hold", slice_labels, registry=registry)

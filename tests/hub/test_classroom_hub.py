@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from hub_process import Hub, kernel_connection_file, run_in_hub_kernel
-from support import JUPYTER, wait_for
+from support import CUDA_PRELUDE, JUPYTER, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,20 +52,15 @@ for service in c.JupyterHub.services:
         service["command"] = [*service["command"], "--reconcile-interval", "1"]
 """
 GiB = 1 << 30
-CHECK_SLICE = """
-import ctypes, os
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-device, context = ctypes.c_int(), ctypes.c_void_p()
-cuda.cuDeviceGet(ctypes.byref(device), 0)
-cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
-cuda.cuCtxSetCurrent(context)
-free, total = ctypes.c_size_t(), ctypes.c_size_t()
-assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
-pointer = ctypes.c_uint64()
-over = cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(total.value + 1))
-print(total.value, over, os.environ.get("JUPYTERHUB_API_TOKEN"), os.environ.get("JPY_API_TOKEN"))
+CHECK_SLICE = (
+    CUDA_PRELUDE
+    + """
+import os
+free, total = memory()
+over = allocate(total + 1)
+print(total, over, os.environ.get("JUPYTERHUB_API_TOKEN"), os.environ.get("JPY_API_TOKEN"))
 """
+)
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
