@@ -80,6 +80,12 @@ export interface ISliceModel {
   usage: { memory_bytes: number; sm_util: number; processes: IProcessUsage[] };
   /** Sentences for people about something wrong with the slice; empty normally. */
   warnings: string[];
+  /**
+   * What the server's idle policy did to the slice, for the student ("lowered to 5% of the SMs
+   * after 20 min idle; restored when it runs again", or why its share was not given back); null
+   * (or absent, from an older server) when there is nothing to tell.
+   */
+  notice?: string | null;
 }
 
 /** GET /api/vgpu/devices item (Device in jupyter_vgpu/server/api.yaml). */
@@ -131,6 +137,14 @@ export function listSlices(): Promise<ISliceModel[]> {
 
 export function listDevices(): Promise<IDeviceModel[]> {
   return request<IDeviceModel[]>('devices');
+}
+
+/**
+ * GET /api/vgpu/notices: why kernels of this server were stopped as idle (kernel id -> notice);
+ * a stopped kernel's slice is no longer listed, so this is where its notebook learns why.
+ */
+export function listNotices(): Promise<Record<string, string>> {
+  return request<Record<string, string>>('notices');
 }
 
 export function resizeSlice(

@@ -82,6 +82,11 @@ export function sliceMessage(slice: ISliceModel): string {
   return slice.message ?? '';
 }
 
+/** What the server's idle policy did to the slice ('' when nothing), whole. */
+export function sliceNotice(slice: ISliceModel): string {
+  return slice.notice ?? '';
+}
+
 /** Where the slice is: "GPU 1" (local), "pod", "pod on node-a", "pod on node-a · GPU-8f2c1d (...)". */
 function sliceWhere(slice: ISliceModel, trans: TranslationBundle): string {
   if (slice.holder !== 'pod') {
@@ -172,7 +177,8 @@ export function smLabel(slice: ISliceModel, trans: TranslationBundle): string {
 
 /**
  * The status item's tooltip: the slice's limits and where it is, then the server's sentence
- * about its state (if any), then its warnings, one per line, each whole.
+ * about its state (if any), then its warnings, one per line, each whole, then the idle policy's
+ * notice (if any).
  */
 export function sliceTooltip(
   slice: ISliceModel,
@@ -217,5 +223,7 @@ export function sliceTooltip(
   } else if (slice.holder === 'pod' && slice.state !== 'running') {
     lines.push(stateLabel(slice.state, trans));
   }
-  return [...lines, ...slice.warnings].join('\n');
+  const notice = sliceNotice(slice);
+  const last = notice ? [trans.__('Idle kernel: %1', notice)] : [];
+  return [...lines, ...slice.warnings, ...last].join('\n');
 }

@@ -1,11 +1,14 @@
-/** jupyter-vgpu's JupyterLab plugin: status bar, "GPU slices" sidebar, start-on-a-slice command. */
+/**
+ * jupyter-vgpu's JupyterLab plugin: status bar, "GPU slices" sidebar, start-on-a-slice command,
+ * and the idle policy's notices about the active notebook's kernel as notifications.
+ */
 
 import {
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { ILauncher } from '@jupyterlab/launcher';
 import { INotebookTracker } from '@jupyterlab/notebook';
@@ -15,6 +18,9 @@ import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 // The sidebar, the status item and their store are built in activate(): they load with the plugin.
+import { listNotices } from './api';
+// eslint-disable-next-line jupyter/prefer-lazy-imports
+import { IdleNotices } from './notices';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { SliceSidebar } from './sidebar';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
@@ -79,6 +85,34 @@ const plugin: JupyterFrontEndPlugin<void> = {
         activeStateChanged: item.hasSliceChanged
       });
     }
+
+    // The idle policy's notices about the active notebook's kernel, each told once: a slice's
+    // (lowered, not given back) for a while, a stopped kernel's until dismissed.
+    const notices = new IdleNotices(
+      listNotices,
+      (kind, message) =>
+        kind === 'warning'
+          ? Notification.warning(message, { autoClose: false })
+          : Notification.info(message, { autoClose: 15000 }),
+      trans
+    );
+    const checkNotices = () => {
+      const panel = notebooks.currentWidget;
+      notices
+        .check(
+          panel && {
+            key: panel.id,
+            path: panel.context.path,
+            kernelId: panel.sessionContext.session?.kernel?.id
+          },
+          store.slices
+        )
+        .catch(reason =>
+          console.error('jupyter-vgpu: cannot tell the idle notices', reason)
+        );
+    };
+    store.changed.connect(checkNotices);
+    notebooks.currentChanged.connect(checkNotices);
 
     app.commands.addCommand(COMMAND_NEW_NOTEBOOK, {
       label: trans.__('New notebook on a GPU slice...'),

@@ -12,6 +12,7 @@ import {
   memoryLabel,
   podStopped,
   sliceMessage,
+  sliceNotice,
   sliceTitle,
   smLabel
 } from './describe';
@@ -54,8 +55,9 @@ class Bar {
 }
 
 /**
- * One slice: its title, the server's warnings about it, the server's sentence about its state (a
- * pod's: what it waits for, why it failed), its bars, and a resize form whose fields stay as the
+ * One slice: its title, the server's warnings about it, the idle policy's notice (lowered, not
+ * given back), the server's sentence about its state (a pod's: what it waits for, why it
+ * failed), its bars, and a resize form whose fields stay as the
  * user typed them.
  */
 class SliceRow {
@@ -100,6 +102,7 @@ class SliceRow {
     this.node.append(
       this._title,
       this._warnings,
+      this._notice,
       this._state,
       this._memoryBar.node,
       this._smBar.node,
@@ -117,6 +120,7 @@ class SliceRow {
     this.node.dataset.holder = slice.holder;
     this.node.dataset.state = slice.state;
     this._showWarnings(slice.warnings);
+    this._showNotice(slice);
     this._showState(slice);
     this._memoryBar.show(
       memoryLabel(slice, this._trans),
@@ -146,6 +150,15 @@ class SliceRow {
     this._warnings.replaceChildren(
       ...warnings.map(text => element('div', 'jp-vgpu-Warning', text))
     );
+  }
+
+  /** The idle policy's notice, whole, in the info colour; hidden when there is none. */
+  private _showNotice(slice: ISliceModel): void {
+    const notice = sliceNotice(slice);
+    if (this._notice.textContent !== notice) {
+      this._notice.textContent = notice;
+    }
+    this._notice.hidden = !notice;
   }
 
   /** The state's sentence, whole (it wraps; never cut), in the warn colour when the pod stopped. */
@@ -200,6 +213,7 @@ class SliceRow {
 
   private _title = element('div', 'jp-vgpu-Slice-title');
   private _warnings = element('div', 'jp-vgpu-Warnings');
+  private _notice = element('div', 'jp-vgpu-Notice');
   private _state = element('div', 'jp-vgpu-StateMessage');
   private _memoryBar = new Bar('memory');
   private _smBar = new Bar('sm');

@@ -1,7 +1,8 @@
 /**
  * Status-bar item: the slice of the active notebook's kernel (and a pod's state while it is not
  * running), hidden when it has none; in the warn colour, with the warnings in its tooltip, while
- * the server has warnings about the slice or its pod failed, exited or is gone.
+ * the server has warnings about the slice or its pod failed, exited or is gone; with a marker,
+ * and the notice in its tooltip, while the idle policy has a notice about the slice (lowered).
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -10,7 +11,12 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { sliceNeedsAttention, sliceStatusText, sliceTooltip } from './describe';
+import {
+  sliceNeedsAttention,
+  sliceNotice,
+  sliceStatusText,
+  sliceTooltip
+} from './describe';
 import { SliceStore } from './store';
 
 export class SliceStatusItem extends Widget {
@@ -50,6 +56,7 @@ export class SliceStatusItem extends Widget {
       this.node.textContent = sliceStatusText(slice, this._trans);
       this.node.title = sliceTooltip(slice, this._trans);
       this.toggleClass('jp-vgpu-mod-warned', sliceNeedsAttention(slice));
+      this.toggleClass('jp-vgpu-mod-noticed', !!sliceNotice(slice));
     }
     if (this._hasSlice !== !!slice) {
       this._hasSlice = !!slice;

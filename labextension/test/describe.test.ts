@@ -8,6 +8,7 @@ import {
   podStopped,
   sliceMessage,
   sliceNeedsAttention,
+  sliceNotice,
   sliceStatusText,
   sliceSummary,
   sliceTitle,
@@ -132,6 +133,28 @@ describe('a slice', () => {
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)',
       warning
     ]);
+  });
+
+  it("has the idle policy's notice last in the tooltip, and none when null or absent", () => {
+    const notice =
+      'lowered to 5% of the SMs after 20 min idle; restored when it runs again';
+    const warning = 'something wrong';
+    const lowered = slice({ notice, warnings: [warning] });
+    expect(sliceNotice(lowered)).toBe(notice);
+    expect(sliceTooltip(lowered, trans).split('\n')).toEqual([
+      'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)',
+      warning,
+      `Idle kernel: ${notice}`
+    ]);
+    expect(sliceNotice(slice({ notice: null }))).toBe('');
+    const older = slice();
+    delete older.notice; // a server from before the idle policy
+    expect(sliceNotice(older)).toBe('');
+    expect(sliceTooltip(older, trans)).toBe(
+      'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)'
+    );
+    // A notice alone does not turn the item to the warn colour.
+    expect(sliceNeedsAttention(slice({ notice }))).toBe(false);
   });
 });
 
