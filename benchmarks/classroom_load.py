@@ -15,9 +15,10 @@ started their servers with a size. Each user's kernels ask through a RemoteLedge
 token, as their single-user server does: one thread per kernel start, each arriving at a random
 moment within the minute (seeded, so every run asks the same).
 
-The classroom has two sizes: `small` (1 GiB, 6 %, burst; 512 MiB and 3 % a kernel) for two users
-in three, `large` (3 GiB, 10 %, hard; 1 GiB and 5 % a kernel) for the others, at most 3 kernels a
-user. Their wishes together are more than the node has, so some are refused by their budget and
+The classroom has two sizes: `small` (1 GiB, 20 %, burst; 512 MiB and 10 % a kernel) for two
+users in three, `large` (3 GiB, 10 %, hard; 1 GiB and 5 % a kernel) for the others, at most 3
+kernels a user, on GPUs whose burst shares may add up to 200 % each (`gpus.burst_oversubscription:
+2`; hard shares still 100 % at most). Their wishes together are more than the node has, so some are refused by their budget and
 some by the devices. After the minute, every slice is given back and all 90 kernels ask again at
 the same moment (the "burst" row: the broker's decisions at full load). After each phase the
 ledger's allocations are checked: no device over capacity, no user over budget.
@@ -56,16 +57,16 @@ GIB = 1 << 30
 BROKER_TOKEN = "broker-service-token"
 PREFIX = "/services/vgpu/"
 CLASSROOM = """\
-gpus: {count: 2, memory: 16GiB}
+gpus: {count: 2, memory: 16GiB, burst_oversubscription: 2}
 simulate: true
 broker: {state_dir: broker-state}
 sizes:
   - name: small
     memory: 1GiB
-    cores: 6
+    cores: 20
     policy: burst
     default: true
-    kernel: {memory: 512MiB, cores: 3}
+    kernel: {memory: 512MiB, cores: 10}
   - name: large
     memory: 3GiB
     cores: 10
@@ -75,7 +76,7 @@ limits: {kernels: 3}
 oversubscribe: true
 """
 # What each size's kernels ask for: the size's kernel slice and policy.
-KERNEL = {"small": SliceLimits(GIB // 2, 3, "burst"), "large": SliceLimits(GIB, 5, "hard")}
+KERNEL = {"small": SliceLimits(GIB // 2, 10, "burst"), "large": SliceLimits(GIB, 5, "hard")}
 
 
 # -- the stand-in hub ----------------------------------------------------------------------------
@@ -333,8 +334,9 @@ def main() -> None:
     errors = [outcome.result for outcome in spread + burst if outcome.result.startswith("error")]
     sizes = Counter(SIZES_BY_USER.values())
     print(
-        f"{users} users x {kernels} kernels, arriving within {window:g} s, on 2 simulated GPUs (2 x 16 GiB); "
-        f"sizes: small {sizes['small']} users (512MiB 3% burst a kernel, budget 1GiB 6%), large "
+        f"{users} users x {kernels} kernels, arriving within {window:g} s, on 2 simulated GPUs (2 x 16 GiB, "
+        f"burst_oversubscription {broker.ledger.share_capacity / FULL_SHARE:g}); "
+        f"sizes: small {sizes['small']} users (512MiB 10% burst a kernel, budget 1GiB 20%), large "
         f"{sizes['large']} users (1GiB 5% hard a kernel, budget 3GiB 10%), at most {kernels} kernels a user."
     )
     print("The broker (jupyter_vgpu.hub.broker.Broker) is real; JupyterHub is a stand-in in this process.")

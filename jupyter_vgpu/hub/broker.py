@@ -244,6 +244,9 @@ class Broker:
         self.ledger = EmbeddedLedger(
             classroom.state_dir / "ledger.sqlite",
             devices[: classroom.gpus.count],
+            reserve=classroom.gpus.reserve,
+            burst_oversubscription=classroom.gpus.burst_oversubscription,
+            placement=classroom.gpus.placement,
         )
         auth = HubAuth(api_url=api_url, api_token=api_token, cache_max_age=60)
         self.users = HubUsers(api_url, api_token)

@@ -13,6 +13,7 @@ what is accepted; nothing quietly guesses.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from jupyter_vgpu.ledger.embedded import PLACEMENTS
 from jupyter_vgpu.model import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
 
 MIB = 1 << 20
@@ -49,7 +51,7 @@ _TOP_KEYS = (
     "oversubscribe",
     "idle",
 )
-_GPU_KEYS = ("count", "memory", "sms")
+_GPU_KEYS = ("count", "memory", "sms", "reserve", "burst_oversubscription", "placement")
 _BROKER_KEYS = ("port", "name", "state_dir")
 _SIZE_KEYS = ("name", "display_name", "description", "memory", "cores", "policy", "groups", "default", "kernel")
 _KERNEL_KEYS = ("memory", "cores")
@@ -69,11 +71,28 @@ class ClassroomError(ValueError):
 
 @dataclass(frozen=True)
 class Gpus:
-    """What the node has: ``count`` GPUs of ``memory`` bytes and ``sms`` streaming multiprocessors."""
+    """What the node has: ``count`` GPUs of ``memory`` bytes and ``sms`` streaming multiprocessors;
+    and how the broker's ledger shares them out: ``reserve`` bytes kept free on each GPU, burst
+    shares adding up to ``burst_oversubscription`` times 100 % per GPU (hard ones to 100 % at
+    most), a new slice placed by ``placement`` (``binpack``: the fullest GPU it fits on,
+    ``spread``: the emptiest). See :class:`jupyter_vgpu.ledger.EmbeddedLedger`."""
 
     count: int
     memory: int
     sms: int = DEFAULT_SMS
+    reserve: int = 0
+    burst_oversubscription: float = 1.0
+    placement: str = "binpack"
+
+    @property
+    def usable_memory(self) -> int:
+        """One GPU's memory that slices may have: ``memory`` less ``reserve``."""
+        return self.memory - self.reserve
+
+    @property
+    def share_capacity(self) -> int:
+        """One GPU's SM shares, hard and burst together, in percent (as the ledger counts them)."""
+        return int(100 * self.burst_oversubscription)
 
 
 @dataclass(frozen=True)
@@ -483,10 +502,40 @@ def _read_gpus(reader: _Reader, top: dict[str, Any]) -> Gpus:
     for key in ("count", "memory"):
         if key not in gpus:
             raise reader.error(f"gpus.{key}", "missing; like gpus: {count: 2, memory: 16GiB}")
+    memory = reader.parsed(parse_size, gpus["memory"], "gpus.memory")
+    reserve = gpus.get("reserve")
+    reserve = 0 if reserve is None or reserve == 0 else reader.parsed(parse_size, reserve, "gpus.reserve")
+    if reserve >= memory:
+        raise reader.error(
+            "gpus.reserve",
+            f"{format_size(reserve)} kept free leaves nothing of a GPU's {format_size(memory)} (gpus.memory); "
+            "reserve less than the memory, or 0",
+        )
+    burst = gpus.get("burst_oversubscription")
+    if burst is None:
+        burst = 1.0
+    elif isinstance(burst, bool) or not isinstance(burst, (int, float)) or not math.isfinite(burst) or burst < 1.0:
+        raise reader.error(
+            "gpus.burst_oversubscription",
+            f"must be a number of 1.0 or more (burst shares may add up to this many times 100% of each GPU), "
+            f"not {_shown(burst)}",
+        )
+    placement = gpus.get("placement")
+    if placement is None:
+        placement = "binpack"
+    elif placement not in PLACEMENTS:
+        raise reader.error(
+            "gpus.placement",
+            f"must be binpack (a new slice on the fullest GPU it fits on) or spread (on the emptiest), "
+            f"not {_shown(placement)}",
+        )
     return Gpus(
         count=reader.count(gpus["count"], "gpus.count", 1, 64),
-        memory=reader.parsed(parse_size, gpus["memory"], "gpus.memory"),
+        memory=memory,
         sms=reader.count(gpus.get("sms", DEFAULT_SMS), "gpus.sms", 1, 1024),
+        reserve=reserve,
+        burst_oversubscription=float(burst),
+        placement=placement,
     )
 
 
@@ -557,11 +606,13 @@ def _read_sizes(
         if earlier is not None:
             raise reader.error(f"{key}.name", f"{name!r} is also the name of sizes[{earlier}]; names must be unique")
         memory = reader.parsed(parse_size, entry["memory"], f"{key}.memory")
-        if memory > gpus.memory:
-            raise reader.error(
-                f"{key}.memory",
-                f"{format_size(memory)} is more than one GPU's {format_size(gpus.memory)} (gpus.memory)",
+        if memory > gpus.usable_memory:
+            have = (
+                f"{format_size(gpus.usable_memory)} (gpus.memory less gpus.reserve)"
+                if gpus.reserve
+                else (f"{format_size(gpus.memory)} (gpus.memory)")
             )
+            raise reader.error(f"{key}.memory", f"{format_size(memory)} is more than one GPU's {have}")
         if memory < MIB:
             raise reader.error(f"{key}.memory", f"{format_size(memory)} is less than the smallest slice, 1MiB")
         cores = reader.parsed(parse_sm_share, entry["cores"], f"{key}.cores")
@@ -674,28 +725,46 @@ def _check_limits_cover_sizes(reader: _Reader, classroom: Classroom) -> None:
 
 
 def _check_fits(reader: _Reader, classroom: Classroom) -> None:
-    """Every listed group member's default budget fits on the node at once."""
+    """Every listed group member's default budget fits on the node at once, as the ledger counts:
+    memory against each GPU's memory less ``gpus.reserve``; hard SM shares against 100 % a GPU,
+    hard and burst ones together against 100 % x ``gpus.burst_oversubscription`` a GPU."""
     members: dict[str, list[str]] = {}
     for group, users in classroom.groups.items():
         for user in users:
             members.setdefault(user, []).append(group)
-    memory = cores = 0
+    memory = hard = burst = 0
     for groups in members.values():
         try:
             budget = classroom.budget_for(None, groups)
         except ClassroomError:
             continue  # no size open to this user: they hold nothing
         memory += budget.memory
-        cores += budget.cores
-    have_memory = classroom.gpus.count * classroom.gpus.memory
-    have_cores = classroom.gpus.count * 100
-    if memory > have_memory or cores > have_cores:
+        if budget.policy == "burst":
+            burst += budget.cores
+        else:
+            hard += budget.cores
+    gpus = classroom.gpus
+    have_memory = gpus.count * gpus.usable_memory
+    have_hard = gpus.count * 100
+    have_all = gpus.count * gpus.share_capacity
+    if memory > have_memory or hard > have_hard or hard + burst > have_all:
+        split = f" ({hard}% hard, {burst}% burst)" if burst and hard else " (burst)" if burst else ""
+        shares = (
+            f"{have_hard}%"
+            if have_all == have_hard
+            else (
+                f"{have_hard}% hard, {have_all}% hard and burst with gpus.burst_oversubscription "
+                f"{gpus.burst_oversubscription:g}"
+            )
+        )
+        less = " after gpus.reserve" if gpus.reserve else ""
         raise reader.error(
             "oversubscribe",
             f"the default budgets of the {len(members)} users under groups: need {format_size(memory)} and "
-            f"{cores}% of a GPU's SMs together, more than the node's {classroom.gpus.count} GPUs have "
-            f"({format_size(have_memory)}, {have_cores}%); make the default sizes smaller, "
-            "or set oversubscribe: true to allow it",
+            f"{hard + burst}% of a GPU's SMs together{split}, more than the node's {gpus.count} GPUs have "
+            f"({format_size(have_memory)}{less}, {shares}); make the default sizes smaller, "
+            + ("raise gpus.burst_oversubscription, " if burst and hard + burst > have_all and hard <= have_hard else "")
+            + "or set oversubscribe: true to allow it",
         )
 
 

@@ -75,6 +75,11 @@ def test_the_example_file_loads(tmp_path):
     assert classroom.admins == ("teacher",)
     assert classroom.idle == IdlePolicy(lower_after=1200.0, floor_cores=5, cull_after=7200.0)
     assert classroom.oversubscribe is False
+    assert (classroom.gpus.reserve, classroom.gpus.burst_oversubscription, classroom.gpus.placement) == (
+        512 * MIB,
+        2.0,
+        "binpack",
+    )
 
 
 def test_defaults_of_a_minimal_file(tmp_path):
@@ -85,6 +90,13 @@ def test_defaults_of_a_minimal_file(tmp_path):
     assert classroom.state_dir == tmp_path.resolve() / "vgpu-broker"
     assert classroom.simulate is False and classroom.oversubscribe is False
     assert classroom.gpus.sms == 100
+    # The ledger's defaults: no reserve, burst shares to 100% of a GPU, binpack.
+    assert (classroom.gpus.reserve, classroom.gpus.burst_oversubscription, classroom.gpus.placement) == (
+        0,
+        1.0,
+        "binpack",
+    )
+    assert (classroom.gpus.usable_memory, classroom.gpus.share_capacity) == (16 * GIB, 100)
     assert classroom.groups == {} and classroom.admins == () and classroom.admin_groups == ()
     assert classroom.idle == IdlePolicy(lower_after=None, floor_cores=5, cull_after=None)
     (size,) = classroom.sizes
@@ -104,6 +116,23 @@ def test_broker_settings_and_state_dir(tmp_path):
     assert classroom.state_dir == tmp_path.resolve() / "state" / "b"
     absolute = load(tmp_path, lambda d: d.update(broker={"state_dir": str(tmp_path / "elsewhere")}))
     assert absolute.state_dir == tmp_path / "elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("given", "reserve", "burst", "placement"),
+    [
+        ({"reserve": "1GiB", "burst_oversubscription": 2.5, "placement": "spread"}, GIB, 2.5, "spread"),
+        ({"reserve": 512, "burst_oversubscription": 3}, 512 * MIB, 3.0, "binpack"),
+        ({"reserve": 0, "burst_oversubscription": 1.0, "placement": "binpack"}, 0, 1.0, "binpack"),
+        ({"reserve": None, "burst_oversubscription": None, "placement": None}, 0, 1.0, "binpack"),
+    ],
+)
+def test_gpu_sharing_settings(tmp_path, given, reserve, burst, placement):
+    classroom = load(tmp_path, lambda d: d["gpus"].update(given))
+    gpus = classroom.gpus
+    assert (gpus.reserve, gpus.burst_oversubscription, gpus.placement) == (reserve, burst, placement)
+    assert gpus.usable_memory == 16 * GIB - reserve
+    assert gpus.share_capacity == int(100 * burst)
 
 
 def test_durations(tmp_path):
@@ -171,6 +200,41 @@ REFUSALS = [
     (lambda d: d["gpus"].pop("memory"), "gpus.memory: missing"),
     (setting("gpus.count", 0), "gpus.count: must be a whole number from 1 to 64, not 0"),
     (setting("gpus.sms", "many"), "gpus.sms: must be a whole number from 1 to 1024, not 'many'"),
+    (setting("gpus.reserve", "lots"), "gpus.reserve: memory size 'lots' is not a size like 512MiB, 4GiB"),
+    (setting("gpus.reserve", -1), "gpus.reserve: memory size '-1' must be more than zero"),
+    (
+        setting("gpus.reserve", "16GiB"),
+        "gpus.reserve: 16GiB kept free leaves nothing of a GPU's 16GiB (gpus.memory); reserve less than the memory, or 0",
+    ),
+    (
+        setting("gpus.reserve", "10GiB"),
+        "sizes[1].memory: 8GiB is more than one GPU's 6GiB (gpus.memory less gpus.reserve)",
+    ),
+    (
+        setting("gpus.burst_oversubscription", 0.5),
+        (
+            "gpus.burst_oversubscription: must be a number of 1.0 or more (burst shares may add up to this many times "
+            "100% of each GPU), not 0.5"
+        ),
+    ),
+    (setting("gpus.burst_oversubscription", "2x"), "gpus.burst_oversubscription: must be a number of 1.0 or more"),
+    (setting("gpus.burst_oversubscription", True), "gpus.burst_oversubscription: must be a number of 1.0 or more"),
+    (setting("gpus.burst_oversubscription", float("inf")), "gpus.burst_oversubscription: must be a number of 1.0"),
+    (setting("gpus.burst_oversubscription", float("nan")), "gpus.burst_oversubscription: must be a number of 1.0"),
+    (
+        setting("gpus.placement", "pack"),
+        (
+            "gpus.placement: must be binpack (a new slice on the fullest GPU it fits on) or spread (on the emptiest), "
+            "not 'pack'"
+        ),
+    ),
+    (
+        setting("gpus.oversubscription", 2),
+        (
+            "gpus.oversubscription: unknown key (did you mean 'burst_oversubscription'?); accepted: count, memory, sms, "
+            "reserve, burst_oversubscription, placement"
+        ),
+    ),
     # limits
     (
         setting("limits.memory", "4GiB"),
@@ -261,6 +325,76 @@ def test_oversubscription_says_the_totals(tmp_path):
     assert (
         len(load(tmp_path, lambda d: d["groups"].update(students=[f"s{i}" for i in range(9)])).groups["students"]) == 9
     )
+
+
+def burst_class(students: int, **gpus):
+    """A change: ``students`` students (and the teacher) whose default size is a burst 2GiB 20%."""
+
+    def change(data):
+        data["groups"]["students"] = [f"student{i}" for i in range(students)]
+        data["sizes"][0]["policy"] = "burst"
+        data["gpus"].update(gpus)
+
+    return change
+
+
+def test_burst_oversubscription_in_the_fit_check(tmp_path):
+    # 11 x 20% burst = 220% > 200% on 2 GPUs without oversubscription.
+    message = refused(tmp_path, burst_class(10))
+    assert message.startswith(f"{tmp_path / 'classroom.yaml'}: oversubscribe: "), message
+    assert "need 22GiB and 220% of a GPU's SMs together (burst), more than the node's 2 GPUs have (32GiB, 200%)" in (
+        message
+    )
+    assert "raise gpus.burst_oversubscription, or set oversubscribe: true" in message
+    # burst_oversubscription 1.5: burst shares up to 300% on the node; 220% fits, 15 x 20% = 300% fits exactly.
+    assert load(tmp_path, burst_class(10, burst_oversubscription=1.5)).gpus.burst_oversubscription == 1.5
+    assert len(load(tmp_path, burst_class(14, burst_oversubscription=1.5)).groups["students"]) == 14
+    message = refused(tmp_path, burst_class(15, burst_oversubscription=1.5))
+    assert "need 32GiB and 320% of a GPU's SMs together (burst)" in message
+    assert "(32GiB, 200% hard, 300% hard and burst with gpus.burst_oversubscription 1.5)" in message
+    # Memory is not oversubscribed: 17 x 2GiB = 34GiB > 32GiB whatever the burst shares may do.
+    message = refused(tmp_path, burst_class(16, burst_oversubscription=4))
+    assert "need 34GiB and 340%" in message and "(32GiB, 200% hard, 800% hard and burst" in message
+    assert "raise gpus.burst_oversubscription" not in message
+
+
+def test_hard_shares_are_not_oversubscribed(tmp_path):
+    # The students' default is hard (20% each): 11 x 20% = 220% > 200% whatever burst_oversubscription says.
+    def hard_class(data):
+        data["groups"]["students"] = [f"student{i}" for i in range(10)]
+        data["gpus"]["burst_oversubscription"] = 4
+
+    message = refused(tmp_path, hard_class)
+    assert "need 22GiB and 220% of a GPU's SMs together, more than the node's 2 GPUs have (32GiB, 200% hard" in message
+    assert "raise gpus.burst_oversubscription" not in message
+
+    # Hard and burst together count against the oversubscribed capacity: the staff's burst size.
+    def mixed(data):
+        data["groups"]["students"] = [f"student{i}" for i in range(9)]  # 9 x 20% hard = 180%
+        data["groups"]["staff"] = ["teacher", "ta"]
+        data["sizes"][1]["default"] = True  # staff's default: large, 8GiB 50% burst
+        data["sizes"][0]["default"] = False
+        data["sizes"][0]["groups"] = ["students"]
+        data["gpus"]["burst_oversubscription"] = 1.2  # 240% on the node
+
+    message = refused(tmp_path, mixed)
+    assert "need 34GiB and 280% of a GPU's SMs together (180% hard, 100% burst)" in message
+
+
+def test_reserve_in_the_fit_check(tmp_path):
+    # 15 students and the teacher: 16 x 2GiB = 32GiB, the node's whole memory; fits without a reserve.
+    crowd = burst_class(15, burst_oversubscription=2)
+    assert load(tmp_path, crowd).gpus.reserve == 0
+
+    def reserved(data):
+        crowd(data)
+        data["gpus"]["reserve"] = "1GiB"
+
+    message = refused(tmp_path, reserved)
+    assert "need 32GiB and 320% of a GPU's SMs together (burst), more than the node's 2 GPUs have (30GiB after " in (
+        message
+    )
+    assert "gpus.reserve, 200% hard, 400% hard and burst with gpus.burst_oversubscription 2)" in message
 
 
 def test_a_member_counted_once_and_with_their_own_default(tmp_path):
