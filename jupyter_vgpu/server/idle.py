@@ -122,7 +122,10 @@ class IdleKernels:
     async def _check_kernel(self, kernel: Any, allocation: Allocation) -> None:
         state = getattr(kernel, "execution_state", "")
         last_activity = getattr(kernel, "last_activity", None)
-        if state in ("starting", "restarting", "dead") or last_activity is None:
+        # "starting" stays until a client first talks to the kernel (jupyter_server learns its
+        # state from the messages it relays), so a kernel started and never opened counts as idle
+        # from its start, as jupyter_server's own culler counts it.
+        if state in ("restarting", "dead") or last_activity is None:
             return
         now = self.clock()
         active_at = last_activity.timestamp()

@@ -238,3 +238,67 @@ def test_the_grafana_dashboard_asks_only_for_metrics_and_labels_the_broker_expor
                 re.findall(r"{{(\w+)}}", target["legendFormat"])
             )
             assert grouped <= labels, (panel["title"], grouped - labels)
+
+
+IDLE_CLASSROOM = """
+gpus: {count: 1, memory: 16GiB}
+simulate: true
+broker: {port: BROKER_PORT, state_dir: broker-state}
+groups:
+  students: [ida]
+sizes:
+  - name: small
+    memory: 2GiB
+    cores: 20
+    policy: burst
+    default: true
+    kernel: {memory: 1GiB, cores: 10}
+limits: {kernels: 2}
+oversubscribe: true
+idle: {lower_after: 2s, floor_cores: 5, cull_after: 10s}
+"""
+
+
+def test_an_idle_kernel_is_lowered_restored_when_it_runs_and_stopped_later_with_a_notice(tmp_path):
+    """The classroom's idle policy reaches the student's server through the hub, and the share it
+    restores is decided by the broker."""
+    from jupyter_client import BlockingKernelClient
+
+    hub = Hub(tmp_path, IDLE_CLASSROOM, extra_config=FAST_RECONCILE)
+    try:
+        ida = hub.user_token("ida")
+        hub.start_server("ida", {})
+        kernel = started_kernel(hub, "ida", ida)
+
+        def slice_now() -> dict:
+            status, slices = hub.server("ida", ida, "GET", "api/vgpu/slices")
+            assert status == 200, slices
+            return next(item for item in slices if item["kernel_id"] == kernel)
+
+        lowered = wait_for(
+            lambda: (item := slice_now())["limits"]["cores"] == 5 and item, 60, "the idle kernel lowered"
+        )
+        assert "lowered to 5% of the SMs after 2 s idle" in lowered["notice"], lowered
+        assert allocations(hub, ida)[kernel]["sm_share"] == 5  # the broker holds the lowered share
+
+        client = BlockingKernelClient(connection_file=str(kernel_connection_file(hub, "ida", kernel)))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            running = client.execute("import time; time.sleep(4)")
+            restored = wait_for(lambda: (item := slice_now())["limits"]["cores"] == 10 and item, 30, "the share back")
+            assert restored["notice"] is None, restored
+            assert allocations(hub, ida)[kernel]["sm_share"] == 10
+            reply = client.get_shell_msg(timeout=60)
+            assert reply["parent_header"]["msg_id"] == running and reply["content"]["status"] == "ok"
+        finally:
+            client.stop_channels()
+
+        wait_for(lambda: kernel not in allocations(hub, ida), 60, "the idle kernel stopped", interval=0.2)
+        status, kernels = hub.server("ida", ida, "GET", "api/kernels")
+        assert status == 200 and kernel not in [item["id"] for item in kernels], kernels
+        status, notices = hub.server("ida", ida, "GET", "api/vgpu/notices")
+        assert status == 200 and "stopped after 10 s idle to free its 1GiB of GPU memory" in notices[kernel], notices
+    finally:
+        hub.stop()
