@@ -210,3 +210,10 @@ def test_kernelspec_without_a_subcommand_says_how(vgpu):
     result = vgpu("kernelspec")
     assert result.returncode == 2
     assert "jupyter vgpu kernelspec install" in result.stderr
+
+
+def test_version_prints_the_package_version(vgpu):
+    from jupyter_vgpu import __version__
+
+    result = vgpu("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, __version__)
