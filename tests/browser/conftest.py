@@ -26,11 +26,11 @@ BROWSER_DEVICE = "name=Sim Browser GPU,memory=8GiB,sms=50,context_memory=0"
 
 class Lab(JupyterProcess):
     """`jupyter lab` in a private Jupyter environment (config, data, runtime, settings), with a
-    vGPU kernelspec named ``kernel_name``."""
+    vGPU kernelspec named ``kernel_name``, and more ``options`` on its command line."""
 
     kernel_name = KERNEL_NAME
 
-    def __init__(self, tmp_path: Path, env: dict[str, str]):
+    def __init__(self, tmp_path: Path, env: dict[str, str], *options: str):
         self.root = tmp_path / "notebooks"
         self.root.mkdir()
         super().__init__(
@@ -41,6 +41,7 @@ class Lab(JupyterProcess):
             "--VGPUApp.simulate=True",
             f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
             f"--VGPUApp.region_dir={tmp_path / 'regions'}",
+            *options,
             app="lab",
         )
 
@@ -123,14 +124,21 @@ def labextension_build() -> Path:
 
 
 @pytest.fixture
-def lab(sim_env, tmp_path, labextension_build):
+def lab_options() -> tuple[str, ...]:
+    """More options for the lab's command line; a test sets them with
+    ``@pytest.mark.parametrize("lab_options", [(...)])``."""
+    return ()
+
+
+@pytest.fixture
+def lab(sim_env, tmp_path, labextension_build, lab_options):
     env = dict(sim_env)
     env.pop("LD_LIBRARY_PATH")  # the server points its kernels at the simulated driver itself
     # ipykernel forwards what C code writes to fd 2 (the OOM line) unless it sees this variable.
     env.pop("PYTEST_CURRENT_TEST", None)
     env["VGPU_SIM_DEVICES"] = BROWSER_DEVICE
     env.update(write_private_jupyter_env(tmp_path, labextension_build))
-    server = Lab(tmp_path, env)
+    server = Lab(tmp_path, env, *lab_options)
     yield server
     if server.stop() is None:
         pytest.fail(f"jupyter lab did not exit within 30 s of SIGTERM; its log:\n{server.log.read_text()[-4000:]}")

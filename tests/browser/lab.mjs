@@ -107,6 +107,13 @@ async function resizeFromSidebar(page, kernelId, memory, expectedMessage) {
   };
 }
 
+/** Wait until the store has polled the slices `count` more times. */
+async function nextPolls(page, count) {
+  for (let poll = 0; poll < count; poll++) {
+    await page.waitForResponse(response => response.url().includes('/api/vgpu/slices'));
+  }
+}
+
 const scenarios = {
   /** A notebook on a sliced kernel: usage shows up, the sidebar resizes it, the cap's OOM line shows. */
   async slicedNotebook(browser) {
@@ -167,6 +174,51 @@ const scenarios = {
       afterTitle: await warning.evaluate(node => node.parentElement.previousElementSibling.className),
       colours,
       statusTooltip: await item.getAttribute('title')
+    };
+  },
+
+  /**
+   * A notebook on a sliced kernel of a server with an idle policy: the kernel is left idle. Its
+   * slice is lowered (the status item's marker and tooltip, the sidebar's line, one info
+   * notification), then the kernel is stopped (one warning notification saying why).
+   */
+  async idleNotices(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    await openSidebar(page);
+    const item = page.locator('.jp-vgpu-StatusItem.jp-vgpu-mod-noticed');
+    await item.waitFor();
+    const statusTooltip = await item.getAttribute('title');
+    const marker = await item.evaluate(node => {
+      const probe = document.createElement('span');
+      probe.style.color = 'var(--jp-info-color1)';
+      node.append(probe);
+      const info = getComputedStyle(probe).color;
+      probe.remove();
+      return { dot: getComputedStyle(node, '::after').backgroundColor, info };
+    });
+    const sidebarNotice = await sliceRow(page, kernelId).locator('.jp-vgpu-Notice').innerText();
+    const lowered = page.locator('.jp-Notification-Toast-info', { hasText: 'lowered to' });
+    await lowered.first().waitFor();
+    await page.locator('.jp-StatusBar-Widget').screenshot({ path: `${settings.screenshots}/statusbar-idle.png` });
+    // Polls go on: the notice is told once.
+    await nextPolls(page, 2);
+    const loweredToasts = await lowered.allInnerTexts();
+    const stopped = page.locator('.jp-Notification-Toast-warning', { hasText: 'stopped after' });
+    await stopped.waitFor();
+    // Its slice gone, the status item hides; the sidebar's row goes with it.
+    await page.locator('.jp-vgpu-StatusItem').waitFor({ state: 'hidden' });
+    await sliceRow(page, kernelId).waitFor({ state: 'detached' });
+    await nextPolls(page, 2);
+    await page.screenshot({ path: `${settings.screenshots}/idle-stopped.png` });
+    return {
+      kernelId,
+      statusTooltip,
+      marker,
+      sidebarNotice,
+      loweredToasts,
+      stoppedToasts: await page.locator('.jp-Notification-Toast-warning').allInnerTexts()
     };
   },
 

@@ -1,10 +1,12 @@
 """The JupyterLab extension in a real browser: status bar, "GPU slices" sidebar, resize from the
 sidebar, the start dialog, the OOM line of a kernel at its cap, the server's warning about a slice
-whose limits the kernel rewrote, and JupyterLab's own kernel start refused for want of room,
-against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
+whose limits the kernel rewrote, JupyterLab's own kernel start refused for want of room, and the
+idle policy's notices (lowered, then stopped) told in the notebook, against a live `jupyter lab`
+on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 
+import pytest
 from support import wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -128,3 +130,20 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
         + "\n- ".join(problems)
         + (f"\n--- lab log ---\n{lab.log.read_text()[-3000:]}" if stopped_in is None else "")
     )
+
+
+@pytest.mark.parametrize("lab_options", [("--VGPUApp.idle_lower_after=1", "--VGPUApp.idle_cull_after=8")])
+def test_an_idle_kernel_is_told_lowered_in_the_status_bar_then_stopped_in_a_notification(lab, drive):
+    notebook = lab.write_notebook("idle.ipynb", ["print('never run')"])
+
+    seen = drive("idleNotices", notebook=notebook)
+
+    lowered = "lowered to 5% of the SMs after 1 s idle; restored when it runs again"
+    assert seen["statusTooltip"].splitlines()[-1] == f"Idle kernel: {lowered}"
+    assert seen["marker"]["dot"] == seen["marker"]["info"]
+    assert seen["sidebarNotice"] == lowered
+    assert seen["loweredToasts"] == [f"GPU slice of idle.ipynb: {lowered}"]
+    stopped = "stopped after 8 s idle to free its 1GiB of GPU memory; start it again from the Kernel menu"
+    assert seen["stoppedToasts"] == [f"The kernel of idle.ipynb: {stopped}"]
+    assert lab.api("GET", "api/vgpu/notices") == {seen["kernelId"]: stopped}
+    assert lab.api("GET", "api/vgpu/slices") == []
