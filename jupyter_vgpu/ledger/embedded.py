@@ -635,30 +635,30 @@ def _check_budget(
             f"{budget.label} gives burst slices, not hard ones (a hard share is a promise others pay for); "
             "ask for policy burst"
         )
-    grows_memory = current is None or wanted.memory_limit > current.memory_limit
-    if grows_memory and budget.memory is not None and memory + wanted.memory_limit > budget.memory:
-        free = max(0, budget.memory - memory)
-        held = f"your other slices hold {format_size(memory)}" if memory else "you hold no other slice"
-        advice = f"ask for at most {format_size(free)}, or stop a kernel" if free else "stop one of your kernels first"
+    had_memory, had_share = (None, None) if current is None else (current.memory_limit, current.sm_share)
+    checks: tuple[tuple[str, int | None, int, int, int | None, Callable[[int], str]], ...] = (
+        ("user_memory", budget.memory, memory, wanted.memory_limit, had_memory, format_size),
+        ("user_sm_share", budget.sm_share, share, wanted.sm_share, had_share, _percent),
+    )
+    for resource, limit, held, asked, had, show in checks:
+        grows = had is None or asked > had
+        if not grows or limit is None or held + asked <= limit:
+            continue
+        free = max(0, limit - held)
+        others = f"your other slices hold {show(held)}" if held else "you hold no other slice"
+        advice = f"ask for at most {show(free)}, or stop a kernel" if free else "stop one of your kernels first"
+        what = f"{show(asked)} of GPU memory" if resource == "user_memory" else f"an SM share of {show(asked)}"
         raise CapacityError(
-            f"{format_size(wanted.memory_limit)} of GPU memory does not fit in {budget.label}: it allows "
-            f"{format_size(budget.memory)} for all your slices together and {held}; {advice}",
-            resource="user_memory",
-            requested=wanted.memory_limit,
+            f"{what} does not fit in {budget.label}: it allows {show(limit)} for all your slices together and "
+            f"{others}; {advice}",
+            resource=resource,
+            requested=asked,
             available=free,
         )
-    grows_share = current is None or wanted.sm_share > current.sm_share
-    if grows_share and budget.sm_share is not None and share + wanted.sm_share > budget.sm_share:
-        free = max(0, budget.sm_share - share)
-        held = f"your other slices hold {share}%" if share else "you hold no other slice"
-        advice = f"ask for at most {free}%, or stop a kernel" if free else "stop one of your kernels first"
-        raise CapacityError(
-            f"an SM share of {wanted.sm_share}% does not fit in {budget.label}: it allows {budget.sm_share}% "
-            f"for all your slices together and {held}; {advice}",
-            resource="user_sm_share",
-            requested=wanted.sm_share,
-            available=free,
-        )
+
+
+def _percent(value: int) -> str:
+    return f"{value}%"
 
 
 def _either(options: list[str]) -> str:
