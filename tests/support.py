@@ -121,7 +121,7 @@ class JupyterProcess:
                     f"--IdentityProvider.token={token}",
                     *options,
                 ],
-                env=env,
+                env={**env, "PYTHONFAULTHANDLER": "1"},
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
             )
@@ -174,6 +174,13 @@ class JupyterProcess:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            # SIGABRT first: Python's fault handler (PYTHONFAULTHANDLER, set at start) writes
+            # every thread's stack to the log, which says where the server hung.
+            self.process.send_signal(signal.SIGABRT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
             self.process.kill()
             self.process.wait()
             return None

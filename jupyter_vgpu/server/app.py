@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
+import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -385,3 +388,27 @@ class VGPUApp(ExtensionApp):
         idle_watcher = getattr(self, "_idle_watcher", None)
         if idle_watcher is not None:
             idle_watcher.stop()
+        _stop_anyio_worker_threads()
+
+
+def _stop_anyio_worker_threads() -> None:
+    """Let the server's process exit after SIGTERM.
+
+    jupyter_server runs some handlers (nbconvert's exporter list, which JupyterLab asks for at
+    every page load; the async contents manager) on AnyIO worker threads. Those are not daemon
+    threads, and AnyIO stops them only when the task it took for the root task ends; under
+    tornado's loop that task may never end, and the process then hangs at exit joining them
+    (jupyterlab/jupyterlab#10442; seen here as `jupyter lab` not exiting after SIGTERM under CPU
+    load, a fault-handler dump showing the main thread in threading._shutdown and one AnyIO
+    worker waiting for work). The server stops its extensions on its loop before it stops the
+    loop, so here the workers are told to stop as AnyIO itself would; one still running a task
+    finishes it first. AnyIO has no public call for this, hence the guarded import.
+    """
+    try:
+        from anyio._backends._asyncio import WorkerThread
+    except ImportError:  # another AnyIO layout: nothing to do
+        return
+    for thread in threading.enumerate():
+        if isinstance(thread, WorkerThread) and thread.is_alive():
+            with contextlib.suppress(queue.Full, ValueError, AttributeError):
+                thread.stop()

@@ -33,6 +33,7 @@ class Lab(JupyterProcess):
     def __init__(self, tmp_path: Path, env: dict[str, str], *options: str):
         self.root = tmp_path / "notebooks"
         self.root.mkdir()
+        self.runtime_dir = tmp_path / "runtime"  # JUPYTER_RUNTIME_DIR: the kernels' connection files
         super().__init__(
             env,
             tmp_path / "lab.log",

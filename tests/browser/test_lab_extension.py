@@ -7,7 +7,7 @@ on the simulated GPU (8 GiB, 50 SMs)."""
 from __future__ import annotations
 
 import pytest
-from support import wait_for
+from jupyter_client import BlockingKernelClient
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -98,9 +98,15 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
     assert session["kernel"]["name"] == "python3"
     # The page can be done before the kernel is: a kernel stopped halfway through its start
     # keeps jupyter_client waiting for it well past the teardown's limit (seen on a busy
-    # machine), which is not what this test is about.
-    kernel = f"api/kernels/{session['kernel']['id']}"
-    wait_for(lambda: lab.api("GET", kernel)["execution_state"] == "idle", 120, "the plain kernel to finish starting")
+    # machine), which is not what this test is about. Asked over its own channels: the server's
+    # execution_state stays "starting" once the page is gone, until a client talks to the kernel.
+    client = BlockingKernelClient(connection_file=str(lab.runtime_dir / f"kernel-{session['kernel']['id']}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+    finally:
+        client.stop_channels()
 
 
 def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
