@@ -28,6 +28,7 @@ import os
 import signal
 from collections.abc import Mapping
 from dataclasses import asdict
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -40,11 +41,12 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
-from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, LedgerError, OwnerBudget
+from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
 from jupyter_vgpu.ledger.metrics import add_device_gauges
-from jupyter_vgpu.ledger.service import Caller, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import Caller, Gate, LedgerHandler, Refusal, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
+NO_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 USE_SCOPE = "custom:vgpu:use"
 ADMIN_SCOPE = "custom:vgpu:admin"
 # Long enough that the hub is not asked about every owner all the time, short enough that a
@@ -158,43 +160,34 @@ class HubGate:
         )
 
 
-class _BrokerHandler(web.RequestHandler):
-    def initialize(self, broker: Broker) -> None:
-        self.broker = broker
-
-    def check_xsrf_cookie(self) -> None:
-        return None  # token in a header, never a cookie (see the ledger service)
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        body = error.body if isinstance(error, Refusal) else {"message": self._reason, "error": "HTTPError"}
-        self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.finish(json.dumps(body))
-
-
-class HealthHandler(_BrokerHandler):
+class HealthHandler(web.RequestHandler):
     """``GET <prefix>``: whether the broker runs, and on which devices (nothing about anyone's slices)."""
+
+    def initialize(self, ledger: EmbeddedLedger) -> None:
+        self.ledger = ledger
 
     def get(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
-        devices = [asdict(device) for device in self.broker.ledger.devices]
+        devices = [asdict(device) for device in self.ledger.devices]
         self.finish(json.dumps({"service": "jupyter-vgpu broker", "version": __version__, "devices": devices}))
 
 
-class MetricsHandler(_BrokerHandler):
+class MetricsHandler(LedgerHandler):
     """``GET <prefix>metrics``: every slice of the node with its owner and the owner's groups, in
-    Prometheus' text format, for a token with ``custom:vgpu:admin``."""
+    Prometheus' text format, for a token with ``custom:vgpu:admin`` (authenticated, refused and
+    read as every ledger route is)."""
+
+    def initialize(self, ledger: Ledger, gate: Gate, groups: Mapping[str, tuple[str, ...]] = NO_GROUPS) -> None:
+        super().initialize(ledger, gate)
+        self.groups = groups  # the owners' groups, as the gate last read them from the hub
 
     async def get(self) -> None:
-        scheme, _, credential = self.request.headers.get("Authorization", "").strip().partition(" ")
-        if scheme.lower() not in ("token", "bearer") or not credential.strip():
-            raise Refusal(401, "the broker's metrics need a token: send 'Authorization: token <token>'", "Unauthorized")
-        caller = await self.broker.gate.caller(self.request, credential.strip())
-        if not caller.admin:
+        if not self.caller.admin:
             raise Refusal(403, f"the broker's metrics show every user's slices: they need {ADMIN_SCOPE}", "Forbidden")
-        allocations, usages = await IOLoop.current().run_in_executor(None, self.broker.snapshot)
+        allocations = await self.decide(self.ledger.allocations)
+        usages = await self.decide(self.ledger.devices_usage)
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(broker_metrics(allocations, usages, self.broker.gate.groups))
+        self.finish(broker_metrics(allocations, usages, self.groups))
 
 
 def broker_metrics(
@@ -253,16 +246,16 @@ class Broker:
         self.gate = HubGate(classroom, auth, self.users)
 
     def application(self) -> web.Application:
-        options = {"broker": self}
         handlers: list[Any] = [
-            (rf"{self.prefix}?", HealthHandler, options),
-            (rf"{self.prefix}metrics", MetricsHandler, options),
+            (rf"{self.prefix}?", HealthHandler, {"ledger": self.ledger}),
+            (
+                rf"{self.prefix}metrics",
+                MetricsHandler,
+                {"ledger": self.ledger, "gate": self.gate, "groups": self.gate.groups},
+            ),
             *ledger_handlers(f"{self.prefix}ledger", self.ledger, self.gate),
         ]
         return web.Application(handlers)
-
-    def snapshot(self) -> tuple[list[Allocation], list[DeviceUsage]]:
-        return self.ledger.allocations(), self.ledger.devices_usage()
 
     async def reconcile_with_hub(self) -> list[Allocation]:
         """Give back the slices of owners who run no server any more (or whom the hub no longer has)."""
