@@ -627,20 +627,29 @@ class KernelspecInstallApp(_VGPUSubcommand):
         return 0
 
 
-class KernelspecApp(JupyterApp):
-    name = "jupyter-vgpu-kernelspec"
+class _CommandGroup(JupyterApp):
+    """A command of subcommands (``jupyter vgpu``, ``jupyter vgpu kernelspec``, ...): without one
+    it prints its usage and exits 2."""
+
     version = __version__
-    description = "Manage vGPU kernelspecs."
-    subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}  # noqa: RUF012 -- traitlets' class-level table
+
+    def usage(self) -> str:
+        raise NotImplementedError
 
     def start(self) -> None:
         if self.subapp is None:
-            print(
-                "usage: jupyter vgpu kernelspec install [options]  (jupyter vgpu kernelspec install --help)",
-                file=sys.stderr,
-            )
+            print(f"usage: {self.usage()}", file=sys.stderr)
             self.exit(2)
         super().start()
+
+
+class KernelspecApp(_CommandGroup):
+    name = "jupyter-vgpu-kernelspec"
+    description = "Manage vGPU kernelspecs."
+    subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}  # noqa: RUF012 -- traitlets' class-level table
+
+    def usage(self) -> str:
+        return "jupyter vgpu kernelspec install [options]  (jupyter vgpu kernelspec install --help)"
 
 
 def own_options_help(cls: type[Configurable]) -> str:
@@ -802,22 +811,17 @@ class HubProfilesApp(JupyterApp):
         print(json.dumps(profile_list(classroom, self.groups or None), indent=2))
 
 
-class HubApp(JupyterApp):
+class HubApp(_CommandGroup):
     name = "jupyter-vgpu-hub"
-    version = __version__
     description = "JupyterHub integration: what a classroom file makes."
     subcommands = {"profiles": (HubProfilesApp, HubProfilesApp.description)}  # noqa: RUF012 -- traitlets' class-level table
 
-    def start(self) -> None:
-        if self.subapp is None:
-            print("usage: jupyter vgpu hub profiles --config FILE  (jupyter vgpu hub profiles --help)", file=sys.stderr)
-            self.exit(2)
-        super().start()
+    def usage(self) -> str:
+        return "jupyter vgpu hub profiles --config FILE  (jupyter vgpu hub profiles --help)"
 
 
-class VGPUCommand(JupyterApp):
+class VGPUCommand(_CommandGroup):
     name = "jupyter-vgpu"
-    version = __version__
     description = "GPU slices for Jupyter kernels and any program."
     subcommands = {  # noqa: RUF012 -- traitlets' class-level table
         "run": (RunApp, RunApp.description.splitlines()[0]),
@@ -832,14 +836,8 @@ class VGPUCommand(JupyterApp):
         "hub": (HubApp, HubApp.description),
     }
 
-    def start(self) -> None:
-        if self.subapp is None:
-            print(
-                "usage: jupyter vgpu {" + ",".join(self.subcommands) + "} ...  (jupyter vgpu COMMAND --help)",
-                file=sys.stderr,
-            )
-            self.exit(2)
-        super().start()
+    def usage(self) -> str:
+        return "jupyter vgpu {" + ",".join(self.subcommands) + "} ...  (jupyter vgpu COMMAND --help)"
 
 
 main = VGPUCommand.launch_instance
