@@ -283,9 +283,9 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
+        self._start_idle_policy(manager)
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
-        self._start_idle_policy(manager)
         self.log.info(
             "jupyter_vgpu: %d GPU(s)%s: %s",
             len(chosen),
@@ -321,8 +321,6 @@ class VGPUApp(ExtensionApp):
                 self.idle_cull_after,
                 self.idle_lower_after,
             )
-        self._idle_watcher = PeriodicCallback(idle.check, self.watch_interval * 1000)
-        self._idle_watcher.start()
         self.log.info(
             "jupyter_vgpu: idle kernels lowered to %d%% of the SMs after %s, stopped after %s",
             self.idle_floor_cores,
@@ -348,8 +346,9 @@ class VGPUApp(ExtensionApp):
             scopes.add(PodScope(settings.namespace or default_namespace(), settings.owner or default_owner()))
         return sorted(scopes, key=lambda scope: (scope.namespace, scope.owner))
 
-    def _watch_slices(self) -> None:
-        """Free the slices of kernels that are gone, and put back limits a kernel rewrote.
+    async def _watch_slices(self) -> None:
+        """Free the slices of kernels that are gone, put back limits a kernel rewrote, and apply
+        the idle policy, all from one read of the ledger (with a broker, one request a tick).
 
         A kernel is gone when its kernel manager no longer knows it and its process no longer
         runs: a kernel still starting is not known yet but runs (or has not launched, and then
@@ -377,6 +376,8 @@ class VGPUApp(ExtensionApp):
                 and not manager.holder(allocation).is_alive(allocation)
             ):
                 manager.release(allocation.kernel_id)
+        idle: IdleKernels = self.settings[IDLE_SETTING]
+        await idle.check([status.allocation for status in statuses])
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)
@@ -385,9 +386,6 @@ class VGPUApp(ExtensionApp):
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
-        idle_watcher = getattr(self, "_idle_watcher", None)
-        if idle_watcher is not None:
-            idle_watcher.stop()
         _stop_anyio_worker_threads()
 
 

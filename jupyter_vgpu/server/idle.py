@@ -100,16 +100,19 @@ class IdleKernels:
 
     # -- the policy --------------------------------------------------------------------------
 
-    async def check(self) -> None:
-        """One pass over this server's sliced kernels."""
+    async def check(self, allocations: list[Allocation] | None = None) -> None:
+        """One pass over this server's sliced kernels, given the ledger's ``allocations`` as the
+        slice watcher just read them (None: read them here)."""
         if not self.enabled:
             return
-        try:
-            allocations = {allocation.kernel_id: allocation for allocation in self.slices.ledger.allocations()}
-        except LedgerError:
-            return  # the slice watcher says that the ledger does not answer
+        if allocations is None:
+            try:
+                allocations = self.slices.ledger.allocations()
+            except LedgerError:
+                return  # the slice watcher says that the ledger does not answer
+        by_kernel = {allocation.kernel_id: allocation for allocation in allocations}
         for kernel_id in list(self.kernels.list_kernel_ids()):
-            allocation = allocations.get(kernel_id)
+            allocation = by_kernel.get(kernel_id)
             if allocation is None or kernel_id not in self.kernels:
                 continue
             try:
