@@ -192,6 +192,17 @@ async def test_a_pod_deleted_from_outside_ends_its_kernel_which_comes_back_on_a_
         pytest.fail(
             f"no end message and new pod: {[r.getMessage() for r in caplog.records if kernel_id in r.getMessage()]}"
         )
+    # The slice says "running" once the new pod runs; the restarter's restart ends later, when the
+    # kernel answers. Shutting it down before that meets an upstream race (jupyter_client's
+    # MultiKernelManager reads the pending `ready` future's exception: InvalidStateError, a 500).
+    manager = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+    finally:
+        client.stop_channels()
+    await manager.ready
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert standin.pods() == []
 
