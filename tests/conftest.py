@@ -168,7 +168,7 @@ def compile_c(host_machine):
 def sim_env(native_libs, tmp_path) -> dict[str, str]:
     """Environment of a process on a private simulated machine (its own state file)."""
     env = dict(os.environ)
-    for name in ("LD_PRELOAD", "VGPU_REGION", "CUDA_VISIBLE_DEVICES", "VGPU_LOG_LEVEL"):
+    for name in ("LD_PRELOAD", "VGPU_REGION", "VGPU_LIMITS", "CUDA_VISIBLE_DEVICES", "VGPU_LOG_LEVEL"):
         env.pop(name, None)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(native_libs.sim_dir), env.get("LD_LIBRARY_PATH")]))
     env["VGPU_SIM_STATE"] = str(tmp_path / "sim-state")

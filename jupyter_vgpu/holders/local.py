@@ -18,7 +18,8 @@ from pathlib import Path
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_vgpu.holders import SliceUsage
-from jupyter_vgpu.holders.region import Region, RegionError, process_start_time
+from jupyter_vgpu.holders.pages import page_path
+from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, default_limits_path, process_start_time
 from jupyter_vgpu.ledger import Allocation, UnknownSlice
 from jupyter_vgpu.model import Device, SliceLimits, format_size
 from jupyter_vgpu.model.devices import simulator_environment
@@ -30,9 +31,10 @@ REGION_SUFFIX = ".region"
 # what the interposer enforces; the folder also names every running kernel.
 PRIVATE_FILE = 0o600
 PRIVATE_FOLDER = 0o700
-# The variable naming a process's region (read by libvgpu.so, and by %vgpu in a kernel that no
-# server started).
+# The variables naming a process's region and its limits page (read by libvgpu.so, and by %vgpu
+# in a kernel that no server started).
 REGION_VARIABLE = "VGPU_REGION"
+LIMITS_VARIABLE = "VGPU_LIMITS"
 # An allocation's metadata key naming its region file where that is not in the holder's own
 # folder: the slice of a batch kernel (nbconvert, papermill) admitted to a server's ledger by a
 # provisioner outside that server, whose region is in the standalone folder.
@@ -63,6 +65,7 @@ def slice_environment(region: Region, *, simulate: bool, base_env: dict[str, str
         env.update(simulator_environment(env))
     env["LD_PRELOAD"] = " ".join(filter(None, [str(interposer_path()), env.get("LD_PRELOAD", "")]))
     env[REGION_VARIABLE] = str(region.path)
+    env[LIMITS_VARIABLE] = str(region.page.path)
     env["CUDA_VISIBLE_DEVICES"] = region.device_uuid
     return env
 
@@ -72,13 +75,19 @@ def _limits_text(limits: SliceLimits) -> str:
 
 
 class LocalHolder:
-    """Slices as region files in ``region_dir``, one per kernel, named by the kernel id."""
+    """Slices as region files in ``region_dir``, one per kernel, named by the kernel id.
+
+    Each region's limits page is made here, beside it, unless ``limits_dir`` names the folder in
+    which the node's broker publishes the pages: the holder then only reads them, and the kernel
+    obeys a page its own account cannot write.
+    """
 
     kind = "local"
 
-    def __init__(self, region_dir: Path | None = None, *, simulate: bool = False):
+    def __init__(self, region_dir: Path | None = None, *, simulate: bool = False, limits_dir: Path | None = None):
         self.region_dir = private_folder(Path(region_dir) if region_dir else default_region_dir())
         self.simulate = simulate
+        self.limits_dir = limits_dir
         self._regions: dict[str, Region] = {}
 
     # -- regions -------------------------------------------------------------------------
@@ -98,10 +107,16 @@ class LocalHolder:
             mode=PRIVATE_FILE,
         )
 
+    def published_page(self, kernel_id: str) -> Path | None:
+        """The broker's page of ``kernel_id``'s slice, where the broker publishes them."""
+        return page_path(self.limits_dir, kernel_id) if self.limits_dir else None
+
     def region(self, kernel_id: str) -> Region:
         region = self._regions.get(kernel_id)
         if region is None:
-            region = self._regions[kernel_id] = Region.open(self.path(kernel_id))
+            region = self._regions[kernel_id] = Region.open(
+                self.path(kernel_id), limits_path=self.published_page(kernel_id), publisher=self.limits_dir is None
+            )
         return region
 
     @contextmanager
@@ -123,13 +138,26 @@ class LocalHolder:
     # -- the Holder protocol -------------------------------------------------------------
 
     def create(self, allocation: Allocation) -> None:
-        device = Device(allocation.device_uuid, allocation.device_index, "", 0, 0)
-        self._regions[allocation.kernel_id] = self.new_region(allocation.kernel_id, allocation.limits, device)
+        published = self.published_page(allocation.kernel_id)
+        if published is None:
+            device = Device(allocation.device_uuid, allocation.device_index, "", 0, 0)
+            self._regions[allocation.kernel_id] = self.new_region(allocation.kernel_id, allocation.limits, device)
+            return
+        # The broker made the page when it admitted the slice, before it answered.
+        page = LimitsPage.open(published, writable=False)
+        try:
+            region = Region.create(self.path(allocation.kernel_id), page=page, mode=PRIVATE_FILE)
+        except BaseException:
+            page.close()
+            raise
+        self._regions[allocation.kernel_id] = region
 
     def check_limits(self, allocation: Allocation, wanted: SliceLimits) -> None:
         """A region holds any limits; the ledger checks the device's capacity."""
 
     def apply_limits(self, allocation: Allocation) -> None:
+        if self.limits_dir:
+            return  # the broker published them when it decided the resize
         try:
             with self._region_of(allocation) as region:
                 region.set_limits(
@@ -163,7 +191,10 @@ class LocalHolder:
 
     def _restore_limits(self, region: Region, allocation: Allocation) -> str | None:
         """Put the ledger's limits back into a region a process of the slice rewrote (a process
-        in the same Unix account can write its region), and say what was found."""
+        in the same Unix account can write its region), and say what was found. A page this
+        server cannot write is the broker's, which nothing in the kernel can change either."""
+        if not region.page.writable:
+            return None
         try:
             found = region.limits
             if found == allocation.limits:
@@ -196,6 +227,7 @@ class LocalHolder:
         if region is not None:
             region.close()
         self.path(kernel_id).unlink(missing_ok=True)
+        default_limits_path(self.path(kernel_id)).unlink(missing_ok=True)
 
     def sweep(self, kept: set[str]) -> list[str]:
         swept = []

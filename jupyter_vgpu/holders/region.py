@@ -1,10 +1,12 @@
-"""A slice's region: the shared-memory file through which the server publishes limits and the
-interposer in every process of the slice reports usage.
+"""A slice's shared memory: the limits page, through which the server (or the node's broker)
+publishes the slice's device and limits, and the region, in which the interposer in every
+process of the slice reports usage.
 
 The layout is read through cffi from the very header the C side compiles
-(``native/include/vgpu/region.h``), so the two cannot drift apart. Python writes settings and
-reads counters; the C side owns the counters. Limits are published through the two-copy
-sequence protocol the header describes, with an ``flock`` serialising writers.
+(``native/include/vgpu/region.h``), so the two cannot drift apart. Python writes limits and
+reads counters; the C side owns the counters and only reads the page. Limits are published
+through the two-copy sequence protocol the header describes, with an ``flock`` on the page
+serialising writers.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import fcntl
 import mmap
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -90,90 +93,91 @@ def process_start_time(pid: int) -> int:
     return int(fields[19])
 
 
-class Region:
-    """A mapped region file. Create one per slice with :meth:`create`; attach with :meth:`open`."""
+LIMITS_SUFFIX = ".limits"
+
+
+def default_limits_path(region_path: str | os.PathLike[str]) -> Path:
+    """Where a region's limits page is when nobody says otherwise (as libvgpu.so without
+    $VGPU_LIMITS): beside the region, its name + ``.limits``."""
+    path = Path(region_path)
+    return path.with_name(path.name + LIMITS_SUFFIX)
+
+
+def _create_file(path: Path, struct: str, mode: int, fill: Callable[[Any], None]) -> tuple[int, mmap.mmap]:
+    """A new file holding ``struct``, filled by ``fill`` before it appears under ``path``: it is
+    made aside and renamed in, so nothing that attaches sees it half made."""
+    size = _ffi()[0].sizeof(struct)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)  # whatever the umask
+        os.ftruncate(fd, size)
+        buffer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            fill(_ffi()[0].from_buffer(f"{struct} *", buffer))
+        except BaseException:
+            buffer.close()
+            raise
+        os.rename(staging, path)
+    except BaseException:
+        os.close(fd)
+        staging.unlink(missing_ok=True)
+        raise
+    return fd, buffer
+
+
+def _open_file(path: Path, struct: str, what: str, *, writable: bool) -> tuple[int, mmap.mmap, bool]:
+    """Maps an existing file holding ``struct``; read-only where ``writable`` is false or the
+    file is not this process's to write (a limits page the broker owns). Returns whether the
+    mapping is writable."""
+    size = _ffi()[0].sizeof(struct)
+    fd = -1
+    if writable:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:
+            writable = False
+        except FileNotFoundError:
+            raise RegionError(f"{what} {path} does not exist") from None
+    if fd < 0:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RegionError(f"{what} {path} does not exist") from None
+        except PermissionError as error:
+            raise RegionError(f"{what} {path} cannot be read ({error.strerror})") from None
+    try:
+        found = os.fstat(fd).st_size
+        if found < size:
+            raise RegionError(f"{what} {path} is {found} bytes, expected {size}")
+        access = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, access), writable
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_header(raw: Any, path: Path, what: str, magic: str, size: int, size_field: str) -> None:
+    consts = constants()
+    if raw.magic != consts[magic]:
+        raise RegionError(f"{path} is not a jupyter-vgpu {what} (bad magic)")
+    if raw.version != consts["VGPU_REGION_VERSION"] or getattr(raw, size_field) != size:
+        raise RegionError(
+            f"{what} {path} is version {raw.version}, this jupyter-vgpu reads version {consts['VGPU_REGION_VERSION']}"
+        )
+
+
+class _MappedFile:
+    """One of a slice's files, mapped, its fields reached through ``raw``: a cffi pointer typed
+    as region.h's struct (which mypy cannot see, so it is typed Any)."""
+
+    STRUCT = ""
 
     def __init__(self, path: Path, fd: int, buffer: mmap.mmap):
-        ffi, _ = _ffi()
         self.path = path
         self._fd = fd
         self._mmap = buffer
-        # A cffi pointer into the mapping: its fields are region.h's struct vgpu_region, which
-        # mypy cannot see, so it is typed Any.
-        self.raw: Any = ffi.from_buffer("struct vgpu_region *", buffer)
-
-    # -- life cycle --------------------------------------------------------------------------
-
-    @classmethod
-    def create(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        memory_limit: int,
-        sm_share: int = 100,
-        policy: str = "hard",
-        device_uuid: str,
-        device_index: int,
-        mode: int = 0o600,
-    ) -> Region:
-        """Create (or replace) the region file of a new slice, with its first limits."""
-        ffi, consts = _ffi()
-        path = Path(path)
-        size = ffi.sizeof("struct vgpu_region")
-        # Build the file aside and rename it in, so an attaching process never sees it half made.
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-        try:
-            os.ftruncate(fd, size)
-            buffer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            region = cls(path, fd, buffer)
-            raw = region.raw
-            raw.magic = consts["VGPU_REGION_MAGIC"]
-            raw.version = consts["VGPU_REGION_VERSION"]
-            raw.region_size = size
-            raw.max_procs = consts["VGPU_REGION_MAX_PROCS"]
-            encoded = device_uuid.encode()[: consts["VGPU_DEVICE_UUID_SIZE"] - 1]
-            ffi.memmove(raw.device_uuid, encoded, len(encoded))
-            raw.device_index = device_index
-            region._publish(SliceLimits(memory_limit, sm_share, policy))
-            os.rename(staging, path)
-        except BaseException:
-            os.close(fd)
-            staging.unlink(missing_ok=True)
-            raise
-        return region
-
-    @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Region:
-        """Attach to an existing region, validating it as the interposer does."""
-        ffi, consts = _ffi()
-        path = Path(path)
-        size = ffi.sizeof("struct vgpu_region")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise RegionError(f"slice region {path} does not exist") from None
-        try:
-            if os.fstat(fd).st_size < size:
-                raise RegionError(f"slice region {path} is {os.fstat(fd).st_size} bytes, expected {size}")
-            region = cls(path, fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
-        except BaseException:
-            os.close(fd)
-            raise
-        magic, version, region_size = region.raw.magic, region.raw.version, region.raw.region_size
-        try:
-            if magic != consts["VGPU_REGION_MAGIC"]:
-                raise RegionError(f"slice region {path} is not a jupyter-vgpu region (bad magic)")
-            if version != consts["VGPU_REGION_VERSION"] or region_size != size:
-                raise RegionError(
-                    f"slice region {path} is version {version}, this jupyter-vgpu reads version "
-                    f"{consts['VGPU_REGION_VERSION']}"
-                )
-            region.limits  # noqa: B018 - validates the published limits
-        except RegionError:
-            region.close()
-            raise
-        return region
+        self.raw: Any = _ffi()[0].from_buffer(f"{self.STRUCT} *", buffer)
 
     def close(self) -> None:
         if self._fd < 0:
@@ -190,7 +194,66 @@ class Region:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # -- limits ------------------------------------------------------------------------------
+
+class LimitsPage(_MappedFile):
+    """A slice's limits page: its device and the limits in force, written only by the publisher
+    (the server, or the node's broker) and read by every process of the slice."""
+
+    STRUCT = "struct vgpu_limits_page"
+
+    def __init__(self, path: Path, fd: int, buffer: mmap.mmap, *, writable: bool):
+        super().__init__(path, fd, buffer)
+        self.writable = writable
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        limits: SliceLimits,
+        *,
+        device_uuid: str,
+        device_index: int,
+        mode: int = 0o600,
+    ) -> LimitsPage:
+        """Create (or replace) the limits page of a new slice."""
+        ffi, consts = _ffi()
+        path = Path(path)
+
+        def fill(raw: Any) -> None:
+            raw.magic = consts["VGPU_LIMITS_MAGIC"]
+            raw.version = consts["VGPU_REGION_VERSION"]
+            raw.page_size = ffi.sizeof(cls.STRUCT)
+            encoded = device_uuid.encode()[: consts["VGPU_DEVICE_UUID_SIZE"] - 1]
+            ffi.memmove(raw.device_uuid, encoded, len(encoded))
+            raw.device_index = device_index
+            _publish(raw, limits)
+
+        fd, buffer = _create_file(path, cls.STRUCT, mode, fill)
+        return cls(path, fd, buffer, writable=True)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, writable: bool = True) -> LimitsPage:
+        """Attach to an existing page, validating it as the interposer does; read-only where the
+        file is not this process's to write."""
+        path = Path(path)
+        fd, buffer, writable = _open_file(path, cls.STRUCT, "the slice's limits page", writable=writable)
+        page = cls(path, fd, buffer, writable=writable)
+        try:
+            _check_header(page.raw, path, "limits page", "VGPU_LIMITS_MAGIC", _ffi()[0].sizeof(cls.STRUCT), "page_size")
+            page.limits  # noqa: B018 - validates the published limits
+        except RegionError:
+            page.close()
+            raise
+        return page
+
+    @property
+    def device_uuid(self) -> str:
+        uuid = _ffi()[0].string(self.raw.device_uuid)
+        return uuid.decode() if isinstance(uuid, bytes) else uuid
+
+    @property
+    def device_index(self) -> int:
+        return int(self.raw.device_index)
 
     @property
     def limits(self) -> SliceLimits:
@@ -203,62 +266,169 @@ class Region:
             if before % 2 == 0 and copy.sequence == before:
                 break
         else:
-            raise RegionError(f"slice region {self.path}: limits kept changing while being read")
+            raise RegionError(f"limits page {self.path}: limits kept changing while being read")
         if check != limits_check(memory_limit, sm_share, policy) or not 1 <= sm_share <= 100 or policy >= len(POLICIES):
-            raise RegionError(f"slice region {self.path} is corrupt (limits fail their check)")
+            raise RegionError(f"limits page {self.path} is corrupt (limits fail their check)")
         return SliceLimits(memory_limit, sm_share, POLICIES[policy])
 
     def set_limits(
         self, memory_limit: int | None = None, sm_share: int | None = None, policy: str | None = None
     ) -> SliceLimits:
         """Publish new limits; every process of the slice applies them on its next hooked call."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
+        with self._writing():
             current = self.limits
             new = SliceLimits(
                 current.memory_limit if memory_limit is None else memory_limit,
                 current.sm_share if sm_share is None else sm_share,
                 current.policy if policy is None else policy,
             )
-            self._publish(new)
+            _publish(self.raw, new)
             return new
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def restore(self, limits: SliceLimits) -> None:
-        """Publish ``limits`` whatever the region holds now, a corrupt copy included: the server
-        re-asserting the ledger's limits over a region someone else wrote."""
+        """Publish ``limits`` whatever the page holds now, a corrupt copy included: the publisher
+        re-asserting the ledger's limits over a page someone else wrote."""
+        with self._writing():
+            _publish(self.raw, limits)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        if not self.writable:
+            raise RegionError(
+                f"limits page {self.path} is not this process's to write: its publisher (the node's GPU broker) sets the limits"
+            )
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            self._publish(limits)
+            yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _publish(self, limits: SliceLimits) -> None:
-        raw = self.raw
-        spare_index = (raw.active_limits & 1) ^ 1
-        spare = raw.limits[spare_index]
-        policy = POLICIES.index(limits.policy)
-        # x86-64 and arm64 keep these aligned 8-byte stores whole; the odd sequence marks the copy
-        # as being written, and readers only look at it once `active_limits` points to it.
-        spare.sequence = spare.sequence + 1 if spare.sequence % 2 == 0 else spare.sequence
-        spare.memory_limit = limits.memory_limit
-        spare.sm_share = limits.sm_share
-        spare.policy = policy
-        spare.check = limits_check(limits.memory_limit, limits.sm_share, policy)
-        spare.sequence += 1
-        raw.active_limits = spare_index
 
-    # -- usage -------------------------------------------------------------------------------
+def _publish(raw: Any, limits: SliceLimits) -> None:
+    spare_index = (raw.active_limits & 1) ^ 1
+    spare = raw.limits[spare_index]
+    policy = POLICIES.index(limits.policy)
+    # x86-64 and arm64 keep these aligned 8-byte stores whole; the odd sequence marks the copy
+    # as being written, and readers only look at it once `active_limits` points to it.
+    spare.sequence = spare.sequence + 1 if spare.sequence % 2 == 0 else spare.sequence
+    spare.memory_limit = limits.memory_limit
+    spare.sm_share = limits.sm_share
+    spare.policy = policy
+    spare.check = limits_check(limits.memory_limit, limits.sm_share, policy)
+    spare.sequence += 1
+    raw.active_limits = spare_index
+
+
+class Region(_MappedFile):
+    """A mapped region file and its limits page. Create one per slice with :meth:`create`;
+    attach with :meth:`open`."""
+
+    STRUCT = "struct vgpu_region"
+
+    def __init__(self, path: Path, fd: int, buffer: mmap.mmap, page: LimitsPage):
+        super().__init__(path, fd, buffer)
+        self.page = page
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        memory_limit: int = 0,
+        sm_share: int = 100,
+        policy: str = "hard",
+        device_uuid: str = "",
+        device_index: int = -1,
+        mode: int = 0o600,
+        page: LimitsPage | None = None,
+    ) -> Region:
+        """Create (or replace) the region file of a new slice. Its limits page is ``page`` where
+        someone else published it (the broker), else one made here beside the region with these
+        limits and device."""
+        ffi, consts = _ffi()
+        path = Path(path)
+        owned = page is None
+        if page is None:
+            page = LimitsPage.create(
+                default_limits_path(path),
+                SliceLimits(memory_limit, sm_share, policy),
+                device_uuid=device_uuid,
+                device_index=device_index,
+                mode=mode,
+            )
+
+        def fill(raw: Any) -> None:
+            raw.magic = consts["VGPU_REGION_MAGIC"]
+            raw.version = consts["VGPU_REGION_VERSION"]
+            raw.region_size = ffi.sizeof(cls.STRUCT)
+            raw.max_procs = consts["VGPU_REGION_MAX_PROCS"]
+
+        try:
+            fd, buffer = _create_file(path, cls.STRUCT, mode, fill)
+        except BaseException:
+            if owned:
+                page.close()
+                page.path.unlink(missing_ok=True)
+            raise
+        return cls(path, fd, buffer, page)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        limits_path: str | os.PathLike[str] | None = None,
+        publisher: bool = True,
+    ) -> Region:
+        """Attach to an existing region and its limits page (``limits_path``, else the default
+        beside the region), validating both as the interposer does. Only a ``publisher`` (the
+        server) asks to write the page; a reader inside the slice maps it read-only."""
+        path = Path(path)
+        page = LimitsPage.open(limits_path or default_limits_path(path), writable=publisher)
+        try:
+            fd, buffer, _ = _open_file(path, cls.STRUCT, "slice region", writable=True)
+        except BaseException:
+            page.close()
+            raise
+        region = cls(path, fd, buffer, page)
+        try:
+            _check_header(
+                region.raw, path, "slice region", "VGPU_REGION_MAGIC", _ffi()[0].sizeof(cls.STRUCT), "region_size"
+            )
+        except RegionError:
+            region.close()
+            raise
+        return region
+
+    def close(self) -> None:
+        super().close()
+        self.page.close()
+
+    # -- limits (the page's) -----------------------------------------------------------------
+
+    @property
+    def limits(self) -> SliceLimits:
+        return self.page.limits
+
+    def set_limits(
+        self, memory_limit: int | None = None, sm_share: int | None = None, policy: str | None = None
+    ) -> SliceLimits:
+        return self.page.set_limits(memory_limit, sm_share, policy)
+
+    def restore(self, limits: SliceLimits) -> None:
+        self.page.restore(limits)
 
     @property
     def device_uuid(self) -> str:
-        uuid = _ffi()[0].string(self.raw.device_uuid)
-        return uuid.decode() if isinstance(uuid, bytes) else uuid
+        return self.page.device_uuid
 
     @property
     def device_index(self) -> int:
-        return int(self.raw.device_index)
+        return self.page.device_index
+
+    # -- usage -------------------------------------------------------------------------------
 
     def _slots(self) -> Iterator[Any]:
         raw = self.raw

@@ -40,6 +40,7 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from jupyter_vgpu._version import __version__
+from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
 from jupyter_vgpu.ledger.metrics import add_device_gauges
@@ -54,6 +55,8 @@ ADMIN_SCOPE = "custom:vgpu:admin"
 DEFAULT_RECONCILE_INTERVAL_S = 30.0
 HUB_TIMEOUT_S = 10.0
 
+# The broker's state folder: others pass through it to the limits pages, without listing it.
+TRAVERSE_ONLY = 0o711
 log = logging.getLogger("jupyter_vgpu.broker")
 
 
@@ -233,14 +236,21 @@ class Broker:
                 f"{classroom.path}: gpus.count is {classroom.gpus.count} but this node has {len(devices)} GPU(s): "
                 + ", ".join(f"{device.index} {device.name} ({format_size(device.memory_total)})" for device in devices)
             )
-        classroom.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Others may pass through the state folder to the limits pages, not list it (the ledger
+        # file in it is the broker's alone).
+        classroom.state_dir.mkdir(parents=True, exist_ok=True)
+        classroom.state_dir.chmod(TRAVERSE_ONLY)
+        self.pages = PagePublisher(classroom.limits_dir)
         self.ledger = EmbeddedLedger(
             classroom.state_dir / "ledger.sqlite",
             devices[: classroom.gpus.count],
             reserve=classroom.gpus.reserve,
             burst_oversubscription=classroom.gpus.burst_oversubscription,
             placement=classroom.gpus.placement,
+            observers=[self.pages],
         )
+        # Pages survive a crash of the broker; make them the ledger's again, drop released ones.
+        self.pages.sync(self.ledger.allocations())
         auth = HubAuth(api_url=api_url, api_token=api_token, cache_max_age=60)
         self.users = HubUsers(api_url, api_token)
         self.gate = HubGate(classroom, auth, self.users)

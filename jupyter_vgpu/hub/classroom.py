@@ -207,6 +207,12 @@ class Classroom:
         return f"http://127.0.0.1:{self.broker_port}/services/{self.service_name}/"
 
     @property
+    def limits_dir(self) -> Path:
+        """Where the broker publishes each slice's limits page (readable by the users' kernels,
+        writable by the broker's account alone)."""
+        return self.state_dir / "limits"
+
+    @property
     def simulated_devices(self) -> str:
         """A ``VGPU_SIM_DEVICES`` spec for a simulated node like this one (native/sim/common/spec.c)."""
         # The simulator takes whole numbers with a unit; bytes when MiB is not exact.
@@ -770,6 +776,7 @@ def _check_fits(reader: _Reader, classroom: Classroom) -> None:
 
 # What a single-user server of this classroom reads (VGPUApp takes its settings from these).
 ENV_BROKER_URL = "JUPYTER_VGPU_BROKER_URL"
+ENV_BROKER_LIMITS_DIR = "JUPYTER_VGPU_BROKER_LIMITS_DIR"
 ENV_DEFAULT_MEMORY = "JUPYTER_VGPU_DEFAULT_MEMORY"
 ENV_DEFAULT_CORES = "JUPYTER_VGPU_DEFAULT_CORES"
 ENV_DEFAULT_POLICY = "JUPYTER_VGPU_DEFAULT_POLICY"
@@ -783,6 +790,7 @@ ENV_IDLE_CULL_AFTER = "JUPYTER_VGPU_IDLE_CULL_AFTER"
 ENV_SIM_DEVICES = "VGPU_SIM_DEVICES"
 SERVER_ENVIRONMENT = (
     ENV_BROKER_URL,
+    ENV_BROKER_LIMITS_DIR,
     ENV_DEFAULT_MEMORY,
     ENV_DEFAULT_CORES,
     ENV_DEFAULT_POLICY,
@@ -838,6 +846,7 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
     }
     if broker:
         environment[ENV_BROKER_URL] = classroom.broker_url
+        environment[ENV_BROKER_LIMITS_DIR] = str(classroom.limits_dir)
     if budget.kernels is not None:
         environment[ENV_SERVER_SLICE_LIMIT] = str(budget.kernels)
     if classroom.simulate:

@@ -21,7 +21,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,6 +76,12 @@ _COLUMNS = (
 )
 
 log = logging.getLogger(__name__)
+
+# Told of every committed change to a slice's limits, in the order of the decisions: (before,
+# after), before None for an admission, after None for a release. Called under the ledger's lock,
+# so it must be quick and must not call back into the ledger; the broker publishes limits pages
+# through one.
+ChangeObserver = Callable[[Allocation | None, Allocation | None], None]
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,7 @@ class EmbeddedLedger:
         max_slice: SliceLimits | None = None,
         server_memory_limit: int | None = None,
         server_slice_limit: int | None = None,
+        observers: Sequence[ChangeObserver] = (),
     ):
         if reserve < 0:
             raise ValueError(f"reserve must be zero or more bytes, not {reserve!r}")
@@ -203,6 +210,8 @@ class EmbeddedLedger:
         self.max_slice = max_slice
         self.server_memory_limit = server_memory_limit
         self.server_slice_limit = server_slice_limit
+        self.observers = tuple(observers)
+        self._changes: list[tuple[Allocation | None, Allocation | None]] = []
         # One connection per Ledger: threads of this process take turns through the lock (cheaper
         # than each waiting on SQLite's file lock), other processes wait in SQLite's busy handler.
         self._lock = threading.Lock()
@@ -361,6 +370,7 @@ class EmbeddedLedger:
                     allocation.node,
                 ),
             )
+            self._changes.append((None, allocation))
         return allocation
 
     def resize(
@@ -401,6 +411,7 @@ class EmbeddedLedger:
                 "UPDATE allocations SET memory_limit = ?, sm_share = ?, policy = ? WHERE kernel_id = ?",
                 (resized.memory_limit, resized.sm_share, resized.policy, kernel_id),
             )
+            self._changes.append((current, resized))
         return resized
 
     def release(self, kernel_id: str) -> Allocation | None:
@@ -409,6 +420,7 @@ class EmbeddedLedger:
             allocation = self._get(db, kernel_id)
             if allocation is not None:
                 db.execute("DELETE FROM allocations WHERE kernel_id = ?", (kernel_id,))
+                self._changes.append((allocation, None))
         return allocation
 
     def update_metadata(self, kernel_id: str, **fields) -> Allocation:
@@ -440,6 +452,7 @@ class EmbeddedLedger:
                 ).rowcount
                 if deleted:
                     released.append(allocation)
+                    self._changes.append((allocation, None))
         return released
 
     # -- inside a decision -----------------------------------------------------------------
@@ -453,9 +466,15 @@ class EmbeddedLedger:
             try:
                 yield self._connection
             except BaseException:
+                self._changes.clear()
                 self._connection.execute("ROLLBACK")
                 raise
             self._connection.execute("COMMIT")
+            # Still under the lock: observers see the decisions in the order they were made.
+            changes, self._changes = self._changes, []
+            for before, after in changes:
+                for observer in self.observers:
+                    observer(before, after)
 
     @staticmethod
     def _get(db: sqlite3.Connection, kernel_id: str) -> Allocation | None:

@@ -107,12 +107,12 @@ def batch_region() -> str | None:
 
 def region_model(path: str) -> dict[str, Any]:
     """This kernel's slice as GET slices would answer it, read from its region file."""
-    from jupyter_vgpu.holders.local import REGION_SUFFIX
+    from jupyter_vgpu.holders.local import LIMITS_VARIABLE, REGION_SUFFIX
     from jupyter_vgpu.holders.region import Region, RegionError
     from jupyter_vgpu.provisioning.local import LEDGER_VARIABLE
 
     try:
-        with Region.open(path) as region:
+        with Region.open(path, limits_path=os.environ.get(LIMITS_VARIABLE) or None, publisher=False) as region:
             limits, processes = region.limits, region.processes()
             device = {"index": region.device_index, "uuid": region.device_uuid}
             sm_util = region.sm_util_permille / 10 if processes else 0.0

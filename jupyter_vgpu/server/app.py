@@ -51,6 +51,7 @@ def _size_or_none(value: str) -> int | None:
 # command line. The one place this extension reads its configuration from the environment.
 ENVIRONMENT_TRAITS = (
     "broker_url",
+    "broker_limits_dir",
     "simulate",
     "default_memory",
     "default_cores",
@@ -131,6 +132,14 @@ class VGPUApp(ExtensionApp):
         "",
         config=True,
         help="Token this server presents to the broker. Empty: $JUPYTERHUB_API_TOKEN, the server's own hub token.",
+    )
+    broker_limits_dir = Unicode(
+        "",
+        config=True,
+        help="Folder in which the node's broker publishes each slice's limits page, under the broker's own account: "
+        "this server's kernels then obey the broker's page, which they can read but not write, and the server "
+        "publishes no limits of its own. Empty: the server publishes them beside each region. A hub sets it "
+        "through $JUPYTER_VGPU_BROKER_LIMITS_DIR.",
     )
 
     idle_lower_after = Float(
@@ -268,7 +277,11 @@ class VGPUApp(ExtensionApp):
         manager = SliceManager(
             ledger,
             [
-                LocalHolder(Path(self.region_dir) if self.region_dir else default_region_dir(), simulate=self.simulate),
+                LocalHolder(
+                    Path(self.region_dir) if self.region_dir else default_region_dir(),
+                    simulate=self.simulate,
+                    limits_dir=Path(self.broker_limits_dir) if self.broker_limits_dir else None,
+                ),
                 PodHolder(new_server_instance(), self._pod_scopes(), log=self.log),
             ],
             SliceLimits(parse_size(self.default_memory), self.default_cores, self.default_policy),

@@ -22,11 +22,11 @@ static void format_uuid(char *out, size_t size, const char *prefix, const CUuuid
 
 static int ask_cuda(uintptr_t ordinal)
 {
-    struct vgpu_region *region = vgpu_region();
-    if (!region || !region->device_uuid[0])
+    const struct vgpu_limits_page *page = vgpu_limits_page();
+    if (!page || !page->device_uuid[0])
         return 1;
     /* A MIG slice is named by its MIG UUID, which only the _v2 query returns. */
-    int mig = strncmp(region->device_uuid, "MIG-", 4) == 0;
+    int mig = strncmp(page->device_uuid, "MIG-", 4) == 0;
     vgpu_pfn_cuDeviceGetUuid get_uuid = mig ? VGPU_CALLED(cuDeviceGetUuid_v2) : VGPU_CALLED(cuDeviceGetUuid);
     CUuuid uuid;
     char text[64];

@@ -38,15 +38,15 @@ static nvmlDevice_t slice_nvml_device(void)
     vgpu_pfn_nvmlInit_v2 init = VGPU_CALLED(nvmlInit_v2);
     vgpu_pfn_nvmlDeviceGetHandleByUUID by_uuid = VGPU_CALLED(nvmlDeviceGetHandleByUUID);
     vgpu_pfn_nvmlDeviceGetHandleByIndex_v2 by_index = VGPU_CALLED(nvmlDeviceGetHandleByIndex_v2);
-    struct vgpu_region *region = vgpu_region();
+    const struct vgpu_limits_page *page = vgpu_limits_page();
     nvmlDevice_t device = NULL;
-    if (region && init && init() == NVML_SUCCESS) {
+    if (page && init && init() == NVML_SUCCESS) {
         char uuid[VGPU_DEVICE_UUID_SIZE];
-        memcpy(uuid, region->device_uuid, sizeof uuid);
+        memcpy(uuid, page->device_uuid, sizeof uuid);
         uuid[sizeof uuid - 1] = '\0';
         if (!(uuid[0] && by_uuid && by_uuid(uuid, &device) == NVML_SUCCESS) &&
-            !(by_index && region->device_index >= 0 &&
-              by_index((unsigned int)region->device_index, &device) == NVML_SUCCESS))
+            !(by_index && page->device_index >= 0 &&
+              by_index((unsigned int)page->device_index, &device) == NVML_SUCCESS))
             device = NULL;
     }
     D.nvml_slice_device = device;

@@ -56,6 +56,7 @@ struct vgpu_env {
     atomic_int ready;
     enum vgpu_log_level log_level; /* VGPU_LOG_LEVEL */
     char region_path[PATH_MAX];    /* VGPU_REGION, or empty */
+    char limits_path[PATH_MAX];    /* VGPU_LIMITS, or the region's path + ".limits" */
     char kernel_id[64];            /* JUPYTER_VGPU_KERNEL_ID: the Jupyter kernel of this slice, or empty */
     int has_server;                /* JUPYTER_VGPU_SERVER_URL set: a vGPU server resizes the kernel's slice */
 };
@@ -188,6 +189,9 @@ void vgpu_report_fail_closed(void);
 /* The mapped region; NULL when failed closed. */
 struct vgpu_region *vgpu_region(void);
 
+/* The slice's limits page, mapped read-only; NULL when failed closed. */
+const struct vgpu_limits_page *vgpu_limits_page(void);
+
 /* This process's slot, claimed on the first call in a process (and again in a forked child);
  * NULL when failed closed. Processes that use the GPU claim it through vgpu_gpu_slot()
  * (monitor.c), which also starts their monitor thread. */
@@ -217,14 +221,15 @@ int vgpu_reap_dead_slots(void);
 
 enum vgpu_fail_kind {
     VGPU_FAIL_NONE = 0,
-    VGPU_FAIL_ATTACH,  /* no usable region: unset, missing, foreign, corrupt header */
-    VGPU_FAIL_LIMITS,  /* the region's published limits do not pass their check */
+    VGPU_FAIL_ATTACH,  /* no usable region or limits page: unset, missing, foreign, corrupt header */
+    VGPU_FAIL_LIMITS,  /* the page's published limits do not pass their check */
     VGPU_FAIL_NO_SLOT, /* every proc slot of the region is held by a live process */
 };
 struct vgpu_region_state {
     pthread_once_t init_once;
     atomic_int ready;                    /* init_once has run: checked inline before calling it */
     struct vgpu_region *region;          /* set once by init; NULL when attaching failed */
+    const struct vgpu_limits_page *page; /* set once by init with region; NULL when attaching failed */
     char attach_failure[PATH_MAX + 512]; /* why attaching failed, written once by init */
     pthread_once_t messages_once;
     char limits_failure[PATH_MAX + 512]; /* the message for corrupt limits, written once */
@@ -453,7 +458,8 @@ struct vgpu_pacing_state {
     pthread_key_t thread_exit_key; /* its destructor folds an exiting thread's launch count */
     pid_t pid;                     /* cached: getpid() is a system call */
     atomic_int launched;           /* a thread of this process has launched */
-    struct vgpu_region *region;    /* cached at init: launches peek at the share through it */
+    struct vgpu_region *region;    /* cached at init, with the page: launches peek at the share */
+    const struct vgpu_limits_page *page;
     atomic_int controller_running;
     pthread_mutex_t lock; /* guards `stopping` and `in_nvml`; `wake` ends the controller's tick
                              sleep, and the exit's wait for it to leave NVML */

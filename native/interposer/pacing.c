@@ -113,10 +113,10 @@ static int process_exists(pid_t pid)
 
 /* The active share, peeked at without the validated read: a share read from a copy being
  * replaced is the old or the new one, either a share that was published. */
-static inline uint32_t active_share(struct vgpu_region *region)
+static inline uint32_t active_share(const struct vgpu_limits_page *page)
 {
-    uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE) & 1;
-    return __atomic_load_n(&region->limits[active].sm_share, __ATOMIC_RELAXED);
+    uint64_t active = __atomic_load_n(&page->active_limits, __ATOMIC_ACQUIRE) & 1;
+    return __atomic_load_n(&page->limits[active].sm_share, __ATOMIC_RELAXED);
 }
 
 /* ---- per-process setup, fork, exit --------------------------------------------------- */
@@ -154,6 +154,7 @@ static void limiter_init(void)
 {
     L.pid = getpid();
     L.region = vgpu_region();
+    L.page = vgpu_limits_page();
     pthread_key_create(&L.thread_exit_key, thread_exit_flush);
     pthread_atfork(NULL, NULL, after_fork_child);
 }
@@ -209,7 +210,7 @@ static void nvml_leave(void)
     pthread_mutex_unlock(&L.lock);
 }
 
-static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
+static void nvml_open(struct vgpu_controller *c, const struct vgpu_limits_page *page)
 {
     if (c->nvml_state != 0)
         return;
@@ -224,7 +225,7 @@ static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
     const char *why = NULL;
     nvmlReturn_t result = NVML_SUCCESS;
     char uuid[VGPU_DEVICE_UUID_SIZE];
-    memcpy(uuid, region->device_uuid, sizeof uuid);
+    memcpy(uuid, page->device_uuid, sizeof uuid);
     uuid[sizeof uuid - 1] = '\0';
     if (!init || !by_index || !c->process_utilization)
         why = "NVML (libnvidia-ml.so.1) or its per-process utilisation is missing";
@@ -232,7 +233,7 @@ static void nvml_open(struct vgpu_controller *c, struct vgpu_region *region)
         why = "nvmlInit_v2 failed";
     else if (uuid[0] && by_uuid && (result = by_uuid(uuid, &c->device)) == NVML_SUCCESS)
         c->nvml_state = 1;
-    else if ((result = by_index((unsigned int)region->device_index, &c->device)) == NVML_SUCCESS)
+    else if ((result = by_index((unsigned int)page->device_index, &c->device)) == NVML_SUCCESS)
         c->nvml_state = 1;
     else
         why = "NVML does not know the slice's device";
@@ -428,7 +429,7 @@ static void control(struct vgpu_controller *c, struct vgpu_region *region, const
     struct utilisation u;
     if (!nvml_enter())
         return; /* exiting */
-    nvml_open(c, region);
+    nvml_open(c, vgpu_limits_page());
     int measured = c->nvml_state > 0 ? measure(c, region, &u) : -1;
     nvml_leave();
     if (!c->warned && c->nvml_state > 0 && (measured < 0 || c->unattributed_periods >= 40)) {
@@ -766,7 +767,7 @@ static __attribute__((noinline)) int flush_launches(struct thread_cache *cache)
     /* With the limiter on, the slice needs its controller now; off, the controller only
      * measures for reports, and vgpu_keep_slice_paced() starts it from the monitor. */
     struct vgpu_region *region = L.region;
-    if (region && active_share(region) < VGPU_SM_SHARE_MAX)
+    if (region && active_share(L.page) < VGPU_SM_SHARE_MAX)
         keep_controller_alive(region, vgpu_now_ns());
     return first;
 }
@@ -850,9 +851,9 @@ int vgpu_launch_admit(uint64_t cost)
     }
     /* An empty cache: the limits say whether to draw. With the limiter off every launch comes
      * here, so it peeks at the active share alone (every thread has passed limiter_init in
-     * flush_launches, which set `region`); only a share below 100 is worth the validated read. */
+     * flush_launches, which set `region` and `page`); only a share below 100 is worth the validated read. */
     struct vgpu_region *region = L.region;
-    if (!region || active_share(region) >= VGPU_SM_SHARE_MAX)
+    if (!region || active_share(L.page) >= VGPU_SM_SHARE_MAX)
         return first; /* no slice, or the limiter is off */
     struct vgpu_limits_snapshot limits;
     if (vgpu_read_limits(&limits) == 0 && limits.sm_share < VGPU_SM_SHARE_MAX)

@@ -1,9 +1,13 @@
 /*
- * The slice's region: attaching to it (at load), the slice's limits, why a slice is failed
- * closed, this process's slot, and reaping the slots of processes that are gone.
+ * The slice's region and limits page: attaching to them (at load), the slice's limits, why a
+ * slice is failed closed, this process's slot, and reaping the slots of processes that are gone.
  *
- * Failing closed: a process of a slice that cannot read its region (unset, missing, another
- * version, corrupt) must not run unbounded, so every allocation is refused and the reason is
+ * The limits page is opened read-only and mapped without write permission: this library never
+ * writes it, and where the page belongs to another account (the node's broker) nothing in the
+ * kernel can.
+ *
+ * Failing closed: a process of a slice that cannot read its region or its limits page (unset,
+ * missing, another version, corrupt) must not run unbounded, so every allocation is refused and the reason is
  * printed once. Nothing is refused before the program asks for GPU memory, so tools that
  * merely inherit LD_PRELOAD (a shell, git) stay silent.
  *
@@ -50,6 +54,30 @@ static int attach_failed(const char *format, ...)
     return -1;
 }
 
+/* Opens one of the slice's files (`what`: "slice region", "the slice's limits page"); on failure
+ * fills R.attach_failure and returns -1. */
+static int open_slice_file(const char *path, const char *what, int flags)
+{
+    int fd = open(path, flags | O_CLOEXEC);
+    if (fd < 0)
+        attach_failed("jupyter-vgpu: %s %s cannot be opened (%s): allocations are refused; %s", what, path,
+                      strerror(errno), RESTART_HINT);
+    return fd;
+}
+
+/* Maps `size` bytes of an opened slice file and closes it; NULL (R.attach_failure filled) on failure. */
+static void *map_slice_file(int fd, const char *path, const char *what, size_t size, int protection)
+{
+    void *mapped = mmap(NULL, size, protection, MAP_SHARED, fd, 0);
+    int mmap_errno = errno;
+    close(fd);
+    if (mapped != MAP_FAILED)
+        return mapped;
+    attach_failed("jupyter-vgpu: %s %s cannot be mapped (%s): allocations are refused; %s", what, path,
+                  strerror(mmap_errno), RESTART_HINT);
+    return NULL;
+}
+
 /* Maps the region and checks its header; on failure fills R.attach_failure. */
 static int attach_region(const char *path)
 {
@@ -57,15 +85,13 @@ static int attach_region(const char *path)
         return attach_failed("jupyter-vgpu: VGPU_REGION is not set, so this process is in no slice: GPU "
                              "allocations are refused; start it from jupyter-vgpu (a vGPU kernel or "
                              "`jupyter vgpu run`)");
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open_slice_file(path, "slice region", O_RDWR);
     if (fd < 0)
-        return attach_failed("jupyter-vgpu: slice region %s cannot be opened (%s): allocations are "
-                             "refused; %s",
-                             path, strerror(errno), RESTART_HINT);
+        return -1;
     struct vgpu_region header;
     struct stat info;
-    ssize_t got = pread(fd, &header, offsetof(struct vgpu_region, device_uuid), 0);
-    if (fstat(fd, &info) != 0 || got != (ssize_t)offsetof(struct vgpu_region, device_uuid) ||
+    ssize_t got = pread(fd, &header, offsetof(struct vgpu_region, reserved0), 0);
+    if (fstat(fd, &info) != 0 || got != (ssize_t)offsetof(struct vgpu_region, reserved0) ||
         header.magic != VGPU_REGION_MAGIC) {
         close(fd);
         return attach_failed("jupyter-vgpu: %s is not a jupyter-vgpu slice region: allocations are "
@@ -87,15 +113,38 @@ static int attach_region(const char *path)
                              sizeof(struct vgpu_region), VGPU_REGION_MAX_PROCS, sizeof(struct vgpu_region),
                              RESTART_HINT);
     }
-    void *mapped = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int mmap_errno = errno;
-    close(fd);
-    if (mapped == MAP_FAILED)
-        return attach_failed("jupyter-vgpu: slice region %s cannot be mapped (%s): allocations are "
+    R.region = map_slice_file(fd, path, "slice region", sizeof(struct vgpu_region), PROT_READ | PROT_WRITE);
+    return R.region ? 0 : -1;
+}
+
+/* Maps the limits page read-only and checks its header; on failure fills R.attach_failure. */
+static int attach_limits_page(const char *path)
+{
+    if (!*path)
+        return attach_failed("jupyter-vgpu: the slice's limits page has no usable name (VGPU_LIMITS, or "
+                             "VGPU_REGION + \".limits\", is too long): allocations are refused; %s",
+                             RESTART_HINT);
+    int fd = open_slice_file(path, "the slice's limits page", O_RDONLY);
+    if (fd < 0)
+        return -1;
+    struct vgpu_limits_page header;
+    struct stat info;
+    ssize_t got = pread(fd, &header, offsetof(struct vgpu_limits_page, reserved0), 0);
+    int valid = fstat(fd, &info) == 0 && got == (ssize_t)offsetof(struct vgpu_limits_page, reserved0) &&
+                header.magic == VGPU_LIMITS_MAGIC;
+    if (!valid || header.version != VGPU_REGION_VERSION || header.page_size != sizeof(struct vgpu_limits_page) ||
+        (uint64_t)info.st_size < sizeof(struct vgpu_limits_page)) {
+        close(fd);
+        if (valid && header.version != VGPU_REGION_VERSION)
+            return attach_failed("jupyter-vgpu: the slice's limits page %s is version %u, this libvgpu.so "
+                                 "reads version %d: allocations are refused; %s",
+                                 path, header.version, VGPU_REGION_VERSION, RESTART_HINT);
+        return attach_failed("jupyter-vgpu: %s is not a jupyter-vgpu limits page: allocations are "
                              "refused; %s",
-                             path, strerror(mmap_errno), RESTART_HINT);
-    R.region = mapped;
-    return 0;
+                             path, RESTART_HINT);
+    }
+    R.page = map_slice_file(fd, path, "the slice's limits page", sizeof(struct vgpu_limits_page), PROT_READ);
+    return R.page ? 0 : -1;
 }
 
 /* A slot that already holds this pid belongs to the image this process ran before an exec
@@ -122,11 +171,16 @@ static void after_fork_in_child(void)
 static void initialise(void)
 {
     const struct vgpu_env *env = vgpu_env();
-    if (attach_region(env->region_path) == 0) {
-        VGPU_LOG(VGPU_LOG_INFO, "attached to slice region %s", env->region_path);
+    if (attach_region(env->region_path) == 0 && attach_limits_page(env->limits_path) == 0) {
+        VGPU_LOG(VGPU_LOG_INFO, "attached to slice region %s, limits %s", env->region_path, env->limits_path);
         release_slots_of_previous_image(R.region);
-    } else
+    } else {
+        /* Both or neither: a region without its limits would count usage against no cap. */
+        if (R.region)
+            munmap(R.region, sizeof(struct vgpu_region));
+        R.region = NULL;
         VGPU_LOG(VGPU_LOG_WARN, "%s", R.attach_failure);
+    }
     pthread_atfork(NULL, NULL, after_fork_in_child);
     atomic_store_explicit(&R.ready, 1, memory_order_release);
 }
@@ -153,6 +207,12 @@ struct vgpu_region *vgpu_region(void)
     return R.region;
 }
 
+const struct vgpu_limits_page *vgpu_limits_page(void)
+{
+    ensure_initialised();
+    return R.page;
+}
+
 /* ---- limits ----------------------------------------------------------------------------- */
 
 static int limits_valid(uint64_t memory_limit, uint32_t sm_share, uint32_t policy, uint64_t check)
@@ -171,16 +231,16 @@ static int fail(enum vgpu_fail_kind kind)
 int vgpu_read_limits(struct vgpu_limits_snapshot *out)
 {
     ensure_initialised();
-    struct vgpu_region *region = R.region;
-    if (!region)
+    const struct vgpu_limits_page *page = R.page;
+    if (!page || !R.region)
         return fail(VGPU_FAIL_ATTACH);
     /* Seqlock read (region.h). A writer holds a copy odd only for a few stores, so the loop
-     * ends at once in practice; the bound only keeps a scribbled region from hanging us. */
+     * ends at once in practice; the bound only keeps a scribbled page from hanging us. */
     for (int attempt = 0; attempt < 100000; attempt++) {
-        uint64_t active = __atomic_load_n(&region->active_limits, __ATOMIC_ACQUIRE);
+        uint64_t active = __atomic_load_n(&page->active_limits, __ATOMIC_ACQUIRE);
         if (active > 1)
             break;
-        struct vgpu_limits *copy = &region->limits[active];
+        const struct vgpu_limits *copy = &page->limits[active];
         uint64_t before = __atomic_load_n(&copy->sequence, __ATOMIC_ACQUIRE);
         if (before & 1) {
             if (attempt > 64)
@@ -208,15 +268,15 @@ int vgpu_read_limits(struct vgpu_limits_snapshot *out)
  * costliest part of what a process would otherwise do at start-up. */
 static void format_failure_messages(void)
 {
-    const char *path = vgpu_env()->region_path;
+    const struct vgpu_env *env = vgpu_env();
     snprintf(R.limits_failure, sizeof R.limits_failure,
-             "jupyter-vgpu: slice region %s is corrupt (its published limits fail their check): "
-             "allocations are refused; %s",
-             path, RESTART_HINT);
+             "jupyter-vgpu: the slice's limits page %s is corrupt (its published limits fail their "
+             "check): allocations are refused; %s",
+             env->limits_path, RESTART_HINT);
     snprintf(R.slot_failure, sizeof R.slot_failure,
              "jupyter-vgpu: slice region %s has no free process slot (all %d are held by running "
              "processes): allocations of this process are refused",
-             path, VGPU_REGION_MAX_PROCS);
+             env->region_path, VGPU_REGION_MAX_PROCS);
 }
 
 const char *vgpu_fail_reason(void)
@@ -345,10 +405,10 @@ uint64_t vgpu_slice_usage(void)
 
 int vgpu_is_slice_uuid(const char *uuid)
 {
-    struct vgpu_region *region = vgpu_region();
-    if (!region || !region->device_uuid[0])
+    const struct vgpu_limits_page *page = vgpu_limits_page();
+    if (!page || !page->device_uuid[0])
         return 1;
-    return strncasecmp(uuid, region->device_uuid, VGPU_DEVICE_UUID_SIZE) == 0;
+    return strncasecmp(uuid, page->device_uuid, VGPU_DEVICE_UUID_SIZE) == 0;
 }
 
 struct vgpu_proc_slot *vgpu_self_slot(void)

@@ -3,6 +3,7 @@
  * belongs to the file it is named after), the environment (read here and nowhere else), and
  * the clock.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -57,6 +58,12 @@ static void read_environment(void)
     struct vgpu_env *env = &vgpu_state.env;
     env->log_level = parse_log_level(getenv("VGPU_LOG_LEVEL"));
     copy_value(env->region_path, sizeof env->region_path, getenv("VGPU_REGION"));
+    const char *limits = getenv("VGPU_LIMITS");
+    if (limits && *limits)
+        copy_value(env->limits_path, sizeof env->limits_path, limits);
+    else if (env->region_path[0] && snprintf(env->limits_path, sizeof env->limits_path, "%s.limits",
+                                             env->region_path) >= (int)sizeof env->limits_path)
+        env->limits_path[0] = '\0'; /* too long to name a file: attaching says so */
     copy_value(env->kernel_id, sizeof env->kernel_id, getenv("JUPYTER_VGPU_KERNEL_ID"));
     const char *server = getenv("JUPYTER_VGPU_SERVER_URL");
     env->has_server = server != NULL && server[0] != '\0';

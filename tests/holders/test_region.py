@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_vgpu.holders.region import Region, RegionError, constants
+from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, constants, default_limits_path
 from jupyter_vgpu.model import SliceLimits
 
 
@@ -37,11 +37,11 @@ def test_set_limits_changes_only_what_is_given(region):
 
 
 def test_limits_alternate_between_the_two_copies(region):
-    first = region.raw.active_limits
+    first = region.page.raw.active_limits
     region.set_limits(sm_share=10)
-    assert region.raw.active_limits == first ^ 1
+    assert region.page.raw.active_limits == first ^ 1
     region.set_limits(sm_share=20)
-    assert region.raw.active_limits == first
+    assert region.page.raw.active_limits == first
 
 
 def test_missing_region_is_reported(tmp_path, native_libs):
@@ -56,16 +56,58 @@ def test_region_of_another_version_is_refused(region):
 
 
 def test_scribbled_limits_are_detected(region):
-    region.raw.limits[region.raw.active_limits].memory_limit = 123
+    region.page.raw.limits[region.page.raw.active_limits].memory_limit = 123
     with pytest.raises(RegionError, match="corrupt"):
         Region.open(region.path)
 
 
-def test_foreign_file_is_not_a_region(tmp_path, native_libs):
-    path = tmp_path / "foreign.region"
-    path.write_bytes(os.urandom(1 << 16))  # larger than a region: only its content is foreign
-    with pytest.raises(RegionError, match="not a jupyter-vgpu region"):
-        Region.open(path)
+def test_limits_page_of_another_version_is_refused(region):
+    region.page.raw.version = 99
+    with pytest.raises(RegionError, match="version 99"):
+        Region.open(region.path)
+
+
+def test_limits_and_device_live_in_a_page_of_their_own_beside_the_region(region):
+    page = default_limits_path(region.path)
+    assert region.page.path == page and page.name == "r.region.limits"
+    with LimitsPage.open(page) as reopened:
+        assert reopened.raw.magic == constants()["VGPU_LIMITS_MAGIC"]
+        assert (reopened.limits, reopened.device_uuid, reopened.device_index) == (
+            SliceLimits(4 << 30, 30, "burst"),
+            "GPU-test",
+            2,
+        )
+
+
+def test_a_region_can_use_a_page_published_elsewhere(native_libs, tmp_path):
+    (tmp_path / "broker").mkdir()
+    published = LimitsPage.create(
+        tmp_path / "broker" / "k.limits", SliceLimits(1 << 30, 20, "hard"), device_uuid="GPU-b", device_index=1
+    )
+    with Region.create(tmp_path / "k.region", page=published) as region:
+        assert not default_limits_path(region.path).exists()
+        with Region.open(region.path, limits_path=published.path) as reopened:
+            assert (reopened.limits, reopened.device_uuid) == (SliceLimits(1 << 30, 20, "hard"), "GPU-b")
+
+
+def test_a_page_that_is_not_ours_to_write_opens_read_only_and_refuses_to_publish(region):
+    with Region.open(region.path, publisher=False) as reader:
+        assert not reader.page.writable
+        with pytest.raises(RegionError, match="not this process's to write"):
+            reader.set_limits(sm_share=90)
+    assert region.limits.sm_share == 30
+
+
+def test_foreign_file_is_not_a_region(region):
+    region.path.write_bytes(os.urandom(1 << 16))  # larger than a region: only its content is foreign
+    with pytest.raises(RegionError, match="not a jupyter-vgpu slice region"):
+        Region.open(region.path)
+
+
+def test_foreign_file_is_not_a_limits_page(region):
+    region.page.path.write_bytes(os.urandom(1 << 12))
+    with pytest.raises(RegionError, match="not a jupyter-vgpu limits page"):
+        Region.open(region.path)
 
 
 def test_processes_lists_only_live_owners(region):

@@ -590,6 +590,8 @@ def test_server_environment(tmp_path):
     classroom = load(tmp_path, lambda d: d.update(simulate=True))
     assert server_environment(classroom, {"profile": "large"}, ["staff"]) == {
         "JUPYTER_VGPU_BROKER_URL": "http://127.0.0.1:10101/services/vgpu/",
+        # the broker's limits pages, beside its ledger in the classroom's state folder
+        "JUPYTER_VGPU_BROKER_LIMITS_DIR": str(classroom.state_dir / "limits"),
         "JUPYTER_VGPU_DEFAULT_MEMORY": "1365MiB",
         "JUPYTER_VGPU_DEFAULT_CORES": "8",
         "JUPYTER_VGPU_DEFAULT_POLICY": "burst",
@@ -605,7 +607,7 @@ def test_server_environment(tmp_path):
     environment = server_environment(plain, None, ["students"], broker=False)
     assert "JUPYTER_VGPU_SERVER_SLICE_LIMIT" not in environment  # no limit
     assert "JUPYTER_VGPU_SIMULATE" not in environment and "VGPU_SIM_DEVICES" not in environment
-    assert "JUPYTER_VGPU_BROKER_URL" not in environment
+    assert "JUPYTER_VGPU_BROKER_URL" not in environment and "JUPYTER_VGPU_BROKER_LIMITS_DIR" not in environment
     assert environment["JUPYTER_VGPU_DEFAULT_MEMORY"] == "2GiB"
     with pytest.raises(ClassroomError):
         server_environment(classroom, {"profile": "large"}, ["students"])

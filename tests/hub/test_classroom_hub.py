@@ -64,7 +64,7 @@ CHECK_SLICE = (
 import os
 free, total = memory()
 over = allocate(total + 1)
-print(total, over, os.environ.get("JUPYTERHUB_API_TOKEN"), os.environ.get("JPY_API_TOKEN"))
+print(total, over, os.environ.get("JUPYTERHUB_API_TOKEN"), os.environ.get("JPY_API_TOKEN"), os.environ["VGPU_LIMITS"])
 """
 )
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -88,9 +88,9 @@ def started_kernel(hub: Hub, user: str, token: str) -> str:
     return reply["id"]
 
 
-def slice_in_kernel(hub: Hub, user: str, kernel_id: str) -> tuple[int, int, str, str]:
-    total, over, hub_token, jpy_token = run_in_hub_kernel(hub, user, kernel_id, CHECK_SLICE).split()
-    return int(total), int(over), hub_token, jpy_token
+def slice_in_kernel(hub: Hub, user: str, kernel_id: str) -> tuple[int, int, str, str, str]:
+    total, over, hub_token, jpy_token, limits_page = run_in_hub_kernel(hub, user, kernel_id, CHECK_SLICE).split()
+    return int(total), int(over), hub_token, jpy_token, limits_page
 
 
 def allocations(hub: Hub, token: str) -> dict[str, dict]:
@@ -119,9 +119,11 @@ def test_two_users_get_slices_within_the_sizes_they_chose_and_a_kernel_over_the_
         assert {item["limits"]["memory_bytes"] for item in slices} == {cap}
         assert {item["owner"] for item in slices} == {user}
         # The cap holds in the kernel itself, and the server's hub token never reached it.
-        total, over, hub_token, jpy_token = slice_in_kernel(hub, user, kernels[0])
+        total, over, hub_token, jpy_token, limits_page = slice_in_kernel(hub, user, kernels[0])
         assert (total, over) == (cap, CUDA_ERROR_OUT_OF_MEMORY)
         assert (hub_token, jpy_token) == ("None", "None")
+        # The cap the kernel obeys is on the broker's page, not one its server wrote.
+        assert limits_page == str(hub.folder / "broker-state" / "limits" / f"{kernels[0]}.limits")
 
 
 def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(hub, teacher):

@@ -22,6 +22,7 @@ from traitlets.config import Config
 
 import jupyter_vgpu.hub
 from jupyter_vgpu.hub import ClassroomError, configure
+from jupyter_vgpu.hub.classroom import DEFAULT_STATE_DIR
 
 CLASSROOM = {
     "gpus": {"count": 2, "memory": "16GiB"},
@@ -300,6 +301,7 @@ def test_apply_user_options_sets_the_server_environment(classroom_path):
     assert s.environment == {
         "KEEP": "me",
         "JUPYTER_VGPU_BROKER_URL": "http://127.0.0.1:10101/services/vgpu/",
+        "JUPYTER_VGPU_BROKER_LIMITS_DIR": str(classroom_path.parent / DEFAULT_STATE_DIR / "limits"),
         "JUPYTER_VGPU_DEFAULT_MEMORY": "1365MiB",
         "JUPYTER_VGPU_DEFAULT_CORES": "8",
         "JUPYTER_VGPU_DEFAULT_POLICY": "hard",

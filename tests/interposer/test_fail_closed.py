@@ -8,9 +8,10 @@ import os
 import subprocess
 
 import pytest
-from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, live_slots, process_start_time
+from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB, MIB, live_slots, process_start_time
 
-from jupyter_vgpu.holders.region import constants, limits_check
+from jupyter_vgpu.holders.region import LimitsPage, constants, limits_check
+from jupyter_vgpu.model import SliceLimits
 
 COMMANDS = ("init", "alloc:1M", "vmm:2M", "managed:1M", "info", "total")
 
@@ -57,21 +58,60 @@ def test_file_that_is_not_a_region_fails_closed(probe, sim_env, native_libs, tmp
 @pytest.mark.parametrize(
     "scribble",
     [
-        pytest.param(lambda raw: setattr(raw.limits[raw.active_limits], "check", 12345), id="check"),
-        pytest.param(lambda raw: setattr(raw.limits[raw.active_limits], "memory_limit", 7), id="limit-without-check"),
-        pytest.param(lambda raw: setattr(raw, "active_limits", 5), id="active-index"),
-        pytest.param(lambda raw: setattr(raw, "region_size", 64), id="region-size"),
+        pytest.param(lambda r: setattr(r.page.raw.limits[r.page.raw.active_limits], "check", 12345), id="check"),
+        pytest.param(
+            lambda r: setattr(r.page.raw.limits[r.page.raw.active_limits], "memory_limit", 7), id="limit-without-check"
+        ),
+        pytest.param(lambda r: setattr(r.page.raw, "active_limits", 5), id="active-index"),
+        pytest.param(lambda r: setattr(r.raw, "region_size", 64), id="region-size"),
     ],
 )
 def test_corrupt_region_fails_closed(probe, sim_env, make_slice, scribble):
     env, region = make_slice(sim_env, memory_limit=GIB)
-    scribble(region.raw)
+    scribble(region)
     assert_failed_closed(probe(env, *COMMANDS), "is corrupt")
+
+
+@pytest.mark.parametrize(
+    ("scribble", "says"),
+    [
+        pytest.param(lambda raw: setattr(raw, "magic", 1), "is not a jupyter-vgpu limits page", id="magic"),
+        pytest.param(lambda raw: setattr(raw, "page_size", 64), "is not a jupyter-vgpu limits page", id="page-size"),
+        pytest.param(lambda raw: setattr(raw, "version", 7), "is version 7", id="version"),
+    ],
+)
+def test_foreign_limits_page_fails_closed(probe, sim_env, make_slice, scribble, says):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    scribble(region.page.raw)
+    run = probe(env, *COMMANDS)
+    assert_failed_closed(run, f"{region.page.path} ")
+    assert says in run.stderr
+
+
+def test_missing_limits_page_fails_closed(probe, sim_env, make_slice):
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    region.page.path.unlink()
+    assert_failed_closed(probe(env, *COMMANDS), f"the slice's limits page {region.page.path} cannot be opened")
+
+
+def test_the_limits_page_named_by_vgpu_limits_is_the_one_obeyed(probe, sim_env, make_slice, tmp_path):
+    """$VGPU_LIMITS names a page elsewhere (the broker's): its cap holds, not the one beside the
+    region."""
+    env, region = make_slice(sim_env, memory_limit=GIB)
+    elsewhere = LimitsPage.create(
+        tmp_path / "elsewhere.limits",
+        SliceLimits(64 * MIB, 100, "hard"),
+        device_uuid=region.device_uuid,
+        device_index=region.device_index,
+    )
+    run = probe(dict(env, VGPU_LIMITS=str(elsewhere.path)), "init", "alloc:48M", "alloc:48M")
+    assert [run.rc(1), run.rc(2)] == [0, CUDA_ERROR_OUT_OF_MEMORY], run.stderr
+    elsewhere.close()
 
 
 def test_out_of_range_limits_with_a_valid_check_fail_closed(probe, sim_env, make_slice):
     env, region = make_slice(sim_env, memory_limit=GIB)
-    copy = region.raw.limits[region.raw.active_limits]
+    copy = region.page.raw.limits[region.page.raw.active_limits]
     copy.sm_share = 0
     copy.check = limits_check(copy.memory_limit, 0, copy.policy)
     assert_failed_closed(probe(env, *COMMANDS), "is corrupt")
@@ -79,12 +119,13 @@ def test_out_of_range_limits_with_a_valid_check_fail_closed(probe, sim_env, make
 
 def test_repaired_region_is_honoured_on_the_next_call(probe, sim_env, make_slice, interactive):
     env, region = make_slice(sim_env, memory_limit=GIB)
-    good_check = region.raw.limits[region.raw.active_limits].check
-    region.raw.limits[region.raw.active_limits].check = 1
+    copy = region.page.raw.limits[region.page.raw.active_limits]
+    good_check = copy.check
+    copy.check = 1
     program = interactive([probe.executable, "init", "alloc:1M", "wait", "alloc:1M"], env)
     lines = program.read_until("wait")
     assert lines[1][:2] == ["alloc", str(CUDA_ERROR_OUT_OF_MEMORY)]
-    region.raw.limits[region.raw.active_limits].check = good_check
+    copy.check = good_check
     program.send()
     lines = program.read_until("alloc")
     assert lines[0][:2] == ["alloc", "0"]

@@ -1,23 +1,28 @@
 /*
- * The slice region: one shared-memory file per slice, mapped by the server (Python, through
- * cffi) and by every process of the slice (the interposer, C). This header is the only
- * definition of the layout. Python feeds the text between the CDEF markers to cffi's cdef, so
- * that part holds plain declarations only: fixed-width integers, #define'd integer constants,
- * explicit padding, no attributes or expressions.
+ * The slice's shared memory: two files per slice, mapped by whoever publishes the slice's limits
+ * (Python, through cffi) and by every process of the slice (the interposer, C). This header is
+ * the only definition of their layout. Python feeds the text between the CDEF markers to cffi's
+ * cdef, so that part holds plain declarations only: fixed-width integers, #define'd integer
+ * constants, explicit padding, no attributes or expressions.
  *
- * Who writes what:
- *   - the server (or `jupyter vgpu run`) creates the file and publishes limits;
- *   - each process of the slice owns one proc slot and is the only writer of its counters;
- *   - the controller (one process of the slice at a time, holding the lease) writes the
- *     limiter fields, the measured utilisation and the slots' `granted` tokens;
- *   - any process of the slice raises `context_memory` to what its first context measured.
+ * The two files, and who writes what:
+ *   - the limits page (struct vgpu_limits_page, "<slice>.region.limits" or $VGPU_LIMITS): the
+ *     slice's device and limits, written only by the publisher, i.e. the Jupyter server (or
+ *     `jupyter vgpu run`), or the node's broker, which creates it under its own account so that
+ *     a kernel running under another account can read it but not write it. The interposer maps
+ *     it read-only.
+ *   - the region (struct vgpu_region, "<slice>.region" or $VGPU_REGION): what the slice uses.
+ *     Each process of the slice owns one proc slot and is the only writer of its counters; the
+ *     controller (one process of the slice at a time, holding the lease) writes the limiter
+ *     fields, the measured utilisation and the slots' `granted` tokens; any process of the slice
+ *     raises `context_memory` to what its first context measured.
  *
  * Publishing limits without torn reads: `limits` has two copies. A writer (serialised by an
- * flock on the region file) fills the copy that is not active, bumping that copy's `sequence`
+ * flock on the limits file) fills the copy that is not active, bumping that copy's `sequence`
  * to odd before and to even after, then stores the index of the copy in `active_limits`.
  * A reader loads `active_limits`, reads the copy between two loads of its `sequence`, and
  * retries when the sequence changed or is odd. A writer that dies mid-update leaves the active
- * copy untouched. Each copy carries `check` = vgpu_limits_check(...) below so that a region
+ * copy untouched. Each copy carries `check` = vgpu_limits_check(...) below so that a page
  * scribbled over by something else is told apart from a valid one.
  *
  * Crash safety: a process's usage lives only in its own slot; the slice's usage is the sum of
@@ -32,7 +37,8 @@
 
 /* VGPU_REGION_CDEF_BEGIN */
 #define VGPU_REGION_MAGIC 0x55504756
-#define VGPU_REGION_VERSION 2
+#define VGPU_LIMITS_MAGIC 0x4d494c56
+#define VGPU_REGION_VERSION 3
 #define VGPU_REGION_MAX_PROCS 128
 #define VGPU_DEVICE_UUID_SIZE 96
 
@@ -73,20 +79,30 @@ struct vgpu_proc_slot {
     uint8_t reserved1[56];
 };
 
-struct vgpu_region {
-    /* Header, written once when the region is created: 128 bytes. */
-    uint32_t magic;
-    uint32_t version;
-    uint32_t region_size;                    /* sizeof(struct vgpu_region) */
-    uint32_t max_procs;                      /* VGPU_REGION_MAX_PROCS */
+/* The limits page: what the slice may use, written only by its publisher: 320 bytes. */
+struct vgpu_limits_page {
+    /* Header, written once when the page is created: 128 bytes. */
+    uint32_t magic;     /* VGPU_LIMITS_MAGIC */
+    uint32_t version;   /* VGPU_REGION_VERSION */
+    uint32_t page_size; /* sizeof(struct vgpu_limits_page) */
+    uint32_t reserved0;
     char device_uuid[VGPU_DEVICE_UUID_SIZE]; /* NVML UUID of the slice's device, NUL-terminated */
     int32_t device_index;                    /* NVML index of the slice's device */
-    uint32_t reserved0[3];
+    uint32_t reserved1[3];
 
     /* Limits, published as described above: 64 + 2 * 64 bytes. */
     uint64_t active_limits; /* 0 or 1: the copy readers use */
-    uint8_t reserved1[56];
+    uint8_t reserved2[56];
     struct vgpu_limits limits[2];
+};
+
+struct vgpu_region {
+    /* Header, written once when the region is created: 64 bytes. */
+    uint32_t magic;       /* VGPU_REGION_MAGIC */
+    uint32_t version;     /* VGPU_REGION_VERSION */
+    uint32_t region_size; /* sizeof(struct vgpu_region) */
+    uint32_t max_procs;   /* VGPU_REGION_MAX_PROCS */
+    uint8_t reserved0[48];
 
     /* Limiter, shared by the processes of the slice: 64 bytes. */
     int32_t controller_pid;           /* process running the controller; 0 when none */
@@ -122,13 +138,14 @@ static inline uint64_t vgpu_limits_check(uint64_t memory_limit, uint32_t sm_shar
 
 _Static_assert(sizeof(struct vgpu_limits) == 64, "vgpu_limits is one cache line");
 _Static_assert(sizeof(struct vgpu_proc_slot) == 128, "a proc slot is two cache lines");
-_Static_assert(__builtin_offsetof(struct vgpu_region, active_limits) == 128, "header is 128 bytes");
-_Static_assert(__builtin_offsetof(struct vgpu_region, limits) % 64 == 0, "limits are cache-line aligned");
-_Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) % 64 == 0, "limiter is cache-line aligned");
+_Static_assert(__builtin_offsetof(struct vgpu_limits_page, active_limits) == 128, "page header is 128 bytes");
+_Static_assert(__builtin_offsetof(struct vgpu_limits_page, limits) % 64 == 0, "limits are cache-line aligned");
+_Static_assert(sizeof(struct vgpu_limits_page) == 320, "a limits page is five cache lines");
+_Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) == 64, "region header is 64 bytes");
 _Static_assert(__builtin_offsetof(struct vgpu_region, procs) % 64 == 0, "slots are cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, procs) -
                        __builtin_offsetof(struct vgpu_region, procs_high_water) ==
                    64,
-               "context_memory took reserved bytes: every offset is as before");
+               "the usage summary is one cache line");
 
 #endif /* VGPU_REGION_H */
