@@ -386,11 +386,13 @@ class Region(_MappedFile):
         beside the region), validating both as the interposer does. Only a ``publisher`` (the
         server) asks to write the page; a reader inside the slice maps it read-only."""
         path = Path(path)
-        page = LimitsPage.open(limits_path or default_limits_path(path), writable=publisher)
+        # The region first: a slice whose region is gone is named by it, not by its page.
+        fd, buffer, _ = _open_file(path, cls.STRUCT, "slice region", writable=True)
         try:
-            fd, buffer, _ = _open_file(path, cls.STRUCT, "slice region", writable=True)
+            page = LimitsPage.open(limits_path or default_limits_path(path), writable=publisher)
         except BaseException:
-            page.close()
+            buffer.close()
+            os.close(fd)
             raise
         region = cls(path, fd, buffer, page)
         try:
