@@ -174,6 +174,12 @@ async def test_a_server_without_idle_settings_never_touches_a_kernel(
     kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, cores=50, device=1)
     await run_in_kernel(kernel_id, "print('ready')")
     kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    # The server sets last_activity at every message it relays: wait for the kernel's last one
+    # (its idle status), else it lands after the backdating below and undoes it (seen under load).
+    for _ in range(600):
+        if kernel.execution_state == "idle":
+            break
+        await asyncio.sleep(0.05)
     kernel.last_activity -= timedelta(days=2)  # as if left idle for two days
     idle: IdleKernels = jp_serverapp.web_app.settings[IDLE_SETTING]
     assert idle.enabled is lowered
