@@ -149,8 +149,10 @@ class SliceManager(LoggingConfigurable):
             raise _unavailable(error) from None
         try:
             self.holder(allocation).create(allocation)
-        except BaseException:
+        except BaseException as error:
             self.release(kernel_id)
+            if isinstance(error, LedgerError):  # the ledger's side of the slice's place failed
+                raise _unavailable(error) from None
             raise
         return allocation
 

@@ -20,7 +20,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_vgpu.holders import SliceUsage
 from jupyter_vgpu.holders.pages import page_path
 from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, default_limits_path, process_start_time
-from jupyter_vgpu.ledger import Allocation, UnknownSlice
+from jupyter_vgpu.ledger import Allocation, LedgerError, UnknownSlice
 from jupyter_vgpu.model import Device, SliceLimits, format_size
 from jupyter_vgpu.model.devices import simulator_environment
 from jupyter_vgpu.native import interposer_path
@@ -144,7 +144,10 @@ class LocalHolder:
             self._regions[allocation.kernel_id] = self.new_region(allocation.kernel_id, allocation.limits, device)
             return
         # The broker made the page when it admitted the slice, before it answered.
-        page = LimitsPage.open(published, writable=False)
+        try:
+            page = LimitsPage.open(published, writable=False)
+        except RegionError as error:
+            raise LedgerError(f"the node's GPU broker published no usable limits for this kernel ({error})") from None
         try:
             region = Region.create(self.path(allocation.kernel_id), page=page, mode=PRIVATE_FILE)
         except BaseException:

@@ -161,9 +161,13 @@ def _check_header(raw: Any, path: Path, what: str, magic: str, size: int, size_f
     consts = constants()
     if raw.magic != consts[magic]:
         raise RegionError(f"{path} is not a jupyter-vgpu {what} (bad magic)")
-    if raw.version != consts["VGPU_REGION_VERSION"] or getattr(raw, size_field) != size:
+    if raw.version != consts["VGPU_REGION_VERSION"]:
         raise RegionError(
             f"{what} {path} is version {raw.version}, this jupyter-vgpu reads version {consts['VGPU_REGION_VERSION']}"
+        )
+    if getattr(raw, size_field) != size:
+        raise RegionError(
+            f"{what} {path} is corrupt (its header says {getattr(raw, size_field)} bytes, expected {size})"
         )
 
 

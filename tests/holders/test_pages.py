@@ -133,3 +133,13 @@ def test_a_server_under_a_broker_makes_regions_over_the_brokers_pages_and_writes
     assert page_path(publisher.folder, KERNEL).exists()  # the broker removes it, at its release
     ledger.release(KERNEL)
     assert not page_path(publisher.folder, KERNEL).exists()
+
+
+def test_a_kernel_whose_page_the_broker_did_not_publish_is_refused_as_the_brokers_failure(broker, tmp_path):
+    from jupyter_vgpu.ledger import LedgerError
+
+    ledger, publisher = broker
+    allocation = ledger.admit(KERNEL, SliceLimits(GIB, 10, "hard"))
+    page_path(publisher.folder, KERNEL).unlink()  # e.g. the broker's disk was full
+    with pytest.raises(LedgerError, match="the node's GPU broker published no usable limits for this kernel"):
+        LocalHolder(tmp_path / "regions", limits_dir=publisher.folder).create(allocation)

@@ -124,3 +124,9 @@ def test_processes_lists_only_live_owners(region):
         child.wait()
     assert region.processes() == []
     assert region.used_bytes() == 0
+
+
+def test_a_region_of_the_right_version_but_another_size_is_called_corrupt(region):
+    region.raw.region_size = 64
+    with pytest.raises(RegionError, match=r"is corrupt \(its header says 64 bytes"):
+        Region.open(region.path)
