@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -400,6 +401,19 @@ class VGPUApp(ExtensionApp):
         if watcher is not None:
             watcher.stop()
         _stop_anyio_worker_threads()
+        _stop_anyio_worker_threads_at_exit()
+
+
+@functools.cache
+def _stop_anyio_worker_threads_at_exit() -> None:
+    """The server goes on after its extensions stop (it shuts kernels down, ends requests in
+    flight), and an AnyIO worker started then hangs the exit the same way (seen once in CI under
+    two CPU hogs): stop those too, just before the interpreter joins its threads, as
+    concurrent.futures stops its own. Once per process."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):  # the interpreter is already shutting down
+            register(_stop_anyio_worker_threads)
 
 
 def _stop_anyio_worker_threads() -> None:
