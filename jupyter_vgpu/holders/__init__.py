@@ -21,7 +21,8 @@ from jupyter_vgpu.model import SliceLimits
 class SliceUsage:
     """What a slice's processes use now, as its holder reads it.
 
-    ``state``: ``running`` (a process of the kernel is in the slice), ``idle`` (none is), ``lost``
+    ``state``: ``running`` (a process of the kernel uses the GPU in the slice), ``unused`` (none
+    has made a CUDA call yet, or those that did have ended), ``lost``
     (the holder cannot find the slice); a pod's slice also ``scheduling``, ``pulling``,
     ``starting``, ``stopping``, ``failed``, ``exited``, ``gone``. ``message``: that state in a
     sentence, where there is more to say (the scheduler's reason). ``location``: where the slice

@@ -186,7 +186,7 @@ class LocalHolder:
             warnings.append(drift)
         processes = region.processes()
         return SliceUsage(
-            state="running" if processes else "idle",
+            state="running" if processes else "unused",
             processes=processes,
             sm_util_percent=region.sm_util_permille / 10 if processes else 0.0,
             warnings=warnings,

@@ -11,6 +11,7 @@ devices and slices and resizes the kernel's own slice; everything else is refuse
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -27,6 +28,7 @@ from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, UnknownSlice
 from jupyter_vgpu.ledger.metrics import add_device_gauges
 from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
+from jupyter_vgpu.model import SliceValueError, parse_device
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
@@ -50,6 +52,8 @@ FIELD_TYPES = {
     "limits": (dict,),
 }
 MAX_BODY = 64 * 1024
+# The kernelspec jupyter-vgpu installs (kernels/ in the repository).
+SHIPPED_KERNELSPEC = "python3-vgpu"
 REPORT_FIELDS = {"processes", "sm_util", "limits"}
 
 
@@ -64,6 +68,8 @@ def device_model(usage: DeviceUsage) -> dict[str, Any]:
         "memory_capacity_bytes": usage.memory_capacity,
         "memory_allocated_bytes": usage.memory_allocated,
         "memory_free_bytes": usage.memory_free,
+        "memory_outside_bytes": usage.memory_outside,
+        "memory_over_cap_bytes": usage.memory_over_cap,
         "sm_share_allocated": usage.total_share,
         "sm_share_hard_allocated": usage.hard_share,
         "sm_share_capacity": usage.share_capacity,
@@ -311,7 +317,12 @@ class KernelsHandler(VGPUHandler):
     @authorized
     async def post(self):
         body = self.json_body(KERNEL_FIELDS)
-        name = body.get("name") or self.kernel_manager.default_kernel_name
+        if "device" in body:
+            try:
+                parse_device(body["device"])
+            except SliceValueError as error:
+                raise VGPUHTTPError(400, str(error)) from None
+        name = body["name"] if "name" in body else self.default_vgpu_kernelspec()
         try:
             spec = self.kernel_spec_manager.get_kernel_spec(name)
         except Exception:  # noqa: BLE001 - a kernelspec missing, unreadable or malformed is a 404, never a 500
@@ -338,6 +349,28 @@ class KernelsHandler(VGPUHandler):
         self.set_status(201)
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
         self.finish(json.dumps({"kernel": model, "slice": slice_model(status, {})}, default=str))
+
+    def default_vgpu_kernelspec(self) -> str:
+        """The kernelspec of a start that names none: the server's default kernelspec if it
+        starts kernels in slices (Jupyter's default, python3, does not), else the one
+        jupyter-vgpu ships, else the only vGPU kernelspec there is."""
+        try:
+            specs = self.kernel_spec_manager.get_all_specs()
+        except Exception:  # noqa: BLE001 - an unreadable kernelspec folder is no reason for a 500
+            specs = {}
+        vgpu = sorted(
+            name
+            for name, entry in specs.items()
+            if (entry.get("spec") or {}).get("metadata", {}).get("kernel_provisioner", {}).get("provisioner_name")
+            in (PROVISIONER_NAME, POD_PROVISIONER_NAME)
+        )
+        for name in (self.kernel_manager.default_kernel_name, SHIPPED_KERNELSPEC):
+            if name in vgpu:
+                return name
+        if len(vgpu) == 1:
+            return vgpu[0]
+        choices = f"one of {', '.join(vgpu)}" if vgpu else "none is installed (jupyter-vgpu installs python3-vgpu)"
+        raise VGPUHTTPError(400, f"name the kernelspec to start: a vGPU kernelspec, {choices}")
 
 
 class NoticesHandler(VGPUHandler):
@@ -376,6 +409,27 @@ class MetricsHandler(VGPUHandler):
         self.finish(generate_latest(registry), set_content_type=CONTENT_TYPE_LATEST)
 
 
+class IndexHandler(VGPUHandler):
+    """``GET /api/vgpu``: what the API has, for someone trying it by hand (not Jupyter's HTML
+    404)."""
+
+    kernel_actions = frozenset({"read"})
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.finish(
+            json.dumps(
+                {
+                    "api": "jupyter-vgpu",
+                    "version": API_VERSION,
+                    "description": "GPU slices of Jupyter kernels; jupyter_vgpu/server/api.yaml describes every path",
+                    "paths": [url_path_join(self.base_url, path) for path in api_paths()],
+                }
+            )
+        )
+
+
 class NotFoundHandler(VGPUHandler):
     """Any other path under /api/vgpu/ (a kernel id like ``..``): a JSON 404, not Jupyter's page."""
 
@@ -383,12 +437,16 @@ class NotFoundHandler(VGPUHandler):
 
     async def prepare(self, *, _redirect_to_login: bool = True) -> None:
         raise VGPUHTTPError(
-            404, f"no such vGPU API path {self.request.path[:80]!r}; see the API description in api.yaml"
+            404,
+            f"no such vGPU API path {self.request.path[:80]!r}; the paths are {', '.join(api_paths())}"
+            " (api.yaml describes them)",
         )
 
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
+API_VERSION = "1"  # api.yaml's info.version
 HANDLERS = [
+    (r"/api/vgpu", IndexHandler),
     (r"/api/vgpu/devices", DevicesHandler),
     (r"/api/vgpu/slices", SlicesHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
@@ -398,3 +456,12 @@ HANDLERS = [
     (r"/api/vgpu/metrics", MetricsHandler),
     (r"/api/vgpu/.*", NotFoundHandler),
 ]
+
+
+def api_paths() -> list[str]:
+    """The routes under /api/vgpu/ as path templates (``/api/vgpu/slices/{kernel_id}``)."""
+    return [
+        re.sub(r"\(\?P<(\w+)>[^()]*\)", r"{\1}", regex)
+        for regex, handler in HANDLERS
+        if handler not in (IndexHandler, NotFoundHandler)
+    ]
