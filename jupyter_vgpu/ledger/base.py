@@ -8,7 +8,7 @@ decisions through the holders.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,8 +94,31 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class UnpromisedMemory:
+    """Memory a device really holds (NVML) that the ledger never promised, so must not promise
+    again: ``outside`` is held by processes of no slice (another program, a process that escaped
+    its slice, what a dead server left), ``over_cap`` by slices' processes past their caps (a
+    kernel that raised its own cap and allocated before the server put it back)."""
+
+    outside: int = 0
+    over_cap: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.outside + self.over_cap
+
+
+# What each device (by UUID) holds beyond the given allocations' promises, read when a decision
+# is made. The ledger knows no processes: whoever can see them (the server's holders, the
+# broker's process table) supplies the reading.
+DeviceReader = Callable[[list[Allocation]], Mapping[str, UnpromisedMemory]]
+
+
+@dataclass(frozen=True)
 class DeviceUsage:
-    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst)."""
+    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst).
+    ``memory_outside`` and ``memory_over_cap`` are what the device held beyond the ledger's
+    promises when this was read (see :class:`UnpromisedMemory`); ``memory_free`` excludes them."""
 
     device: Device
     memory_capacity: int
@@ -105,6 +128,8 @@ class DeviceUsage:
     total_share: int
     share_capacity: int
     slices: int
+    memory_outside: int = 0
+    memory_over_cap: int = 0
 
     def share_free(self, policy: str) -> int:
         """The largest share one more slice of this policy could have."""

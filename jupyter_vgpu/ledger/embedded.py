@@ -11,6 +11,12 @@ Capacity of a device: its memory less ``reserve``; SM shares in percent, where t
 shares add up to at most 100 and all shares (``hard`` and ``burst``) to at most
 ``100 * burst_oversubscription``. Burst slices may run above their share when the GPU is idle,
 so promising more than 100% of them is safe; hard slices are a guarantee, so it is not.
+
+What the device really holds: memory NVML shows in use that no promise covers (a program outside
+any slice, a slice past its cap, what a dead server left) is taken off a device's free memory in
+every admission, growth and usage reading, read by the ``reader`` given (see
+:data:`~jupyter_vgpu.ledger.base.DeviceReader`) inside the decision itself, so it is as fresh as
+the decision.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,11 +37,13 @@ from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
     Allocation,
     CapacityError,
+    DeviceReader,
     DeviceUsage,
     LedgerFileError,
     OwnerBudget,
     SliceExists,
     UnknownSlice,
+    UnpromisedMemory,
 )
 from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits, SliceValueError, format_size, select_device
 
@@ -196,6 +204,7 @@ class EmbeddedLedger:
         server_memory_limit: int | None = None,
         server_slice_limit: int | None = None,
         observers: Sequence[ChangeObserver] = (),
+        reader: DeviceReader | None = None,
     ):
         if reserve < 0:
             raise ValueError(f"reserve must be zero or more bytes, not {reserve!r}")
@@ -211,6 +220,8 @@ class EmbeddedLedger:
         self.server_memory_limit = server_memory_limit
         self.server_slice_limit = server_slice_limit
         self.observers = tuple(observers)
+        # Set after construction where the reading needs what is built from the ledger (holders).
+        self.reader = reader
         self._changes: list[tuple[Allocation | None, Allocation | None]] = []
         # One connection per Ledger: threads of this process take turns through the lock (cheaper
         # than each waiting on SQLite's file lock), other processes wait in SQLite's busy handler.
@@ -301,7 +312,8 @@ class EmbeddedLedger:
     def devices_usage(self) -> list[DeviceUsage]:
         with self._lock:
             held = self._held(self._connection)
-        return self._usages(held)
+            unpromised = self._unpromised(self._connection)
+        return self._usages(held, unpromised)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -338,7 +350,7 @@ class EmbeddedLedger:
             self._check_server_memory(held.memory, limits.memory_limit)
             if budget is not None:
                 _check_budget(budget, self._owned(db, owner), limits, new=True)
-            usages = self._usages(held)
+            usages = self._usages(held, self._unpromised(db) if local else {})
             if named is not None:
                 usages = [usage for usage in usages if usage.device.uuid == named.uuid]
             chosen = self._place(limits, usages, named=named is not None) if local else None
@@ -402,7 +414,9 @@ class EmbeddedLedger:
             if wanted.memory_limit > current.memory_limit:
                 self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
             if current.holder == "local":  # elsewhere, the holder checks what the cluster granted
-                self._check_resize_fits(kernel_id, current, wanted, others)
+                # Read as if the slice had its new cap already: what it holds up to that is its own.
+                unpromised = self._unpromised(db, replace(current, memory_limit=wanted.memory_limit))
+                self._check_resize_fits(kernel_id, current, wanted, others, unpromised)
             if budget is not None:
                 owned = self._owned(db, current.owner, excluding=kernel_id)
                 _check_budget(budget, owned, wanted, new=False, current=current.limits)
@@ -505,21 +519,35 @@ class EmbeddedLedger:
         ).fetchone()
         return memory, share, slices
 
-    def _usages(self, held: _Held) -> list[DeviceUsage]:
+    def _unpromised(self, db: sqlite3.Connection, changed: Allocation | None = None) -> Mapping[str, UnpromisedMemory]:
+        """What each device holds beyond the promises, by the reader; ``changed`` stands in for
+        its own row (a resize's slice at its new cap)."""
+        if self.reader is None:
+            return {}
+        rows = db.execute(f"SELECT {_COLUMNS} FROM allocations").fetchall()
+        allocations = [_allocation(row) for row in rows]
+        if changed is not None:
+            allocations = [changed if a.kernel_id == changed.kernel_id else a for a in allocations]
+        return self.reader(allocations)
+
+    def _usages(self, held: _Held, unpromised: Mapping[str, UnpromisedMemory]) -> list[DeviceUsage]:
         usages = []
         for device in self._devices:
             memory, hard_share, total_share, slices = held.by_device.get(device.uuid, (0, 0, 0, 0))
             capacity = max(0, device.memory_total - self.reserve)
+            seen = unpromised.get(device.uuid, UnpromisedMemory())
             usages.append(
                 DeviceUsage(
                     device=device,
                     memory_capacity=capacity,
                     memory_allocated=memory,
-                    memory_free=max(0, capacity - memory),
+                    memory_free=max(0, capacity - memory - seen.total),
                     hard_share=hard_share,
                     total_share=total_share,
                     share_capacity=self.share_capacity,
                     slices=slices,
+                    memory_outside=seen.outside,
+                    memory_over_cap=seen.over_cap,
                 )
             )
         return usages
@@ -589,7 +617,14 @@ class EmbeddedLedger:
             available=free,
         )
 
-    def _check_resize_fits(self, kernel_id: str, current: Allocation, wanted: SliceLimits, others: _Held) -> None:
+    def _check_resize_fits(
+        self,
+        kernel_id: str,
+        current: Allocation,
+        wanted: SliceLimits,
+        others: _Held,
+        unpromised: Mapping[str, UnpromisedMemory],
+    ) -> None:
         grows = (
             wanted.memory_limit > current.memory_limit,
             wanted.hard_share > current.limits.hard_share,
@@ -597,7 +632,9 @@ class EmbeddedLedger:
         )
         if not any(grows):
             return
-        usage = next((usage for usage in self._usages(others) if usage.device.uuid == current.device_uuid), None)
+        usage = next(
+            (usage for usage in self._usages(others, unpromised) if usage.device.uuid == current.device_uuid), None
+        )
         if usage is None:
             raise CapacityError(
                 f"kernel {kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
@@ -611,7 +648,7 @@ class EmbeddedLedger:
             raise CapacityError(
                 f"kernel {kernel_id!r} cannot grow to {format_size(wanted.memory_limit)} of GPU memory: {gpu} "
                 f"has {format_size(max(0, usage.memory_free - current.memory_limit))} free beyond the slice's "
-                f"{format_size(current.memory_limit)}; it can grow to at most {format_size(usage.memory_free)}, "
+                f"{format_size(current.memory_limit)}{unpromised_note(usage)}; it can grow to at most {format_size(usage.memory_free)}, "
                 "or stop another kernel on that GPU",
                 resource="memory",
                 requested=wanted.memory_limit,
@@ -676,6 +713,17 @@ def _check_budget(
         )
 
 
+def unpromised_note(usage: DeviceUsage) -> str:
+    """`` (and 2GiB in use outside any slice)``: why a device has less free than its promises
+    leave, where it does."""
+    parts = []
+    if usage.memory_outside:
+        parts.append(f"{format_size(usage.memory_outside)} in use outside any slice")
+    if usage.memory_over_cap:
+        parts.append(f"{format_size(usage.memory_over_cap)} held by slices over their caps")
+    return f" (besides {' and '.join(parts)})" if parts else ""
+
+
 def _percent(value: int) -> str:
     return f"{value}%"
 
@@ -699,7 +747,7 @@ def _no_room(limits: SliceLimits, usages: list[DeviceUsage], *, named: bool) -> 
         def describe(usage: DeviceUsage) -> str:
             short_share = "" if usage in with_share else f" (but only {usage.share_free(limits.policy)}% {share_word})"
             holder = "it" if named else _gpu(usage.device)
-            return f"{holder} has {format_size(usage.memory_free)}{short_share}"
+            return f"{holder} has {format_size(usage.memory_free)}{short_share}{unpromised_note(usage)}"
 
         subject = f"{_gpu(usages[0].device)} does not have" if named else "no device has"
         if best.memory_free == 0:

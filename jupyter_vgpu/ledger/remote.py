@@ -21,7 +21,7 @@ import select
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
+from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -62,13 +62,15 @@ def _checked(value: Any, expected: type | tuple[type, ...], what: str) -> Any:
 
 def _record(cls: type[D], value: Any, types: Mapping[str, type | tuple[type, ...]]) -> D:
     """A dataclass from a JSON object, every field checked; fields a newer service adds are
-    ignored, so an older client keeps working against it."""
+    ignored, so an older client keeps working against it, and fields with defaults that an older
+    service lacks take their defaults."""
     name = cls.__name__
     _checked(value, dict, name)
-    missing = [field.name for field in fields(cls) if field.name not in value]
+    required = [field.name for field in fields(cls) if field.default is MISSING and field.default_factory is MISSING]
+    missing = [key for key in required if key not in value]
     if missing:
         raise _Unreadable(f"{name} lacks {', '.join(missing)}")
-    return cls(**{key: _checked(value[key], kind, f"{name}.{key}") for key, kind in types.items()})
+    return cls(**{key: _checked(value[key], kind, f"{name}.{key}") for key, kind in types.items() if key in value})
 
 
 def _device(value: Any) -> Device:
@@ -87,6 +89,8 @@ _USAGE_NUMBERS = (
     "total_share",
     "share_capacity",
     "slices",
+    "memory_outside",
+    "memory_over_cap",
 )
 
 
