@@ -18,6 +18,7 @@ from pathlib import Path
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_vgpu.holders import SliceUsage
+from jupyter_vgpu.holders.device_memory import kernel_pid
 from jupyter_vgpu.holders.pages import page_path
 from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, default_limits_path, process_start_time
 from jupyter_vgpu.ledger import Allocation, LedgerError, UnknownSlice
@@ -210,6 +211,18 @@ class LocalHolder:
             f"the slice's limits were changed from inside the kernel ({what} instead of "
             f"{_limits_text(allocation.limits)}); the server restored them"
         )
+
+    def known_processes(self, allocation: Allocation) -> dict[int, int]:
+        """The slice's processes this holder knows, with the bytes each holds by the interposer's
+        count: every live process in the region's slots (children of the kernel included, since
+        they inherit the preload), and the kernel's own pid."""
+        known = kernel_pid(allocation)
+        try:
+            with self._region_of(allocation) as region:
+                known.update((process.pid, process.used) for process in region.processes())
+        except RegionError:
+            pass  # the region is gone: the kernel's pid is all there is
+        return known
 
     def is_alive(self, allocation: Allocation) -> bool:
         info = allocation.metadata.get("provisioner_info", {})

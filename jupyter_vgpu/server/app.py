@@ -17,6 +17,7 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
 from jupyter_vgpu.holders import LocalHolder, PodHolder
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
 from jupyter_vgpu.holders.local import default_region_dir, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
@@ -275,16 +276,17 @@ class VGPUApp(ExtensionApp):
             ) from None
         max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
         ledger = self._ledger(chosen, max_slice)
+        local_holder = LocalHolder(
+            Path(self.region_dir) if self.region_dir else default_region_dir(),
+            simulate=self.simulate,
+            limits_dir=Path(self.broker_limits_dir) if self.broker_limits_dir else None,
+        )
+        if isinstance(ledger, EmbeddedLedger) and chosen:
+            # Decisions count what the GPUs really hold beyond the slices (a broker reads its own).
+            ledger.reader = DeviceMemoryReader(local_holder.known_processes)
         manager = SliceManager(
             ledger,
-            [
-                LocalHolder(
-                    Path(self.region_dir) if self.region_dir else default_region_dir(),
-                    simulate=self.simulate,
-                    limits_dir=Path(self.broker_limits_dir) if self.broker_limits_dir else None,
-                ),
-                PodHolder(new_server_instance(), self._pod_scopes(), log=self.log),
-            ],
+            [local_holder, PodHolder(new_server_instance(), self._pod_scopes(), log=self.log)],
             SliceLimits(parse_size(self.default_memory), self.default_cores, self.default_policy),
             start_error=refusal_for_http,
             parent=self,

@@ -1,0 +1,90 @@
+"""Promises checked against what the device really holds: memory NVML shows in use that the
+ledger never admitted (a program outside any slice, a kernel over its cap) is shown as such by
+GET /api/vgpu/devices and is never promised to a new slice. A real server process, real kernels
+and a real program on one simulated 16 GiB GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import test_server_process
+from support import CUDA_PRELUDE
+from test_server_process import KERNEL_NAME, Server, run_code
+
+GIB = 1 << 30
+# The user's environment and kernelspec of the server-process tests.
+user_env = test_server_process.user_env
+vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
+
+# A program outside any slice: allocates what its argument says, says so, and holds it until its
+# stdin closes.
+HOLDER = (
+    CUDA_PRELUDE + "import sys\nassert allocate(int(sys.argv[1])) == 0\nprint('held', flush=True)\nsys.stdin.read()\n"
+)
+
+
+def hold_outside(env: dict[str, str], size: int) -> subprocess.Popen:
+    """A program on the simulated GPU (``env``: sim_env) holding ``size`` bytes, in no slice."""
+    program = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(size)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert program.stdout is not None and program.stdout.readline() == "held\n"
+    return program
+
+
+def the_device(server: Server) -> dict:
+    (device,) = server.api("GET", "api/vgpu/devices")
+    return device
+
+
+def test_memory_held_outside_any_slice_is_shown_and_never_promised(user_env, sim_env, tmp_path):
+    server = Server(tmp_path, user_env)
+    outside = hold_outside(sim_env, 2 * GIB)
+    try:
+        device = the_device(server)
+        assert device["memory_outside_bytes"] == 2 * GIB and device["memory_over_cap_bytes"] == 0
+        assert device["memory_allocated_bytes"] == 0 and device["memory_free_bytes"] == 14 * GIB
+
+        status, message = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "15GiB"})
+        assert status == 409 and "14GiB" in message, message
+        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "14GiB"})
+        assert the_device(server)["memory_free_bytes"] == 0
+
+        outside.stdin.close()  # the program ends, and its memory is free for promises again
+        outside.wait(30)
+        device = the_device(server)
+        assert device["memory_outside_bytes"] == 0 and device["memory_free_bytes"] == 2 * GIB
+    finally:
+        outside.kill()
+        server.stop()
+
+
+def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, tmp_path):
+    # Limits put back only when a client reads the slices, so the kernel's allocation is not raced.
+    config = Path(user_env["JUPYTER_CONFIG_DIR"])
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "jupyter_server_config.json").write_text(json.dumps({"VGPUApp": {"watch_interval": 3600}}))
+    server = Server(tmp_path, user_env)
+    try:
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
+        kernel_id = started["kernel"]["id"]
+        run_code(
+            user_env,
+            kernel_id,
+            CUDA_PRELUDE
+            + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n"
+            + "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=16 << 30)\n"
+            + "assert allocate(12 << 30) == 0\n",
+        )
+        device = the_device(server)
+        assert device["memory_over_cap_bytes"] == 9 * GIB and device["memory_outside_bytes"] == 0
+        assert device["memory_allocated_bytes"] == 3 * GIB and device["memory_free_bytes"] == 4 * GIB
+
+        status, message = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "5GiB"})
+        assert status == 409 and "4GiB" in message, message
+        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB"})
+    finally:
+        server.stop()
