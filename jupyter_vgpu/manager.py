@@ -8,6 +8,7 @@ Imports go one way: handlers and provisioners -> manager -> ledger, holders.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import secrets
@@ -23,6 +24,9 @@ from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, 
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
 
 WARNINGS_KEY = "warnings"
+# Metadata of a slice kept after its kernel ended because some of its processes could not be
+# stopped (another user's): why, in a sentence.
+KEPT_KEY = "kept_because"
 # Metadata of a slice that a batch run admitted to this ledger (a kernel of nbconvert, papermill
 # or nbclient, started by the provisioner outside any server): the pid and start time of the
 # process that started the kernel, which releases the slice when the kernel ends.
@@ -59,7 +63,8 @@ class SliceStatus:
 
     @property
     def warnings(self) -> list[str]:
-        return [*self.allocation.metadata.get(WARNINGS_KEY, []), *self.usage.warnings]
+        kept = self.allocation.metadata.get(KEPT_KEY)
+        return [*self.allocation.metadata.get(WARNINGS_KEY, []), *self.usage.warnings, *([kept] if kept else [])]
 
 
 def start_refusal(error: CapacityError) -> str:
@@ -168,6 +173,31 @@ class SliceManager(LoggingConfigurable):
         self.holder(allocation).apply_limits(allocation)
         return allocation
 
+    def stop_processes(self, allocation: Allocation) -> list[str]:
+        """Stop every process of the slice of a kernel that is gone (children that outlived it
+        included), so that what they hold on the GPU is free before the slice is released.
+        Returns why some could not be stopped, having recorded it with the slice, which must
+        then be kept: its memory is still held."""
+        problems = self.holder(allocation).stop(allocation)
+        if problems:
+            why = (
+                f"the kernel is gone but its slice is kept: {'; '.join(problems)}; its GPU memory stays "
+                "held until they exit"
+            )
+            if why == allocation.metadata.get(KEPT_KEY):
+                return problems  # said already; the watcher tries again at every tick
+            self.log.warning("kernel %s: %s", allocation.kernel_id, why)
+            with contextlib.suppress(UnknownSlice):
+                self.ledger.update_metadata(allocation.kernel_id, **{KEPT_KEY: why})
+        return problems
+
+    def release_gone(self, allocation: Allocation) -> Allocation | None:
+        """Release the slice of a kernel that is gone, once none of its processes holds the
+        device; returns the released allocation, or None where the slice is kept."""
+        if self.stop_processes(allocation):
+            return None
+        return self.release(allocation.kernel_id)
+
     def release(self, kernel_id: str) -> Allocation | None:
         allocation = self.ledger.release(kernel_id)
         for holder in self.holders.values():
@@ -245,13 +275,17 @@ class SliceManager(LoggingConfigurable):
         removed. Returns what was released. A slice a batch run admitted (see
         :func:`held_by_batch_run`) stays while the process that started its kernel runs.
         """
+        kept = set()
         for allocation in self.ledger.allocations():
             if held_by_batch_run(allocation):
                 continue  # a batch run's kernel: its own process releases the slice
             if self.holder(allocation).is_alive(allocation):
                 self.log.warning("stopping orphaned kernel %s left by a previous server", allocation.kernel_id)
-                self.holder(allocation).stop(allocation)
-        released = self.ledger.reconcile(held_by_batch_run)
+            if self.stop_processes(allocation):
+                kept.add(allocation.kernel_id)
+        released = self.ledger.reconcile(
+            lambda allocation: held_by_batch_run(allocation) or allocation.kernel_id in kept
+        )
         for allocation in released:
             self.release(allocation.kernel_id)
         kept = {allocation.kernel_id for allocation in self.ledger.allocations()}

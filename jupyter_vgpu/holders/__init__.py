@@ -62,8 +62,9 @@ class Holder(Protocol):
     def is_alive(self, allocation: Allocation) -> bool:
         """Whether the kernel that holds the slice still runs (after a server restart)."""
 
-    def stop(self, allocation: Allocation) -> None:
-        """Stop a kernel that outlived the server that started it."""
+    def stop(self, allocation: Allocation) -> list[str]:
+        """Stop a kernel that is gone or outlived the server that started it, and every other
+        process of its slice; returns why one could not be stopped (the slice is then kept)."""
 
     def release(self, kernel_id: str) -> None:
         """Remove what the slice left behind; idempotent."""

@@ -69,6 +69,18 @@ def parent_pid(pid: int) -> int:
     return int(text[text.rindex(b")") + 2 :].split()[1])
 
 
+def process_running(pid: int, start_time: int) -> bool:
+    """Whether ``pid`` is still the process that started at ``start_time`` and has not exited (a
+    zombie, waiting for a parent to reap it, holds no GPU memory any more)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return False
+    fields = text[text.rindex(b")") + 2 :].split()
+    return fields[0] not in (b"Z", b"X") and int(fields[19]) == start_time
+
+
 def ancestors(pid: int, depth: int = ANCESTRY_DEPTH) -> Iterable[int]:
     """``pid``'s parent, its parent's parent, ... up to ``depth`` of them, stopping at init."""
     for _ in range(depth):

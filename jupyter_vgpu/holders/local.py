@@ -8,17 +8,20 @@ doctor's probe and kernels started without a server alike, in one private folder
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
+import time
 import uuid as uuidlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import pynvml
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_vgpu.holders import SliceUsage
-from jupyter_vgpu.holders.device_memory import kernel_pid
+from jupyter_vgpu.holders.device_memory import kernel_pid, process_running, read_devices, slice_processes
 from jupyter_vgpu.holders.pages import page_path
 from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, default_limits_path, process_start_time
 from jupyter_vgpu.ledger import Allocation, LedgerError, UnknownSlice
@@ -40,6 +43,9 @@ LIMITS_VARIABLE = "VGPU_LIMITS"
 # folder: the slice of a batch kernel (nbconvert, papermill) admitted to a server's ledger by a
 # provisioner outside that server, whose region is in the standalone folder.
 REGION_PATH_KEY = "region_path"
+# How long a stopped slice's processes may take to exit after SIGKILL (the kernel tears down its
+# GPU memory on exit; a process stuck in the driver may take a moment).
+STOP_WAIT_S = 5.0
 
 
 def default_region_dir(*, standalone: bool = False) -> Path:
@@ -229,14 +235,45 @@ class LocalHolder:
         pid, start_time = info.get("pid"), info.get("pid_start_time")
         return bool(pid and start_time and process_start_time(pid) == start_time)
 
-    def stop(self, allocation: Allocation) -> None:
-        if not self.is_alive(allocation):
-            return
-        pid = allocation.metadata["provisioner_info"]["pid"]
+    def slice_processes(self, allocation: Allocation) -> dict[int, int]:
+        """Every process of the slice that still runs, with its start time: the kernel, the live
+        processes in the region's slots (a child in a session of its own, a grandchild: whatever
+        inherited the preload and used the GPU), and those NVML lists as holding a device that
+        descend from one of them (a child that cleared the preload)."""
+        known = set(self.known_processes(allocation))
         try:
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+            listed = [pid for holding in read_devices().values() for pid in holding.processes]
+        except pynvml.NVMLError:
+            listed = []  # no GPU driver here: the region's slots are all there is
+        known.update(slice_processes([allocation], listed, self.known_processes)[0])
+        return {pid: start for pid in known if (start := process_start_time(pid)) and process_running(pid, start)}
+
+    def stop(self, allocation: Allocation) -> list[str]:
+        """Stop the kernel and every other process of its slice (SIGKILL), and wait for them to
+        exit, so that what they held is free before the slice is released. Returns why a process
+        could not be stopped (another user's, or one that does not exit), for which the slice must
+        be kept; an empty list when none of its processes runs any more."""
+        if self.is_alive(allocation):
+            pid = allocation.metadata["provisioner_info"]["pid"]
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)  # its process group first, in one call
+        running = self.slice_processes(allocation)
+        problems = []
+        for pid in list(running):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                running.pop(pid)
+            except PermissionError:
+                running.pop(pid)
+                problems.append(f"process {pid} is {_owner_of(pid)}'s, which this server cannot stop")
+        deadline = time.monotonic() + STOP_WAIT_S
+        while running and time.monotonic() < deadline:
+            running = {pid: start for pid, start in running.items() if process_running(pid, start)}
+            if running:
+                time.sleep(0.01)  # SIGKILL is sent; an exit has no event to wait on from here
+        problems += [f"process {pid} did not exit within {STOP_WAIT_S:g} s of SIGKILL" for pid in running]
+        return problems
 
     def release(self, kernel_id: str) -> None:
         region = self._regions.pop(kernel_id, None)
@@ -253,6 +290,17 @@ class LocalHolder:
                 self.release(kernel_id)
                 swept.append(kernel_id)
         return swept
+
+
+def _owner_of(pid: int) -> str:
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "another user"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"user {uid}"
 
 
 def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *, simulate: bool) -> int:

@@ -164,10 +164,11 @@ class PodHolder:
             self._warn("cannot tell whether the pod of kernel %s still runs: %s", allocation.kernel_id, error)
             return False
 
-    def stop(self, allocation: Allocation) -> None:
+    def stop(self, allocation: Allocation) -> list[str]:
         pod = allocation.metadata.get(POD_KEY)
         if pod:
             self._delete(pod["namespace"], pod["name"])
+        return []  # the cluster frees what a deleted pod held
 
     def release(self, kernel_id: str) -> None:
         with self._lock:

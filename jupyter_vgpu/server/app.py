@@ -391,7 +391,7 @@ class VGPUApp(ExtensionApp):
                 and allocation.kernel_id not in kernel_manager
                 and not manager.holder(allocation).is_alive(allocation)
             ):
-                manager.release(allocation.kernel_id)
+                manager.release_gone(allocation)  # kept while a process of it cannot be stopped
         idle: IdleKernels = self.settings[IDLE_SETTING]
         await idle.check([status.allocation for status in statuses])
 
