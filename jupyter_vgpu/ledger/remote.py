@@ -49,6 +49,11 @@ T = TypeVar("T")
 D = TypeVar("D", bound="DataclassInstance")
 
 
+class SliceForbidden(PermissionError):
+    """Another user's slice, which the broker refused to show or change (403): the request's
+    fault, not the broker failing (a token it does not accept is a LedgerError)."""
+
+
 class _Unreadable(ValueError):
     """A reply that is not what the ledger API answers; turned into a LedgerError with context."""
 
@@ -330,6 +335,8 @@ class RemoteLedger:
             return SliceExists(message)
         elif status == 404 and error == "UnknownSlice":
             return UnknownSlice(message)
+        elif status == 403 and error == "NotYourSlice":
+            return SliceForbidden(message)
         elif status == 400:
             # This client sends only well-formed bodies, so a 400 is a value the ledger refused.
             return SliceValueError(message)

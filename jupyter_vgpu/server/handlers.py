@@ -27,6 +27,7 @@ from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, UnknownSlice
 from jupyter_vgpu.ledger.metrics import add_device_gauges
+from jupyter_vgpu.ledger.remote import SliceForbidden
 from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
 from jupyter_vgpu.model import SliceValueError, parse_device
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
@@ -162,6 +163,10 @@ class VGPUHandler(APIHandler):
         exception = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exception, VGPUHTTPError):
             self.finish(json.dumps({"message": exception.message}))
+        elif isinstance(exception, SliceForbidden):
+            # The node's broker keeps the slice for another user: a refusal, not an outage.
+            self.set_status(403)
+            self.finish(json.dumps({"message": str(exception)}))
         elif isinstance(exception, LedgerError):
             # The ledger itself (its file, or the node's broker) did not decide: nothing the
             # client sent was wrong, and the slices in force keep their limits.
@@ -171,7 +176,7 @@ class VGPUHandler(APIHandler):
             super().write_error(status_code, **kwargs)
 
     def log_exception(self, typ, value, tb) -> None:
-        if isinstance(value, LedgerError):
+        if isinstance(value, (LedgerError, SliceForbidden)):
             self.log.warning("%s %s: %s", self.request.method, self.request.path, value)
         else:
             super().log_exception(typ, value, tb)
