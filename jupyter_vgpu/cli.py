@@ -422,6 +422,10 @@ def short_ids(kernel_ids: list[str]) -> dict[str, str]:
     return {kernel_id: kernel_id[:length] for kernel_id in kernel_ids}
 
 
+# Where JupyterHub serves its API unless configured otherwise (JupyterHub.hub_bind_url).
+DEFAULT_HUB_API_URL = "http://127.0.0.1:8081/hub/api"
+
+
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
@@ -431,8 +435,17 @@ class StatusApp(_ServerCommand):
         help="Every user's slices on the node, from its broker, by GPU (a JupyterHub with jupyter_vgpu.hub). "
         "Needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN.",
     )
-    broker = Unicode("", config=True, help="The broker's URL for --all. Empty: $JUPYTER_VGPU_BROKER_URL.")
-    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker"}  # noqa: RUF012 -- traitlets' class-level table
+    broker = Unicode(
+        "",
+        config=True,
+        help="The broker's URL for --all. Empty: $JUPYTER_VGPU_BROKER_URL, else the URL of the hub's service "
+        "--service, asked of the hub's API at $JUPYTERHUB_API_URL (else JupyterHub's default, "
+        f"{DEFAULT_HUB_API_URL}).",
+    )
+    service = Unicode(
+        "vgpu", config=True, help="For --all: the broker's service name in the hub (the classroom file's broker.name)."
+    )
+    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker", "service": "StatusApp.service"}  # noqa: RUF012 -- traitlets' class-level table
     flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
@@ -460,14 +473,12 @@ class StatusApp(_ServerCommand):
         from jupyter_vgpu.ledger import LedgerError
         from jupyter_vgpu.ledger.remote import RemoteLedger
 
-        url = self.broker or os.environ.get("JUPYTER_VGPU_BROKER_URL", "")
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
-        if not url:
-            raise UsageError("--all reads the node's broker: give --broker URL or set $JUPYTER_VGPU_BROKER_URL")
         if not token:
             raise UsageError(
                 "--all needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN"
             )
+        url = self.broker or os.environ.get("JUPYTER_VGPU_BROKER_URL", "") or self.broker_from_hub(token)
         try:
             with RemoteLedger(url.rstrip("/") + "/ledger", token, name="the node's GPU broker") as ledger:
                 usages, allocations = ledger.devices_usage(), ledger.allocations()
@@ -492,6 +503,38 @@ class StatusApp(_ServerCommand):
                     f"{format_size(allocation.memory_limit):>10}{allocation.sm_share:>6}%{allocation.policy:>8}"
                 )
         return 0
+
+    def broker_from_hub(self, token: str) -> str:
+        """The broker's URL as the hub knows its service (its url and prefix); a UsageError that
+        says what to pass where the hub cannot say."""
+        import urllib.error
+        import urllib.request
+
+        hub = os.environ.get("JUPYTERHUB_API_URL", "") or DEFAULT_HUB_API_URL
+        where = f"{hub.rstrip('/')}/services/{self.service}"
+        pass_instead = (
+            "give --broker URL (the broker's own address and prefix: http://127.0.0.1:<broker.port>/services/"
+            f"{self.service}/ with the classroom file's broker.port), or set $JUPYTERHUB_API_URL to the hub's API "
+            "(e.g. http://127.0.0.1:8081/hub/api)"
+        )
+        request = urllib.request.Request(where, headers={"Authorization": f"token {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                model = json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            why = (
+                f"the hub has no service {self.service!r} (see --service) or this token may not read it "
+                "(the vgpu-admin role may)"
+                if error.code in (403, 404)
+                else f"the hub answered {error.code} {error.reason}"
+            )
+            raise UsageError(f"--all: {why} ({where}); {pass_instead}") from None
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--all: cannot ask the hub at {hub} for the broker ({error}); {pass_instead}") from None
+        url, prefix = (model.get("url") or "", model.get("prefix") or "") if isinstance(model, dict) else ("", "")
+        if not url:
+            raise UsageError(f"--all: the hub's service {self.service!r} has no URL ({where}); {pass_instead}")
+        return url.rstrip("/") + "/" + prefix.lstrip("/")
 
 
 class ResizeApp(_ServerCommand):
