@@ -24,7 +24,6 @@ from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
 from jupyter_vgpu.manager import SliceManager
 from jupyter_vgpu.model import (
-    DEFAULT_LIMITS,
     DeviceError,
     SliceLimits,
     SliceValueError,
@@ -71,6 +70,14 @@ def environment_variable(trait: str) -> str:
     return f"JUPYTER_VGPU_{trait.upper()}"
 
 
+# A notebook's slice when nobody chose a size (the shipped "Python 3 (GPU slice)" kernelspec sets
+# none): several notebooks share a GPU without their user learning sizes first. A burst share of
+# a fifth is the whole GPU while the other kernels are idle and at least a fifth while they are
+# busy, so five notebooks fit by SM share; 4GiB lets four fit on a 16 GiB GPU. (DEFAULT_LIMITS, all
+# the SMs as a hard share, sizes a batch run, which has the GPU to itself where no server runs.)
+NOTEBOOK_DEFAULTS = SliceLimits(4 << 30, 20, "burst")
+
+
 class VGPUApp(ExtensionApp):
     name = "jupyter_vgpu"
     _ledger_unavailable = False
@@ -82,17 +89,19 @@ class VGPUApp(ExtensionApp):
         "0", config=True, help="Memory kept free on each GPU (not given to slices): a size like 1GiB, or 0."
     )
     default_memory = Unicode(
-        format_size(DEFAULT_LIMITS.memory_limit),
+        format_size(NOTEBOOK_DEFAULTS.memory_limit),
         config=True,
         help="Memory cap of a slice when neither the start request nor the kernelspec sets one.",
     )
     default_cores = Int(
-        DEFAULT_LIMITS.sm_share,
+        NOTEBOOK_DEFAULTS.sm_share,
         config=True,
-        help="SM share (percent) of a slice when neither the start request nor the kernelspec sets one.",
+        help="SM share (percent) of a slice when neither the start request nor the kernelspec sets one. "
+        "With the default burst policy it is what a kernel is guaranteed while others use the GPU; "
+        "alone on it, a kernel uses every SM.",
     )
     default_policy = Unicode(
-        DEFAULT_LIMITS.policy,
+        NOTEBOOK_DEFAULTS.policy,
         config=True,
         help="SM policy of a slice (hard or burst) when neither the start request nor the kernelspec sets one.",
     )

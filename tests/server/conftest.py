@@ -34,6 +34,7 @@ def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
             # Not the built-in 4GiB, so a test can tell the server's default was used.
             "default_memory": "2GiB",
             "default_cores": 40,
+            "default_policy": "hard",
         },
     }
 

@@ -88,7 +88,9 @@ def vgpu_cli(env, *args):
 def test_cli_status_and_resize_talk_to_the_running_server(user_env, tmp_path, cuda_prelude):
     server = Server(tmp_path, user_env)
     try:
-        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB", "cores": 40})
+        started = server.api(
+            "POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB", "cores": 40, "policy": "hard"}
+        )
         kernel_id = started["kernel"]["id"]
         run_code(user_env, kernel_id, cuda_prelude + "assert allocate(1 << 30) == 0")
 
