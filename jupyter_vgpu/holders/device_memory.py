@@ -39,8 +39,12 @@ class DeviceHolding:
 
 def read_devices() -> dict[str, DeviceHolding]:
     """Every device's holding, by UUID (NVML opened and closed again: a reading costs one
-    nvmlInit, one memory query and one process list per device)."""
-    pynvml.nvmlInit()
+    nvmlInit, one memory query and one process list per device). No NVML (a machine without a
+    driver, a server of pod kernels only): nothing is seen."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return {}
     try:
         holdings = {}
         for index in range(pynvml.nvmlDeviceGetCount()):
@@ -50,9 +54,11 @@ def read_devices() -> dict[str, DeviceHolding]:
                 used = memory.used  # v2 keeps the driver's reserve out of "used"
             except pynvml.NVMLError:
                 used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
-            processes = {
-                process.pid: process.usedGpuMemory for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            }
+            try:
+                listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError:
+                listed = []  # then all it holds counts as outside any slice: never promised twice
+            processes = {process.pid: process.usedGpuMemory for process in listed}
             holdings[pynvml.nvmlDeviceGetUUID(handle)] = DeviceHolding(used, processes)
         return holdings
     finally:

@@ -17,7 +17,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-import pynvml
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_vgpu.holders import SliceUsage
@@ -241,10 +240,7 @@ class LocalHolder:
         inherited the preload and used the GPU), and those NVML lists as holding a device that
         descend from one of them (a child that cleared the preload)."""
         known = set(self.known_processes(allocation))
-        try:
-            listed = [pid for holding in read_devices().values() for pid in holding.processes]
-        except pynvml.NVMLError:
-            listed = []  # no GPU driver here: the region's slots are all there is
+        listed = [pid for holding in read_devices().values() for pid in holding.processes]
         known.update(slice_processes([allocation], listed, self.known_processes)[0])
         return {pid: start for pid in known if (start := process_start_time(pid)) and process_running(pid, start)}
 
