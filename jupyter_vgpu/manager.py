@@ -12,8 +12,9 @@ import contextlib
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from traitlets.config import LoggingConfigurable
@@ -24,6 +25,9 @@ from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, 
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
 
 WARNINGS_KEY = "warnings"
+# Metadata of a slice whose kernel changed its own limits (the holder put them back): the last
+# change found, how many were found, and when (time.time()).
+TAMPERED_KEY = "tampered"
 # Metadata of a slice kept after its kernel ended because some of its processes could not be
 # stopped (another user's): why, in a sentence.
 KEPT_KEY = "kept_because"
@@ -63,8 +67,34 @@ class SliceStatus:
 
     @property
     def warnings(self) -> list[str]:
-        kept = self.allocation.metadata.get(KEPT_KEY)
-        return [*self.allocation.metadata.get(WARNINGS_KEY, []), *self.usage.warnings, *([kept] if kept else [])]
+        metadata = self.allocation.metadata
+        tampered, kept = self.tamper_warning, metadata.get(KEPT_KEY)
+        # WARNINGS_KEY: the list a ledger of an earlier version may still hold for the slice.
+        return [*metadata.get(WARNINGS_KEY, []), *self.usage.warnings, *filter(None, [tampered, kept])]
+
+    @property
+    def memory_over_cap(self) -> int:
+        return max(0, self.usage.memory_used - self.allocation.memory_limit)
+
+    @property
+    def tamper_warning(self) -> str | None:
+        """One sentence, however often the kernel changed its limits: what it did (the last
+        time), and what it means now, read from what its processes hold at this reading."""
+        tampered = self.allocation.metadata.get(TAMPERED_KEY)
+        if not isinstance(tampered, dict):
+            return None
+        times = tampered.get("times", 1)
+        again = f" ({times} times)" if times > 1 else ""
+        cap = format_size(self.allocation.memory_limit)
+        over = self.memory_over_cap
+        if over:
+            meaning = (
+                f"its processes hold {format_size(self.usage.memory_used)}, {format_size(over)} over the {cap} cap; "
+                "that stays held, and counts against the GPU's free memory, until the kernel frees it"
+            )
+        else:
+            meaning = f"its processes hold no more than the {cap} cap"
+        return f"{tampered.get('found', '')}{again}; {meaning}"
 
 
 def start_refusal(error: CapacityError) -> str:
@@ -248,17 +278,18 @@ class SliceManager(LoggingConfigurable):
     def status(self, allocation: Allocation) -> SliceStatus:
         usage = self.holder(allocation).usage(allocation)
         if usage.warnings:
-            # Kept with the slice, so it stays flagged after the holder put things right.
-            for warning in usage.warnings:
-                self.log.warning("kernel %s: %s", allocation.kernel_id, warning)
-            known = allocation.metadata.get(WARNINGS_KEY, [])
-            try:
+            # Limits the kernel changed and the holder put back: kept with the slice, so it stays
+            # flagged after the holder put things right; one entry, the last change and a count.
+            found = "; ".join(usage.warnings)
+            previous = allocation.metadata.get(TAMPERED_KEY)
+            times = previous.get("times", 1) + 1 if isinstance(previous, dict) else 1
+            with contextlib.suppress(UnknownSlice):
                 allocation = self.ledger.update_metadata(
-                    allocation.kernel_id, **{WARNINGS_KEY: [*known, *usage.warnings]}
+                    allocation.kernel_id, **{TAMPERED_KEY: {"found": found, "times": times, "at": time.time()}}
                 )
-            except UnknownSlice:
-                pass
-            usage = SliceUsage(usage.state, usage.processes, usage.sm_util_percent)
+            status = SliceStatus(allocation, replace(usage, warnings=[]))
+            self.log.warning("kernel %s: %s", allocation.kernel_id, status.tamper_warning)
+            return status
         return SliceStatus(allocation, usage)
 
     def statuses(self) -> list[SliceStatus]:

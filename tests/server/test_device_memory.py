@@ -96,5 +96,13 @@ def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, 
         status, message = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "5GiB"})
         assert status == 409 and "4GiB" in message, message
         server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB"})
+
+        # Reading the slice puts the cap back and flags it once, saying what stays held.
+        (warning,) = server.api("GET", f"api/vgpu/slices/{kernel_id}")["warnings"]
+        assert "memory cap 16GiB" in warning and "the server restored them" in warning
+        assert "12GiB, 9GiB over the 3GiB cap" in warning and "until the kernel frees it" in warning
+        run_code(user_env, kernel_id, "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=15 << 30)")
+        (again,) = server.api("GET", f"api/vgpu/slices/{kernel_id}")["warnings"]
+        assert "memory cap 15GiB" in again and "(2 times)" in again and "9GiB over the 3GiB cap" in again
     finally:
         server.stop()
