@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sim_helpers import GIB, MIB, Programs, Workload, nvml_snapshot, parse_lines, python_json, wait_until
+from sim_helpers import GIB, MIB, nvml_snapshot, parse_lines, python_json, wait_until
 
 SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, ILLEGAL_STATE, TIMEOUT = 0, 1, 2, 3, 401, 909
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "0", "1", "2", "3"
@@ -20,23 +20,6 @@ FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
 @pytest.fixture(scope="session")
 def checkpoint_probe(compile_c) -> Path:
     return compile_c("checkpoint_probe")
-
-
-@pytest.fixture
-def targets(programs, checkpoint_probe):
-    """start(env, bytes) -> a running `checkpoint_probe target BYTES` whose pattern is written."""
-    started: list[Workload] = []
-    as_workload = Programs(probe=programs.probe, workload=checkpoint_probe, entry_points=programs.entry_points)
-
-    def start(env: dict[str, str], size: str) -> Workload:
-        target = Workload(as_workload, env, "target", size)
-        started.append(target)
-        target.wait_for("ready")
-        return target
-
-    yield start
-    for target in started:
-        target.kill()
 
 
 def control(probe: Path, env: dict[str, str], operation: str, pid: int, *extra: str, init: bool = True) -> dict:
@@ -49,13 +32,6 @@ def control(probe: Path, env: dict[str, str], operation: str, pid: int, *extra: 
     return {**answer, "tid": values["tid"]} if "tid" in values else answer
 
 
-def ask(target: Workload, command: str, answer: str) -> str:
-    target.lines.pop(answer, None)
-    target.process.stdin.write(command + "\n")
-    target.process.stdin.flush()
-    return target.wait_for(answer)
-
-
 def suspend(probe: Path, env: dict[str, str], pid: int) -> None:
     assert control(probe, env, "lock", pid, "10000")["result"] == SUCCESS
     assert control(probe, env, "checkpoint", pid) == {"result": SUCCESS, "state": CHECKPOINTED}
@@ -66,8 +42,10 @@ def resume(probe: Path, env: dict[str, str], pid: int) -> None:
     assert control(probe, env, "unlock", pid) == {"result": SUCCESS, "state": RUNNING}
 
 
-def test_checkpoint_frees_the_device_and_restore_brings_the_pattern_back(env, targets, workloads, checkpoint_probe):
-    target = targets(env, "64M")
+def test_checkpoint_frees_the_device_and_restore_brings_the_pattern_back(
+    env, checkpoint_targets, workloads, checkpoint_probe
+):
+    target = checkpoint_targets(env, "64M")
     held = nvml_snapshot(env)
     assert held["processes"] == {str(target.pid): 64 * MIB}
 
@@ -83,12 +61,12 @@ def test_checkpoint_frees_the_device_and_restore_brings_the_pattern_back(env, ta
     other.finish()
 
     resume(checkpoint_probe, env, target.pid)
-    assert ask(target, "verify", "intact") == "1"
+    assert target.ask("verify", "intact") == "1"
     assert nvml_snapshot(env)["processes"] == {str(target.pid): 64 * MIB}
 
 
-def test_calls_in_the_wrong_state_are_illegal(env, targets, checkpoint_probe):
-    target = targets(env, "1M")
+def test_calls_in_the_wrong_state_are_illegal(env, checkpoint_targets, checkpoint_probe):
+    target = checkpoint_targets(env, "1M")
     for operation in ("checkpoint", "restore", "unlock"):
         assert control(checkpoint_probe, env, operation, target.pid) == {"result": ILLEGAL_STATE, "state": RUNNING}
     assert control(checkpoint_probe, env, "lock", target.pid)["result"] == SUCCESS
@@ -99,7 +77,7 @@ def test_calls_in_the_wrong_state_are_illegal(env, targets, checkpoint_probe):
         answer = control(checkpoint_probe, env, operation, target.pid)
         assert answer == {"result": ILLEGAL_STATE, "state": CHECKPOINTED}
     resume(checkpoint_probe, env, target.pid)
-    assert ask(target, "verify", "intact") == "1"
+    assert target.ask("verify", "intact") == "1"
 
 
 def test_a_process_without_cuda_is_not_a_checkpoint_target(env, checkpoint_probe):
@@ -113,19 +91,21 @@ def test_a_process_without_cuda_is_not_a_checkpoint_target(env, checkpoint_probe
         sleeper.wait()
 
 
-def test_lock_that_times_out_leaves_a_busy_process_running(env, targets, checkpoint_probe):
-    target = targets(env, "1M")
-    assert ask(target, "busy 20000", "queued") == ""
+def test_lock_that_times_out_leaves_a_busy_process_running(env, checkpoint_targets, checkpoint_probe):
+    target = checkpoint_targets(env, "1M")
+    assert target.ask("busy 20000", "queued") == ""
     started = time.monotonic()
     answer = control(checkpoint_probe, env, "lock", target.pid, "200")
     assert answer == {"result": TIMEOUT, "state": RUNNING}
     assert time.monotonic() - started < 20  # it gave up at its timeout, not when the work ended
     # Its calls go through: the gate is open again.
-    assert ask(target, "alloc 1M", "alloc") == str(SUCCESS)
+    assert target.ask("alloc 1M", "alloc") == str(SUCCESS)
 
 
-def test_restore_without_room_fails_and_leaves_the_process_checkpointed(env, targets, workloads, checkpoint_probe):
-    target = targets(env, "64M")
+def test_restore_without_room_fails_and_leaves_the_process_checkpointed(
+    env, checkpoint_targets, workloads, checkpoint_probe
+):
+    target = checkpoint_targets(env, "64M")
     suspend(checkpoint_probe, env, target.pid)
     other = workloads(env, "hold", str(16 * GIB))
     assert other.wait_for("alloc") == f"{16 * GIB} 0"
@@ -135,11 +115,11 @@ def test_restore_without_room_fails_and_leaves_the_process_checkpointed(env, tar
 
     other.finish()
     resume(checkpoint_probe, env, target.pid)
-    assert ask(target, "verify", "intact") == "1"
+    assert target.ask("verify", "intact") == "1"
 
 
-def test_failed_restore_mode_leaves_the_process_failed_for_good(env, targets, workloads, checkpoint_probe):
-    target = targets({**env, "VGPU_SIM_RESTORE_OOM_FAILS": "1"}, "64M")
+def test_failed_restore_mode_leaves_the_process_failed_for_good(env, checkpoint_targets, workloads, checkpoint_probe):
+    target = checkpoint_targets({**env, "VGPU_SIM_RESTORE_OOM_FAILS": "1"}, "64M")
     suspend(checkpoint_probe, env, target.pid)
     other = workloads(env, "hold", str(16 * GIB))
     other.wait_for("alloc")
@@ -149,21 +129,23 @@ def test_failed_restore_mode_leaves_the_process_failed_for_good(env, targets, wo
         assert control(checkpoint_probe, env, operation, target.pid) == {"result": ILLEGAL_STATE, "state": FAILED}
 
 
-def test_a_call_from_a_background_thread_blocks_until_the_process_is_unlocked(env, targets, checkpoint_probe):
-    target = targets(env, "1M")
+def test_a_call_from_a_background_thread_blocks_until_the_process_is_unlocked(
+    env, checkpoint_targets, checkpoint_probe
+):
+    target = checkpoint_targets(env, "1M")
     suspend(checkpoint_probe, env, target.pid)
-    tid = ask(target, "call", "call-thread")
+    tid = target.ask("call", "call-thread")
     syscall = Path(f"/proc/{target.pid}/task/{tid}/syscall")
     wait_until(lambda: syscall.read_text().split()[0] == str(FUTEX), timeout=30)
     # The program's own threads still run; the CUDA call has not returned.
-    assert ask(target, "ping", "pong") == ""
+    assert target.ask("ping", "pong") == ""
     assert "call-returned" not in target.lines
     resume(checkpoint_probe, env, target.pid)
     assert target.wait_for("call-returned") == str(SUCCESS)
 
 
-def test_restore_needs_a_controller_that_initialised_the_driver(env, targets, checkpoint_probe):
-    target = targets(env, "1M")
+def test_restore_needs_a_controller_that_initialised_the_driver(env, checkpoint_targets, checkpoint_probe):
+    target = checkpoint_targets(env, "1M")
     assert control(checkpoint_probe, env, "lock", target.pid, init=False)["result"] == SUCCESS
     assert control(checkpoint_probe, env, "checkpoint", target.pid, init=False)["result"] == SUCCESS
     answer = control(checkpoint_probe, env, "restore", target.pid, init=False)
@@ -171,17 +153,17 @@ def test_restore_needs_a_controller_that_initialised_the_driver(env, targets, ch
     resume(checkpoint_probe, env, target.pid)
 
 
-def test_the_restore_thread_is_a_thread_of_the_target(env, targets, checkpoint_probe):
-    target = targets(env, "1M")
+def test_the_restore_thread_is_a_thread_of_the_target(env, checkpoint_targets, checkpoint_probe):
+    target = checkpoint_targets(env, "1M")
     answer = control(checkpoint_probe, env, "tid", target.pid)
     assert answer["result"] == SUCCESS
     assert Path(f"/proc/{target.pid}/task/{answer['tid']}").is_dir()
     assert int(answer["tid"]) != target.pid
 
 
-def test_copies_take_the_configured_bandwidth(env, targets, checkpoint_probe):
+def test_copies_take_the_configured_bandwidth(env, checkpoint_targets, checkpoint_probe):
     """A lower bound, which the simulator guarantees: 64 MiB at 256 MiB/s take at least 0.25 s."""
-    target = targets({**env, "VGPU_SIM_CHECKPOINT_BANDWIDTH": str(256 * MIB)}, "64M")
+    target = checkpoint_targets({**env, "VGPU_SIM_CHECKPOINT_BANDWIDTH": str(256 * MIB)}, "64M")
     assert control(checkpoint_probe, env, "lock", target.pid)["result"] == SUCCESS
     started = time.monotonic()
     assert control(checkpoint_probe, env, "checkpoint", target.pid)["result"] == SUCCESS

@@ -537,24 +537,27 @@ static int all_zero(const void *bytes, size_t size)
     return 1;
 }
 
-CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+/* The record of the CUDA process `pid` for a query answering into `out`, or NULL. */
+static const struct sim_checkpoint_record *queried_process(int pid, const void *out)
 {
     uint64_t owner;
-    struct sim_checkpoint_record *record = state ? find_process(pid, &owner) : NULL;
-    if (!record)
-        return CUDA_ERROR_INVALID_VALUE;
-    *state = (CUprocessState)atomic_load(&record->state);
-    return CUDA_SUCCESS;
+    return out ? find_process(pid, &owner) : NULL;
+}
+
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+{
+    const struct sim_checkpoint_record *record = queried_process(pid, state);
+    if (record)
+        *state = (CUprocessState)atomic_load(&record->state);
+    return record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 {
-    uint64_t owner;
-    struct sim_checkpoint_record *record = tid ? find_process(pid, &owner) : NULL;
-    if (!record)
-        return CUDA_ERROR_INVALID_VALUE;
-    *tid = (int)atomic_load(&record->restore_tid);
-    return CUDA_SUCCESS;
+    const struct sim_checkpoint_record *record = queried_process(pid, tid);
+    if (record)
+        *tid = (int)atomic_load(&record->restore_tid);
+    return record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
