@@ -160,3 +160,33 @@ def test_a_process_without_cuda_has_no_state_and_is_left_alone(env, checkpoint_t
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_cuda_call_in_a_suspended_slice_asks_its_publisher_for_a_resume(env, make_slice, checkpoint_targets):
+    slice_env, region = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "1M")
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    region.set_suspended(True)
+    assert region.resume_requests() == 0
+
+    kernel.ask("call", "call-thread")
+    # What a server's watch loop waits for; the call itself waits in the driver meanwhile.
+    wait_for(lambda: region.resume_requests() > 0, timeout=30, message="a resume request in the region")
+    assert "call-returned" not in kernel.lines
+    controller(env, "resume", processes=suspension["processes"])
+    region.set_suspended(False)
+    assert kernel.wait_for("call-returned") == "0"
+
+    asked = region.resume_requests()
+    assert kernel.ask("call", "call-returned") == "0"
+    assert region.resume_requests() == asked  # a call of a running slice asks nothing
+
+
+def test_the_region_tells_a_slice_that_used_managed_memory(env, make_slice, checkpoint_targets):
+    managed_env, managed_region = make_slice(env)
+    plain_env, plain_region = make_slice(env)
+    managed, plain = checkpoint_targets(managed_env, "1M"), checkpoint_targets(plain_env, "1M")
+    assert managed.ask("managed 1M", "managed") == "0"
+    assert plain.ask("alloc 1M", "alloc") == "0"
+    assert managed_region.uses_managed_memory()
+    assert not plain_region.uses_managed_memory()

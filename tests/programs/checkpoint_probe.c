@@ -1,22 +1,26 @@
 /*
- * The two sides of the driver's checkpoint API, as separate processes
- * (tests/sim/test_sim_checkpoint.py). Prints "key value" lines, line-buffered,
- * so a test can wait for each.
+ * The two sides of the driver's checkpoint API as separate processes (tests/sim/test_sim_checkpoint.py,
+ * tests/holders/test_checkpoint.py). Prints "key value" lines, line-buffered, so a test can wait
+ * for each.
  *
- *   checkpoint_probe target BYTES     cuInit, allocate BYTES, write a pattern
- * into them with cuMemcpyHtoD, print "ready PTR", then obey stdin lines: verify
- * read the allocation back (cuMemcpyDtoH): "intact 1" if the pattern is there
- *       call         from a new thread: print "call-thread TID", make the
- * target's context current and call cuMemGetInfo_v2, then print "call-returned
- * RESULT" busy MS      queue one kernel that keeps the device busy for about MS
- * ms: "queued" alloc BYTES  cuMemAlloc_v2: "alloc RESULT" ping         "pong"
- * (no CUDA call: the program's own threads run while it is locked) and exits
- * when stdin closes. checkpoint_probe [--no-init] control OPERATION PID
- * [TIMEOUT_MS] one call on process PID: "result N", then "state S" (its state
- * afterwards); OPERATION is state, tid, lock, checkpoint, restore or unlock;
- * --no-init skips cuInit. "tid" prints "tid N".
+ *   checkpoint_probe target BYTES   cuInit, allocate BYTES, write a pattern into them with
+ *                                   cuMemcpyHtoD, print "ready PTR", then obey stdin lines:
+ *       verify         read the allocation back (cuMemcpyDtoH): "intact 1" if the pattern is there
+ *       call           from another thread (one with the target's context current): print
+ *                      "call-thread TID", call cuMemGetInfo_v2, then print "call-returned RESULT"
+ *       busy MS        queue one kernel that keeps the device busy for about MS ms: "queued"
+ *       alloc BYTES    cuMemAlloc_v2: "alloc RESULT"
+ *       managed BYTES  cuMemAllocManaged: "managed RESULT"
+ *       ping           "pong" (no CUDA call: the program's own threads run while it is locked)
+ *     and exits when stdin closes.
+ *   checkpoint_probe [--no-init] control OPERATION PID [TIMEOUT_MS]
+ *                                   one call on process PID: "result N", then "state S" (its
+ *                                   state afterwards); OPERATION is state, tid, lock,
+ *                                   checkpoint, restore or unlock; --no-init skips cuInit.
+ *                                   "tid" also prints "tid N".
  */
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,15 +38,21 @@ static unsigned char pattern_byte(size_t i)
     return (unsigned char)(i * 131 + (i >> 12) * 7 + 3);
 }
 
-static void *call_from_thread(void *argument)
+/* A thread with the target's context current, making one cuMemGetInfo_v2 (a hooked call) per
+ * "call" command. */
+static sem_t call_wanted;
+
+static void *caller(void *argument)
 {
     (void)argument;
-    printf("call-thread %ld\n", (long)syscall(SYS_gettid));
-    size_t free_bytes, total;
-    CUresult result = cuCtxSetCurrent(target_context);
-    if (result == CUDA_SUCCESS)
-        result = cuMemGetInfo_v2(&free_bytes, &total);
-    printf("call-returned %d\n", result);
+    CHECK(cuCtxSetCurrent(target_context));
+    for (;;) {
+        while (sem_wait(&call_wanted) != 0) {
+        }
+        printf("call-thread %ld\n", (long)syscall(SYS_gettid));
+        size_t free_bytes, total;
+        printf("call-returned %d\n", cuMemGetInfo_v2(&free_bytes, &total));
+    }
     return NULL;
 }
 
@@ -59,9 +69,11 @@ static int command_target(const char *size)
     for (size_t i = 0; i < target_bytes; i++)
         host[i] = pattern_byte(i);
     CHECK(cuMemcpyHtoD_v2(target_memory, host, target_bytes));
+    pthread_t thread;
+    sem_init(&call_wanted, 0, 0);
+    pthread_create(&thread, NULL, caller, NULL);
     printf("ready %llu\n", (unsigned long long)target_memory);
     char line[256];
-    pthread_t thread;
     while (fgets(line, sizeof line, stdin)) {
         if (strncmp(line, "verify", 6) == 0) {
             memset(host, 0, target_bytes);
@@ -71,7 +83,7 @@ static int command_target(const char *size)
                 intact = host[i] == pattern_byte(i);
             printf("intact %d\n", intact);
         } else if (strncmp(line, "call", 4) == 0) {
-            pthread_create(&thread, NULL, call_from_thread, NULL);
+            sem_post(&call_wanted);
         } else if (strncmp(line, "busy ", 5) == 0) {
             /* 256 threads a block: 8 blocks an SM, so every 8 * SMs blocks are one
              * wave of block_ns. */
@@ -84,6 +96,9 @@ static int command_target(const char *size)
         } else if (strncmp(line, "alloc ", 6) == 0) {
             CUdeviceptr extra;
             printf("alloc %d\n", cuMemAlloc_v2(&extra, parse_bytes(line + 6)));
+        } else if (strncmp(line, "managed ", 8) == 0) {
+            CUdeviceptr managed;
+            printf("managed %d\n", cuMemAllocManaged(&managed, parse_bytes(line + 8), 1 /* CU_MEM_ATTACH_GLOBAL */));
         } else if (strncmp(line, "ping", 4) == 0) {
             printf("pong\n");
         }
