@@ -40,6 +40,46 @@ def wait_for(condition, timeout: float, message: str = "condition", interval: fl
     return value
 
 
+class CheckpointTarget:
+    """`checkpoint_probe target BYTES` (tests/programs/checkpoint_probe.c): a process that has
+    written a pattern into BYTES of device memory and obeys commands on stdin."""
+
+    def __init__(self, program: Path, env: dict[str, str], size: str):
+        pipe = subprocess.PIPE
+        self.process = subprocess.Popen(
+            [program, "target", size], env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True
+        )
+        self.lines: dict[str, str] = {}  # the latest line of each key
+        self.wait_for("ready")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_for(self, key: str) -> str:
+        """Reads output until a line starting with `key`; returns the rest of that line. No
+        timeout of its own: the test's (pytest-timeout) ends a wait on a process that hangs."""
+        while key not in self.lines:
+            line = self.process.stdout.readline()
+            if not line:
+                raise AssertionError(f"checkpoint_probe ended before '{key}': {self.process.stderr.read()}")
+            name, _, value = line.strip().partition(" ")
+            self.lines[name] = value
+        return self.lines[key]
+
+    def ask(self, command: str, answer: str) -> str:
+        """Sends one command line and waits for its answer line."""
+        self.lines.pop(answer, None)
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.wait_for(answer)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate()
+
+
 def listed_slice(
     kernel_id: str,
     path: str = "",

@@ -15,6 +15,8 @@ void sim_env_read(struct sim_env *env)
     /* Set but empty is meaningful here: the real driver then shows no device. */
     env->visible_devices = getenv("CUDA_VISIBLE_DEVICES");
     env->runtime_dir = non_empty(getenv("XDG_RUNTIME_DIR"));
+    env->checkpoint_bandwidth = non_empty(getenv("VGPU_SIM_CHECKPOINT_BANDWIDTH"));
+    env->restore_oom_fails = non_empty(getenv("VGPU_SIM_RESTORE_OOM_FAILS"));
 }
 
 const char *sim_proc_root(void)

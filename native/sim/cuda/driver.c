@@ -103,6 +103,7 @@ static CUresult initialise(void)
             return CUDA_ERROR_OUT_OF_MEMORY;
     }
     reserve_arena();
+    sim_checkpoint_start(&env);
     return CUDA_SUCCESS;
 }
 
@@ -326,6 +327,12 @@ static const struct {
     {"cuGraphInstantiateWithFlags", 12000, "cuGraphInstantiate"},
     {"cuGraphExecUpdate", 10020, NULL},
     {"cuGraphExecUpdate_v2", 12000, NULL},
+    {"cuCheckpointProcessGetState", 12080, NULL},
+    {"cuCheckpointProcessGetRestoreThreadId", 12080, NULL},
+    {"cuCheckpointProcessLock", 12080, NULL},
+    {"cuCheckpointProcessCheckpoint", 12080, NULL},
+    {"cuCheckpointProcessRestore", 12080, NULL},
+    {"cuCheckpointProcessUnlock", 12080, NULL},
 };
 /* clang-format on */
 

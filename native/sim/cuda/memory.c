@@ -695,35 +695,46 @@ static CUresult prepare_copy(uint64_t device_address, size_t bytes, int access, 
         return result;
     if (!host)
         return CUDA_ERROR_INVALID_VALUE;
+    /* Ended by the caller once its bytes are copied: a checkpoint must not take the pages away
+     * mid-copy. */
+    sim_copy_begin();
     pthread_mutex_lock(&sim_cuda.lock);
     result = host_view(device_address, bytes, access);
     pthread_mutex_unlock(&sim_cuda.lock);
     if (result == CUDA_SUCCESS)
         sim_sleep_until(sim_context_tail(ctx));
+    else
+        sim_copy_end();
     return result;
 }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     CUresult result = prepare_copy(dstDevice, ByteCount, PROT_WRITE, srcHost);
-    if (result == CUDA_SUCCESS && ByteCount)
+    if (result == CUDA_SUCCESS && ByteCount) {
         memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+        sim_copy_end();
+    }
     return result;
 }
 
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     CUresult result = prepare_copy(srcDevice, ByteCount, PROT_READ, dstHost);
-    if (result == CUDA_SUCCESS && ByteCount)
+    if (result == CUDA_SUCCESS && ByteCount) {
         memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+        sim_copy_end();
+    }
     return result;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     CUresult result = prepare_copy(dstDevice, N, PROT_WRITE, &uc);
-    if (result == CUDA_SUCCESS && N)
+    if (result == CUDA_SUCCESS && N) {
         memset((void *)(uintptr_t)dstDevice, uc, N);
+        sim_copy_end();
+    }
     return result;
 }
 
