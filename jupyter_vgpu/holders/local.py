@@ -56,8 +56,12 @@ def default_region_dir(*, standalone: bool = False) -> Path:
 
 
 def private_folder(path: Path) -> Path:
-    """``path`` made (with its parents) and closed to other users, whatever umask made it."""
-    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    """``path`` made (with its parents) and closed to other users, whatever umask made it. The
+    parents it makes are private too: `jupyter vgpu run` makes regions/standalone, and the
+    regions folder it made on the way is a server's region folder later."""
+    if not path.parent.exists():
+        private_folder(path.parent)
+    path.mkdir(exist_ok=True, mode=PRIVATE_FOLDER)
     if path.stat().st_mode & 0o077:
         path.chmod(PRIVATE_FOLDER)
     return path
