@@ -14,6 +14,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits
 
+# An allocation's metadata key while its slice is suspended (its processes checkpointed to host
+# memory): {"host_memory": bytes moved to host memory, "at": epoch seconds, ...what the suspender
+# needs to resume it}. A suspended slice keeps its claim and counts against its owner's budget,
+# but takes no room on its device: its memory and SM share are lent to other slices until
+# Ledger.resume admits it there again.
+SUSPENDED_KEY = "suspended"
+
 
 class LedgerError(RuntimeError):
     """A ledger that cannot be used: an unreadable file, an unreachable or refusing broker."""
@@ -37,6 +44,10 @@ class CapacityError(Exception):
         self.resource = resource
         self.requested = requested
         self.available = available
+
+
+class NotSupported(RuntimeError):
+    """What this ledger cannot do (a broker's ledger and suspending slices); the message says so."""
 
 
 class _MessageKeyError(KeyError):
@@ -91,6 +102,18 @@ class Allocation:
     @property
     def limits(self) -> SliceLimits:
         return SliceLimits(self.memory_limit, self.sm_share, self.policy)
+
+    @property
+    def suspended(self) -> bool:
+        """Whether the slice is suspended: its processes' memory is in host memory, and its room
+        on the device is lent to others (see SUSPENDED_KEY)."""
+        return isinstance(self.metadata.get(SUSPENDED_KEY), dict)
+
+    @property
+    def host_memory(self) -> int:
+        """Bytes of the slice's processes held in host memory while it is suspended (else 0)."""
+        state = self.metadata.get(SUSPENDED_KEY)
+        return int(state.get("host_memory", 0)) if isinstance(state, dict) else 0
 
 
 @dataclass(frozen=True)
@@ -192,6 +215,17 @@ class Ledger(Protocol):
         ...
 
     def update_metadata(self, kernel_id: str, **fields) -> Allocation: ...
+
+    def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
+        """Mark a slice suspended once its processes hold nothing on its device: its memory and
+        SM share are free there for others, its claim (and its owner's budget) kept. ``details``
+        are kept with the state (what a resume needs). Raises UnknownSlice."""
+        ...
+
+    def resume(self, kernel_id: str) -> Allocation:
+        """Admit a suspended slice on its device again, before its processes are restored;
+        raises CapacityError where it no longer fits (it stays suspended), UnknownSlice."""
+        ...
 
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone; returns the released."""

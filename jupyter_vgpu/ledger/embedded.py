@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
+    SUSPENDED_KEY,
     Allocation,
     CapacityError,
     DeviceReader,
@@ -449,6 +450,52 @@ class EmbeddedLedger:
             )
         return updated
 
+    def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
+        """Mark a slice suspended (its processes checkpointed, their device memory released): from
+        this decision on its memory and SM share are free on its device for other admissions and
+        resizes, while the slice keeps its claim and counts against its owner's budget. What its
+        processes still hold on the device counts as held beyond the promises (the reader sees a
+        cap of 0), so memory a "suspended" slice still holds is never lent."""
+        if host_memory < 0:
+            raise ValueError(f"host_memory must be zero or more bytes, not {host_memory!r}")
+        with self._decision() as db:
+            current = self._get(db, kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            state = {**(details or {}), "host_memory": host_memory, "at": time.time()}
+            suspended = replace(current, metadata={**current.metadata, SUSPENDED_KEY: state})
+            db.execute(
+                "UPDATE allocations SET metadata = ? WHERE kernel_id = ?", (json.dumps(suspended.metadata), kernel_id)
+            )
+        return suspended
+
+    def resume(self, kernel_id: str) -> Allocation:
+        """Admit a suspended slice on its device again (memory and share, against what the others
+        hold now and what the device really holds); raises CapacityError, leaving it suspended,
+        where it does not fit. A slice that is not suspended is returned as it is."""
+        with self._decision() as db:
+            current = self._get(db, kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            if not current.suspended:
+                return current
+            resumed = replace(current, metadata={**current.metadata, SUSPENDED_KEY: None})
+            if current.holder == "local":
+                # Read as if it were running again: what its processes hold is then its own.
+                usage = next(
+                    (
+                        usage
+                        for usage in self._usages(self._held(db), self._unpromised(db, resumed))
+                        if usage.device.uuid == current.device_uuid
+                    ),
+                    None,
+                )
+                _check_resume_fits(current, usage)
+            db.execute(
+                "UPDATE allocations SET metadata = ? WHERE kernel_id = ?", (json.dumps(resumed.metadata), kernel_id)
+            )
+        return resumed
+
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone (after a restart); returns the released.
 
@@ -499,7 +546,9 @@ class EmbeddedLedger:
     def _held(db: sqlite3.Connection, excluding: str | None = None) -> _Held:
         rows = db.execute(
             "SELECT device_uuid, SUM(memory_limit), SUM(CASE policy WHEN 'hard' THEN sm_share ELSE 0 END),"
-            " SUM(sm_share), COUNT(*) FROM allocations WHERE kernel_id IS NOT ? GROUP BY device_uuid",
+            " SUM(sm_share), COUNT(*) FROM allocations WHERE kernel_id IS NOT ?"
+            # A suspended slice's room is lent to the others (its owner's budget still counts it).
+            f" AND json_extract(metadata, '$.{SUSPENDED_KEY}') IS NULL GROUP BY device_uuid",
             (excluding,),
         ).fetchall()
         by_device = {uuid: tuple(sums) for uuid, *sums in rows}
@@ -528,6 +577,9 @@ class EmbeddedLedger:
         allocations = [_allocation(row) for row in rows]
         if changed is not None:
             allocations = [changed if a.kernel_id == changed.kernel_id else a for a in allocations]
+        # A suspended slice is promised nothing on its device: whatever its processes still hold
+        # there is beyond the promises, and not lent.
+        allocations = [replace(a, memory_limit=0) if a.suspended else a for a in allocations]
         return self.reader(allocations)
 
     def _usages(self, held: _Held, unpromised: Mapping[str, UnpromisedMemory]) -> list[DeviceUsage]:
@@ -664,6 +716,38 @@ class EmbeddedLedger:
                 requested=wanted.sm_share,
                 available=most,
             )
+
+
+def _check_resume_fits(current: Allocation, usage: DeviceUsage | None) -> None:
+    """Refuse to resume a suspended slice where its device has no room for it now."""
+    kernel_id, memory = current.kernel_id, format_size(current.memory_limit)
+    if usage is None:
+        raise CapacityError(
+            f"kernel {kernel_id!r} cannot resume: its GPU {current.device_index} ({current.device_uuid}) is no "
+            "longer on this machine",
+            resource="devices",
+            requested=1,
+            available=0,
+        )
+    gpu = _gpu(usage.device)
+    if usage.memory_free < current.memory_limit:
+        raise CapacityError(
+            f"kernel {kernel_id!r} cannot resume yet: its {memory} slice needs {memory} on {gpu}, which has "
+            f"{format_size(usage.memory_free)} free{unpromised_note(usage)}; it resumes when "
+            f"{format_size(current.memory_limit - usage.memory_free)} more is free",
+            resource="memory",
+            requested=current.memory_limit,
+            available=usage.memory_free,
+        )
+    most = usage.share_free(current.policy)
+    if most < current.sm_share:
+        raise CapacityError(
+            f"kernel {kernel_id!r} cannot resume yet: its {current.sm_share}% {current.policy} share of {gpu}'s "
+            f"SMs does not fit, the other slices leave {most}%",
+            resource="sm_share",
+            requested=current.sm_share,
+            available=most,
+        )
 
 
 def _check_budget(

@@ -31,6 +31,7 @@ from jupyter_vgpu.ledger.base import (
     CapacityError,
     DeviceUsage,
     LedgerError,
+    NotSupported,
     OwnerBudget,
     SliceExists,
     UnknownSlice,
@@ -284,6 +285,12 @@ class RemoteLedger:
         """Merge ``fields`` into a slice's metadata."""
         return self._call("PATCH", f"{_slice_path(kernel_id)}/metadata", fields, read=_allocation)
 
+    def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
+        raise NotSupported(_NO_SUSPEND)
+
+    def resume(self, kernel_id: str) -> Allocation:
+        raise NotSupported(_NO_SUSPEND)
+
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone; returns the released.
 
@@ -401,6 +408,14 @@ class RemoteLedger:
                 self._idle.append(connection)
                 return
         connection.close()
+
+
+# The broker would have to decide whose idle kernel makes room and check NVML before lending
+# (issue 18): not built yet, so a classroom's kernels keep the lower-then-cull policy.
+_NO_SUSPEND = (
+    "kernels whose slices the node's GPU broker holds cannot be suspended yet; the idle policy lowers "
+    "and then stops them instead"
+)
 
 
 def _no_budget(budget: OwnerBudget | None) -> None:
