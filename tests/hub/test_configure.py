@@ -274,7 +274,7 @@ def test_options_form_lists_the_user_s_sizes_escaped(classroom_path):
     c = Config()
     configure(c, classroom_path)
     student = asyncio.run(spawner(c, user("alice", "students")).get_options_form())
-    assert '<select class="form-control" id="vgpu-profile" name="profile">' in student
+    assert '<select class="form-select" id="vgpu-profile" name="profile">' in student
     assert '<option value="small" selected>Small &lt;2 GiB&gt; &amp; 20%</option>' in student
     assert 'value="large"' not in student
     assert "<script>" not in student and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; for exercises" in student
