@@ -38,9 +38,10 @@ from jupyter_vgpu.model import (
 from jupyter_vgpu.pods.cluster import default_namespace
 from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
-from jupyter_vgpu.server.errors import refusal_for_http
+from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
 
 
 def _size_or_none(value: str) -> int | None:
@@ -173,7 +174,15 @@ class VGPUApp(ExtensionApp):
         "$JUPYTER_VGPU_IDLE_CULL_AFTER.",
     )
 
-    @validate("idle_lower_after", "idle_cull_after")
+    suspend_lock_timeout = Float(
+        5.0,
+        config=True,
+        help="Seconds each process of a kernel being suspended (to host memory, issue 18) may take to "
+        "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
+        "refused (409), saying which process.",
+    )
+
+    @validate("idle_lower_after", "idle_cull_after", "suspend_lock_timeout")
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -273,6 +282,8 @@ class VGPUApp(ExtensionApp):
         )
 
     def initialize_settings(self) -> None:
+        if not any(isinstance(existing, StartRefusalLog) for existing in self.serverapp.log.filters):
+            self.serverapp.log.addFilter(StartRefusalLog())
         self._take_environment()
         if self.simulate:
             use_simulator()
@@ -308,6 +319,7 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
+        self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
         self._start_idle_policy(manager)
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 
@@ -352,3 +353,17 @@ async def test_a_slice_is_sized_by_the_request_then_the_kernelspec_then_the_serv
     # JupyterLab's own path (no sizes at all) gets the same rule.
     model = await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": unsized_kernelspec})
     assert (await fetch_json(jp_fetch, "api", "vgpu", "slices", model["id"]))["limits"]["memory_bytes"] == 2 * GIB
+
+
+@pytest.mark.parametrize("path", [("api", "kernels"), ("api", "vgpu", "kernels")])
+async def test_a_refused_start_is_one_warning_line_in_the_log_not_two_error_tracebacks(
+    jp_fetch, vgpu_kernelspec, caplog, path
+):
+    for device, memory in ((0, "8GiB"), (1, "16GiB")):  # every GPU full
+        await start_sliced(jp_fetch, vgpu_kernelspec, memory=memory, device=device)
+    caplog.clear()
+    code, message = await error_of(jp_fetch, *path, method="POST", body={"name": vgpu_kernelspec})
+    assert code == 409
+    assert [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info] == []
+    said = [record for record in caplog.records if record.getMessage() == message]
+    assert len(said) == 1 and said[0].levelname == "WARNING", [record.getMessage() for record in caplog.records]
