@@ -41,7 +41,6 @@ from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvision
 from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
-from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
 
 
 def _size_or_none(value: str) -> int | None:
@@ -174,15 +173,7 @@ class VGPUApp(ExtensionApp):
         "$JUPYTER_VGPU_IDLE_CULL_AFTER.",
     )
 
-    suspend_lock_timeout = Float(
-        5.0,
-        config=True,
-        help="Seconds each process of a kernel being suspended (to host memory, issue 18) may take to "
-        "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
-        "refused (409), saying which process.",
-    )
-
-    @validate("idle_lower_after", "idle_cull_after", "suspend_lock_timeout")
+    @validate("idle_lower_after", "idle_cull_after")
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -319,7 +310,6 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
-        self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
         self._start_idle_policy(manager)
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
