@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jupyter_vgpu.holders import SliceUsage
+from jupyter_vgpu.holders.base import SliceUsage
 from jupyter_vgpu.holders.device_memory import kernel_pid, process_running, read_devices, slice_processes
 from jupyter_vgpu.holders.pages import page_path
 from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, default_limits_path, process_start_time

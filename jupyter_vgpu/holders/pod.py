@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-from jupyter_vgpu.holders import SliceUsage
+from jupyter_vgpu.holders.base import SliceUsage
 from jupyter_vgpu.holders.region import ProcessUsage
 from jupyter_vgpu.ledger import Allocation, CapacityError
 from jupyter_vgpu.model import SliceLimits, format_size
