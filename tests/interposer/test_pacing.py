@@ -377,11 +377,12 @@ def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, mak
     second.finish()
 
     since_us, until_us = first.start_us + 2_000_000, first.start_us + 3_000_000
-    starved = {load.pid: load.cpu_starved(since_us, until_us) for load in (first, second)}
+    # Either process may run the slice's controller, whose waits delay both processes' refills.
+    starved = max(load.cpu_starved(since_us, until_us) for load in (first, second))
     together = measured.get(first.pid, 0) + measured.get(second.pid, 0)
-    assert_share_held(together, share, max(starved.values()), f"the two together ({measured}, starved {starved})")
+    assert_share_held(together, share, starved, f"the two together ({measured})")
     for load in (first, second):
-        assert_share_held(measured.get(load.pid, 0), share / 2, starved[load.pid], f"{load.pid} ({measured})")
+        assert_share_held(measured.get(load.pid, 0), share / 2, starved, f"{load.pid} ({measured})")
 
 
 def test_unlimited_share_does_not_throttle_and_is_still_measured(programs, device_env, make_slice):
