@@ -163,7 +163,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     launcher?.add({
       command: COMMAND_NEW_NOTEBOOK,
       category: trans.__('Notebook'),
-      rank: 50
+      rank: 50,
+      // The launcher draws a Notebook card's image from kernelIconUrl only (else the label's
+      // first letter on an orange square), not from the command's icon.
+      kernelIconUrl: `data:image/svg+xml,${encodeURIComponent(gpuIcon.svgstr)}`
     });
 
     settingRegistry

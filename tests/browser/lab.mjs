@@ -311,6 +311,37 @@ const scenarios = {
     return { message, inView, extent, messageExtent, messageInContent };
   },
 
+  /**
+   * The launcher's Notebook cards named in settings.cards: whether each shows an image that
+   * loaded (a logo), or the label's first letter, as JupyterLab draws a card without one.
+   */
+  async launcherImages(browser) {
+    const page = await openLab(browser, '', { reset: true });
+    const notebooks = page.locator('.jp-Launcher-section', {
+      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
+    });
+    const cards = {};
+    for (const label of settings.cards) {
+      const card = notebooks.locator('.jp-LauncherCard', {
+        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(label) })
+      });
+      await card.waitFor();
+      const image = card.locator('.jp-LauncherCard-icon img');
+      cards[label] = {
+        letter: await card.locator('.jp-LauncherCard-noKernelIcon').count(),
+        // Loaded and drawn: a broken URL leaves naturalWidth 0.
+        imageWidth: (await image.count())
+          ? await image.evaluate(async img => {
+              await img.decode().catch(() => undefined);
+              return img.naturalWidth;
+            })
+          : 0
+      };
+    }
+    await notebooks.screenshot({ path: `${settings.screenshots}/launcher.png` });
+    return cards;
+  },
+
   /** The launcher's dialog: a refused size is explained, a good one starts a kernel of that size. */
   async startDialog(browser) {
     const page = await openLab(browser, '');

@@ -107,6 +107,16 @@ def test_notebooks_on_the_shipped_kernelspec_share_the_gpu_with_the_default_size
     ]
 
 
+def test_the_launcher_s_gpu_slice_cards_show_logos_not_letters(lab, drive):
+    # JupyterLab draws a Notebook card without an image as the label's first letter ("N", "P").
+    seen = drive("launcherImages", cards=[SHIPPED_CARD, "New notebook on a GPU slice..."])
+
+    assert {label: (card["letter"], card["imageWidth"] > 0) for label, card in seen.items()} == {
+        SHIPPED_CARD: (0, True),
+        "New notebook on a GPU slice...": (0, True),
+    }, seen
+
+
 def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
     notebook = lab.write_notebook("plain.ipynb", ["print('no slice here')"], kernelspec="python3")
 
