@@ -9,6 +9,7 @@ Imports go one way: handlers and provisioners -> manager -> ledger, holders.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import secrets
@@ -20,8 +21,10 @@ from typing import Any
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu.holders import Holder, SliceUsage
+from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, UnknownSlice
+from jupyter_vgpu.holders.suspender import Suspender
+from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
 
 WARNINGS_KEY = "warnings"
@@ -233,6 +236,28 @@ class SliceManager(LoggingConfigurable):
         for holder in self.holders.values():
             holder.release(kernel_id)
         return allocation
+
+    # -- suspending idle kernels (issue 18) ---------------------------------------------------
+
+    @functools.cached_property
+    def suspender(self) -> Suspender:
+        """Carries out suspends and resumes of local slices (holders/suspender.py)."""
+        holder = self.holders.get("local")
+        if not isinstance(holder, LocalHolder):
+            raise NotSupported("this server holds no local slices, which are the only ones suspended")
+        return Suspender(self.ledger, holder)
+
+    def suspend(self, kernel_id: str, *, lock_timeout: float = 5.0) -> Allocation:
+        """Move the kernel's GPU memory to host memory and lend its slice's room (blocks: call
+        from a worker thread). Raises UnknownSlice; NotSupported with the reasons it cannot be
+        suspended here; SuspendRefused where a process did not stop its GPU work within
+        ``lock_timeout`` seconds (it stays running)."""
+        return self.suspender.suspend(self.get(kernel_id), lock_timeout=lock_timeout)
+
+    def resume(self, kernel_id: str) -> Allocation:
+        """Take a suspended kernel's room back on its device, then restore its memory (blocks).
+        Raises UnknownSlice; CapacityError (still suspended) where its room is taken."""
+        return self.suspender.resume(self.get(kernel_id))
 
     def report_usage(self, kernel_id: str, report: dict[str, Any]) -> Allocation:
         """Take a usage report from a kernel that runs elsewhere (a pod's agent) and return its

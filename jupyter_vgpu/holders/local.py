@@ -249,6 +249,26 @@ class LocalHolder:
         return {pid: start for pid in known if (start := process_start_time(pid)) and process_running(pid, start)}
 
     def stop(self, allocation: Allocation) -> list[str]:
+    # -- suspending (issue 18; the checkpointing itself is holders/suspender.py's) -------------
+
+    def set_suspended(self, allocation: Allocation, suspended: bool) -> None:
+        """Raise or clear the limits page's suspended flag, which makes the slice's processes
+        count their CUDA calls as resume requests (see :meth:`resume_requests`)."""
+        with self._region_of(allocation) as region:
+            region.set_suspended(suspended)
+
+    def resume_requests(self, allocation: Allocation) -> int:
+        """CUDA calls the slice's live processes made while it was suspended, ever."""
+        try:
+            with self._region_of(allocation) as region:
+                return region.resume_requests()
+        except RegionError:
+            return 0
+
+    def uses_managed_memory(self, allocation: Allocation) -> bool:
+        with self._region_of(allocation) as region:
+            return region.uses_managed_memory()
+
         """Stop the kernel and every other process of its slice (SIGKILL), and wait for them to
         exit, so that what they held is free before the slice is released. Returns why a process
         could not be stopped (another user's, or one that does not exit), for which the slice must

@@ -41,6 +41,7 @@ from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvision
 from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
 
 
 def _size_or_none(value: str) -> int | None:
@@ -173,7 +174,15 @@ class VGPUApp(ExtensionApp):
         "$JUPYTER_VGPU_IDLE_CULL_AFTER.",
     )
 
-    @validate("idle_lower_after", "idle_cull_after")
+    suspend_lock_timeout = Float(
+        5.0,
+        config=True,
+        help="Seconds each process of a kernel being suspended (to host memory, issue 18) may take to "
+        "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
+        "refused (409), saying which process.",
+    )
+
+    @validate("idle_lower_after", "idle_cull_after", "suspend_lock_timeout")
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -272,6 +281,11 @@ class VGPUApp(ExtensionApp):
             server_slice_limit=self.server_slice_limit or None,
         )
 
+    @property
+    def largest_slice(self) -> SliceLimits | None:
+        """The largest slice one kernel may have here (max_memory and max_cores); None: any."""
+        return SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
+
     def initialize_settings(self) -> None:
         if not any(isinstance(existing, StartRefusalLog) for existing in self.serverapp.log.filters):
             self.serverapp.log.addFilter(StartRefusalLog())
@@ -285,7 +299,7 @@ class VGPUApp(ExtensionApp):
             raise SystemExit(
                 f"jupyter_vgpu: {error}. A server that starts only pod kernels needs no GPU: set VGPUApp.local_gpus = False"
             ) from None
-        max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
+        max_slice = self.largest_slice
         ledger = self._ledger(chosen, max_slice)
         local_holder = LocalHolder(
             Path(self.region_dir) if self.region_dir else default_region_dir(),
@@ -310,6 +324,7 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
+        self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
         self._start_idle_policy(manager)
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()

@@ -10,9 +10,11 @@ devices and slices and resizes the kernel's own slice; everything else is refuse
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.auth import Authorizer, User
@@ -24,17 +26,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER
+from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
-from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, UnknownSlice
+from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.ledger.metrics import add_device_gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
-from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
+from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus
 from jupyter_vgpu.model import SliceValueError, parse_device
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
@@ -86,9 +90,12 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
         "kernel_id": allocation.kernel_id,
         "kernelspec": allocation.metadata.get("kernelspec", ""),
         "path": session_paths.get(allocation.kernel_id, ""),
+        "command": (allocation.metadata.get(BATCH_KEY) or {}).get("command", ""),
+        "pid": (allocation.metadata.get("provisioner_info") or {}).get("pid"),
         "owner": allocation.owner,
         "holder": allocation.holder,
-        "state": usage.state,
+        "state": "suspended" if allocation.suspended else usage.state,
+        "host_memory_bytes": allocation.host_memory,
         "message": usage.message,
         "location": usage.location,
         # A pod's slice is on no device of this machine: where it is, is in ``location``.
@@ -255,6 +262,41 @@ class SliceHandler(VGPUHandler):
             raise VGPUHTTPError(409, str(error)) from None
         status = self.slices.status(self.slices.get(kernel_id))
         self.finish(json.dumps(slice_model(status, await self.session_paths())))
+
+
+class SuspendHandler(VGPUHandler):
+    """POST: suspend the kernel to host memory (issue 18). The checkpoint blocks, so it runs in
+    a worker thread."""
+
+    kernel_actions = frozenset({"write"})
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        await self._change(kernel_id, lambda: self.slices.suspend(kernel_id, lock_timeout=self.lock_timeout))
+
+    @property
+    def lock_timeout(self) -> float:
+        return float(self.settings.get(SUSPEND_LOCK_TIMEOUT_SETTING, 5.0))
+
+    async def _change(self, kernel_id: str, change: Callable[[], Any]) -> None:
+        try:
+            await asyncio.to_thread(change)
+        except UnknownSlice as error:
+            raise VGPUHTTPError(404, str(error)) from None
+        except (CapacityError, NotSupported, CheckpointError) as error:
+            raise VGPUHTTPError(409, str(error)) from None
+        status = self.slices.status(self.slices.get(kernel_id))
+        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+
+
+class ResumeHandler(SuspendHandler):
+    """POST: resume a suspended kernel: its room first, then its memory."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        await self._change(kernel_id, lambda: self.slices.resume(kernel_id))
 
 
 def _whole(value: Any, name: str, lowest: int = 0, highest: int = 1 << 62) -> int:
@@ -456,6 +498,8 @@ HANDLERS = [
     (r"/api/vgpu/slices", SlicesHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/usage", UsageReportHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/suspend", SuspendHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/resume", ResumeHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
     (r"/api/vgpu/notices", NoticesHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
