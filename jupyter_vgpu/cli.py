@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ctypes
+import getpass
 import json
 import os
 import re
+import shlex
 import sqlite3
 import stat
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,19 @@ from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
-from jupyter_vgpu.holders.local import REGION_SUFFIX, LocalHolder, default_region_dir, run_in_slice, slice_environment
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
+from jupyter_vgpu.holders.local import (
+    REGION_PATH_KEY,
+    REGION_SUFFIX,
+    LocalHolder,
+    default_region_dir,
+    run_command,
+    run_in_slice,
+    slice_environment,
+)
+from jupyter_vgpu.holders.region import process_start_time
+from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
+from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
 from jupyter_vgpu.model import (
     SliceLimits,
     SliceValueError,
@@ -99,18 +114,34 @@ class RunApp(_VGPUSubcommand):
     jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
     """
 
-    memory = Unicode("", config=True, help="Memory cap: 512MiB, 4GiB, 4G or a bare number of MiB. Empty: no cap.")
+    memory = Unicode(
+        "",
+        config=True,
+        help="Memory cap: 512MiB, 4GiB, 4G or a bare number of MiB. Empty: no cap (in a server's ledger: the whole GPU).",
+    )
     cores = Unicode("100", config=True, help="SM share in percent, 1..100.")
     policy = Unicode("hard", config=True, help="hard: never above the SM share; burst: may use idle SMs.")
     device = Unicode("0", config=True, help="The GPU: an index or a UUID (GPU-...).")
+    ledger = Unicode(
+        "auto",
+        config=True,
+        help="The vGPU ledger the run's slice is admitted to, as a batch kernel's is: auto (a running server's, "
+        "<jupyter runtime dir>/vgpu/ledger.sqlite, where that file exists), the path of a server's ledger "
+        "(VGPUApp.ledger_path), or none (--no-server: a slice nothing counts, which may over-commit a GPU that "
+        "a server's kernels hold).",
+    )
 
     aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "memory": "RunApp.memory",
         "cores": "RunApp.cores",
         "policy": "RunApp.policy",
         "device": "RunApp.device",
+        "ledger": "RunApp.ledger",
     }
-    flags = {"simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {  # noqa: RUF012 -- traitlets' class-level table
+        "simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help),
+        "no-server": ({"RunApp": {"ledger": "none"}}, "Run in a slice no server's ledger counts (RunApp.ledger=none)."),
+    }
 
     def limits(self) -> SliceLimits:
         """The slice asked for; no --memory: the whole device (0 in the region: no cap)."""
@@ -136,7 +167,75 @@ class RunApp(_VGPUSubcommand):
                 f"a memory cap of {format_size(limits.memory_limit)} is more than GPU {device.index} has "
                 f"({format_size(device.memory_total)}); ask for at most that, or leave --memory out for the whole GPU"
             )
-        return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
+        ledger_path = self.ledger_path()
+        if ledger_path is None:
+            return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
+        whole = limits if limits.memory_limit else SliceLimits(device.memory_total, limits.sm_share, limits.policy)
+        return self.run_in_ledger(ledger_path, whole, device)
+
+    def ledger_path(self) -> Path | None:
+        """The server's ledger the run joins, None for none (and a warning where one is there)."""
+        from jupyter_vgpu.provisioning.local import default_ledger_path
+
+        value = self.ledger.strip()
+        found = default_ledger_path()
+        if value == "none":
+            if found.exists():
+                print(
+                    f"jupyter vgpu run: warning: a vGPU server's ledger is at {found}, but this run's slice is not "
+                    "counted there (--no-server): it may take GPU memory the server's kernels were promised",
+                    file=sys.stderr,
+                )
+            return None
+        if value == "auto":
+            return found if found.exists() else None
+        if not value:
+            raise UsageError("--ledger is empty; give auto, none or the path of a vGPU server's ledger")
+        return Path(value)
+
+    def run_in_ledger(self, path: Path, limits: SliceLimits, device) -> int:
+        """Run the command in a slice admitted to a server's ledger like a batch kernel's: the
+        server lists it (with this command line and the command's pid), counts it against its
+        own kernels, can resize it; released when the command ends. Marked with this process, so
+        a server restarting meanwhile leaves it alone; if this process is killed, the server
+        releases the slice once the command has ended too."""
+        holder = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
+        try:
+            ledger = EmbeddedLedger(path, self.devices(), reader=DeviceMemoryReader(holder.known_processes))
+        except (LedgerError, sqlite3.Error, OSError) as error:
+            print(
+                f"jupyter vgpu run: the vGPU ledger {path} cannot be used: {error}; --no-server runs without it",
+                file=sys.stderr,
+            )
+            return 1
+        manager = SliceManager(ledger, [holder], limits)
+        name = f"run-{uuid.uuid4().hex}"
+        command = shlex.join(self.extra_args)
+        metadata = {
+            "kernelspec": "jupyter vgpu run",
+            BATCH_KEY: {"pid": os.getpid(), "pid_start_time": process_start_time(os.getpid()), "command": command},
+            REGION_PATH_KEY: str(holder.path(name)),
+        }
+        try:
+            try:
+                allocation = manager.admit(name, limits, owner=getpass.getuser(), device=device.uuid, metadata=metadata)
+            except SliceRefused as refusal:
+                print(
+                    f"jupyter vgpu run: its slice ({limits.describe()}) does not fit beside the slices in the vGPU "
+                    f"ledger {path}: {refusal} `jupyter vgpu status` lists them; --no-server runs uncounted",
+                    file=sys.stderr,
+                )
+                return 1
+
+            def started(pid: int) -> None:
+                manager.record_kernel(name, {"pid": pid, "pid_start_time": process_start_time(pid)})
+
+            try:
+                return run_command(self.extra_args, holder.environment(allocation), started=started)
+            finally:
+                manager.release(name)
+        finally:
+            ledger.close()
 
 
 class DevicesApp(_VGPUSubcommand):
@@ -426,6 +525,11 @@ def short_ids(kernel_ids: list[str]) -> dict[str, str]:
 DEFAULT_HUB_API_URL = "http://127.0.0.1:8081/hub/api"
 
 
+def _where(item: dict[str, Any]) -> str:
+    """What a slice is for, in one line: its notebook, else the command that started it."""
+    return item["path"] or " ".join(item.get("command", "").split()) or "-"
+
+
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
@@ -451,7 +555,8 @@ class StatusApp(_ServerCommand):
     def run(self) -> int:
         if self.show_all:
             return self.run_all()
-        slices = self.client().slices()
+        client = self.client()
+        slices = client.slices()
         print(
             f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE"
         )
@@ -460,13 +565,22 @@ class StatusApp(_ServerCommand):
             memory = f"{format_size(usage['memory_bytes']) if usage['memory_bytes'] else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
-                f"{item['kernel_id'][:8]:<10}{(item['path'] or '-')[-27:]:<28}{item['device']['index']:>4}"
+                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{item['device']['index']:>4}"
                 f"{memory:>22}{sm:>15}{limits['policy']:>8}  {item['state']}"
             )
             for warning in item.get("warnings", ()):
                 print(f"{'':<10}warning: {warning}")
         if not slices:
             print("(no slices)")
+        for device in client.devices():
+            # Memory the GPU holds beyond the slices: not free, whatever the caps leave.
+            outside, over_cap = device.get("memory_outside_bytes", 0), device.get("memory_over_cap_bytes", 0)
+            if outside or over_cap:
+                print(
+                    f"GPU {device['index']}: {format_size(outside) if outside else '0'} in use outside any slice, "
+                    f"{format_size(over_cap) if over_cap else '0'} over its slice's cap; "
+                    f"{format_size(device['memory_free_bytes']) if device['memory_free_bytes'] else '0'} free for slices"
+                )
         return 0
 
     def run_all(self) -> int:

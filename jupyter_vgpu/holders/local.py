@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 import uuid as uuidlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -236,7 +236,8 @@ class LocalHolder:
     def is_alive(self, allocation: Allocation) -> bool:
         info = allocation.metadata.get("provisioner_info", {})
         pid, start_time = info.get("pid"), info.get("pid_start_time")
-        return bool(pid and start_time and process_start_time(pid) == start_time)
+        # A zombie has ended (it holds no GPU memory) whether or not its parent reaped it yet.
+        return bool(pid and start_time and process_running(pid, start_time))
 
     def slice_processes(self, allocation: Allocation) -> dict[int, int]:
         """Every process of the slice that still runs, with its start time: the kernel, the live
@@ -248,7 +249,6 @@ class LocalHolder:
         known.update(slice_processes([allocation], listed, self.known_processes)[0])
         return {pid: start for pid in known if (start := process_start_time(pid)) and process_running(pid, start)}
 
-    def stop(self, allocation: Allocation) -> list[str]:
     # -- suspending (issue 18; the checkpointing itself is holders/suspender.py's) -------------
 
     def set_suspended(self, allocation: Allocation, suspended: bool) -> None:
@@ -269,6 +269,7 @@ class LocalHolder:
         with self._region_of(allocation) as region:
             return region.uses_managed_memory()
 
+    def stop(self, allocation: Allocation) -> list[str]:
         """Stop the kernel and every other process of its slice (SIGKILL), and wait for them to
         exit, so that what they held is free before the slice is released. Returns why a process
         could not be stopped (another user's, or one that does not exit), for which the slice must
@@ -323,29 +324,34 @@ def _owner_of(pid: int) -> str:
         return f"user {uid}"
 
 
-def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *, simulate: bool) -> int:
-    """Run a command inside a fresh slice and return its exit status (128 + N if killed by signal N).
+def run_command(command: Sequence[str], env: dict[str, str], *, started: Callable[[int], None] | None = None) -> int:
+    """Run a command with ``env`` and return its exit status (128 + N if killed by signal N),
+    telling ``started`` its pid once it runs.
 
     Signals sent to this process are passed on to the command, so Ctrl-C reaches the program
     rather than leaving it running in a slice whose region is being removed.
     """
+    try:
+        child = subprocess.Popen(list(command), env=env)
+    except OSError as error:
+        raise FileNotFoundError(f"cannot start {command[0]!r}: {error.strerror}") from None
+    previous = {sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in FORWARDED_SIGNALS}
+    try:
+        if started is not None:
+            started(child.pid)
+        status = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
+
+
+def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *, simulate: bool) -> int:
+    """Run a command inside a fresh slice that no ledger counts and return its exit status."""
     holder, name = LocalHolder(default_region_dir(standalone=True), simulate=simulate), uuidlib.uuid4().hex
     region = holder.new_region(name, limits, device)
     try:
-        env = slice_environment(region, simulate=simulate)
-        try:
-            child = subprocess.Popen(list(command), env=env)
-        except OSError as error:
-            raise FileNotFoundError(f"cannot start {command[0]!r}: {error.strerror}") from None
-        previous = {
-            sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in FORWARDED_SIGNALS
-        }
-        try:
-            status = child.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return 128 - status if status < 0 else status
+        return run_command(command, slice_environment(region, simulate=simulate))
     finally:
         region.close()
         holder.release(name)
