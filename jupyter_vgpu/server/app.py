@@ -41,7 +41,12 @@ from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvision
 from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
-from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, SUSPEND_SETTING, SuspendedKernels
+
+
+def _half_the_ram() -> int:
+    """The default cap on suspended kernels' host memory: half of this machine's RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def _size_or_none(value: str) -> int | None:
@@ -64,6 +69,8 @@ ENVIRONMENT_TRAITS = (
     "idle_lower_after",
     "idle_floor_cores",
     "idle_cull_after",
+    "idle_suspend_after",
+    "suspend_host_memory",
 )
 
 
@@ -174,6 +181,23 @@ class VGPUApp(ExtensionApp):
         "$JUPYTER_VGPU_IDLE_CULL_AFTER.",
     )
 
+    idle_suspend_after = Float(
+        0.0,
+        config=True,
+        help="Seconds a kernel may go without running code before it is suspended: its GPU memory moves to "
+        "host memory (the CUDA driver's checkpoint API, r570+), its slice's room is lent to other kernels, and "
+        "its next cell takes it back (issue 18). Between idle_lower_after and idle_cull_after. A kernel that "
+        "cannot be suspended (managed memory, MIG, MPS, several GPUs, an older driver; its notice says why) is "
+        "lowered and culled as before. 0: never. A hub sets it through $JUPYTER_VGPU_IDLE_SUSPEND_AFTER.",
+    )
+    suspend_host_memory = Unicode(
+        "",
+        config=True,
+        help="Host memory all suspended kernels of this server may hold together (a size: 64GiB). Past it an "
+        "idle kernel is not suspended (its notice says so) and is culled after idle_cull_after instead. Empty: "
+        "half of this machine's RAM. A hub sets it through $JUPYTER_VGPU_SUSPEND_HOST_MEMORY.",
+    )
+
     suspend_lock_timeout = Float(
         5.0,
         config=True,
@@ -182,7 +206,7 @@ class VGPUApp(ExtensionApp):
         "refused (409), saying which process.",
     )
 
-    @validate("idle_lower_after", "idle_cull_after", "suspend_lock_timeout")
+    @validate("idle_lower_after", "idle_cull_after", "idle_suspend_after", "suspend_lock_timeout")
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -209,7 +233,7 @@ class VGPUApp(ExtensionApp):
             )
         return value
 
-    @validate("reserve", "default_memory", "max_memory", "server_memory_limit")
+    @validate("reserve", "default_memory", "max_memory", "server_memory_limit", "suspend_host_memory")
     def _valid_size(self, proposal):
         value = proposal["value"]
         if value.strip() in ("", "0") and proposal["trait"].name != "default_memory":
@@ -325,7 +349,7 @@ class VGPUApp(ExtensionApp):
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
         self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
-        self._start_idle_policy(manager)
+        self._start_idle_policy(manager, self._start_suspending(manager))
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
         self.log.info(
@@ -343,7 +367,21 @@ class VGPUApp(ExtensionApp):
             raise RuntimeError("jupyter_vgpu: VGPUApp is not loaded into a Jupyter server")
         return self.serverapp
 
-    def _start_idle_policy(self, manager: SliceManager) -> None:
+    def _start_suspending(self, manager: SliceManager) -> SuspendedKernels:
+        """Suspended kernels resumed on demand, idle ones suspended after idle_suspend_after (server/suspend.py)."""
+        cap = self.suspend_host_memory.strip()
+        suspended = SuspendedKernels(
+            manager,
+            self._server.kernel_manager,
+            suspend_after=self.idle_suspend_after,
+            lock_timeout=self.suspend_lock_timeout,
+            host_memory_cap=parse_size(cap) if cap not in ("", "0") else _half_the_ram(),
+            log=self.log,
+        )
+        self.settings[SUSPEND_SETTING] = suspended
+        return suspended
+
+    def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:
         """Idle kernels: lowered to idle_floor_cores, stopped after idle_cull_after (server/idle.py)."""
         idle = IdleKernels(
             manager,
@@ -351,6 +389,8 @@ class VGPUApp(ExtensionApp):
             lower_after=self.idle_lower_after,
             floor_cores=self.idle_floor_cores,
             cull_after=self.idle_cull_after,
+            suspend_after=self.idle_suspend_after,
+            suspend=suspended.suspend_idle,
             log=self.log,
         )
         self.settings[IDLE_SETTING] = idle
@@ -418,8 +458,11 @@ class VGPUApp(ExtensionApp):
                 and not manager.holder(allocation).is_alive(allocation)
             ):
                 manager.release_gone(allocation)  # kept while a process of it cannot be stopped
+        allocations = [status.allocation for status in statuses]
+        suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
+        await suspended.check(allocations)  # before the idle policy: a kernel that runs again resumes first
         idle: IdleKernels = self.settings[IDLE_SETTING]
-        await idle.check([status.allocation for status in statuses])
+        await idle.check(allocations)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import test_server_process
 from jupyter_client.channels import HBChannel
-from support import CUDA_PRELUDE
+from support import CUDA_PRELUDE, wait_for
 from test_server_process import KERNEL_NAME, Server, run_code
 
 GIB = 1 << 30
@@ -104,5 +104,35 @@ def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, 
         run_code(user_env, kernel_id, "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=15 << 30)")
         (again,) = server.api("GET", f"api/vgpu/slices/{kernel_id}")["warnings"]
         assert "memory cap 15GiB" in again and "(2 times)" in again and "9GiB over the 3GiB cap" in again
+    finally:
+        server.stop()
+
+
+def test_a_kernel_over_its_cap_is_stopped_after_the_grace_when_configured_so(user_env, tmp_path):
+    config = Path(user_env["JUPYTER_CONFIG_DIR"])
+    config.mkdir(parents=True, exist_ok=True)
+    settings = {"VGPUApp": {"over_cap_action": "stop", "over_cap_grace": 1}}
+    (config / "jupyter_server_config.json").write_text(json.dumps(settings))
+    server = Server(tmp_path, user_env)
+    try:
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
+        kernel_id = started["kernel"]["id"]
+        # Raised again until the allocation gets in: the server may put the cap back in between.
+        run_code(
+            user_env,
+            kernel_id,
+            CUDA_PRELUDE
+            + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n"
+            + "page = LimitsPage.open(os.environ['VGPU_LIMITS'])\n"
+            + "while page.set_limits(memory_limit=16 << 30) and allocate(12 << 30) != 0: pass\n",
+        )
+
+        def stopped() -> bool:
+            return all(kernel["id"] != kernel_id for kernel in server.api("GET", "api/kernels"))
+
+        wait_for(stopped, 60, "the kernel over its cap to be stopped")
+        assert server.api("GET", "api/vgpu/slices") == []
+        wait_for(lambda: the_device(server)["memory_free_bytes"] == 16 * GIB, 30, "its 12 GiB to be free")
+        assert "over_cap_action = stop" in server.log.read_text()
     finally:
         server.stop()
