@@ -7,6 +7,7 @@ import functools
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,7 +23,7 @@ from jupyter_vgpu.holders.local import default_region_dir, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.manager import SliceManager
+from jupyter_vgpu.manager import SliceManager, SliceStatus
 from jupyter_vgpu.model import (
     DeviceError,
     SliceLimits,
@@ -89,6 +90,7 @@ NOTEBOOK_DEFAULTS = SliceLimits(4 << 30, 20, "burst")
 class VGPUApp(ExtensionApp):
     name = "jupyter_vgpu"
     _ledger_unavailable = False
+    _over_cap_since: dict[str, float] = {}  # noqa: RUF012 -- replaced, never mutated: kernel id -> monotonic time first seen over its cap
     description = "GPU slices for Jupyter kernels."
 
     simulate = Bool(False, config=True, help="Use the simulated GPU (for trying jupyter-vgpu without one).")
@@ -139,6 +141,35 @@ class VGPUApp(ExtensionApp):
     watch_interval = Float(
         0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released."
     )
+    over_cap_action = Unicode(
+        "flag",
+        config=True,
+        help="What the server does about a kernel that rewrote its own limits and still holds GPU memory past its "
+        "cap after the server put the cap back (memory it allocated meanwhile; the server cannot take it back): "
+        "flag (keep the slice flagged; the excess is never promised to another slice) or stop (also stop the "
+        "kernel once it has held the excess for over_cap_grace seconds, freeing it).",
+    )
+    over_cap_grace = Float(
+        60.0,
+        config=True,
+        help="Seconds a kernel may hold memory past its cap (after rewriting its limits) before over_cap_action "
+        "stop stops it: time to free it, e.g. torch.cuda.empty_cache().",
+    )
+
+    @validate("over_cap_action")
+    def _valid_over_cap_action(self, proposal):
+        if proposal["value"] not in ("flag", "stop"):
+            raise TraitError(f"VGPUApp.over_cap_action must be flag or stop, not {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("over_cap_grace")
+    def _valid_over_cap_grace(self, proposal):
+        if not 0 <= proposal["value"] < float("inf"):
+            raise TraitError(
+                f"VGPUApp.over_cap_grace must be a number of seconds, 0 or more, not {proposal['value']!r}"
+            )
+        return proposal["value"]
+
     broker_url = Unicode(
         "",
         config=True,
@@ -458,11 +489,41 @@ class VGPUApp(ExtensionApp):
                 and not manager.holder(allocation).is_alive(allocation)
             ):
                 manager.release_gone(allocation)  # kept while a process of it cannot be stopped
+        await self._answer_over_cap(manager, statuses)
         allocations = [status.allocation for status in statuses]
         suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
         await suspended.check(allocations)  # before the idle policy: a kernel that runs again resumes first
         idle: IdleKernels = self.settings[IDLE_SETTING]
         await idle.check(allocations)
+
+    async def _answer_over_cap(self, manager: SliceManager, statuses: list[SliceStatus]) -> None:
+        """Stop a kernel that rewrote its limits and has held memory past its (restored) cap for
+        over_cap_grace seconds, where over_cap_action says so; else it stays flagged."""
+        now = time.monotonic()
+        over = {
+            status.allocation.kernel_id: status
+            for status in statuses
+            if status.tamper_warning is not None and status.memory_over_cap > 0
+        }
+        since = {kernel_id: self._over_cap_since.get(kernel_id, now) for kernel_id in over}
+        self._over_cap_since = since
+        if self.over_cap_action != "stop":
+            return
+        kernel_manager = self._server.kernel_manager
+        for kernel_id, status in over.items():
+            if now - since[kernel_id] < self.over_cap_grace:
+                continue
+            self.log.warning(
+                "jupyter_vgpu: stopping kernel %s (VGPUApp.over_cap_action = stop): %s for %g s",
+                kernel_id,
+                status.tamper_warning,
+                self.over_cap_grace,
+            )
+            if kernel_id in kernel_manager:
+                await kernel_manager.shutdown_kernel(kernel_id, now=True)
+            else:  # a batch kernel or a `jupyter vgpu run` command: its processes, then its slice
+                manager.release_gone(status.allocation)
+            since.pop(kernel_id)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)
