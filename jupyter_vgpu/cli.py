@@ -948,6 +948,7 @@ class BrokerApp(JupyterApp):
 class HubProfilesApp(JupyterApp):
     name = "jupyter-vgpu-hub-profiles"
     version = __version__
+            limits.check_within(server.largest_slice)  # as the server's ledger would refuse the start
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
     config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
     groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")

@@ -620,22 +620,7 @@ class EmbeddedLedger:
         the largest only where it grows."""
         if limits.memory_limit <= 0:
             raise SliceValueError("a slice needs a memory cap of more than zero bytes")
-        largest = self.max_slice
-        if largest is None:
-            return
-        grown_memory = current is None or limits.memory_limit > current.memory_limit
-        if grown_memory and limits.memory_limit > largest.memory_limit:
-            most = format_size(largest.memory_limit)
-            raise SliceValueError(
-                f"a slice may have at most {most} of GPU memory on this server, not "
-                f"{format_size(limits.memory_limit)}; ask for {most} or less"
-            )
-        grown_share = current is None or limits.sm_share > current.sm_share
-        if grown_share and limits.sm_share > largest.sm_share:
-            raise SliceValueError(
-                f"a slice may have at most {largest.sm_share}% of a GPU's SMs on this server, not "
-                f"{limits.sm_share}%; ask for {largest.sm_share}% or less"
-            )
+        limits.check_within(self.max_slice, current)
 
     def _check_server_slices(self, held_slices: int) -> None:
         limit = self.server_slice_limit
