@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import CUDA_PRELUDE
 
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger
@@ -26,15 +27,11 @@ GIB = 1 << 30
 TOTAL = 16 * GIB
 ACTORS = 3
 
-# A process that allocates and frees on the simulated GPU when told, and says whether it could.
-ACTOR = """
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-device, context = ctypes.c_int(), ctypes.c_void_p()
-cuda.cuDeviceGet(ctypes.byref(device), 0)
-cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
-cuda.cuCtxSetCurrent(context)
+# A process that allocates on the simulated GPU what it is told, and says whether it could.
+ACTOR = (
+    CUDA_PRELUDE
+    + """
+import sys
 held = []
 print("ready", flush=True)
 for line in sys.stdin:
@@ -44,6 +41,7 @@ for line in sys.stdin:
         held.append(pointer)
     print("ok" if ok else "fail", flush=True)
 """
+)
 
 
 @dataclass
