@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pynvml
 
-from jupyter_vgpu.holders.region import process_start_time
+from jupyter_vgpu.holders.region import proc_stat, process_start_time
 from jupyter_vgpu.ledger import Allocation
 from jupyter_vgpu.ledger.base import UnpromisedMemory
 
@@ -66,25 +66,16 @@ def read_devices() -> dict[str, DeviceHolding]:
 
 
 def parent_pid(pid: int) -> int:
-    """The parent of ``pid`` from /proc (readable for every user's processes), 0 when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return 0
-    return int(text[text.rindex(b")") + 2 :].split()[1])
+    """The parent of ``pid`` from /proc, 0 when gone."""
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields else 0
 
 
 def process_running(pid: int, start_time: int) -> bool:
     """Whether ``pid`` is still the process that started at ``start_time`` and has not exited (a
     zombie, waiting for a parent to reap it, holds no GPU memory any more)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return False
-    fields = text[text.rindex(b")") + 2 :].split()
-    return fields[0] not in (b"Z", b"X") and int(fields[19]) == start_time
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] not in (b"Z", b"X") and int(fields[19]) == start_time
 
 
 def ancestors(pid: int, depth: int = ANCESTRY_DEPTH) -> Iterable[int]:

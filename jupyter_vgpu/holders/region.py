@@ -84,15 +84,21 @@ class ProcessUsage:
         return self.allocated + self.driver_reserved
 
 
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat, or 0 when the process is gone (as vgpu/proc.h)."""
+def proc_stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (field 3, the state, first), or an
+    empty list when the process is gone. Readable for every user's processes."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
     except OSError:
-        return 0
-    fields = text[text.rindex(b")") + 2 :].split()
-    return int(fields[19])
+        return []
+    return text[text.rindex(b")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat, or 0 when the process is gone (as vgpu/proc.h)."""
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields else 0
 
 
 LIMITS_SUFFIX = ".limits"
