@@ -27,6 +27,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def write_vgpu_kernelspec(folder: Path, display_name: str, config: dict[str, str] | None = None) -> None:
+    """A kernelspec in `folder` (made) whose kernels the vGPU provisioner starts, with `config`
+    (None: the provisioner's own defaults, as the kernelspec jupyter-vgpu ships)."""
+    folder.mkdir(parents=True)
+    provisioner: dict = {"provisioner_name": "vgpu-provisioner"}
+    if config is not None:
+        provisioner["config"] = config
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": display_name,
+        "language": "python",
+        "metadata": {"kernel_provisioner": provisioner},
+    }
+    (folder / "kernel.json").write_text(json.dumps(spec))
+
+
+def run_checked(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs `command` to its end (text output captured); fails the test with its stderr unless it
+    exits 0."""
+    result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""
