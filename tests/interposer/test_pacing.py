@@ -543,23 +543,24 @@ def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, m
     assert_share_held(measured, share, load.starved_in(2.2, 3.2), "a graph updated every 400 ms")
 
 
-def two_loads_and_the_lease(load_program, slice_env, region, seconds: float) -> tuple[Load, Load, int, Load]:
-    """Starts two saturating loads in one slice and waits until one holds the controller lease:
-    (first, second, the holder's pid, the other load)."""
+def two_loads_and_the_lease(load_program, env, make_slice, share: int, seconds: float):
+    """A slice of `share` percent (hard) with two saturating loads in it, one second after they
+    started and once one of them holds the controller lease: (region, first, second, the
+    holder's pid, the other load)."""
+    slice_env, region = make_slice(env, sm_share=share, policy="hard")
     first = start_load(load_program, slice_env, seconds=seconds)
     second = start_load(load_program, slice_env, seconds=seconds)
     loads = {first.pid: first, second.pid: second}
     holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
     assert holder, "no process of the slice took the controller lease"
-    return first, second, holder, loads[next(pid for pid in loads if pid != holder)]
+    wait_until_us(first.start_us + 1_000_000)
+    return region, first, second, holder, loads[next(pid for pid in loads if pid != holder)]
 
 
 def test_controller_fails_over_when_its_process_is_killed(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first, second, holder, survivor = two_loads_and_the_lease(load_program, slice_env, region, 4.0)
-    wait_until_us(first.start_us + 1_000_000)
+    region, first, second, holder, survivor = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.0)
     os.kill(holder, signal.SIGKILL)
     killed_us = realtime_us()
     (first if first.pid == holder else second).process.wait(timeout=5)
@@ -581,9 +582,7 @@ def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, de
     has hoarded nothing to burst with when it resumes."""
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first, second, holder, stopped = two_loads_and_the_lease(load_program, slice_env, region, 4.0)
-    wait_until_us(first.start_us + 1_000_000)
+    _region, first, second, holder, stopped = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.0)
     os.kill(stopped.pid, signal.SIGSTOP)
     stopped_us = realtime_us()
     wait_until_us(stopped_us + 1_400_000)
@@ -605,9 +604,7 @@ def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, de
 def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first, second, holder, survivor = two_loads_and_the_lease(load_program, slice_env, region, 4.2)
-    wait_until_us(first.start_us + 1_000_000)
+    region, first, second, holder, survivor = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.2)
     os.kill(holder, signal.SIGSTOP)
     stopped_us = realtime_us()
     took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
