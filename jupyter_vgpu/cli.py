@@ -474,7 +474,7 @@ class DoctorApp(_VGPUSubcommand):
         """Whether a batch kernel here (nbconvert, papermill, nbclient) finds the server's ledger
         and can take its slice from it."""
         from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
-        from jupyter_vgpu.manager import BATCH_KEY
+        from jupyter_vgpu.manager import BATCH_KEY, held_by_batch_run
 
         if not path.exists():
             print(
@@ -498,6 +498,28 @@ class DoctorApp(_VGPUSubcommand):
             "here (nbconvert, papermill, nbclient) is admitted to it, so it does not over-commit what the "
             "server's kernels hold",
         )
+        # A kernel whose process is gone (a server or batch run that crashed) still has its room
+        # promised: nothing gives it back until a server on this ledger starts again.
+        holder = LocalHolder(default_region_dir(standalone=True))
+        left = [
+            allocation
+            for allocation in allocations
+            if allocation.holder == "local" and not held_by_batch_run(allocation) and not holder.is_alive(allocation)
+        ]
+        if left:
+            shown = ", ".join(
+                f"{allocation.kernel_id[:8]} ({format_size(allocation.memory_limit)}, {allocation.sm_share}% "
+                f"on GPU {allocation.device_index})"
+                for allocation in left[:5]
+            )
+            report(
+                False,
+                "left-over slices",
+                f"{len(left)} slice(s) in {path} are of kernels that no longer run: {shown}"
+                f"{' and more' if len(left) > 5 else ''}; {format_size(sum(a.memory_limit for a in left))} stays "
+                "promised to them. A server or batch run that crashed left them; a vGPU server on this ledger gives "
+                "them back when it starts (jupyter server, then stop it), or delete the ledger if no server uses it",
+            )
 
 
 class _ServerCommand(_VGPUSubcommand):
