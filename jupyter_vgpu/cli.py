@@ -728,6 +728,51 @@ class ResizeApp(_ServerCommand):
         raise UsageError(f"no sliced kernel's id starts with {wanted!r}; the sliced kernels are {listed}")
 
 
+class SuspendApp(_ServerCommand):
+    name = "jupyter-vgpu-suspend"
+    description = "Suspend a kernel: its GPU memory moves to host memory and its slice's room is lent: jupyter vgpu suspend KERNEL_ID."
+    aliases = {"server": "SuspendApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+
+    def run(self) -> int:
+        if len(self.extra_args) != 1:
+            raise UsageError(f"usage: jupyter vgpu {self.verb} KERNEL_ID")
+        client = self.client()
+        kernel_id = ResizeApp.find_kernel(self.extra_args[0], client.slices())
+        model = self.change(client, kernel_id)
+        print(self.done(kernel_id, model))
+        return 0
+
+    verb = "suspend"
+
+    @staticmethod
+    def change(client: ServerClient, kernel_id: str) -> dict[str, Any]:
+        return client.suspend(kernel_id)
+
+    @staticmethod
+    def done(kernel_id: str, model: dict[str, Any]) -> str:
+        return (
+            f"suspended {kernel_id[:8]}: {format_size(model['host_memory_bytes'])} moved to host memory; "
+            f"it resumes on its next cell, or with `jupyter vgpu resume {kernel_id[:8]}`"
+        )
+
+
+class ResumeApp(SuspendApp):
+    name = "jupyter-vgpu-resume"
+    description = (
+        "Resume a suspended kernel (its room on the GPU first, then its memory): jupyter vgpu resume KERNEL_ID."
+    )
+    aliases = {"server": "ResumeApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+    verb = "resume"
+
+    @staticmethod
+    def change(client: ServerClient, kernel_id: str) -> dict[str, Any]:
+        return client.resume(kernel_id)
+
+    @staticmethod
+    def done(kernel_id: str, model: dict[str, Any]) -> str:
+        return f"resumed {kernel_id[:8]}: its {format_size(model['limits']['memory_bytes'])} slice runs again"
+
+
 class KernelspecInstallApp(_VGPUSubcommand):
     name = "jupyter-vgpu-kernelspec-install"
     description = "Install a kernelspec whose kernels start in GPU slices of a given size."
@@ -1009,6 +1054,8 @@ class VGPUCommand(_CommandGroup):
         "doctor": (DoctorApp, DoctorApp.description),
         "status": (StatusApp, StatusApp.description),
         "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
+        "suspend": (SuspendApp, SuspendApp.description.split(":")[0]),
+        "resume": (ResumeApp, ResumeApp.description.split(":")[0]),
         "kernelspec": (KernelspecApp, KernelspecApp.description),
         "config": (ConfigApp, ConfigApp.description),
         "pod-manifest": (PodManifestApp, PodManifestApp.description.split(" (")[0]),

@@ -145,6 +145,8 @@ class SuspendedKernels:
         if isinstance(allocation.metadata.get(SUSPEND_NOTICE_KEY), dict):
             return False  # refused before, said why; lowering and culling go on
         held = self.slices.status(allocation).usage.memory_used
+        if not held:
+            return False  # nothing to lend yet (a kernel that has not used the GPU): asked again later
         if self.host_memory_cap is not None:
             in_host = sum(other.host_memory for other in self.slices.ledger.allocations())
             if in_host + held > self.host_memory_cap:
@@ -164,7 +166,7 @@ class SuspendedKernels:
             self.log.info("jupyter_vgpu: idle kernel %s not suspended this time: %s", kernel_id, busy)
             return False  # tried again at the next tick
         notice = (
-            f"suspended after {format_duration(idle_for)} idle: {format_size(suspended.host_memory)} moved to "
+            f"suspended after {format_duration(self.suspend_after)} idle: {format_size(suspended.host_memory)} moved to "
             "host memory; resumes when a cell runs"
         )
         self._notice(suspended, notice)

@@ -232,3 +232,53 @@ async def test_a_cuda_call_from_a_background_thread_of_a_suspended_kernel_resume
     await eventually(running, 30, "the kernel resumed by its thread's CUDA call")
     assert jp_serverapp.kernel_manager.get_kernel(kernel).execution_state == "idle"  # no cell ran
     assert (await run_in_kernel(kernel, "worker.join(60); print(worker.is_alive())")).strip() == "False"
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 1.0}])
+async def test_an_idle_kernel_is_suspended_and_its_next_cell_resumes_it(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    code = "pointer = ctypes.c_uint64()\nprint(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(1 << 30)))"
+    assert (await run_in_kernel(kernel, cuda_prelude + code)).strip() == "0"
+
+    async def suspended():
+        model = await slice_of(jp_fetch, kernel)
+        return model if model["state"] == "suspended" and model["notice"] else None
+
+    model = await eventually(suspended, 30, "the idle kernel suspended, with its notice")
+    assert model["host_memory_bytes"] == GIB
+    assert model["notice"] == "suspended after 1 s idle: 1GiB moved to host memory; resumes when a cell runs"
+    assert kernel_pid(jp_serverapp, kernel) not in nvml_device(LARGE)["pids"]
+
+    free = "free, total = memory(); print(total - free)"
+    assert (await asyncio.wait_for(run_in_kernel(kernel, free), 60)).strip() == str(GIB)
+    model = await slice_of(jp_fetch, kernel)
+    # Resumed; it may be suspended again a second after the cell, which is the policy too.
+    assert model["notice"] is None or model["notice"].startswith("suspended after 1 s idle")
+
+
+@pytest.mark.parametrize(
+    "suspend_settings", [{"idle_suspend_after": 0.5, "idle_cull_after": 3.0, "suspend_host_memory": "512MiB"}]
+)
+async def test_past_the_host_memory_cap_an_idle_kernel_is_culled_instead_and_told_why(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(1 << 30))")).strip() == "0"
+
+    async def refused():
+        notice = (await slice_of(jp_fetch, kernel))["notice"]
+        return notice if notice and notice.startswith("not suspended") else None
+
+    notice = await eventually(refused, 30, "the suspend refused for the cap")
+    assert notice == (
+        "not suspended: suspended kernels hold 0B of the 512MiB of host memory they may use, and this one's "
+        "1GiB would not fit; it is stopped when idle longer instead"
+    )
+
+    async def culled():
+        notices = json.loads((await jp_fetch("api", "vgpu", "notices")).body)
+        return notices if kernel not in jp_serverapp.kernel_manager else None
+
+    await eventually(culled, 30, "the kernel culled")
