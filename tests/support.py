@@ -43,6 +43,20 @@ def write_vgpu_kernelspec(folder: Path, display_name: str, config: dict[str, str
     (folder / "kernel.json").write_text(json.dumps(spec))
 
 
+def vgpu_server_config(tmp_path: Path, **vgpu_app) -> dict:
+    """A test server's config with jupyter_vgpu enabled: its ledger and regions under `tmp_path`,
+    default slices of 2GiB and 40% hard (not the built-in 4GiB, so a test can tell the server's
+    default was used), and `vgpu_app` on top."""
+    defaults = {
+        "ledger_path": str(tmp_path / "ledger.sqlite"),
+        "region_dir": str(tmp_path / "regions"),
+        "default_memory": "2GiB",
+        "default_cores": 40,
+        "default_policy": "hard",
+    }
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}}, "VGPUApp": defaults | vgpu_app}
+
+
 def run_checked(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Runs `command` to its end (text output captured); fails the test with its stderr unless it
     exits 0."""
