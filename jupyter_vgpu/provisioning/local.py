@@ -21,7 +21,6 @@ arbitrates between batch runs. docs/batch.md tells the whole story.
 
 from __future__ import annotations
 
-import getpass
 import os
 import sqlite3
 import sys
@@ -54,7 +53,7 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
-from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start
+from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start, slice_owner
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
@@ -186,7 +185,7 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
                 manager.admit(
                     self.kernel_id,
                     manager.decide_limits(size, _size_of(chosen)),
-                    owner=requested.get("owner", ""),
+                    owner=slice_owner(),
                     device=requested.get("device") or chosen.get("device") or None,
                     metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
                 )
@@ -315,13 +314,6 @@ def _size_of(layer: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in layer.items() if name != "device"}
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
-        return str(os.getuid())
-
-
 def _command_line() -> str:
     """The command that started this process, for people reading the ledger (short)."""
     return " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])[:200] if sys.argv else ""
@@ -404,7 +396,7 @@ class BatchSlice:
     def _admit(self, manager: SliceManager) -> None:
         try:
             manager.admit(
-                self.kernel_id, self.limits, owner=_user(), device=self.device or None, metadata=self.metadata
+                self.kernel_id, self.limits, owner=slice_owner(), device=self.device or None, metadata=self.metadata
             )
         except SliceRefused as refusal:
             if not isinstance(refusal.__cause__, CapacityError):

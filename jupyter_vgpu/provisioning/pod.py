@@ -18,7 +18,6 @@ pod; shutdown deletes the pod and its Secret.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import os
 import signal
 import time
@@ -46,7 +45,7 @@ from jupyter_vgpu.pods.manifest import (
     secret_manifest,
 )
 from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
-from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
+from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start, slice_owner
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
 # PodSettings' fields are the provisioner's traits of the same name, but for these.
@@ -60,8 +59,8 @@ STRING_MAPS = {"node_selector", "labels", "annotations", "env"}  # label values 
 FIRST_POLL = 0.05  # seconds before the first re-reading of a starting pod; doubled up to poll_interval
 
 
-def default_owner() -> str:
-    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+# The owner label of kernel pods: the same owner as the slices'.
+default_owner = slice_owner
 
 
 class PodStartFailed(SliceRefused):
@@ -257,7 +256,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
                     allocation = manager.admit(
                         self.kernel_id,
                         manager.decide_limits(size, self._configured()),
-                        owner=requested.get("owner", ""),
+                        owner=slice_owner(),
                         metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
                         holder=PodHolder.kind,
                     )

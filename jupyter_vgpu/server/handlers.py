@@ -381,7 +381,6 @@ class KernelsHandler(VGPUHandler):
                 f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec",
             )
         requested: dict[str, Any] = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
-        requested["owner"] = getattr(self.current_user, "username", "")
         kernel_id = str(uuid.uuid4())
         try:
             await self.kernel_manager.start_kernel(
