@@ -24,7 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge
+
 from jupyter_vgpu.holders.checkpoint import CheckpointError
+from jupyter_vgpu.holders.suspender import TIMINGS_KEY
 from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.manager import SliceManager
 from jupyter_vgpu.model import format_size
@@ -189,6 +192,38 @@ class SuspendedKernels:
             pass
 
 
+def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation]) -> None:
+    """Suspended slices and the host memory they hold, per device; each slice's last suspend and
+    resume durations (seconds), where it has been suspended."""
+    device_labels, slice_labels = ["device", "uuid"], ["kernel_id", "device"]
+    count = Gauge("vgpu_device_suspended_slices", "Suspended slices", device_labels, registry=registry)
+    host = Gauge(
+        "vgpu_device_suspended_host_memory_bytes",
+        "Host memory holding suspended slices' device memory",
+        device_labels,
+        registry=registry,
+    )
+    seconds = {
+        step: Gauge(
+            f"vgpu_slice_last_{step}_seconds",
+            f"Seconds the slice's last {step} took (lock, copy and release; or room, copy back and unlock)",
+            slice_labels,
+            registry=registry,
+        )
+        for step in ("suspend", "resume")
+    }
+    for allocation in allocations:
+        if allocation.holder != "local":
+            continue
+        device = (str(allocation.device_index), allocation.device_uuid)
+        count.labels(*device).inc(1 if allocation.suspended else 0)
+        host.labels(*device).inc(allocation.host_memory)
+        timings = allocation.metadata.get(TIMINGS_KEY)
+        for step, gauge in seconds.items():
+            if isinstance(timings, dict) and isinstance(timings.get(step), (int, float)):
+                gauge.labels(allocation.kernel_id, str(allocation.device_index)).set(timings[step])
+
+
 def _waiting(allocation: Allocation, short: CapacityError) -> str:
     gpu = f"GPU {allocation.device_index}"
     if short.resource == "memory":
@@ -200,4 +235,4 @@ def _waiting(allocation: Allocation, short: CapacityError) -> str:
     return f"waiting for room on {gpu}: {short}; this kernel resumes when it is free"
 
 
-__all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels"]
+__all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels", "add_suspend_gauges"]

@@ -114,6 +114,11 @@ async def test_a_suspended_kernels_memory_is_lent_and_comes_back_intact_when_res
     devices = json.loads((await jp_fetch("api", "vgpu", "devices")).body)
     assert devices[LARGE]["memory_free_bytes"] == 16 * GIB
     assert (await post(jp_fetch, a, "suspend"))["state"] == "suspended"  # again: as it is
+    metrics = (await jp_fetch("api", "vgpu", "metrics")).body.decode()
+    uuid = devices[LARGE]["uuid"]
+    assert f'vgpu_device_suspended_slices{{device="1",uuid="{uuid}"}} 1.0' in metrics
+    assert f'vgpu_device_suspended_host_memory_bytes{{device="1",uuid="{uuid}"}} 1.2884901888e+10' in metrics
+    assert f'vgpu_slice_last_suspend_seconds{{device="1",kernel_id="{a}"}}' in metrics
 
     # Its room is lent: another kernel gets 12 GiB of the 16, and A cannot come back meanwhile.
     b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
