@@ -732,28 +732,23 @@ class SuspendApp(_ServerCommand):
     name = "jupyter-vgpu-suspend"
     description = "Suspend a kernel: its GPU memory moves to host memory and its slice's room is lent: jupyter vgpu suspend KERNEL_ID."
     aliases = {"server": "SuspendApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+    verb = "suspend"
 
     def run(self) -> int:
         if len(self.extra_args) != 1:
             raise UsageError(f"usage: jupyter vgpu {self.verb} KERNEL_ID")
         client = self.client()
         kernel_id = ResizeApp.find_kernel(self.extra_args[0], client.slices())
-        model = self.change(client, kernel_id)
-        print(self.done(kernel_id, model))
+        model = client.resume(kernel_id) if self.verb == "resume" else client.suspend(kernel_id)
+        short = kernel_id[:8]
+        if self.verb == "resume":
+            print(f"resumed {short}: its {format_size(model['limits']['memory_bytes'])} slice runs again")
+        else:
+            print(
+                f"suspended {short}: {format_size(model['host_memory_bytes'])} moved to host memory; it resumes on "
+                f"its next cell, or with `jupyter vgpu resume {short}`"
+            )
         return 0
-
-    verb = "suspend"
-
-    @staticmethod
-    def change(client: ServerClient, kernel_id: str) -> dict[str, Any]:
-        return client.suspend(kernel_id)
-
-    @staticmethod
-    def done(kernel_id: str, model: dict[str, Any]) -> str:
-        return (
-            f"suspended {kernel_id[:8]}: {format_size(model['host_memory_bytes'])} moved to host memory; "
-            f"it resumes on its next cell, or with `jupyter vgpu resume {kernel_id[:8]}`"
-        )
 
 
 class ResumeApp(SuspendApp):
@@ -763,14 +758,6 @@ class ResumeApp(SuspendApp):
     )
     aliases = {"server": "ResumeApp.server"}  # noqa: RUF012 -- traitlets' class-level table
     verb = "resume"
-
-    @staticmethod
-    def change(client: ServerClient, kernel_id: str) -> dict[str, Any]:
-        return client.resume(kernel_id)
-
-    @staticmethod
-    def done(kernel_id: str, model: dict[str, Any]) -> str:
-        return f"resumed {kernel_id[:8]}: its {format_size(model['limits']['memory_bytes'])} slice runs again"
 
 
 class KernelspecInstallApp(_VGPUSubcommand):

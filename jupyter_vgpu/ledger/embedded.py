@@ -673,13 +673,7 @@ class EmbeddedLedger:
             (usage for usage in self._usages(others, unpromised) if usage.device.uuid == current.device_uuid), None
         )
         if usage is None:
-            raise CapacityError(
-                f"kernel {kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
-                "longer on this machine; its slice can shrink but not grow",
-                resource="devices",
-                requested=1,
-                available=0,
-            )
+            raise _device_gone(current, "its slice can shrink but not grow")
         gpu = _gpu(usage.device)
         if grows[0] and wanted.memory_limit > usage.memory_free:
             raise CapacityError(
@@ -703,17 +697,21 @@ class EmbeddedLedger:
             )
 
 
+def _device_gone(current: Allocation, consequence: str) -> CapacityError:
+    return CapacityError(
+        f"kernel {current.kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
+        f"longer on this machine; {consequence}",
+        resource="devices",
+        requested=1,
+        available=0,
+    )
+
+
 def _check_resume_fits(current: Allocation, usage: DeviceUsage | None) -> None:
     """Refuse to resume a suspended slice where its device has no room for it now."""
     kernel_id, memory = current.kernel_id, format_size(current.memory_limit)
     if usage is None:
-        raise CapacityError(
-            f"kernel {kernel_id!r} cannot resume: its GPU {current.device_index} ({current.device_uuid}) is no "
-            "longer on this machine",
-            resource="devices",
-            requested=1,
-            available=0,
-        )
+        raise _device_gone(current, "it cannot resume")
     gpu = _gpu(usage.device)
     if usage.memory_free < current.memory_limit:
         raise CapacityError(

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -52,7 +50,6 @@ class SuspendedKernels:
         lock_timeout: float = 5.0,
         host_memory_cap: int | None = None,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
-        clock: Callable[[], float] = time.time,
     ):
         self.slices = slices
         self.kernels = kernels  # jupyter_server's MappingKernelManager
@@ -60,7 +57,6 @@ class SuspendedKernels:
         self.lock_timeout = lock_timeout
         self.host_memory_cap = host_memory_cap
         self.log = log or logging.getLogger(__name__)
-        self.clock = clock
 
     # -- resume on demand ----------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 
 import pynvml
 import pytest
+from test_idle_policy import eventually
 from tornado.httpclient import HTTPClientError
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -50,21 +50,18 @@ def jp_server_config(jp_server_config, suspend_settings):
     }
 
 
-async def eventually(condition, timeout: float, message: str, interval: float = 0.05):
-    """Awaits ``condition()`` until it returns a truthy value, which it returns, or fails the test
-    with the last value seen after ``timeout`` seconds (polling lets the server run meanwhile)."""
-    deadline = time.monotonic() + timeout
-    value = await condition()
-    while not value:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{message} not met within {timeout} s (last: {value!r})")
-        await asyncio.sleep(interval)
-        value = await condition()
-    return value
-
-
 async def slice_of(jp_fetch, kernel_id: str) -> dict:
     return json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id)).body)
+
+
+def notice_starting(jp_fetch, kernel_id: str, prefix: str):
+    """A condition: the slice's notice, once it starts with ``prefix``."""
+
+    async def condition():
+        notice = (await slice_of(jp_fetch, kernel_id))["notice"]
+        return notice if notice and notice.startswith(prefix) else None
+
+    return condition
 
 
 async def start_sliced(jp_fetch, kernelspec, **fields) -> str:
@@ -169,11 +166,7 @@ async def test_the_next_cell_of_a_suspended_kernel_waits_saying_why_until_its_ro
 
     a_cell = asyncio.ensure_future(run_in_kernel(a, "print(intact())"))
 
-    async def waiting():
-        notice = (await slice_of(jp_fetch, a))["notice"]
-        return notice if notice and notice.startswith("waiting") else None
-
-    notice = await eventually(waiting, 30, "A's notice saying what it waits for")
+    notice = await eventually(notice_starting(jp_fetch, a, "waiting"), 30, "A's notice saying what it waits for")
     assert notice == (
         "waiting for 8GiB on GPU 1, held by running kernels (12GiB in all); this kernel resumes when it is free"
     )
@@ -272,11 +265,7 @@ async def test_past_the_host_memory_cap_an_idle_kernel_is_culled_instead_and_tol
     kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
     assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(1 << 30))")).strip() == "0"
 
-    async def refused():
-        notice = (await slice_of(jp_fetch, kernel))["notice"]
-        return notice if notice and notice.startswith("not suspended") else None
-
-    notice = await eventually(refused, 30, "the suspend refused for the cap")
+    notice = await eventually(notice_starting(jp_fetch, kernel, "not suspended"), 30, "the suspend refused for the cap")
     assert notice == (
         "not suspended: suspended kernels hold 0B of the 512MiB of host memory they may use, and this one's "
         "1GiB would not fit; it is stopped when idle longer instead"
