@@ -276,3 +276,35 @@ async def test_past_the_host_memory_cap_an_idle_kernel_is_culled_instead_and_tol
         return notices if kernel not in jp_serverapp.kernel_manager else None
 
     await eventually(culled, 30, "the kernel culled")
+
+
+@pytest.mark.parametrize("suspend_settings", [{"suspend_lock_timeout": 0.3}])
+async def test_a_kernel_whose_process_does_not_finish_its_gpu_work_in_time_stays_running(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, compile_c, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", device=LARGE)
+    # A process of the kernel (a child, in its slice) with 20 s of GPU work queued.
+    start = (
+        "import subprocess\n"
+        f"probe = subprocess.Popen([{str(compile_c('checkpoint_probe'))!r}, 'target', '1M'], "
+        "stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
+        "print(probe.stdout.readline().split()[0])\n"
+        "probe.stdin.write('busy 20000\\n'); probe.stdin.flush()\n"
+        "print(probe.stdout.readline().strip(), probe.pid)\n"
+    )
+    ready, queued, pid = (await run_in_kernel(kernel, start)).split()
+    assert (ready, queued) == ("ready", "queued")
+
+    code, message = await refusal(jp_fetch, kernel, "suspend")
+    assert code == 409
+    assert f"process {pid} did not finish its GPU work within 0.3 s; left running" in message
+    model = await slice_of(jp_fetch, kernel)
+    assert (model["state"], model["host_memory_bytes"]) == ("running", 0)
+    assert int(pid) in nvml_device(LARGE)["pids"]
+    # Still running, not locked: it answers a CUDA call.
+    assert (
+        await run_in_kernel(
+            kernel, "probe.stdin.write('alloc 1M\\n'); probe.stdin.flush(); print(probe.stdout.readline().strip())"
+        )
+    ).strip() == "alloc 0"
+    await run_in_kernel(kernel, "probe.kill(); probe.wait()")
