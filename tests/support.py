@@ -4,6 +4,7 @@ and by the benchmarks (which put tests/ on sys.path themselves)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -63,6 +64,21 @@ def run_checked(command: list[str], env: dict[str, str], timeout: float) -> subp
     result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr
     return result
+
+
+def venv_with_pinned_dependencies(tmp_path: Path) -> tuple[Path, Path]:
+    """A new virtual environment under tmp_path, and a pip constraints file that pins every
+    dependency at the version of the environment running the tests, so that pip's cache has them."""
+    venv = tmp_path / "venv"
+    run_checked([sys.executable, "-m", "venv", str(venv)], env=dict(os.environ), timeout=300)
+    frozen = run_checked(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], env=dict(os.environ), timeout=300
+    )
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(
+        "".join(f"{line}\n" for line in frozen.stdout.splitlines() if "==" in line and " @ " not in line)
+    )
+    return venv, constraints
 
 
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
