@@ -90,9 +90,10 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         "", config=True, help="Namespace of kernel pods. Empty: the server pod's own namespace, else 'default'."
     )
     image = Unicode(
-        PodSettings.image,
+        "",
         config=True,
-        help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (docs/kubernetes.md).",
+        help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (no public image has it: "
+        "build the one of docs/kubernetes.md). Must be set: a start without one is refused, saying so.",
     )
     image_pull_policy = Unicode("IfNotPresent", config=True, help="Always, IfNotPresent or Never.")
     image_pull_secrets = List(Unicode(), config=True, help="Names of Secrets to pull the image with.")
