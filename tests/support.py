@@ -81,6 +81,19 @@ def venv_with_pinned_dependencies(tmp_path: Path) -> tuple[Path, Path]:
     return venv, constraints
 
 
+def watched_utilisation(watch_output: str, pid: int) -> list[tuple[int, int]]:
+    """(query time in us, utilisation of pid) for every query in the output of
+    tests/programs/pacing_monitor.c's `watch`: a `q TIME` line per query, then an `s PID UTIL`
+    line for each process it saw (a query that did not see pid reads 0)."""
+    series: list[tuple[int, int]] = []
+    for words in (line.split() for line in watch_output.splitlines()):
+        if words[0] == "q":
+            series.append((int(words[1]), 0))
+        elif words[0] == "s" and int(words[1]) == pid:
+            series[-1] = (series[-1][0], int(words[2]))
+    return series
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""
