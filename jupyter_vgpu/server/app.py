@@ -411,6 +411,8 @@ class VGPUApp(ExtensionApp):
             log=self.log,
         )
         self.settings[SUSPEND_SETTING] = suspended
+        if self.idle_suspend_after:
+            manager.room_maker = suspended.make_room_for  # a start that does not fit suspends idle kernels
         return suspended
 
     def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:

@@ -19,6 +19,7 @@ The blocking parts (lock, checkpoint, restore) run in worker threads, never the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -28,7 +29,7 @@ from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.suspender import TIMINGS_KEY
 from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.manager import SliceManager
-from jupyter_vgpu.model import format_size
+from jupyter_vgpu.model import SliceLimits, format_size, select_device
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 
 # Where the handlers find VGPUApp.suspend_lock_timeout (seconds a process may take to finish its
@@ -119,12 +120,43 @@ class SuspendedKernels:
             )
         return freed >= needed
 
-    def _idle_on_device(self, device_uuid: str, allocations: list[Allocation], *, exclude: str) -> list[Allocation]:
-        """This server's running kernels on the device that run no cell, least recently active first."""
+    async def make_room_for(self, limits: SliceLimits, device: Any = None) -> bool:
+        """Suspend idle kernels (longest idle first, never one running a cell; on ``device`` where
+        one is asked for) until a slice of ``limits`` fits on some device; whether it does."""
+        allocations = self.slices.ledger.allocations()
+        named = None
+        if device is not None:
+            with contextlib.suppress(ValueError):
+                named = select_device(self.slices.ledger.devices, device).uuid
+        for candidate in self._idle_on_device(named, allocations, exclude=""):
+            try:
+                suspended = await asyncio.to_thread(
+                    self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
+                )
+            except (NotSupported, CheckpointError, UnknownSlice) as why:
+                self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
+                continue
+            self._notice(
+                suspended,
+                f"suspended to make room for a new kernel: {format_size(suspended.host_memory)} moved to host "
+                "memory; resumes when a cell runs",
+            )
+            usages = self.slices.ledger.devices_usage()
+            if any(usage.fits(limits) for usage in usages if named in (None, usage.device.uuid)):
+                return True
+        return False
+
+    def _idle_on_device(
+        self, device_uuid: str | None, allocations: list[Allocation], *, exclude: str
+    ) -> list[Allocation]:
+        """This server's running kernels (on the device, where one is named) that run no cell,
+        least recently active first."""
         idle = []
         for candidate in allocations:
             kernel_id = candidate.kernel_id
-            if kernel_id == exclude or candidate.suspended or candidate.device_uuid != device_uuid:
+            if kernel_id == exclude or candidate.suspended or device_uuid not in (None, candidate.device_uuid):
+                continue
+            if candidate.holder != "local":
                 continue
             if kernel_id not in self.kernels or self._busy(kernel_id):
                 continue

@@ -185,7 +185,8 @@ async def test_the_api_root_answers_a_json_index_of_its_paths(jp_fetch, jp_base_
     index = await fetch_json(jp_fetch, "api", "vgpu")
     assert index["api"] == "jupyter-vgpu"
     assert f"{jp_base_url}api/vgpu/slices/{{kernel_id}}" in index["paths"]
-    assert len(index["paths"]) == 7
+    assert f"{jp_base_url}api/vgpu/slices/{{kernel_id}}/suspend" in index["paths"]
+    assert len(index["paths"]) == 9
     code, message = await error_of(jp_fetch, "api", "vgpu", "slice")
     assert code == 404 and "the paths are /api/vgpu/devices, /api/vgpu/slices" in message
 

@@ -308,3 +308,23 @@ async def test_a_kernel_whose_process_does_not_finish_its_gpu_work_in_time_stays
         )
     ).strip() == "alloc 0"
     await run_in_kernel(kernel, "probe.kill(); probe.wait()")
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 3600.0}])
+async def test_a_kernel_start_that_does_not_fit_makes_room_by_suspending_the_longest_idle_kernel(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    older = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    newer = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    for kernel in (older, newer):
+        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    await run_in_kernel(newer, "print('active later')")
+
+    # 12 of 16 GiB are promised: an 8 GiB start fits once one 6 GiB kernel is suspended, the one idle longest.
+    started = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
+    made_room, kept = await slice_of(jp_fetch, older), await slice_of(jp_fetch, newer)
+    assert (made_room["state"], made_room["host_memory_bytes"]) == ("suspended", 4 * GIB)
+    assert made_room["notice"] == (
+        "suspended to make room for a new kernel: 4GiB moved to host memory; resumes when a cell runs"
+    )
+    assert kept["state"] == "running" and (await slice_of(jp_fetch, started))["limits"]["memory_bytes"] == 8 * GIB
