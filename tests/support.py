@@ -3,6 +3,7 @@ and by the benchmarks (which put tests/ on sys.path themselves)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -92,6 +94,24 @@ def watched_utilisation(watch_output: str, pid: int) -> list[tuple[int, int]]:
         elif words[0] == "s" and int(words[1]) == pid:
             series[-1] = (series[-1][0], int(words[2]))
     return series
+
+
+def http_request(
+    url: str, method: str, path: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One raw HTTP request to ``url`` + ``path`` (not through a client, so that what a client never
+    sends can be sent, and a refusal is seen as sent); a dict body goes as JSON. Returns (status,
+    headers, body)."""
+    parts = urlsplit(url)
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.request(method, parts.path + path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
 
 
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
