@@ -17,6 +17,8 @@ import pytest
 from test_idle_policy import eventually
 from tornado.httpclient import HTTPClientError
 
+from jupyter_vgpu.provisioning.base import MANAGER_SETTING
+
 GIB, MIB = 1 << 30, 1 << 20
 LARGE = 1  # the 16 GiB device of the server tests' simulated machine
 
@@ -328,3 +330,20 @@ async def test_a_kernel_start_that_does_not_fit_makes_room_by_suspending_the_lon
         "suspended to make room for a new kernel: 4GiB moved to host memory; resumes when a cell runs"
     )
     assert kept["state"] == "running" and (await slice_of(jp_fetch, started))["limits"]["memory_bytes"] == 8 * GIB
+
+
+async def test_memory_a_suspended_slices_processes_still_hold_is_not_lent(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    """The ledger lends a suspended slice's room only as far as NVML shows it free: a slice
+    recorded suspended while its process still holds 4 GiB (a ledger told so by a server whose
+    checkpoint did not happen) leaves 12 GiB of the 16 to lend, not 16."""
+    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    assert (await run_in_kernel(a, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    jp_serverapp.web_app.settings[MANAGER_SETTING].ledger.suspend(a, host_memory=4 * GIB)
+
+    with pytest.raises(HTTPClientError) as refused:
+        await start_sliced(jp_fetch, vgpu_kernelspec, memory="13GiB", device=LARGE)
+    assert refused.value.code == 409
+    assert "12GiB is free" in json.loads(refused.value.response.body)["message"]
+    assert await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
