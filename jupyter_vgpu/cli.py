@@ -957,6 +957,7 @@ class PodManifestApp(JupyterApp):
             defaults = SliceLimits(parse_size(server.default_memory), server.default_cores, server.default_policy)
             size = {"memory": self.memory, "cores": self.cores, "policy": self.policy}
             limits = decide_limits(defaults, {k: configured.get(k, "") for k in size}, size)
+            limits.check_within(server.largest_slice)  # as the server's ledger would refuse the start
             manifests = provisioner.planned_manifests(limits, kernel_name=self.kernel)
         except (ManifestError, SliceValueError, TraitError) as error:
             self._fail(str(error))
@@ -1002,7 +1003,6 @@ class BrokerApp(JupyterApp):
 class HubProfilesApp(JupyterApp):
     name = "jupyter-vgpu-hub-profiles"
     version = __version__
-            limits.check_within(server.largest_slice)  # as the server's ledger would refuse the start
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
     config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
     groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")
