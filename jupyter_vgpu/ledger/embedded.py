@@ -36,12 +36,15 @@ from typing import TYPE_CHECKING, Any
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
     SUSPENDED_KEY,
+    Admission,
     Allocation,
     CapacityError,
     DeviceReader,
     DeviceUsage,
+    Ledger,
     LedgerFileError,
     OwnerBudget,
+    Resizing,
     SliceExists,
     UnknownSlice,
     UnpromisedMemory,
@@ -187,7 +190,7 @@ def _open(path: Path) -> sqlite3.Connection:
     return connection
 
 
-class EmbeddedLedger:
+class EmbeddedLedger(Ledger):
     """Slices per device, persisted in an SQLite file shared by every thread and process using it.
 
     Open one per process; its methods may be called from any thread.
@@ -318,23 +321,15 @@ class EmbeddedLedger:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def admit(
-        self,
-        kernel_id: str,
-        limits: SliceLimits,
-        *,
-        owner: str = "",
-        device: str | int | None = None,
-        metadata: dict[str, Any] | None = None,
-        holder: str = "local",
-        budget: OwnerBudget | None = None,
-    ) -> Allocation:
+    def decide_admission(self, admission: Admission) -> Allocation:
         """Place a slice for a kernel on ``device`` or where the placement policy puts it, within
         ``owner``'s ``budget`` (what all their slices may hold together).
 
         A slice held on this machine (``holder="local"``) is placed on its devices; one held
         elsewhere (a pod) is placed by the cluster's scheduler, so only this server's own limits
         (largest slice, memory and number of slices) apply and it takes no device's room."""
+        kernel_id, limits, owner, device = admission.kernel_id, admission.limits, admission.owner, admission.device
+        metadata, holder, budget = admission.metadata, admission.holder, admission.budget
         self._check_max_slice(limits)
         local = holder == "local"
         named = None if device is None or not local else select_device(self._devices, device)
@@ -386,21 +381,15 @@ class EmbeddedLedger:
             self._changes.append((None, allocation))
         return allocation
 
-    def resize(
-        self,
-        kernel_id: str,
-        *,
-        memory_limit: int | None = None,
-        sm_share: int | None = None,
-        policy: str | None = None,
-        budget: OwnerBudget | None = None,
-    ) -> Allocation:
+    def decide_resize(self, resizing: Resizing) -> Allocation:
         """Change a slice in place (a kernel does not move between devices while it runs).
 
         Only what grows is checked against capacity and against ``budget`` (its owner's), so a
         slice can always shrink, even on a device that is over-committed because it came back
         smaller after a restart, or for an owner whose budget was lowered meanwhile.
         """
+        kernel_id, memory_limit, sm_share = resizing.kernel_id, resizing.memory_limit, resizing.sm_share
+        policy, budget = resizing.policy, resizing.budget
         with self._decision() as db:
             current = self._get(db, kernel_id)
             if current is None:
