@@ -60,7 +60,9 @@ PLACEMENTS = ("binpack", "spread")
 # well under a millisecond), short enough that a wedged peer is reported rather than waited on.
 BUSY_TIMEOUT_S = 30.0
 
-_SCHEMA = (
+# The schema of version 1, frozen: every later version is a migration from it (_MIGRATIONS), so
+# a file of any version opens, and tests write a version-1 file from it.
+SCHEMA_VERSION_1 = (
     """CREATE TABLE allocations (
         kernel_id    TEXT PRIMARY KEY,
         device_uuid  TEXT NOT NULL,
@@ -158,7 +160,7 @@ def _open(path: Path) -> sqlite3.Connection:
         try:
             version = connection.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
-                for statement in _SCHEMA:
+                for statement in SCHEMA_VERSION_1:
                     connection.execute(statement)
                 version = 1
             if 0 < version < SCHEMA_VERSION:
