@@ -61,6 +61,11 @@ function podSlice(overrides: Partial<ISliceModel> = {}): ISliceModel {
   });
 }
 
+/** Where a pod's slice is before HAMi has annotated its GPU: on `node` ('' until scheduled). */
+function podLocation(node: string): ISliceModel['location'] {
+  return { pod: 'jvgpu-3f2a9c4e-1', namespace: 'default', node, gpu: '' };
+}
+
 const SCHEDULING_MESSAGE =
   "waiting for the scheduler to place the kernel's pod: 0/3 nodes are available: 3 Insufficient nvidia.com/gpumem.";
 const FAILED_MESSAGE =
@@ -211,44 +216,51 @@ describe("a pod's slice", () => {
   });
 
   it('running on a node whose GPU HAMi has not annotated: the node alone', () => {
-    const running = podSlice({
-      location: {
-        pod: 'jvgpu-3f2a9c4e-1',
-        namespace: 'default',
-        node: 'node-a',
-        gpu: ''
-      }
-    });
+    const running = podSlice({ location: podLocation('node-a') });
     expect(sliceTitle(running, trans)).toBe(
       'analysis.ipynb · pod on node-a · hard'
     );
     expect(sliceTooltip(running, trans).split('\n')[1]).toBe('On node node-a');
   });
 
-  it('scheduling: titled "pod · scheduling", with the scheduler\'s reason whole', () => {
-    const waiting = podSlice({
+  it.each([
+    {
+      case: 'scheduling: titled "pod · scheduling", with the scheduler\'s reason whole',
       state: 'scheduling',
       message: SCHEDULING_MESSAGE,
-      location: {
-        pod: 'jvgpu-3f2a9c4e-1',
-        namespace: 'default',
-        node: '',
-        gpu: ''
-      },
+      node: '',
+      titled: 'analysis.ipynb · pod · scheduling',
+      nodeLine: [],
+      stopped: false
+    },
+    {
+      case: "failed: titled with its node and state, the container's reason whole, in the warn colour",
+      state: 'failed',
+      message: FAILED_MESSAGE,
+      node: 'node-a',
+      titled: 'analysis.ipynb · pod on node-a · failed',
+      nodeLine: ['On node node-a'],
+      stopped: true
+    }
+  ])('$case', ({ state, message, node, titled, nodeLine, stopped }) => {
+    const pod = podSlice({
+      state,
+      message,
+      location: podLocation(node),
       usage: { memory_bytes: 0, sm_util: 0, processes: [] }
     });
-    expect(sliceTitle(waiting, trans)).toBe(
-      'analysis.ipynb · pod · scheduling'
+    expect(sliceTitle(pod, trans)).toBe(titled);
+    expect(sliceMessage(pod)).toBe(message);
+    expect(sliceStatusText(pod, trans)).toBe(
+      `GPU 0.0 / 4.0 GiB · SM 0 / 30 % · ${state}`
     );
-    expect(sliceMessage(waiting)).toBe(SCHEDULING_MESSAGE);
-    expect(sliceStatusText(waiting, trans)).toBe(
-      'GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling'
-    );
-    expect(sliceTooltip(waiting, trans).split('\n')).toEqual([
+    expect(sliceTooltip(pod, trans).split('\n')).toEqual([
       'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
-      `scheduling: ${SCHEDULING_MESSAGE}`
+      ...nodeLine,
+      `${state}: ${message}`
     ]);
-    expect(sliceNeedsAttention(waiting)).toBe(false);
+    expect(sliceNeedsAttention(pod)).toBe(stopped);
+    expect(podStopped(pod)).toBe(stopped);
   });
 
   it('before its pod exists: no location at all, still a title and a tooltip', () => {
@@ -263,34 +275,6 @@ describe("a pod's slice", () => {
     expect(sliceTooltip(creating, trans).split('\n')[0]).toBe(
       'GPU slice in pod 3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b: memory cap 4GiB, SM share 30 % (hard)'
     );
-  });
-
-  it("failed: titled with its node and state, the container's reason whole, in the warn colour", () => {
-    const failed = podSlice({
-      state: 'failed',
-      message: FAILED_MESSAGE,
-      location: {
-        pod: 'jvgpu-3f2a9c4e-1',
-        namespace: 'default',
-        node: 'node-a',
-        gpu: ''
-      },
-      usage: { memory_bytes: 0, sm_util: 0, processes: [] }
-    });
-    expect(sliceTitle(failed, trans)).toBe(
-      'analysis.ipynb · pod on node-a · failed'
-    );
-    expect(sliceMessage(failed)).toBe(FAILED_MESSAGE);
-    expect(sliceStatusText(failed, trans)).toBe(
-      'GPU 0.0 / 4.0 GiB · SM 0 / 30 % · failed'
-    );
-    expect(sliceTooltip(failed, trans).split('\n')).toEqual([
-      'GPU slice in pod default/jvgpu-3f2a9c4e-1: memory cap 4GiB, SM share 30 % (hard)',
-      'On node node-a',
-      `failed: ${FAILED_MESSAGE}`
-    ]);
-    expect(podStopped(failed)).toBe(true);
-    expect(sliceNeedsAttention(failed)).toBe(true);
   });
 
   it('says a state without a sentence in its tooltip, and its warnings after it', () => {
