@@ -34,8 +34,8 @@ int sim_driver_version_parse(const char *text, int *version, char *error, size_t
         *version = (int)(major * 1000 + minor * 10);
         return 0;
     }
-    snprintf(error, error_size, "VGPU_SIM_DRIVER_VERSION is '%s'; it accepts a CUDA version 12.0 to 13.9, such as 12.8 or 13.0",
-             text);
+    snprintf(error, error_size,
+             "VGPU_SIM_DRIVER_VERSION is '%s'; it accepts a CUDA version 12.0 to 13.9, such as 12.8 or 13.0", text);
     return -1;
 }
 
@@ -46,8 +46,9 @@ int sim_driver_version(void)
     int version;
     char error[160];
     /* Malformed, cuInit fails and says why (sim_machine_open); until then the default stands. */
-    return sim_driver_version_parse(env.driver_version, &version, error, sizeof error) == 0 ? version
-                                                                                            : SIM_DEFAULT_DRIVER_VERSION;
+    return sim_driver_version_parse(env.driver_version, &version, error, sizeof error) == 0
+               ? version
+               : SIM_DEFAULT_DRIVER_VERSION;
 }
 
 const char *sim_proc_root(void)

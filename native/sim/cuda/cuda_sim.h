@@ -91,7 +91,7 @@ struct CUctx_st {
     unsigned int flags;
     int retains; /* primary: cuDevicePrimaryCtxRetain count; under the lock */
     struct CUstream_st *null_stream;
-    struct CUstream_st *streams; /* created streams; under the lock */
+    struct CUstream_st *streams;    /* created streams; under the lock */
     size_t limits[SIM_LIMIT_COUNT]; /* cuCtxSetLimit's values; 0: the default */
     CUfunc_cache cache_config;
 };
@@ -263,9 +263,9 @@ extern _Thread_local struct sim_thread sim_thread;
 
 /* One entry point of the real driver, as cuGetProcAddress serves it. */
 struct sim_entry_point {
-    const char *base; /* the name asked for: "cuMemAlloc" of "cuMemAlloc_v2" */
-    const char *name; /* the exported name */
-    int version;      /* the CUDA version that introduced this variant */
+    const char *base;         /* the name asked for: "cuMemAlloc" of "cuMemAlloc_v2" */
+    const char *name;         /* the exported name */
+    int version;              /* the CUDA version that introduced this variant */
     unsigned char per_thread; /* a _ptds / _ptsz variant */
     unsigned char modelled;   /* 0: it answers CUDA_ERROR_NOT_SUPPORTED */
     void *function;
