@@ -4,9 +4,12 @@ in slices of the simulated GPU: `jupyter vgpu run` and a notebook kernel of a re
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
+import time
 
-from conftest import OOM_LINE, values
+from conftest import JUPYTER, OOM_LINE, values
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -221,3 +224,64 @@ async def test_numba_in_a_notebook_kernel_sees_the_slice_and_a_live_resize(jp_fe
         'print("granted", held.nbytes, "total", cuda.current_context().get_memory_info().total)',
     )
     assert f"granted {1536 * MIB} total {2 * GIB}" in grown
+
+
+NUMBA_LAUNCH_LOOP = """
+import os, time
+import numpy as np
+from numba import cuda
+
+@cuda.jit
+def touch(values):
+    i = cuda.grid(1)
+    if i < values.size:
+        values[i] = i
+
+data = cuda.device_array(1 << 20, np.float32)
+touch[16000, 256](data)  # compiled and loaded before the clock starts
+cuda.synchronize()
+print("pid", os.getpid(), flush=True)
+print("start_us", time.time_ns() // 1000, flush=True)
+end = time.monotonic() + 4
+while time.monotonic() < end:
+    for _ in range(20):
+        touch[16000, 256](data)  # 20 waves of every SM: 1 ms of device time each
+    cuda.synchronize()
+"""
+PACED_DEVICE = "name=jupyter-vgpu pacing GPU,memory=16GiB,sms=100,context_memory=0,block_ns=50000"
+
+
+def test_numba_launches_are_held_to_a_hard_sm_share(user_env, compile_c, native_libs, tmp_path):
+    """SM utilisation measured from outside the slice by NVML (tests/programs/pacing_monitor.c),
+    as tests/interposer/test_pacing.py does, over seconds 1 to 3 of a numba launch loop: the same
+    loop unlimited, then in a 30 % hard share, side by side. Unlimited it must use more than the
+    share (else this machine cannot tell pacing from a slow loop); paced, never more."""
+    monitor = compile_c("pacing_monitor")
+    env = {**user_env, "VGPU_SIM_DEVICES": PACED_DEVICE}
+    monitor_env = {**env, "LD_LIBRARY_PATH": str(native_libs.sim_dir)}  # NVML outside any slice
+    script = tmp_path / "launch_loop.py"
+    script.write_text(NUMBA_LAUNCH_LOOP)
+    measured = {}
+    for cores in (100, 30):
+        command = [JUPYTER, "vgpu", "run", "--simulate", "--memory", "1GiB", "--cores", str(cores), "--policy", "hard"]
+        with subprocess.Popen(
+            [*command, "--", sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
+        ) as loop:
+            pid = int(loop.stdout.readline().split()[1])
+            start_us = int(loop.stdout.readline().split()[1])
+            remaining = (start_us + 3_000_000) / 1e6 - time.time()
+            if remaining > 0:
+                time.sleep(remaining)  # the end of the measurement window: a schedule, not a race
+            report = subprocess.run(
+                [str(monitor), "since", str(start_us + 1_000_000)],
+                env=monitor_env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+            assert loop.wait(60) == 0
+        samples = (line.split() for line in report.splitlines())
+        measured[cores] = {int(w[1]): int(w[2]) for w in samples if w and w[0] == "s"}[pid]
+    assert measured[100] > 33, f"the unlimited loop used {measured[100]} %: too little to tell pacing apart"
+    assert 0 < measured[30] <= 33, f"NVML measured {measured[30]} % in a 30 % hard share ({measured[100]} % unlimited)"
