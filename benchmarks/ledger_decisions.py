@@ -1,6 +1,9 @@
 """How many decisions per second the ledger makes, and how long one takes: the embedded ledger
-(an SQLite file in the server) side by side with the remote one (a RemoteLedger over HTTP to a
-service of such a file in another process, as a node's broker serves it).
+(an SQLite file in the server) side by side with the same checking what the GPUs really hold
+(``embedded+nvml``: every admission, growth and usage reading reads NVML's memory and process
+list, here the simulated GPU's, as a server and a broker do) and with the remote one (a
+RemoteLedger over HTTP to a service of such a file in another process, as a node's broker serves
+it).
 
     python benchmarks/ledger_decisions.py            # about a minute
     python benchmarks/ledger_decisions.py --smoke    # about 10 seconds, as CI runs it
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import secrets
 import statistics
 import sys
@@ -29,14 +33,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid  # noqa: E402
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger  # noqa: E402
 from jupyter_vgpu.ledger.remote import RemoteLedger  # noqa: E402
-from jupyter_vgpu.model import Device, SliceLimits  # noqa: E402
+from jupyter_vgpu.model import Device, SliceLimits, list_devices, use_simulator  # noqa: E402
 
 GIB = 1 << 30
 DEVICES = [Device(f"GPU-bench-{index}", index, "bench GPU", 80 * GIB, 132) for index in range(2)]
+SIMULATED_DEVICES = ";".join(["name=bench GPU,memory=80GiB,sms=132"] * 2)
 PREFIX = "/ledger"
-KINDS = ("embedded", "remote")
+KINDS = ("embedded", "embedded+nvml", "remote")
 
 
 # -- the two kinds of ledger -------------------------------------------------------------------
@@ -66,6 +72,11 @@ def _serve(path: str, token: str, ports) -> None:
 def open_ledger(kind: str, path: Path) -> Iterator[Ledger]:
     if kind == "embedded":
         with EmbeddedLedger(path, DEVICES) as ledger:
+            yield ledger
+        return
+    if kind == "embedded+nvml":
+        # The simulated GPUs, so that the devices the ledger holds are the ones NVML lists.
+        with EmbeddedLedger(path, list_devices(), reader=DeviceMemoryReader(kernel_pid)) as ledger:
             yield ledger
         return
     token = secrets.token_hex(16)
@@ -169,25 +180,28 @@ def main() -> None:
     workloads = [("admit+release", admit_and_release), ("resize", resize_back_and_forth)]
 
     with tempfile.TemporaryDirectory(prefix="vgpu-ledger-bench-") as tmp:
-        print(f"{'workload':<16}{'threads':>8}" + "".join(f"{kind + ' decisions/s':>24}" for kind in KINDS))
+        os.environ["VGPU_SIM_STATE"] = str(Path(tmp) / "sim.state")
+        os.environ["VGPU_SIM_DEVICES"] = SIMULATED_DEVICES
+        use_simulator()
+        print(f"{'workload':<16}{'threads':>8}" + "".join(f"{kind + ' decisions/s':>28}" for kind in KINDS))
         for name, workload in workloads:
             for threads in (1, 4):
                 rates = []
                 for kind in KINDS:
                     with open_ledger(kind, Path(tmp) / f"{kind}-{name}-{threads}.sqlite") as ledger:
                         rates.append(decisions_per_second(ledger, workload, threads, seconds))
-                print(f"{name:<16}{threads:>8}" + "".join(f"{rate:>24,.0f}" for rate in rates))
+                print(f"{name:<16}{threads:>8}" + "".join(f"{rate:>28,.0f}" for rate in rates))
 
         timings = {}
         for kind in KINDS:
             with open_ledger(kind, Path(tmp) / f"{kind}-latency.sqlite") as ledger:
                 timings[kind] = latencies(ledger, kernels)
         print()
-        print(f"{'decision':<16}" + "".join(f"{kind + ' median ms':>20}{kind + ' p99 ms':>17}" for kind in KINDS))
+        print(f"{'decision':<16}" + "".join(f"{kind + ' median ms':>26}{kind + ' p99 ms':>23}" for kind in KINDS))
         for decision in ("admit", "resize", "release"):
             row = "".join(
-                f"{statistics.median(timings[kind][decision]) * 1e3:>20.3f}"
-                f"{percentile(timings[kind][decision], 0.99) * 1e3:>17.3f}"
+                f"{statistics.median(timings[kind][decision]) * 1e3:>26.3f}"
+                f"{percentile(timings[kind][decision], 0.99) * 1e3:>23.3f}"
                 for kind in KINDS
             )
             print(f"{decision:<16}{row}")

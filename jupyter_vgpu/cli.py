@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ctypes
+import getpass
 import json
 import os
 import re
+import shlex
 import sqlite3
 import stat
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,19 @@ from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
-from jupyter_vgpu.holders.local import REGION_SUFFIX, LocalHolder, default_region_dir, run_in_slice, slice_environment
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
+from jupyter_vgpu.holders.local import (
+    REGION_PATH_KEY,
+    REGION_SUFFIX,
+    LocalHolder,
+    default_region_dir,
+    run_command,
+    run_in_slice,
+    slice_environment,
+)
+from jupyter_vgpu.holders.region import process_start_time
+from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
+from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
 from jupyter_vgpu.model import (
     SliceLimits,
     SliceValueError,
@@ -99,18 +114,34 @@ class RunApp(_VGPUSubcommand):
     jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
     """
 
-    memory = Unicode("", config=True, help="Memory cap: 512MiB, 4GiB, 4G or a bare number of MiB. Empty: no cap.")
+    memory = Unicode(
+        "",
+        config=True,
+        help="Memory cap: 512MiB, 4GiB, 4G or a bare number of MiB. Empty: no cap (in a server's ledger: the whole GPU).",
+    )
     cores = Unicode("100", config=True, help="SM share in percent, 1..100.")
     policy = Unicode("hard", config=True, help="hard: never above the SM share; burst: may use idle SMs.")
     device = Unicode("0", config=True, help="The GPU: an index or a UUID (GPU-...).")
+    ledger = Unicode(
+        "auto",
+        config=True,
+        help="The vGPU ledger the run's slice is admitted to, as a batch kernel's is: auto (a running server's, "
+        "<jupyter runtime dir>/vgpu/ledger.sqlite, where that file exists), the path of a server's ledger "
+        "(VGPUApp.ledger_path), or none (--no-server: a slice nothing counts, which may over-commit a GPU that "
+        "a server's kernels hold).",
+    )
 
     aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "memory": "RunApp.memory",
         "cores": "RunApp.cores",
         "policy": "RunApp.policy",
         "device": "RunApp.device",
+        "ledger": "RunApp.ledger",
     }
-    flags = {"simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {  # noqa: RUF012 -- traitlets' class-level table
+        "simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help),
+        "no-server": ({"RunApp": {"ledger": "none"}}, "Run in a slice no server's ledger counts (RunApp.ledger=none)."),
+    }
 
     def limits(self) -> SliceLimits:
         """The slice asked for; no --memory: the whole device (0 in the region: no cap)."""
@@ -136,7 +167,75 @@ class RunApp(_VGPUSubcommand):
                 f"a memory cap of {format_size(limits.memory_limit)} is more than GPU {device.index} has "
                 f"({format_size(device.memory_total)}); ask for at most that, or leave --memory out for the whole GPU"
             )
-        return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
+        ledger_path = self.ledger_path()
+        if ledger_path is None:
+            return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
+        whole = limits if limits.memory_limit else SliceLimits(device.memory_total, limits.sm_share, limits.policy)
+        return self.run_in_ledger(ledger_path, whole, device)
+
+    def ledger_path(self) -> Path | None:
+        """The server's ledger the run joins, None for none (and a warning where one is there)."""
+        from jupyter_vgpu.provisioning.local import default_ledger_path
+
+        value = self.ledger.strip()
+        found = default_ledger_path()
+        if value == "none":
+            if found.exists():
+                print(
+                    f"jupyter vgpu run: warning: a vGPU server's ledger is at {found}, but this run's slice is not "
+                    "counted there (--no-server): it may take GPU memory the server's kernels were promised",
+                    file=sys.stderr,
+                )
+            return None
+        if value == "auto":
+            return found if found.exists() else None
+        if not value:
+            raise UsageError("--ledger is empty; give auto, none or the path of a vGPU server's ledger")
+        return Path(value)
+
+    def run_in_ledger(self, path: Path, limits: SliceLimits, device) -> int:
+        """Run the command in a slice admitted to a server's ledger like a batch kernel's: the
+        server lists it (with this command line and the command's pid), counts it against its
+        own kernels, can resize it; released when the command ends. Marked with this process, so
+        a server restarting meanwhile leaves it alone; if this process is killed, the server
+        releases the slice once the command has ended too."""
+        holder = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
+        try:
+            ledger = EmbeddedLedger(path, self.devices(), reader=DeviceMemoryReader(holder.known_processes))
+        except (LedgerError, sqlite3.Error, OSError) as error:
+            print(
+                f"jupyter vgpu run: the vGPU ledger {path} cannot be used: {error}; --no-server runs without it",
+                file=sys.stderr,
+            )
+            return 1
+        manager = SliceManager(ledger, [holder], limits)
+        name = f"run-{uuid.uuid4().hex}"
+        command = shlex.join(self.extra_args)
+        metadata = {
+            "kernelspec": "jupyter vgpu run",
+            BATCH_KEY: {"pid": os.getpid(), "pid_start_time": process_start_time(os.getpid()), "command": command},
+            REGION_PATH_KEY: str(holder.path(name)),
+        }
+        try:
+            try:
+                allocation = manager.admit(name, limits, owner=getpass.getuser(), device=device.uuid, metadata=metadata)
+            except SliceRefused as refusal:
+                print(
+                    f"jupyter vgpu run: its slice ({limits.describe()}) does not fit beside the slices in the vGPU "
+                    f"ledger {path}: {refusal} `jupyter vgpu status` lists them; --no-server runs uncounted",
+                    file=sys.stderr,
+                )
+                return 1
+
+            def started(pid: int) -> None:
+                manager.record_kernel(name, {"pid": pid, "pid_start_time": process_start_time(pid)})
+
+            try:
+                return run_command(self.extra_args, holder.environment(allocation), started=started)
+            finally:
+                manager.release(name)
+        finally:
+            ledger.close()
 
 
 class DevicesApp(_VGPUSubcommand):
@@ -375,7 +474,7 @@ class DoctorApp(_VGPUSubcommand):
         """Whether a batch kernel here (nbconvert, papermill, nbclient) finds the server's ledger
         and can take its slice from it."""
         from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
-        from jupyter_vgpu.manager import BATCH_KEY
+        from jupyter_vgpu.manager import BATCH_KEY, held_by_batch_run
 
         if not path.exists():
             print(
@@ -399,6 +498,28 @@ class DoctorApp(_VGPUSubcommand):
             "here (nbconvert, papermill, nbclient) is admitted to it, so it does not over-commit what the "
             "server's kernels hold",
         )
+        # A kernel whose process is gone (a server or batch run that crashed) still has its room
+        # promised: nothing gives it back until a server on this ledger starts again.
+        holder = LocalHolder(default_region_dir(standalone=True))
+        left = [
+            allocation
+            for allocation in allocations
+            if allocation.holder == "local" and not held_by_batch_run(allocation) and not holder.is_alive(allocation)
+        ]
+        if left:
+            shown = ", ".join(
+                f"{allocation.kernel_id[:8]} ({format_size(allocation.memory_limit)}, {allocation.sm_share}% "
+                f"on GPU {allocation.device_index})"
+                for allocation in left[:5]
+            )
+            report(
+                False,
+                "left-over slices",
+                f"{len(left)} slice(s) in {path} are of kernels that no longer run: {shown}"
+                f"{' and more' if len(left) > 5 else ''}; {format_size(sum(a.memory_limit for a in left))} stays "
+                "promised to them. A server or batch run that crashed left them; a vGPU server on this ledger gives "
+                "them back when it starts (jupyter server, then stop it), or delete the ledger if no server uses it",
+            )
 
 
 class _ServerCommand(_VGPUSubcommand):
@@ -422,6 +543,15 @@ def short_ids(kernel_ids: list[str]) -> dict[str, str]:
     return {kernel_id: kernel_id[:length] for kernel_id in kernel_ids}
 
 
+# Where JupyterHub serves its API unless configured otherwise (JupyterHub.hub_bind_url).
+DEFAULT_HUB_API_URL = "http://127.0.0.1:8081/hub/api"
+
+
+def _where(item: dict[str, Any]) -> str:
+    """What a slice is for, in one line: its notebook, else the command that started it."""
+    return item["path"] or " ".join(item.get("command", "").split()) or "-"
+
+
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
@@ -431,14 +561,24 @@ class StatusApp(_ServerCommand):
         help="Every user's slices on the node, from its broker, by GPU (a JupyterHub with jupyter_vgpu.hub). "
         "Needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN.",
     )
-    broker = Unicode("", config=True, help="The broker's URL for --all. Empty: $JUPYTER_VGPU_BROKER_URL.")
-    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker"}  # noqa: RUF012 -- traitlets' class-level table
+    broker = Unicode(
+        "",
+        config=True,
+        help="The broker's URL for --all. Empty: $JUPYTER_VGPU_BROKER_URL, else the URL of the hub's service "
+        "--service, asked of the hub's API at $JUPYTERHUB_API_URL (else JupyterHub's default, "
+        f"{DEFAULT_HUB_API_URL}).",
+    )
+    service = Unicode(
+        "vgpu", config=True, help="For --all: the broker's service name in the hub (the classroom file's broker.name)."
+    )
+    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker", "service": "StatusApp.service"}  # noqa: RUF012 -- traitlets' class-level table
     flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         if self.show_all:
             return self.run_all()
-        slices = self.client().slices()
+        client = self.client()
+        slices = client.slices()
         print(
             f"{'KERNEL':<10}{'NOTEBOOK':<28}{'GPU':>4}{'MEMORY USED / CAP':>22}{'SM % / SHARE':>15}{'POLICY':>8}  STATE"
         )
@@ -447,27 +587,34 @@ class StatusApp(_ServerCommand):
             memory = f"{format_size(usage['memory_bytes']) if usage['memory_bytes'] else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
-                f"{item['kernel_id'][:8]:<10}{(item['path'] or '-')[-27:]:<28}{item['device']['index']:>4}"
+                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{item['device']['index']:>4}"
                 f"{memory:>22}{sm:>15}{limits['policy']:>8}  {item['state']}"
             )
             for warning in item.get("warnings", ()):
                 print(f"{'':<10}warning: {warning}")
         if not slices:
             print("(no slices)")
+        for device in client.devices():
+            # Memory the GPU holds beyond the slices: not free, whatever the caps leave.
+            outside, over_cap = device.get("memory_outside_bytes", 0), device.get("memory_over_cap_bytes", 0)
+            if outside or over_cap:
+                print(
+                    f"GPU {device['index']}: {format_size(outside) if outside else '0'} in use outside any slice, "
+                    f"{format_size(over_cap) if over_cap else '0'} over its slice's cap; "
+                    f"{format_size(device['memory_free_bytes']) if device['memory_free_bytes'] else '0'} free for slices"
+                )
         return 0
 
     def run_all(self) -> int:
         from jupyter_vgpu.ledger import LedgerError
         from jupyter_vgpu.ledger.remote import RemoteLedger
 
-        url = self.broker or os.environ.get("JUPYTER_VGPU_BROKER_URL", "")
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
-        if not url:
-            raise UsageError("--all reads the node's broker: give --broker URL or set $JUPYTER_VGPU_BROKER_URL")
         if not token:
             raise UsageError(
                 "--all needs a hub token with custom:vgpu:admin (the vgpu-admin role) in $JUPYTERHUB_API_TOKEN"
             )
+        url = self.broker or os.environ.get("JUPYTER_VGPU_BROKER_URL", "") or self.broker_from_hub(token)
         try:
             with RemoteLedger(url.rstrip("/") + "/ledger", token, name="the node's GPU broker") as ledger:
                 usages, allocations = ledger.devices_usage(), ledger.allocations()
@@ -492,6 +639,38 @@ class StatusApp(_ServerCommand):
                     f"{format_size(allocation.memory_limit):>10}{allocation.sm_share:>6}%{allocation.policy:>8}"
                 )
         return 0
+
+    def broker_from_hub(self, token: str) -> str:
+        """The broker's URL as the hub knows its service (its url and prefix); a UsageError that
+        says what to pass where the hub cannot say."""
+        import urllib.error
+        import urllib.request
+
+        hub = os.environ.get("JUPYTERHUB_API_URL", "") or DEFAULT_HUB_API_URL
+        where = f"{hub.rstrip('/')}/services/{self.service}"
+        pass_instead = (
+            "give --broker URL (the broker's own address and prefix: http://127.0.0.1:<broker.port>/services/"
+            f"{self.service}/ with the classroom file's broker.port), or set $JUPYTERHUB_API_URL to the hub's API "
+            "(e.g. http://127.0.0.1:8081/hub/api)"
+        )
+        request = urllib.request.Request(where, headers={"Authorization": f"token {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                model = json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            why = (
+                f"the hub has no service {self.service!r} (see --service) or this token may not read it "
+                "(the vgpu-admin role may)"
+                if error.code in (403, 404)
+                else f"the hub answered {error.code} {error.reason}"
+            )
+            raise UsageError(f"--all: {why} ({where}); {pass_instead}") from None
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--all: cannot ask the hub at {hub} for the broker ({error}); {pass_instead}") from None
+        url, prefix = (model.get("url") or "", model.get("prefix") or "") if isinstance(model, dict) else ("", "")
+        if not url:
+            raise UsageError(f"--all: the hub's service {self.service!r} has no URL ({where}); {pass_instead}")
+        return url.rstrip("/") + "/" + prefix.lstrip("/")
 
 
 class ResizeApp(_ServerCommand):
@@ -791,6 +970,7 @@ class BrokerApp(JupyterApp):
 class HubProfilesApp(JupyterApp):
     name = "jupyter-vgpu-hub-profiles"
     version = __version__
+            limits.check_within(server.largest_slice)  # as the server's ledger would refuse the start
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
     config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
     groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")

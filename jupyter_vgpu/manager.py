@@ -8,21 +8,32 @@ Imports go one way: handlers and provisioners -> manager -> ledger, holders.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu.holders import Holder, SliceUsage
+from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, UnknownSlice
+from jupyter_vgpu.holders.suspender import Suspender
+from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
 
 WARNINGS_KEY = "warnings"
+# Metadata of a slice whose kernel changed its own limits (the holder put them back): the last
+# change found, how many were found, and when (time.time()).
+TAMPERED_KEY = "tampered"
+# Metadata of a slice kept after its kernel ended because some of its processes could not be
+# stopped (another user's): why, in a sentence.
+KEPT_KEY = "kept_because"
 # Metadata of a slice that a batch run admitted to this ledger (a kernel of nbconvert, papermill
 # or nbclient, started by the provisioner outside any server): the pid and start time of the
 # process that started the kernel, which releases the slice when the kernel ends.
@@ -59,7 +70,34 @@ class SliceStatus:
 
     @property
     def warnings(self) -> list[str]:
-        return [*self.allocation.metadata.get(WARNINGS_KEY, []), *self.usage.warnings]
+        metadata = self.allocation.metadata
+        tampered, kept = self.tamper_warning, metadata.get(KEPT_KEY)
+        # WARNINGS_KEY: the list a ledger of an earlier version may still hold for the slice.
+        return [*metadata.get(WARNINGS_KEY, []), *self.usage.warnings, *filter(None, [tampered, kept])]
+
+    @property
+    def memory_over_cap(self) -> int:
+        return max(0, self.usage.memory_used - self.allocation.memory_limit)
+
+    @property
+    def tamper_warning(self) -> str | None:
+        """One sentence, however often the kernel changed its limits: what it did (the last
+        time), and what it means now, read from what its processes hold at this reading."""
+        tampered = self.allocation.metadata.get(TAMPERED_KEY)
+        if not isinstance(tampered, dict):
+            return None
+        times = tampered.get("times", 1)
+        again = f" ({times} times)" if times > 1 else ""
+        cap = format_size(self.allocation.memory_limit)
+        over = self.memory_over_cap
+        if over:
+            meaning = (
+                f"its processes hold {format_size(self.usage.memory_used)}, {format_size(over)} over the {cap} cap; "
+                "that stays held, and counts against the GPU's free memory, until the kernel frees it"
+            )
+        else:
+            meaning = f"its processes hold no more than the {cap} cap"
+        return f"{tampered.get('found', '')}{again}; {meaning}"
 
 
 def start_refusal(error: CapacityError) -> str:
@@ -168,11 +206,58 @@ class SliceManager(LoggingConfigurable):
         self.holder(allocation).apply_limits(allocation)
         return allocation
 
+    def stop_processes(self, allocation: Allocation) -> list[str]:
+        """Stop every process of the slice of a kernel that is gone (children that outlived it
+        included), so that what they hold on the GPU is free before the slice is released.
+        Returns why some could not be stopped, having recorded it with the slice, which must
+        then be kept: its memory is still held."""
+        problems = self.holder(allocation).stop(allocation)
+        if problems:
+            why = (
+                f"the kernel is gone but its slice is kept: {'; '.join(problems)}; its GPU memory stays "
+                "held until they exit"
+            )
+            if why == allocation.metadata.get(KEPT_KEY):
+                return problems  # said already; the watcher tries again at every tick
+            self.log.warning("kernel %s: %s", allocation.kernel_id, why)
+            with contextlib.suppress(UnknownSlice):
+                self.ledger.update_metadata(allocation.kernel_id, **{KEPT_KEY: why})
+        return problems
+
+    def release_gone(self, allocation: Allocation) -> Allocation | None:
+        """Release the slice of a kernel that is gone, once none of its processes holds the
+        device; returns the released allocation, or None where the slice is kept."""
+        if self.stop_processes(allocation):
+            return None
+        return self.release(allocation.kernel_id)
+
     def release(self, kernel_id: str) -> Allocation | None:
         allocation = self.ledger.release(kernel_id)
         for holder in self.holders.values():
             holder.release(kernel_id)
         return allocation
+
+    # -- suspending idle kernels (issue 18) ---------------------------------------------------
+
+    @functools.cached_property
+    def suspender(self) -> Suspender:
+        """Carries out suspends and resumes of local slices (holders/suspender.py)."""
+        holder = self.holders.get("local")
+        if not isinstance(holder, LocalHolder):
+            raise NotSupported("this server holds no local slices, which are the only ones suspended")
+        return Suspender(self.ledger, holder)
+
+    def suspend(self, kernel_id: str, *, lock_timeout: float = 5.0) -> Allocation:
+        """Move the kernel's GPU memory to host memory and lend its slice's room (blocks: call
+        from a worker thread). Raises UnknownSlice; NotSupported with the reasons it cannot be
+        suspended here; SuspendRefused where a process did not stop its GPU work within
+        ``lock_timeout`` seconds (it stays running)."""
+        return self.suspender.suspend(self.get(kernel_id), lock_timeout=lock_timeout)
+
+    def resume(self, kernel_id: str) -> Allocation:
+        """Take a suspended kernel's room back on its device, then restore its memory (blocks).
+        Raises UnknownSlice; CapacityError (still suspended) where its room is taken."""
+        return self.suspender.resume(self.get(kernel_id))
 
     def report_usage(self, kernel_id: str, report: dict[str, Any]) -> Allocation:
         """Take a usage report from a kernel that runs elsewhere (a pod's agent) and return its
@@ -218,17 +303,18 @@ class SliceManager(LoggingConfigurable):
     def status(self, allocation: Allocation) -> SliceStatus:
         usage = self.holder(allocation).usage(allocation)
         if usage.warnings:
-            # Kept with the slice, so it stays flagged after the holder put things right.
-            for warning in usage.warnings:
-                self.log.warning("kernel %s: %s", allocation.kernel_id, warning)
-            known = allocation.metadata.get(WARNINGS_KEY, [])
-            try:
+            # Limits the kernel changed and the holder put back: kept with the slice, so it stays
+            # flagged after the holder put things right; one entry, the last change and a count.
+            found = "; ".join(usage.warnings)
+            previous = allocation.metadata.get(TAMPERED_KEY)
+            times = previous.get("times", 1) + 1 if isinstance(previous, dict) else 1
+            with contextlib.suppress(UnknownSlice):
                 allocation = self.ledger.update_metadata(
-                    allocation.kernel_id, **{WARNINGS_KEY: [*known, *usage.warnings]}
+                    allocation.kernel_id, **{TAMPERED_KEY: {"found": found, "times": times, "at": time.time()}}
                 )
-            except UnknownSlice:
-                pass
-            usage = SliceUsage(usage.state, usage.processes, usage.sm_util_percent)
+            status = SliceStatus(allocation, replace(usage, warnings=[]))
+            self.log.warning("kernel %s: %s", allocation.kernel_id, status.tamper_warning)
+            return status
         return SliceStatus(allocation, usage)
 
     def statuses(self) -> list[SliceStatus]:
@@ -245,13 +331,17 @@ class SliceManager(LoggingConfigurable):
         removed. Returns what was released. A slice a batch run admitted (see
         :func:`held_by_batch_run`) stays while the process that started its kernel runs.
         """
+        kept = set()
         for allocation in self.ledger.allocations():
             if held_by_batch_run(allocation):
                 continue  # a batch run's kernel: its own process releases the slice
             if self.holder(allocation).is_alive(allocation):
                 self.log.warning("stopping orphaned kernel %s left by a previous server", allocation.kernel_id)
-                self.holder(allocation).stop(allocation)
-        released = self.ledger.reconcile(held_by_batch_run)
+            if self.stop_processes(allocation):
+                kept.add(allocation.kernel_id)
+        released = self.ledger.reconcile(
+            lambda allocation: held_by_batch_run(allocation) or allocation.kernel_id in kept
+        )
         for allocation in released:
             self.release(allocation.kernel_id)
         kept = {allocation.kernel_id for allocation in self.ledger.allocations()}

@@ -41,6 +41,9 @@ COMMON_FLAGS = [
     "-Wextra",
     "-Werror",
     f"-I{INCLUDE}",
+    # Binds glibc's functions to versions that glibc 2.28 has (the wheel is manylinux_2_28).
+    "-include",
+    "vgpu/glibc_floor.h",
 ]
 
 
@@ -51,7 +54,9 @@ class Library:
     output: str  # path relative to the output directory
     directories: tuple[str, ...]  # relative to native/
     exports: str  # version script, or the hook list (.def) one is generated from; relative to native/
-    libraries: tuple[str, ...] = ("-ldl", "-lpthread")
+    # By file name, and kept when the linker sees no use of them: on glibc < 2.34 the versions
+    # glibc_floor.h binds to live in these two (on newer glibc they are empty stubs).
+    libraries: tuple[str, ...] = ("-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0", "-Wl,--as-needed")
     # Linker flags of this library alone. The simulated driver and NVML link with -Bsymbolic: a
     # call from one of their entry points to another (nvmlDeviceGetCount_v2 to nvmlDeviceGetCount)
     # stays inside the library, as in a real driver, instead of re-entering a preloaded

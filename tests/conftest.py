@@ -165,6 +165,23 @@ def compile_c(host_machine):
 
 
 @pytest.fixture
+def checkpoint_targets(compile_c):
+    """start(env, size) -> a running support.CheckpointTarget; any still running at the end is killed."""
+    from support import CheckpointTarget
+
+    program = compile_c("checkpoint_probe")
+    started: list[CheckpointTarget] = []
+
+    def start(env: dict[str, str], size: str) -> CheckpointTarget:
+        started.append(CheckpointTarget(program, env, size))
+        return started[-1]
+
+    yield start
+    for target in started:
+        target.kill()
+
+
+@pytest.fixture
 def sim_env(native_libs, tmp_path) -> dict[str, str]:
     """Environment of a process on a private simulated machine (its own state file)."""
     env = dict(os.environ)

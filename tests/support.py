@@ -27,6 +27,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def write_vgpu_kernelspec(folder: Path, display_name: str, config: dict[str, str] | None = None) -> None:
+    """A kernelspec in `folder` (made) whose kernels the vGPU provisioner starts, with `config`
+    (None: the provisioner's own defaults, as the kernelspec jupyter-vgpu ships)."""
+    folder.mkdir(parents=True)
+    provisioner: dict = {"provisioner_name": "vgpu-provisioner"}
+    if config is not None:
+        provisioner["config"] = config
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": display_name,
+        "language": "python",
+        "metadata": {"kernel_provisioner": provisioner},
+    }
+    (folder / "kernel.json").write_text(json.dumps(spec))
+
+
+def run_checked(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs `command` to its end (text output captured); fails the test with its stderr unless it
+    exits 0."""
+    result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""
@@ -38,6 +62,46 @@ def wait_for(condition, timeout: float, message: str = "condition", interval: fl
         time.sleep(interval)
         value = condition()
     return value
+
+
+class CheckpointTarget:
+    """`checkpoint_probe target BYTES` (tests/programs/checkpoint_probe.c): a process that has
+    written a pattern into BYTES of device memory and obeys commands on stdin."""
+
+    def __init__(self, program: Path, env: dict[str, str], size: str):
+        pipe = subprocess.PIPE
+        self.process = subprocess.Popen(
+            [program, "target", size], env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True
+        )
+        self.lines: dict[str, str] = {}  # the latest line of each key
+        self.wait_for("ready")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_for(self, key: str) -> str:
+        """Reads output until a line starting with `key`; returns the rest of that line. No
+        timeout of its own: the test's (pytest-timeout) ends a wait on a process that hangs."""
+        while key not in self.lines:
+            line = self.process.stdout.readline()
+            if not line:
+                raise AssertionError(f"checkpoint_probe ended before '{key}': {self.process.stderr.read()}")
+            name, _, value = line.strip().partition(" ")
+            self.lines[name] = value
+        return self.lines[key]
+
+    def ask(self, command: str, answer: str) -> str:
+        """Sends one command line and waits for its answer line."""
+        self.lines.pop(answer, None)
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.wait_for(answer)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate()
 
 
 def listed_slice(

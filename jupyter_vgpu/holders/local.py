@@ -8,16 +8,19 @@ doctor's probe and kernels started without a server alike, in one private folder
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
+import time
 import uuid as uuidlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jupyter_vgpu.holders import SliceUsage
+from jupyter_vgpu.holders.base import SliceUsage
+from jupyter_vgpu.holders.device_memory import kernel_pid, process_running, read_devices, slice_processes
 from jupyter_vgpu.holders.pages import page_path
 from jupyter_vgpu.holders.region import LimitsPage, Region, RegionError, default_limits_path, process_start_time
 from jupyter_vgpu.ledger import Allocation, LedgerError, UnknownSlice
@@ -39,6 +42,9 @@ LIMITS_VARIABLE = "VGPU_LIMITS"
 # folder: the slice of a batch kernel (nbconvert, papermill) admitted to a server's ledger by a
 # provisioner outside that server, whose region is in the standalone folder.
 REGION_PATH_KEY = "region_path"
+# How long a stopped slice's processes may take to exit after SIGKILL (the kernel tears down its
+# GPU memory on exit; a process stuck in the driver may take a moment).
+STOP_WAIT_S = 5.0
 
 
 def default_region_dir(*, standalone: bool = False) -> Path:
@@ -50,8 +56,12 @@ def default_region_dir(*, standalone: bool = False) -> Path:
 
 
 def private_folder(path: Path) -> Path:
-    """``path`` made (with its parents) and closed to other users, whatever umask made it."""
-    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    """``path`` made (with its parents) and closed to other users, whatever umask made it. The
+    parents it makes are private too: `jupyter vgpu run` makes regions/standalone, and the
+    regions folder it made on the way is a server's region folder later."""
+    if not path.parent.exists():
+        private_folder(path.parent)
+    path.mkdir(exist_ok=True, mode=PRIVATE_FOLDER)
     if path.stat().st_mode & 0o077:
         path.chmod(PRIVATE_FOLDER)
     return path
@@ -186,7 +196,7 @@ class LocalHolder:
             warnings.append(drift)
         processes = region.processes()
         return SliceUsage(
-            state="running" if processes else "idle",
+            state="running" if processes else "unused",
             processes=processes,
             sm_util_percent=region.sm_util_permille / 10 if processes else 0.0,
             warnings=warnings,
@@ -211,19 +221,80 @@ class LocalHolder:
             f"{_limits_text(allocation.limits)}); the server restored them"
         )
 
+    def known_processes(self, allocation: Allocation) -> dict[int, int]:
+        """The slice's processes this holder knows, with the bytes each holds by the interposer's
+        count: every live process in the region's slots (children of the kernel included, since
+        they inherit the preload), and the kernel's own pid."""
+        known = kernel_pid(allocation)
+        try:
+            with self._region_of(allocation) as region:
+                known.update((process.pid, process.used) for process in region.processes())
+        except RegionError:
+            pass  # the region is gone: the kernel's pid is all there is
+        return known
+
     def is_alive(self, allocation: Allocation) -> bool:
         info = allocation.metadata.get("provisioner_info", {})
         pid, start_time = info.get("pid"), info.get("pid_start_time")
-        return bool(pid and start_time and process_start_time(pid) == start_time)
+        # A zombie has ended (it holds no GPU memory) whether or not its parent reaped it yet.
+        return bool(pid and start_time and process_running(pid, start_time))
 
-    def stop(self, allocation: Allocation) -> None:
-        if not self.is_alive(allocation):
-            return
-        pid = allocation.metadata["provisioner_info"]["pid"]
+    def slice_processes(self, allocation: Allocation) -> dict[int, int]:
+        """Every process of the slice that still runs, with its start time: the kernel, the live
+        processes in the region's slots (a child in a session of its own, a grandchild: whatever
+        inherited the preload and used the GPU), and those NVML lists as holding a device that
+        descend from one of them (a child that cleared the preload)."""
+        known = set(self.known_processes(allocation))
+        listed = [pid for holding in read_devices().values() for pid in holding.processes]
+        known.update(slice_processes([allocation], listed, self.known_processes)[0])
+        return {pid: start for pid in known if (start := process_start_time(pid)) and process_running(pid, start)}
+
+    # -- suspending (issue 18; the checkpointing itself is holders/suspender.py's) -------------
+
+    def set_suspended(self, allocation: Allocation, suspended: bool) -> None:
+        """Raise or clear the limits page's suspended flag, which makes the slice's processes
+        count their CUDA calls as resume requests (see :meth:`resume_requests`)."""
+        with self._region_of(allocation) as region:
+            region.set_suspended(suspended)
+
+    def resume_requests(self, allocation: Allocation) -> int:
+        """CUDA calls the slice's live processes made while it was suspended, ever."""
         try:
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+            with self._region_of(allocation) as region:
+                return region.resume_requests()
+        except RegionError:
+            return 0
+
+    def uses_managed_memory(self, allocation: Allocation) -> bool:
+        with self._region_of(allocation) as region:
+            return region.uses_managed_memory()
+
+    def stop(self, allocation: Allocation) -> list[str]:
+        """Stop the kernel and every other process of its slice (SIGKILL), and wait for them to
+        exit, so that what they held is free before the slice is released. Returns why a process
+        could not be stopped (another user's, or one that does not exit), for which the slice must
+        be kept; an empty list when none of its processes runs any more."""
+        if self.is_alive(allocation):
+            pid = allocation.metadata["provisioner_info"]["pid"]
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)  # its process group first, in one call
+        running = self.slice_processes(allocation)
+        problems = []
+        for pid in list(running):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                running.pop(pid)
+            except PermissionError:
+                running.pop(pid)
+                problems.append(f"process {pid} is {_owner_of(pid)}'s, which this server cannot stop")
+        deadline = time.monotonic() + STOP_WAIT_S
+        while running and time.monotonic() < deadline:
+            running = {pid: start for pid, start in running.items() if process_running(pid, start)}
+            if running:
+                time.sleep(0.01)  # SIGKILL is sent; an exit has no event to wait on from here
+        problems += [f"process {pid} did not exit within {STOP_WAIT_S:g} s of SIGKILL" for pid in running]
+        return problems
 
     def release(self, kernel_id: str) -> None:
         region = self._regions.pop(kernel_id, None)
@@ -242,29 +313,45 @@ class LocalHolder:
         return swept
 
 
-def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *, simulate: bool) -> int:
-    """Run a command inside a fresh slice and return its exit status (128 + N if killed by signal N).
+def _owner_of(pid: int) -> str:
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "another user"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"user {uid}"
+
+
+def run_command(command: Sequence[str], env: dict[str, str], *, started: Callable[[int], None] | None = None) -> int:
+    """Run a command with ``env`` and return its exit status (128 + N if killed by signal N),
+    telling ``started`` its pid once it runs.
 
     Signals sent to this process are passed on to the command, so Ctrl-C reaches the program
     rather than leaving it running in a slice whose region is being removed.
     """
+    try:
+        child = subprocess.Popen(list(command), env=env)
+    except OSError as error:
+        raise FileNotFoundError(f"cannot start {command[0]!r}: {error.strerror}") from None
+    previous = {sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in FORWARDED_SIGNALS}
+    try:
+        if started is not None:
+            started(child.pid)
+        status = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
+
+
+def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *, simulate: bool) -> int:
+    """Run a command inside a fresh slice that no ledger counts and return its exit status."""
     holder, name = LocalHolder(default_region_dir(standalone=True), simulate=simulate), uuidlib.uuid4().hex
     region = holder.new_region(name, limits, device)
     try:
-        env = slice_environment(region, simulate=simulate)
-        try:
-            child = subprocess.Popen(list(command), env=env)
-        except OSError as error:
-            raise FileNotFoundError(f"cannot start {command[0]!r}: {error.strerror}") from None
-        previous = {
-            sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in FORWARDED_SIGNALS
-        }
-        try:
-            status = child.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return 128 - status if status < 0 else status
+        return run_command(command, slice_environment(region, simulate=simulate))
     finally:
         region.close()
         holder.release(name)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-from jupyter_vgpu.holders import SliceUsage
+from jupyter_vgpu.holders.base import SliceUsage
 from jupyter_vgpu.holders.region import ProcessUsage
 from jupyter_vgpu.ledger import Allocation, CapacityError
 from jupyter_vgpu.model import SliceLimits, format_size
@@ -164,10 +164,11 @@ class PodHolder:
             self._warn("cannot tell whether the pod of kernel %s still runs: %s", allocation.kernel_id, error)
             return False
 
-    def stop(self, allocation: Allocation) -> None:
+    def stop(self, allocation: Allocation) -> list[str]:
         pod = allocation.metadata.get(POD_KEY)
         if pod:
             self._delete(pod["namespace"], pod["name"])
+        return []  # the cluster frees what a deleted pod held
 
     def release(self, kernel_id: str) -> None:
         with self._lock:

@@ -76,21 +76,29 @@ class ProcessUsage:
     throttled_ns: int
     sm_util_permille: int
     oom_refusals: int
+    resume_requests: int = 0  # CUDA calls made while its slice was suspended
+    managed_allocations: int = 0  # cuMemAllocManaged calls that succeeded
 
     @property
     def used(self) -> int:
         return self.allocated + self.driver_reserved
 
 
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat, or 0 when the process is gone (as vgpu/proc.h)."""
+def proc_stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (field 3, the state, first), or an
+    empty list when the process is gone. Readable for every user's processes."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
     except OSError:
-        return 0
-    fields = text[text.rindex(b")") + 2 :].split()
-    return int(fields[19])
+        return []
+    return text[text.rindex(b")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat, or 0 when the process is gone (as vgpu/proc.h)."""
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields else 0
 
 
 LIMITS_SUFFIX = ".limits"
@@ -295,6 +303,17 @@ class LimitsPage(_MappedFile):
         with self._writing():
             _publish(self.raw, limits)
 
+    @property
+    def suspended(self) -> bool:
+        """Whether the publisher holds the slice's processes suspended (checkpointed)."""
+        return bool(self.raw.suspended)
+
+    def set_suspended(self, suspended: bool) -> None:
+        """Tell the slice's processes it is suspended (set before the checkpoint, cleared after
+        the resume): their hooked CUDA calls then count resume requests (Region.resume_requests)."""
+        with self._writing():
+            self.raw.suspended = int(suspended)
+
     @contextmanager
     def _writing(self) -> Iterator[None]:
         if not self.writable:
@@ -434,6 +453,13 @@ class Region(_MappedFile):
     def device_index(self) -> int:
         return self.page.device_index
 
+    @property
+    def suspended(self) -> bool:
+        return self.page.suspended
+
+    def set_suspended(self, suspended: bool) -> None:
+        self.page.set_suspended(suspended)
+
     # -- usage -------------------------------------------------------------------------------
 
     def _slots(self) -> Iterator[Any]:
@@ -457,6 +483,8 @@ class Region(_MappedFile):
                 throttled_ns=slot.throttled_ns,
                 sm_util_permille=slot.sm_util_permille,
                 oom_refusals=slot.oom_refusals,
+                resume_requests=slot.resume_requests,
+                managed_allocations=slot.managed_allocations,
             )
             for slot in self._slots()
             if slot.pid > 0 and process_start_time(slot.pid) == slot.start_time
@@ -465,6 +493,16 @@ class Region(_MappedFile):
     def used_bytes(self) -> int:
         """Bytes the slice holds: what its live processes allocated plus their driver memory."""
         return sum(process.used for process in self.processes())
+
+    def resume_requests(self) -> int:
+        """Hooked CUDA calls the live processes made while the slice was suspended, ever: a
+        watcher that sees this grow resumes the slice (those calls wait in the driver)."""
+        return sum(process.resume_requests for process in self.processes())
+
+    def uses_managed_memory(self) -> bool:
+        """Whether a live process of the slice has allocated managed (unified) memory, which the
+        driver cannot suspend (freed or not: the interposer counts allocations only)."""
+        return any(process.managed_allocations for process in self.processes())
 
     @property
     def sm_util_permille(self) -> int:

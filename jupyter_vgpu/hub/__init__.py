@@ -191,7 +191,8 @@ def _configure_local(c: Config, classroom: Classroom) -> None:
         {
             "name": ADMIN_ROLE,
             "description": "See and resize every user's GPU slices (the vGPU broker)",
-            "scopes": [ADMIN_SCOPE, access],
+            # read:services: `jupyter vgpu status --all` finds the broker's URL from the hub.
+            "scopes": [ADMIN_SCOPE, access, f"read:services!service={name}"],
             "users": list(classroom.admins),
             "groups": list(classroom.admin_groups),
         },

@@ -40,6 +40,7 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from jupyter_vgpu._version import __version__
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid
 from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
@@ -248,6 +249,9 @@ class Broker:
             burst_oversubscription=classroom.gpus.burst_oversubscription,
             placement=classroom.gpus.placement,
             observers=[self.pages],
+            # What the GPUs hold beyond the slices, attributed by process ancestry: the users'
+            # regions are theirs, but the kernels' pids (and /proc) are not secret.
+            reader=DeviceMemoryReader(kernel_pid),
         )
         # Pages survive a crash of the broker; make them the ledger's again, drop released ones.
         self.pages.sync(self.ledger.allocations())

@@ -50,11 +50,13 @@ def render_form(classroom: Classroom, groups: list[str], chosen: str | None = No
     details = "\n".join(
         f"<dt>{html.escape(size.display_name)}</dt><dd>{html.escape(size.description)}</dd>" for size in sizes
     )
+    # Bootstrap 5's classes, as JupyterHub 5 and 6 pages use them: with Bootstrap 3's form-control
+    # the select rendered like a text box, without its arrow.
     return (
-        '<div class="form-group">\n'
-        f'<label for="vgpu-profile">GPU size</label>\n'
-        f'<select class="form-control" id="vgpu-profile" name="{FORM_FIELD}">\n{options}\n</select>\n'
-        f'<dl class="help-block">\n{details}\n</dl>\n'
+        '<div class="mb-3">\n'
+        f'<label class="form-label" for="vgpu-profile">GPU size</label>\n'
+        f'<select class="form-select" id="vgpu-profile" name="{FORM_FIELD}">\n{options}\n</select>\n'
+        f'<dl class="form-text">\n{details}\n</dl>\n'
         "</div>"
     )
 

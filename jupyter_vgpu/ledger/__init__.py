@@ -7,12 +7,14 @@ the same contract tests (tests/ledger).
 """
 
 from jupyter_vgpu.ledger.base import (
+    SUSPENDED_KEY,
     Allocation,
     CapacityError,
     DeviceUsage,
     Ledger,
     LedgerError,
     LedgerFileError,
+    NotSupported,
     OwnerBudget,
     SliceExists,
     UnknownSlice,
@@ -20,6 +22,7 @@ from jupyter_vgpu.ledger.base import (
 from jupyter_vgpu.ledger.embedded import EmbeddedLedger
 
 __all__ = [
+    "SUSPENDED_KEY",
     "Allocation",
     "CapacityError",
     "DeviceUsage",
@@ -27,6 +30,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerFileError",
+    "NotSupported",
     "OwnerBudget",
     "SliceExists",
     "UnknownSlice",

@@ -8,11 +8,18 @@ decisions through the holders.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits
+
+# An allocation's metadata key while its slice is suspended (its processes checkpointed to host
+# memory): {"host_memory": bytes moved to host memory, "at": epoch seconds, ...what the suspender
+# needs to resume it}. A suspended slice keeps its claim and counts against its owner's budget,
+# but takes no room on its device: its memory and SM share are lent to other slices until
+# Ledger.resume admits it there again.
+SUSPENDED_KEY = "suspended"
 
 
 class LedgerError(RuntimeError):
@@ -37,6 +44,10 @@ class CapacityError(Exception):
         self.resource = resource
         self.requested = requested
         self.available = available
+
+
+class NotSupported(RuntimeError):
+    """What this ledger cannot do (a broker's ledger and suspending slices); the message says so."""
 
 
 class _MessageKeyError(KeyError):
@@ -92,10 +103,45 @@ class Allocation:
     def limits(self) -> SliceLimits:
         return SliceLimits(self.memory_limit, self.sm_share, self.policy)
 
+    @property
+    def suspended(self) -> bool:
+        """Whether the slice is suspended: its processes' memory is in host memory, and its room
+        on the device is lent to others (see SUSPENDED_KEY)."""
+        return isinstance(self.metadata.get(SUSPENDED_KEY), dict)
+
+    @property
+    def host_memory(self) -> int:
+        """Bytes of the slice's processes held in host memory while it is suspended (else 0)."""
+        state = self.metadata.get(SUSPENDED_KEY)
+        return int(state.get("host_memory", 0)) if isinstance(state, dict) else 0
+
+
+@dataclass(frozen=True)
+class UnpromisedMemory:
+    """Memory a device really holds (NVML) that the ledger never promised, so must not promise
+    again: ``outside`` is held by processes of no slice (another program, a process that escaped
+    its slice, what a dead server left), ``over_cap`` by slices' processes past their caps (a
+    kernel that raised its own cap and allocated before the server put it back)."""
+
+    outside: int = 0
+    over_cap: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.outside + self.over_cap
+
+
+# What each device (by UUID) holds beyond the given allocations' promises, read when a decision
+# is made. The ledger knows no processes: whoever can see them (the server's holders, the
+# broker's process table) supplies the reading.
+DeviceReader = Callable[[list[Allocation]], Mapping[str, UnpromisedMemory]]
+
 
 @dataclass(frozen=True)
 class DeviceUsage:
-    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst)."""
+    """What one device holds. ``share_capacity`` is the cap on ``total_share`` (hard + burst).
+    ``memory_outside`` and ``memory_over_cap`` are what the device held beyond the ledger's
+    promises when this was read (see :class:`UnpromisedMemory`); ``memory_free`` excludes them."""
 
     device: Device
     memory_capacity: int
@@ -105,6 +151,8 @@ class DeviceUsage:
     total_share: int
     share_capacity: int
     slices: int
+    memory_outside: int = 0
+    memory_over_cap: int = 0
 
     def share_free(self, policy: str) -> int:
         """The largest share one more slice of this policy could have."""
@@ -167,6 +215,17 @@ class Ledger(Protocol):
         ...
 
     def update_metadata(self, kernel_id: str, **fields) -> Allocation: ...
+
+    def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
+        """Mark a slice suspended once its processes hold nothing on its device: its memory and
+        SM share are free there for others, its claim (and its owner's budget) kept. ``details``
+        are kept with the state (what a resume needs). Raises UnknownSlice."""
+        ...
+
+    def resume(self, kernel_id: str) -> Allocation:
+        """Admit a suspended slice on its device again, before its processes are restored;
+        raises CapacityError where it no longer fits (it stays suspended), UnknownSlice."""
+        ...
 
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone; returns the released."""

@@ -11,6 +11,12 @@ Capacity of a device: its memory less ``reserve``; SM shares in percent, where t
 shares add up to at most 100 and all shares (``hard`` and ``burst``) to at most
 ``100 * burst_oversubscription``. Burst slices may run above their share when the GPU is idle,
 so promising more than 100% of them is safe; hard slices are a guarantee, so it is not.
+
+What the device really holds: memory NVML shows in use that no promise covers (a program outside
+any slice, a slice past its cap, what a dead server left) is taken off a device's free memory in
+every admission, growth and usage reading, read by the ``reader`` given (see
+:data:`~jupyter_vgpu.ledger.base.DeviceReader`) inside the decision itself, so it is as fresh as
+the decision.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,13 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
+    SUSPENDED_KEY,
     Allocation,
     CapacityError,
+    DeviceReader,
     DeviceUsage,
     LedgerFileError,
     OwnerBudget,
     SliceExists,
     UnknownSlice,
+    UnpromisedMemory,
 )
 from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits, SliceValueError, format_size, select_device
 
@@ -196,6 +205,7 @@ class EmbeddedLedger:
         server_memory_limit: int | None = None,
         server_slice_limit: int | None = None,
         observers: Sequence[ChangeObserver] = (),
+        reader: DeviceReader | None = None,
     ):
         if reserve < 0:
             raise ValueError(f"reserve must be zero or more bytes, not {reserve!r}")
@@ -211,6 +221,8 @@ class EmbeddedLedger:
         self.server_memory_limit = server_memory_limit
         self.server_slice_limit = server_slice_limit
         self.observers = tuple(observers)
+        # Set after construction where the reading needs what is built from the ledger (holders).
+        self.reader = reader
         self._changes: list[tuple[Allocation | None, Allocation | None]] = []
         # One connection per Ledger: threads of this process take turns through the lock (cheaper
         # than each waiting on SQLite's file lock), other processes wait in SQLite's busy handler.
@@ -301,7 +313,8 @@ class EmbeddedLedger:
     def devices_usage(self) -> list[DeviceUsage]:
         with self._lock:
             held = self._held(self._connection)
-        return self._usages(held)
+            unpromised = self._unpromised(self._connection)
+        return self._usages(held, unpromised)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -338,7 +351,7 @@ class EmbeddedLedger:
             self._check_server_memory(held.memory, limits.memory_limit)
             if budget is not None:
                 _check_budget(budget, self._owned(db, owner), limits, new=True)
-            usages = self._usages(held)
+            usages = self._usages(held, self._unpromised(db) if local else {})
             if named is not None:
                 usages = [usage for usage in usages if usage.device.uuid == named.uuid]
             chosen = self._place(limits, usages, named=named is not None) if local else None
@@ -402,7 +415,9 @@ class EmbeddedLedger:
             if wanted.memory_limit > current.memory_limit:
                 self._check_server_memory(others.memory, wanted.memory_limit, resizing=kernel_id)
             if current.holder == "local":  # elsewhere, the holder checks what the cluster granted
-                self._check_resize_fits(kernel_id, current, wanted, others)
+                # Read as if the slice had its new cap already: what it holds up to that is its own.
+                unpromised = self._unpromised(db, replace(current, memory_limit=wanted.memory_limit))
+                self._check_resize_fits(kernel_id, current, wanted, others, unpromised)
             if budget is not None:
                 owned = self._owned(db, current.owner, excluding=kernel_id)
                 _check_budget(budget, owned, wanted, new=False, current=current.limits)
@@ -434,6 +449,52 @@ class EmbeddedLedger:
                 "UPDATE allocations SET metadata = ? WHERE kernel_id = ?", (json.dumps(updated.metadata), kernel_id)
             )
         return updated
+
+    def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
+        """Mark a slice suspended (its processes checkpointed, their device memory released): from
+        this decision on its memory and SM share are free on its device for other admissions and
+        resizes, while the slice keeps its claim and counts against its owner's budget. What its
+        processes still hold on the device counts as held beyond the promises (the reader sees a
+        cap of 0), so memory a "suspended" slice still holds is never lent."""
+        if host_memory < 0:
+            raise ValueError(f"host_memory must be zero or more bytes, not {host_memory!r}")
+        with self._decision() as db:
+            current = self._get(db, kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            state = {**(details or {}), "host_memory": host_memory, "at": time.time()}
+            suspended = replace(current, metadata={**current.metadata, SUSPENDED_KEY: state})
+            db.execute(
+                "UPDATE allocations SET metadata = ? WHERE kernel_id = ?", (json.dumps(suspended.metadata), kernel_id)
+            )
+        return suspended
+
+    def resume(self, kernel_id: str) -> Allocation:
+        """Admit a suspended slice on its device again (memory and share, against what the others
+        hold now and what the device really holds); raises CapacityError, leaving it suspended,
+        where it does not fit. A slice that is not suspended is returned as it is."""
+        with self._decision() as db:
+            current = self._get(db, kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            if not current.suspended:
+                return current
+            resumed = replace(current, metadata={**current.metadata, SUSPENDED_KEY: None})
+            if current.holder == "local":
+                # Read as if it were running again: what its processes hold is then its own.
+                usage = next(
+                    (
+                        usage
+                        for usage in self._usages(self._held(db), self._unpromised(db, resumed))
+                        if usage.device.uuid == current.device_uuid
+                    ),
+                    None,
+                )
+                _check_resume_fits(current, usage)
+            db.execute(
+                "UPDATE allocations SET metadata = ? WHERE kernel_id = ?", (json.dumps(resumed.metadata), kernel_id)
+            )
+        return resumed
 
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone (after a restart); returns the released.
@@ -485,7 +546,9 @@ class EmbeddedLedger:
     def _held(db: sqlite3.Connection, excluding: str | None = None) -> _Held:
         rows = db.execute(
             "SELECT device_uuid, SUM(memory_limit), SUM(CASE policy WHEN 'hard' THEN sm_share ELSE 0 END),"
-            " SUM(sm_share), COUNT(*) FROM allocations WHERE kernel_id IS NOT ? GROUP BY device_uuid",
+            " SUM(sm_share), COUNT(*) FROM allocations WHERE kernel_id IS NOT ?"
+            # A suspended slice's room is lent to the others (its owner's budget still counts it).
+            f" AND json_extract(metadata, '$.{SUSPENDED_KEY}') IS NULL GROUP BY device_uuid",
             (excluding,),
         ).fetchall()
         by_device = {uuid: tuple(sums) for uuid, *sums in rows}
@@ -505,21 +568,38 @@ class EmbeddedLedger:
         ).fetchone()
         return memory, share, slices
 
-    def _usages(self, held: _Held) -> list[DeviceUsage]:
+    def _unpromised(self, db: sqlite3.Connection, changed: Allocation | None = None) -> Mapping[str, UnpromisedMemory]:
+        """What each device holds beyond the promises, by the reader; ``changed`` stands in for
+        its own row (a resize's slice at its new cap)."""
+        if self.reader is None:
+            return {}
+        rows = db.execute(f"SELECT {_COLUMNS} FROM allocations").fetchall()
+        allocations = [_allocation(row) for row in rows]
+        if changed is not None:
+            allocations = [changed if a.kernel_id == changed.kernel_id else a for a in allocations]
+        # A suspended slice is promised nothing on its device: whatever its processes still hold
+        # there is beyond the promises, and not lent.
+        allocations = [replace(a, memory_limit=0) if a.suspended else a for a in allocations]
+        return self.reader(allocations)
+
+    def _usages(self, held: _Held, unpromised: Mapping[str, UnpromisedMemory]) -> list[DeviceUsage]:
         usages = []
         for device in self._devices:
             memory, hard_share, total_share, slices = held.by_device.get(device.uuid, (0, 0, 0, 0))
             capacity = max(0, device.memory_total - self.reserve)
+            seen = unpromised.get(device.uuid, UnpromisedMemory())
             usages.append(
                 DeviceUsage(
                     device=device,
                     memory_capacity=capacity,
                     memory_allocated=memory,
-                    memory_free=max(0, capacity - memory),
+                    memory_free=max(0, capacity - memory - seen.total),
                     hard_share=hard_share,
                     total_share=total_share,
                     share_capacity=self.share_capacity,
                     slices=slices,
+                    memory_outside=seen.outside,
+                    memory_over_cap=seen.over_cap,
                 )
             )
         return usages
@@ -540,22 +620,7 @@ class EmbeddedLedger:
         the largest only where it grows."""
         if limits.memory_limit <= 0:
             raise SliceValueError("a slice needs a memory cap of more than zero bytes")
-        largest = self.max_slice
-        if largest is None:
-            return
-        grown_memory = current is None or limits.memory_limit > current.memory_limit
-        if grown_memory and limits.memory_limit > largest.memory_limit:
-            most = format_size(largest.memory_limit)
-            raise SliceValueError(
-                f"a slice may have at most {most} of GPU memory on this server, not "
-                f"{format_size(limits.memory_limit)}; ask for {most} or less"
-            )
-        grown_share = current is None or limits.sm_share > current.sm_share
-        if grown_share and limits.sm_share > largest.sm_share:
-            raise SliceValueError(
-                f"a slice may have at most {largest.sm_share}% of a GPU's SMs on this server, not "
-                f"{limits.sm_share}%; ask for {largest.sm_share}% or less"
-            )
+        limits.check_within(self.max_slice, current)
 
     def _check_server_slices(self, held_slices: int) -> None:
         limit = self.server_slice_limit
@@ -589,7 +654,14 @@ class EmbeddedLedger:
             available=free,
         )
 
-    def _check_resize_fits(self, kernel_id: str, current: Allocation, wanted: SliceLimits, others: _Held) -> None:
+    def _check_resize_fits(
+        self,
+        kernel_id: str,
+        current: Allocation,
+        wanted: SliceLimits,
+        others: _Held,
+        unpromised: Mapping[str, UnpromisedMemory],
+    ) -> None:
         grows = (
             wanted.memory_limit > current.memory_limit,
             wanted.hard_share > current.limits.hard_share,
@@ -597,7 +669,9 @@ class EmbeddedLedger:
         )
         if not any(grows):
             return
-        usage = next((usage for usage in self._usages(others) if usage.device.uuid == current.device_uuid), None)
+        usage = next(
+            (usage for usage in self._usages(others, unpromised) if usage.device.uuid == current.device_uuid), None
+        )
         if usage is None:
             raise CapacityError(
                 f"kernel {kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
@@ -611,7 +685,7 @@ class EmbeddedLedger:
             raise CapacityError(
                 f"kernel {kernel_id!r} cannot grow to {format_size(wanted.memory_limit)} of GPU memory: {gpu} "
                 f"has {format_size(max(0, usage.memory_free - current.memory_limit))} free beyond the slice's "
-                f"{format_size(current.memory_limit)}; it can grow to at most {format_size(usage.memory_free)}, "
+                f"{format_size(current.memory_limit)}{unpromised_note(usage)}; it can grow to at most {format_size(usage.memory_free)}, "
                 "or stop another kernel on that GPU",
                 resource="memory",
                 requested=wanted.memory_limit,
@@ -627,6 +701,38 @@ class EmbeddedLedger:
                 requested=wanted.sm_share,
                 available=most,
             )
+
+
+def _check_resume_fits(current: Allocation, usage: DeviceUsage | None) -> None:
+    """Refuse to resume a suspended slice where its device has no room for it now."""
+    kernel_id, memory = current.kernel_id, format_size(current.memory_limit)
+    if usage is None:
+        raise CapacityError(
+            f"kernel {kernel_id!r} cannot resume: its GPU {current.device_index} ({current.device_uuid}) is no "
+            "longer on this machine",
+            resource="devices",
+            requested=1,
+            available=0,
+        )
+    gpu = _gpu(usage.device)
+    if usage.memory_free < current.memory_limit:
+        raise CapacityError(
+            f"kernel {kernel_id!r} cannot resume yet: its {memory} slice needs {memory} on {gpu}, which has "
+            f"{format_size(usage.memory_free)} free{unpromised_note(usage)}; it resumes when "
+            f"{format_size(current.memory_limit - usage.memory_free)} more is free",
+            resource="memory",
+            requested=current.memory_limit,
+            available=usage.memory_free,
+        )
+    most = usage.share_free(current.policy)
+    if most < current.sm_share:
+        raise CapacityError(
+            f"kernel {kernel_id!r} cannot resume yet: its {current.sm_share}% {current.policy} share of {gpu}'s "
+            f"SMs does not fit, the other slices leave {most}%",
+            resource="sm_share",
+            requested=current.sm_share,
+            available=most,
+        )
 
 
 def _check_budget(
@@ -676,6 +782,17 @@ def _check_budget(
         )
 
 
+def unpromised_note(usage: DeviceUsage) -> str:
+    """`` (and 2GiB in use outside any slice)``: why a device has less free than its promises
+    leave, where it does."""
+    parts = []
+    if usage.memory_outside:
+        parts.append(f"{format_size(usage.memory_outside)} in use outside any slice")
+    if usage.memory_over_cap:
+        parts.append(f"{format_size(usage.memory_over_cap)} held by slices over their caps")
+    return f" (besides {' and '.join(parts)})" if parts else ""
+
+
 def _percent(value: int) -> str:
     return f"{value}%"
 
@@ -699,7 +816,7 @@ def _no_room(limits: SliceLimits, usages: list[DeviceUsage], *, named: bool) -> 
         def describe(usage: DeviceUsage) -> str:
             short_share = "" if usage in with_share else f" (but only {usage.share_free(limits.policy)}% {share_word})"
             holder = "it" if named else _gpu(usage.device)
-            return f"{holder} has {format_size(usage.memory_free)}{short_share}"
+            return f"{holder} has {format_size(usage.memory_free)}{short_share}{unpromised_note(usage)}"
 
         subject = f"{_gpu(usages[0].device)} does not have" if named else "no device has"
         if best.memory_free == 0:

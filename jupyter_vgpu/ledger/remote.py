@@ -21,7 +21,7 @@ import select
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
+from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -31,6 +31,7 @@ from jupyter_vgpu.ledger.base import (
     CapacityError,
     DeviceUsage,
     LedgerError,
+    NotSupported,
     OwnerBudget,
     SliceExists,
     UnknownSlice,
@@ -49,6 +50,11 @@ T = TypeVar("T")
 D = TypeVar("D", bound="DataclassInstance")
 
 
+class SliceForbidden(PermissionError):
+    """Another user's slice, which the broker refused to show or change (403): the request's
+    fault, not the broker failing (a token it does not accept is a LedgerError)."""
+
+
 class _Unreadable(ValueError):
     """A reply that is not what the ledger API answers; turned into a LedgerError with context."""
 
@@ -62,13 +68,15 @@ def _checked(value: Any, expected: type | tuple[type, ...], what: str) -> Any:
 
 def _record(cls: type[D], value: Any, types: Mapping[str, type | tuple[type, ...]]) -> D:
     """A dataclass from a JSON object, every field checked; fields a newer service adds are
-    ignored, so an older client keeps working against it."""
+    ignored, so an older client keeps working against it, and fields with defaults that an older
+    service lacks take their defaults."""
     name = cls.__name__
     _checked(value, dict, name)
-    missing = [field.name for field in fields(cls) if field.name not in value]
+    required = [field.name for field in fields(cls) if field.default is MISSING and field.default_factory is MISSING]
+    missing = [key for key in required if key not in value]
     if missing:
         raise _Unreadable(f"{name} lacks {', '.join(missing)}")
-    return cls(**{key: _checked(value[key], kind, f"{name}.{key}") for key, kind in types.items()})
+    return cls(**{key: _checked(value[key], kind, f"{name}.{key}") for key, kind in types.items() if key in value})
 
 
 def _device(value: Any) -> Device:
@@ -87,6 +95,8 @@ _USAGE_NUMBERS = (
     "total_share",
     "share_capacity",
     "slices",
+    "memory_outside",
+    "memory_over_cap",
 )
 
 
@@ -275,6 +285,12 @@ class RemoteLedger:
         """Merge ``fields`` into a slice's metadata."""
         return self._call("PATCH", f"{_slice_path(kernel_id)}/metadata", fields, read=_allocation)
 
+    def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
+        raise NotSupported(_NO_SUSPEND)
+
+    def resume(self, kernel_id: str) -> Allocation:
+        raise NotSupported(_NO_SUSPEND)
+
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone; returns the released.
 
@@ -326,6 +342,8 @@ class RemoteLedger:
             return SliceExists(message)
         elif status == 404 and error == "UnknownSlice":
             return UnknownSlice(message)
+        elif status == 403 and error == "NotYourSlice":
+            return SliceForbidden(message)
         elif status == 400:
             # This client sends only well-formed bodies, so a 400 is a value the ledger refused.
             return SliceValueError(message)
@@ -390,6 +408,14 @@ class RemoteLedger:
                 self._idle.append(connection)
                 return
         connection.close()
+
+
+# The broker would have to decide whose idle kernel makes room and check NVML before lending
+# (issue 18): not built yet, so a classroom's kernels keep the lower-then-cull policy.
+_NO_SUSPEND = (
+    "kernels whose slices the node's GPU broker holds cannot be suspended yet; the idle policy lowers "
+    "and then stops them instead"
+)
 
 
 def _no_budget(budget: OwnerBudget | None) -> None:

@@ -290,7 +290,9 @@ class LedgerHandler(web.RequestHandler):
                 403,
                 f"the slice of kernel {kernel_id!r} is not yours ({self.caller.name!r}); only its owner or a "
                 "vGPU admin may see or change it",
-                "Forbidden",
+                # Not "Forbidden" (a token refused): the request's fault, which a user's server
+                # passes on as 403 rather than as the broker failing (RemoteLedger: SliceForbidden).
+                "NotYourSlice",
             )
         return allocation
 

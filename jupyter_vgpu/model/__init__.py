@@ -3,7 +3,14 @@ of jupyter_vgpu above it."""
 
 from jupyter_vgpu.model.devices import Device, DeviceError, list_devices, select_device, use_simulator
 from jupyter_vgpu.model.limits import DEFAULT_LIMITS, FULL_SHARE, SliceLimits, decide_limits
-from jupyter_vgpu.model.sizes import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
+from jupyter_vgpu.model.sizes import (
+    SliceValueError,
+    format_size,
+    parse_device,
+    parse_policy,
+    parse_size,
+    parse_sm_share,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -15,6 +22,7 @@ __all__ = [
     "decide_limits",
     "format_size",
     "list_devices",
+    "parse_device",
     "parse_policy",
     "parse_size",
     "parse_sm_share",

@@ -68,6 +68,25 @@ class SliceLimits:
         """The share this slice holds against the 100% that hard slices may add up to."""
         return self.sm_share if self.policy == "hard" else 0
 
+    def check_within(self, largest: SliceLimits | None, current: SliceLimits | None = None) -> None:
+        """Refuse these limits above a server's largest slice (``None``: no largest); a resize
+        from ``current`` is held to it only where it grows."""
+        if largest is None:
+            return
+        grown_memory = current is None or self.memory_limit > current.memory_limit
+        if grown_memory and self.memory_limit > largest.memory_limit:
+            most = format_size(largest.memory_limit)
+            raise SliceValueError(
+                f"a slice may have at most {most} of GPU memory on this server, not "
+                f"{format_size(self.memory_limit)}; ask for {most} or less"
+            )
+        grown_share = current is None or self.sm_share > current.sm_share
+        if grown_share and self.sm_share > largest.sm_share:
+            raise SliceValueError(
+                f"a slice may have at most {largest.sm_share}% of a GPU's SMs on this server, not "
+                f"{self.sm_share}%; ask for {largest.sm_share}% or less"
+            )
+
     def describe(self) -> str:
         """``memory cap 6GiB, SM share 40%, policy hard``."""
         memory = format_size(self.memory_limit) if self.memory_limit else "none"

@@ -27,15 +27,20 @@ _UNITS = {
     "tb": 1 << 40,
     "tib": 1 << 40,
 }
-# ASCII digits only: str.isdigit() and \d also take "²" and other digits int() refuses.
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-_SHARE = re.compile(r"^\s*([0-9]{1,3})\s*%?\s*$")
+# ASCII only: str.isdigit() and \d also take "²" and other digits int() refuses, and with
+# IGNORECASE [a-z] matches the Kelvin sign (U+212A), which lower() turns into "k".
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+_SHARE = re.compile(r"^\s*([0-9]{1,3})\s*%?\s*$", re.ASCII)
 # Larger than any GPU for decades, small enough that every size stays an exact int64 in the
 # region, the ledger and JSON.
 MAX_SIZE = 1 << 60
+# No CUDA program runs in less, and a cap below it is a typo (0.0001 for 0.1 GiB), not a wish.
+MIN_SIZE = MIB
 
 SIZE_HELP = "a size like 512MiB, 4GiB, 4G or a bare number of MiB"
 SM_SHARE_HELP = "a whole percentage from 1 to 100"
+DEVICE_HELP = "a GPU index (0, 1, ...) or UUID (GPU-...)"
+_DEVICE = re.compile(r"^\s*(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z-]+)\s*$", re.IGNORECASE | re.ASCII)
 POLICIES = ("hard", "burst")
 POLICY_HELP = "'hard' (never above the share) or 'burst' (may use idle capacity)"
 
@@ -53,10 +58,11 @@ def parse_size(value: str | float) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
     if isinstance(value, (int, float)):
-        if math.isnan(value) or math.isinf(value):
-            raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
-        # A float of a huge int overflows; any such int is beyond MAX_SIZE anyway.
+        # A float of a huge int overflows (JSON has ints of any length); any such int is beyond
+        # MAX_SIZE anyway.
         number, unit = (float(value) if abs(value) <= MAX_SIZE else float("inf")), ""
     else:
         match = _SIZE.match(value)
@@ -67,12 +73,23 @@ def parse_size(value: str | float) -> int:
             raise SliceValueError(
                 f"memory size {value[:40]!r} has an unknown unit {match.group(2)[:10]!r}; use {SIZE_HELP}"
             )
+    shown = _shown(value)
     if number * _UNITS[unit] > MAX_SIZE:
-        raise SliceValueError(f"memory size {str(value)[:40]!r} is larger than any GPU; use {SIZE_HELP}")
+        raise SliceValueError(f"memory size {shown} is larger than any GPU; use {SIZE_HELP}")
     size = int(number * _UNITS[unit])
     if size <= 0:
-        raise SliceValueError(f"memory size {str(value)[:40]!r} must be more than zero; use {SIZE_HELP}")
+        raise SliceValueError(f"memory size {shown} must be more than zero; use {SIZE_HELP}")
+    if size < MIN_SIZE:
+        raise SliceValueError(f"memory size {shown} is less than the smallest slice, 1MiB; use {SIZE_HELP}")
     return size
+
+
+def _shown(value: str | float) -> str:
+    """The start of a value for a message; an int of thousands of digits is never made text
+    (Python refuses past 4300 digits)."""
+    if isinstance(value, int) and abs(value) > MAX_SIZE:
+        return f"(a number of more than {len(str(MAX_SIZE))} digits)"
+    return repr(str(value)[:40])
 
 
 def format_size(size: int) -> str:
@@ -100,3 +117,10 @@ def parse_policy(value: object) -> str:
     if policy is None or policy not in POLICIES:
         raise SliceValueError(f"policy {str(value)[:40]!r} is not {POLICY_HELP}")
     return policy
+
+
+def parse_device(value: object) -> str:
+    """A device selector: a GPU index or a GPU or MIG UUID, as text without spaces."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not _DEVICE.match(str(value)):
+        raise SliceValueError(f"device {str(value)[:40]!r} is not {DEVICE_HELP}")
+    return str(value).strip()

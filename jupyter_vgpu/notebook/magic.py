@@ -126,7 +126,7 @@ def region_model(path: str) -> dict[str, Any]:
     return {
         "kernel_id": kernel_id,
         "path": "",
-        "state": "running" if processes else "idle",
+        "state": "running" if processes else "unused",
         "device": device,
         "limits": {"memory_bytes": limits.memory_limit, "cores": limits.sm_share, "policy": limits.policy},
         "usage": {"memory_bytes": sum(process.used for process in processes), "sm_util": sm_util},

@@ -176,7 +176,7 @@ class KernelPod:
 def kernel_command(settings: PodSettings) -> list[str]:
     """The pod's command: the in-pod agent (slice + usage reports) or a plain ipykernel."""
     if settings.in_pod_slices:
-        return [settings.python, "-m", "jupyter_vgpu.pods.agent", SECRET_DIR]
+        return [settings.python, "-m", "jupyter_vgpu.pod_agent", SECRET_DIR]
     return [settings.python, "-m", "ipykernel_launcher", "-f", f"{SECRET_DIR}/{CONNECTION_FILE}"]
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -47,6 +46,7 @@ from jupyter_vgpu.model import (
     decide_limits,
     format_size,
     list_devices,
+    parse_device,
     parse_policy,
     parse_size,
     parse_sm_share,
@@ -65,7 +65,6 @@ SLICE_OPTIONS = ("memory", "cores", "policy", "device")
 # Set in a batch kernel whose slice is in a vGPU server's ledger: that ledger's path (for %vgpu).
 LEDGER_VARIABLE = "JUPYTER_VGPU_LEDGER"
 LEDGER_AUTO, LEDGER_NONE = "auto", "none"
-_DEVICE_SELECTOR = re.compile(r"^\s*(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z-]+)\s*$", re.IGNORECASE)
 
 
 def default_ledger_path() -> Path:
@@ -97,8 +96,8 @@ def checked_layer(values: dict[str, Any], source: str) -> dict[str, Any]:
                 parse_sm_share(value)
             elif name == "policy":
                 parse_policy(value)
-            elif isinstance(value, bool) or not _DEVICE_SELECTOR.match(str(value)):
-                raise SliceValueError(f"device {str(value)[:40]!r} is not a GPU index (0, 1, ...) or UUID (GPU-...)")
+            else:
+                parse_device(value)
         except SliceValueError as error:
             raise SliceRefused(
                 f"{source.format(name=name)}: {error}".replace("%", " percent"), kind="invalid"

@@ -7,6 +7,7 @@ import functools
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,13 +18,13 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
 from jupyter_vgpu.holders import LocalHolder, PodHolder
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
 from jupyter_vgpu.holders.local import default_region_dir, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.manager import SliceManager
+from jupyter_vgpu.manager import SliceManager, SliceStatus
 from jupyter_vgpu.model import (
-    DEFAULT_LIMITS,
     DeviceError,
     SliceLimits,
     SliceValueError,
@@ -38,9 +39,15 @@ from jupyter_vgpu.model import (
 from jupyter_vgpu.pods.cluster import default_namespace
 from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
-from jupyter_vgpu.server.errors import refusal_for_http
+from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, SUSPEND_SETTING, SuspendedKernels
+
+
+def _half_the_ram() -> int:
+    """The default cap on suspended kernels' host memory: half of this machine's RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def _size_or_none(value: str) -> int | None:
@@ -63,6 +70,8 @@ ENVIRONMENT_TRAITS = (
     "idle_lower_after",
     "idle_floor_cores",
     "idle_cull_after",
+    "idle_suspend_after",
+    "suspend_host_memory",
 )
 
 
@@ -70,9 +79,18 @@ def environment_variable(trait: str) -> str:
     return f"JUPYTER_VGPU_{trait.upper()}"
 
 
+# A notebook's slice when nobody chose a size (the shipped "Python 3 (GPU slice)" kernelspec sets
+# none): several notebooks share a GPU without their user learning sizes first. A burst share of
+# a fifth is the whole GPU while the other kernels are idle and at least a fifth while they are
+# busy, so five notebooks fit by SM share; 4GiB lets four fit on a 16 GiB GPU. (DEFAULT_LIMITS, all
+# the SMs as a hard share, sizes a batch run, which has the GPU to itself where no server runs.)
+NOTEBOOK_DEFAULTS = SliceLimits(4 << 30, 20, "burst")
+
+
 class VGPUApp(ExtensionApp):
     name = "jupyter_vgpu"
     _ledger_unavailable = False
+    _over_cap_since: dict[str, float] = {}  # noqa: RUF012 -- replaced, never mutated: kernel id -> monotonic time first seen over its cap
     description = "GPU slices for Jupyter kernels."
 
     simulate = Bool(False, config=True, help="Use the simulated GPU (for trying jupyter-vgpu without one).")
@@ -81,17 +99,19 @@ class VGPUApp(ExtensionApp):
         "0", config=True, help="Memory kept free on each GPU (not given to slices): a size like 1GiB, or 0."
     )
     default_memory = Unicode(
-        format_size(DEFAULT_LIMITS.memory_limit),
+        format_size(NOTEBOOK_DEFAULTS.memory_limit),
         config=True,
         help="Memory cap of a slice when neither the start request nor the kernelspec sets one.",
     )
     default_cores = Int(
-        DEFAULT_LIMITS.sm_share,
+        NOTEBOOK_DEFAULTS.sm_share,
         config=True,
-        help="SM share (percent) of a slice when neither the start request nor the kernelspec sets one.",
+        help="SM share (percent) of a slice when neither the start request nor the kernelspec sets one. "
+        "With the default burst policy it is what a kernel is guaranteed while others use the GPU; "
+        "alone on it, a kernel uses every SM.",
     )
     default_policy = Unicode(
-        DEFAULT_LIMITS.policy,
+        NOTEBOOK_DEFAULTS.policy,
         config=True,
         help="SM policy of a slice (hard or burst) when neither the start request nor the kernelspec sets one.",
     )
@@ -121,6 +141,35 @@ class VGPUApp(ExtensionApp):
     watch_interval = Float(
         0.5, config=True, help="Seconds between checks for kernels that died, whose slices are then released."
     )
+    over_cap_action = Unicode(
+        "flag",
+        config=True,
+        help="What the server does about a kernel that rewrote its own limits and still holds GPU memory past its "
+        "cap after the server put the cap back (memory it allocated meanwhile; the server cannot take it back): "
+        "flag (keep the slice flagged; the excess is never promised to another slice) or stop (also stop the "
+        "kernel once it has held the excess for over_cap_grace seconds, freeing it).",
+    )
+    over_cap_grace = Float(
+        60.0,
+        config=True,
+        help="Seconds a kernel may hold memory past its cap (after rewriting its limits) before over_cap_action "
+        "stop stops it: time to free it, e.g. torch.cuda.empty_cache().",
+    )
+
+    @validate("over_cap_action")
+    def _valid_over_cap_action(self, proposal):
+        if proposal["value"] not in ("flag", "stop"):
+            raise TraitError(f"VGPUApp.over_cap_action must be flag or stop, not {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("over_cap_grace")
+    def _valid_over_cap_grace(self, proposal):
+        if not 0 <= proposal["value"] < float("inf"):
+            raise TraitError(
+                f"VGPUApp.over_cap_grace must be a number of seconds, 0 or more, not {proposal['value']!r}"
+            )
+        return proposal["value"]
+
     broker_url = Unicode(
         "",
         config=True,
@@ -163,7 +212,32 @@ class VGPUApp(ExtensionApp):
         "$JUPYTER_VGPU_IDLE_CULL_AFTER.",
     )
 
-    @validate("idle_lower_after", "idle_cull_after")
+    idle_suspend_after = Float(
+        0.0,
+        config=True,
+        help="Seconds a kernel may go without running code before it is suspended: its GPU memory moves to "
+        "host memory (the CUDA driver's checkpoint API, r570+), its slice's room is lent to other kernels, and "
+        "its next cell takes it back (issue 18). Between idle_lower_after and idle_cull_after. A kernel that "
+        "cannot be suspended (managed memory, MIG, MPS, several GPUs, an older driver; its notice says why) is "
+        "lowered and culled as before. 0: never. A hub sets it through $JUPYTER_VGPU_IDLE_SUSPEND_AFTER.",
+    )
+    suspend_host_memory = Unicode(
+        "",
+        config=True,
+        help="Host memory all suspended kernels of this server may hold together (a size: 64GiB). Past it an "
+        "idle kernel is not suspended (its notice says so) and is culled after idle_cull_after instead. Empty: "
+        "half of this machine's RAM. A hub sets it through $JUPYTER_VGPU_SUSPEND_HOST_MEMORY.",
+    )
+
+    suspend_lock_timeout = Float(
+        5.0,
+        config=True,
+        help="Seconds each process of a kernel being suspended (to host memory, issue 18) may take to "
+        "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
+        "refused (409), saying which process.",
+    )
+
+    @validate("idle_lower_after", "idle_cull_after", "idle_suspend_after", "suspend_lock_timeout")
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -190,7 +264,7 @@ class VGPUApp(ExtensionApp):
             )
         return value
 
-    @validate("reserve", "default_memory", "max_memory", "server_memory_limit")
+    @validate("reserve", "default_memory", "max_memory", "server_memory_limit", "suspend_host_memory")
     def _valid_size(self, proposal):
         value = proposal["value"]
         if value.strip() in ("", "0") and proposal["trait"].name != "default_memory":
@@ -262,7 +336,14 @@ class VGPUApp(ExtensionApp):
             server_slice_limit=self.server_slice_limit or None,
         )
 
+    @property
+    def largest_slice(self) -> SliceLimits | None:
+        """The largest slice one kernel may have here (max_memory and max_cores); None: any."""
+        return SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
+
     def initialize_settings(self) -> None:
+        if not any(isinstance(existing, StartRefusalLog) for existing in self.serverapp.log.filters):
+            self.serverapp.log.addFilter(StartRefusalLog())
         self._take_environment()
         if self.simulate:
             use_simulator()
@@ -273,18 +354,19 @@ class VGPUApp(ExtensionApp):
             raise SystemExit(
                 f"jupyter_vgpu: {error}. A server that starts only pod kernels needs no GPU: set VGPUApp.local_gpus = False"
             ) from None
-        max_slice = SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
+        max_slice = self.largest_slice
         ledger = self._ledger(chosen, max_slice)
+        local_holder = LocalHolder(
+            Path(self.region_dir) if self.region_dir else default_region_dir(),
+            simulate=self.simulate,
+            limits_dir=Path(self.broker_limits_dir) if self.broker_limits_dir else None,
+        )
+        if isinstance(ledger, EmbeddedLedger) and chosen:
+            # Decisions count what the GPUs really hold beyond the slices (a broker reads its own).
+            ledger.reader = DeviceMemoryReader(local_holder.known_processes)
         manager = SliceManager(
             ledger,
-            [
-                LocalHolder(
-                    Path(self.region_dir) if self.region_dir else default_region_dir(),
-                    simulate=self.simulate,
-                    limits_dir=Path(self.broker_limits_dir) if self.broker_limits_dir else None,
-                ),
-                PodHolder(new_server_instance(), self._pod_scopes(), log=self.log),
-            ],
+            [local_holder, PodHolder(new_server_instance(), self._pod_scopes(), log=self.log)],
             SliceLimits(parse_size(self.default_memory), self.default_cores, self.default_policy),
             start_error=refusal_for_http,
             parent=self,
@@ -297,7 +379,8 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
-        self._start_idle_policy(manager)
+        self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
+        self._start_idle_policy(manager, self._start_suspending(manager))
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
         self.log.info(
@@ -315,7 +398,21 @@ class VGPUApp(ExtensionApp):
             raise RuntimeError("jupyter_vgpu: VGPUApp is not loaded into a Jupyter server")
         return self.serverapp
 
-    def _start_idle_policy(self, manager: SliceManager) -> None:
+    def _start_suspending(self, manager: SliceManager) -> SuspendedKernels:
+        """Suspended kernels resumed on demand, idle ones suspended after idle_suspend_after (server/suspend.py)."""
+        cap = self.suspend_host_memory.strip()
+        suspended = SuspendedKernels(
+            manager,
+            self._server.kernel_manager,
+            suspend_after=self.idle_suspend_after,
+            lock_timeout=self.suspend_lock_timeout,
+            host_memory_cap=parse_size(cap) if cap not in ("", "0") else _half_the_ram(),
+            log=self.log,
+        )
+        self.settings[SUSPEND_SETTING] = suspended
+        return suspended
+
+    def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:
         """Idle kernels: lowered to idle_floor_cores, stopped after idle_cull_after (server/idle.py)."""
         idle = IdleKernels(
             manager,
@@ -323,6 +420,8 @@ class VGPUApp(ExtensionApp):
             lower_after=self.idle_lower_after,
             floor_cores=self.idle_floor_cores,
             cull_after=self.idle_cull_after,
+            suspend_after=self.idle_suspend_after,
+            suspend=suspended.suspend_idle,
             log=self.log,
         )
         self.settings[IDLE_SETTING] = idle
@@ -389,9 +488,42 @@ class VGPUApp(ExtensionApp):
                 and allocation.kernel_id not in kernel_manager
                 and not manager.holder(allocation).is_alive(allocation)
             ):
-                manager.release(allocation.kernel_id)
+                manager.release_gone(allocation)  # kept while a process of it cannot be stopped
+        await self._answer_over_cap(manager, statuses)
+        allocations = [status.allocation for status in statuses]
+        suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
+        await suspended.check(allocations)  # before the idle policy: a kernel that runs again resumes first
         idle: IdleKernels = self.settings[IDLE_SETTING]
-        await idle.check([status.allocation for status in statuses])
+        await idle.check(allocations)
+
+    async def _answer_over_cap(self, manager: SliceManager, statuses: list[SliceStatus]) -> None:
+        """Stop a kernel that rewrote its limits and has held memory past its (restored) cap for
+        over_cap_grace seconds, where over_cap_action says so; else it stays flagged."""
+        now = time.monotonic()
+        over = {
+            status.allocation.kernel_id: status
+            for status in statuses
+            if status.tamper_warning is not None and status.memory_over_cap > 0
+        }
+        since = {kernel_id: self._over_cap_since.get(kernel_id, now) for kernel_id in over}
+        self._over_cap_since = since
+        if self.over_cap_action != "stop":
+            return
+        kernel_manager = self._server.kernel_manager
+        for kernel_id, status in over.items():
+            if now - since[kernel_id] < self.over_cap_grace:
+                continue
+            self.log.warning(
+                "jupyter_vgpu: stopping kernel %s (VGPUApp.over_cap_action = stop): %s for %g s",
+                kernel_id,
+                status.tamper_warning,
+                self.over_cap_grace,
+            )
+            if kernel_id in kernel_manager:
+                await kernel_manager.shutdown_kernel(kernel_id, now=True)
+            else:  # a batch kernel or a `jupyter vgpu run` command: its processes, then its slice
+                manager.release_gone(status.allocation)
+            since.pop(kernel_id)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)

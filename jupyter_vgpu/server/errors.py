@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from tornado.web import HTTPError
 
 from jupyter_vgpu.manager import SliceRefused
@@ -43,3 +45,23 @@ class StartRefused(VGPUHTTPError, SliceRefused):
 
 def refusal_for_http(refusal: SliceRefused) -> StartRefused:
     return StartRefused(refusal)
+
+
+class StartRefusalLog(logging.Filter):
+    """One WARNING line, without a traceback, for a kernel start the slice manager refused.
+
+    jupyter_client logs such a start twice with its traceback, as ERROR (the kernel manager's
+    start, then the multi-kernel manager waiting on it), though nothing failed: the refusal is
+    the answer the client gets (and tornado logs it again with its status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refusal = record.exc_info[1] if record.exc_info else None
+        if not isinstance(refusal, StartRefused):
+            return True
+        if getattr(refusal, "logged", False):
+            return False
+        refusal.logged = True
+        record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        record.msg, record.args = "%s", (str(refusal),)
+        record.exc_info, record.exc_text = None, None
+        return True

@@ -10,8 +10,11 @@ devices and slices and resizes the kernel's own slice; everything else is refuse
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.auth import Authorizer, User
@@ -23,15 +26,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
 from jupyter_vgpu.client import CREDENTIAL_HEADER
+from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
-from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, UnknownSlice
+from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.ledger.metrics import add_device_gauges
-from jupyter_vgpu.manager import SliceManager, SliceRefused, SliceStatus
+from jupyter_vgpu.ledger.remote import SliceForbidden
+from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus
+from jupyter_vgpu.model import SliceValueError, parse_device
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
@@ -50,6 +57,8 @@ FIELD_TYPES = {
     "limits": (dict,),
 }
 MAX_BODY = 64 * 1024
+# The kernelspec jupyter-vgpu installs (kernels/ in the repository).
+SHIPPED_KERNELSPEC = "python3-vgpu"
 REPORT_FIELDS = {"processes", "sm_util", "limits"}
 
 
@@ -64,6 +73,8 @@ def device_model(usage: DeviceUsage) -> dict[str, Any]:
         "memory_capacity_bytes": usage.memory_capacity,
         "memory_allocated_bytes": usage.memory_allocated,
         "memory_free_bytes": usage.memory_free,
+        "memory_outside_bytes": usage.memory_outside,
+        "memory_over_cap_bytes": usage.memory_over_cap,
         "sm_share_allocated": usage.total_share,
         "sm_share_hard_allocated": usage.hard_share,
         "sm_share_capacity": usage.share_capacity,
@@ -79,9 +90,12 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
         "kernel_id": allocation.kernel_id,
         "kernelspec": allocation.metadata.get("kernelspec", ""),
         "path": session_paths.get(allocation.kernel_id, ""),
+        "command": (allocation.metadata.get(BATCH_KEY) or {}).get("command", ""),
+        "pid": (allocation.metadata.get("provisioner_info") or {}).get("pid"),
         "owner": allocation.owner,
         "holder": allocation.holder,
-        "state": usage.state,
+        "state": "suspended" if allocation.suspended else usage.state,
+        "host_memory_bytes": allocation.host_memory,
         "message": usage.message,
         "location": usage.location,
         # A pod's slice is on no device of this machine: where it is, is in ``location``.
@@ -156,6 +170,10 @@ class VGPUHandler(APIHandler):
         exception = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exception, VGPUHTTPError):
             self.finish(json.dumps({"message": exception.message}))
+        elif isinstance(exception, SliceForbidden):
+            # The node's broker keeps the slice for another user: a refusal, not an outage.
+            self.set_status(403)
+            self.finish(json.dumps({"message": str(exception)}))
         elif isinstance(exception, LedgerError):
             # The ledger itself (its file, or the node's broker) did not decide: nothing the
             # client sent was wrong, and the slices in force keep their limits.
@@ -165,7 +183,7 @@ class VGPUHandler(APIHandler):
             super().write_error(status_code, **kwargs)
 
     def log_exception(self, typ, value, tb) -> None:
-        if isinstance(value, LedgerError):
+        if isinstance(value, (LedgerError, SliceForbidden)):
             self.log.warning("%s %s: %s", self.request.method, self.request.path, value)
         else:
             super().log_exception(typ, value, tb)
@@ -246,6 +264,41 @@ class SliceHandler(VGPUHandler):
         self.finish(json.dumps(slice_model(status, await self.session_paths())))
 
 
+class SuspendHandler(VGPUHandler):
+    """POST: suspend the kernel to host memory (issue 18). The checkpoint blocks, so it runs in
+    a worker thread."""
+
+    kernel_actions = frozenset({"write"})
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        await self._change(kernel_id, lambda: self.slices.suspend(kernel_id, lock_timeout=self.lock_timeout))
+
+    @property
+    def lock_timeout(self) -> float:
+        return float(self.settings.get(SUSPEND_LOCK_TIMEOUT_SETTING, 5.0))
+
+    async def _change(self, kernel_id: str, change: Callable[[], Any]) -> None:
+        try:
+            await asyncio.to_thread(change)
+        except UnknownSlice as error:
+            raise VGPUHTTPError(404, str(error)) from None
+        except (CapacityError, NotSupported, CheckpointError) as error:
+            raise VGPUHTTPError(409, str(error)) from None
+        status = self.slices.status(self.slices.get(kernel_id))
+        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+
+
+class ResumeHandler(SuspendHandler):
+    """POST: resume a suspended kernel: its room first, then its memory."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        await self._change(kernel_id, lambda: self.slices.resume(kernel_id))
+
+
 def _whole(value: Any, name: str, lowest: int = 0, highest: int = 1 << 62) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
         raise VGPUHTTPError(
@@ -311,7 +364,12 @@ class KernelsHandler(VGPUHandler):
     @authorized
     async def post(self):
         body = self.json_body(KERNEL_FIELDS)
-        name = body.get("name") or self.kernel_manager.default_kernel_name
+        if "device" in body:
+            try:
+                parse_device(body["device"])
+            except SliceValueError as error:
+                raise VGPUHTTPError(400, str(error)) from None
+        name = body["name"] if "name" in body else self.default_vgpu_kernelspec()
         try:
             spec = self.kernel_spec_manager.get_kernel_spec(name)
         except Exception:  # noqa: BLE001 - a kernelspec missing, unreadable or malformed is a 404, never a 500
@@ -338,6 +396,28 @@ class KernelsHandler(VGPUHandler):
         self.set_status(201)
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
         self.finish(json.dumps({"kernel": model, "slice": slice_model(status, {})}, default=str))
+
+    def default_vgpu_kernelspec(self) -> str:
+        """The kernelspec of a start that names none: the server's default kernelspec if it
+        starts kernels in slices (Jupyter's default, python3, does not), else the one
+        jupyter-vgpu ships, else the only vGPU kernelspec there is."""
+        try:
+            specs = self.kernel_spec_manager.get_all_specs()
+        except Exception:  # noqa: BLE001 - an unreadable kernelspec folder is no reason for a 500
+            specs = {}
+        vgpu = sorted(
+            name
+            for name, entry in specs.items()
+            if (entry.get("spec") or {}).get("metadata", {}).get("kernel_provisioner", {}).get("provisioner_name")
+            in (PROVISIONER_NAME, POD_PROVISIONER_NAME)
+        )
+        for name in (self.kernel_manager.default_kernel_name, SHIPPED_KERNELSPEC):
+            if name in vgpu:
+                return name
+        if len(vgpu) == 1:
+            return vgpu[0]
+        choices = f"one of {', '.join(vgpu)}" if vgpu else "none is installed (jupyter-vgpu installs python3-vgpu)"
+        raise VGPUHTTPError(400, f"name the kernelspec to start: a vGPU kernelspec, {choices}")
 
 
 class NoticesHandler(VGPUHandler):
@@ -376,6 +456,27 @@ class MetricsHandler(VGPUHandler):
         self.finish(generate_latest(registry), set_content_type=CONTENT_TYPE_LATEST)
 
 
+class IndexHandler(VGPUHandler):
+    """``GET /api/vgpu``: what the API has, for someone trying it by hand (not Jupyter's HTML
+    404)."""
+
+    kernel_actions = frozenset({"read"})
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.finish(
+            json.dumps(
+                {
+                    "api": "jupyter-vgpu",
+                    "version": API_VERSION,
+                    "description": "GPU slices of Jupyter kernels; jupyter_vgpu/server/api.yaml describes every path",
+                    "paths": [url_path_join(self.base_url, path) for path in api_paths()],
+                }
+            )
+        )
+
+
 class NotFoundHandler(VGPUHandler):
     """Any other path under /api/vgpu/ (a kernel id like ``..``): a JSON 404, not Jupyter's page."""
 
@@ -383,18 +484,33 @@ class NotFoundHandler(VGPUHandler):
 
     async def prepare(self, *, _redirect_to_login: bool = True) -> None:
         raise VGPUHTTPError(
-            404, f"no such vGPU API path {self.request.path[:80]!r}; see the API description in api.yaml"
+            404,
+            f"no such vGPU API path {self.request.path[:80]!r}; the paths are {', '.join(api_paths())}"
+            " (api.yaml describes them)",
         )
 
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
+API_VERSION = "1"  # api.yaml's info.version
 HANDLERS = [
+    (r"/api/vgpu", IndexHandler),
     (r"/api/vgpu/devices", DevicesHandler),
     (r"/api/vgpu/slices", SlicesHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}", SliceHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/usage", UsageReportHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/suspend", SuspendHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/resume", ResumeHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
     (r"/api/vgpu/notices", NoticesHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
     (r"/api/vgpu/.*", NotFoundHandler),
 ]
+
+
+def api_paths() -> list[str]:
+    """The routes under /api/vgpu/ as path templates (``/api/vgpu/slices/{kernel_id}``)."""
+    return [
+        re.sub(r"\(\?P<(\w+)>[^()]*\)", r"{\1}", regex)
+        for regex, handler in HANDLERS
+        if handler not in (IndexHandler, NotFoundHandler)
+    ]

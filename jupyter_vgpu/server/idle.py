@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, UnknownSlice
@@ -27,6 +27,9 @@ from jupyter_vgpu.model import format_size
 # The slice metadata the policy keeps: {"share": percent before lowering, "lowered_at": epoch
 # seconds of the lowering (or of the last refused restore), "notice": text for the notebook}.
 IDLE_KEY = "idle"
+# The slice metadata of suspending (server/suspend.py): the notice for the notebook (suspended,
+# waiting for room), or {"refused": why} where the kernel cannot be suspended (said once).
+SUSPEND_NOTICE_KEY = "suspend_notice"
 # Where the handlers find the server's policy (for GET /api/vgpu/notices).
 IDLE_SETTING = "jupyter_vgpu_idle_kernels"
 KEEP_NOTICES_FOR = 24 * 3600.0
@@ -34,7 +37,13 @@ MAX_NOTICES = 1000
 
 
 def idle_notice(allocation: Allocation) -> str | None:
-    """What the idle policy has to tell about a slice's kernel (lowered, not restored), or None."""
+    """What the idle policy has to tell about a slice's kernel (suspended, waiting to resume, why
+    it could not be suspended, lowered, not restored), or None."""
+    suspend_notice = allocation.metadata.get(SUSPEND_NOTICE_KEY)
+    if isinstance(suspend_notice, dict):
+        suspend_notice = suspend_notice.get("refused")
+    if isinstance(suspend_notice, str) and suspend_notice:
+        return suspend_notice
     state = allocation.metadata.get(IDLE_KEY)
     notice = state.get("notice") if isinstance(state, dict) else None
     return notice if isinstance(notice, str) and notice else None
@@ -61,6 +70,8 @@ class IdleKernels:
         lower_after: float = 0.0,
         floor_cores: int = 5,
         cull_after: float = 0.0,
+        suspend_after: float = 0.0,
+        suspend: Callable[[Allocation, float], Awaitable[bool]] | None = None,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         clock: Callable[[], float] = time.time,
         keep_notices_for: float = KEEP_NOTICES_FOR,
@@ -71,6 +82,9 @@ class IdleKernels:
         self.lower_after = lower_after
         self.floor_cores = floor_cores
         self.cull_after = cull_after
+        # Suspends an idle kernel to host memory (server/suspend.py); False where it could not.
+        self.suspend_after = suspend_after if suspend is not None else 0.0
+        self.suspend = suspend
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
         self.keep_notices_for = keep_notices_for
@@ -79,7 +93,7 @@ class IdleKernels:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.lower_after or self.cull_after)
+        return bool(self.lower_after or self.cull_after or self.suspend_after)
 
     # -- notices of stopped kernels ----------------------------------------------------------
 
@@ -134,6 +148,11 @@ class IdleKernels:
         active_at = last_activity.timestamp()
         busy = state == "busy"
         idle_for = 0.0 if busy else now - active_at
+        if allocation.suspended:
+            # Its memory is in host memory; server/suspend.py resumes it when it runs again.
+            if self.cull_after and idle_for > self.cull_after:
+                await self._cull(allocation)
+            return
         lowered = allocation.metadata.get(IDLE_KEY)
         if isinstance(lowered, dict) and lowered.get("share"):
             if allocation.sm_share != self.floor_cores:
@@ -145,6 +164,13 @@ class IdleKernels:
                 return
         if self.cull_after and idle_for > self.cull_after:
             await self._cull(allocation)
+        elif (
+            self.suspend is not None
+            and self.suspend_after
+            and idle_for > self.suspend_after
+            and await self.suspend(allocation, idle_for)
+        ):
+            return
         elif self.lower_after and idle_for > self.lower_after and allocation.sm_share > self.floor_cores:
             self._lower(allocation, now)
 
@@ -187,4 +213,4 @@ class IdleKernels:
         await self.kernels.shutdown_kernel(kernel_id)
 
 
-__all__ = ["IDLE_KEY", "IDLE_SETTING", "IdleKernels", "format_duration", "idle_notice"]
+__all__ = ["IDLE_KEY", "IDLE_SETTING", "SUSPEND_NOTICE_KEY", "IdleKernels", "format_duration", "idle_notice"]

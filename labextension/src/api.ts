@@ -22,14 +22,14 @@ export interface IProcessUsage {
 export type SliceHolder = 'local' | 'pod';
 
 /**
- * A slice's state (Slice.state in api.yaml). Any holder: `running`, `idle` (held, no process in
- * it), `lost` (its holder is gone). A pod's slice also: `scheduling` (waiting for the scheduler),
- * `pulling` (the image), `starting` (the container), `stopping`, `failed`, `exited`, `gone` (the
- * pod was deleted).
+ * A slice's state (Slice.state in api.yaml). Any holder: `running`, `unused` (held, no process
+ * of the kernel has used the GPU in it yet; not Jupyter's "idle"), `lost` (its holder is gone).
+ * A pod's slice also: `scheduling` (waiting for the scheduler), `pulling` (the image), `starting`
+ * (the container), `stopping`, `failed`, `exited`, `gone` (the pod was deleted).
  */
 export type SliceState =
   | 'running'
-  | 'idle'
+  | 'unused'
   | 'lost'
   | 'scheduling'
   | 'pulling'

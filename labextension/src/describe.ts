@@ -33,8 +33,8 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
   switch (state) {
     case 'running':
       return trans.__('running');
-    case 'idle':
-      return trans.__('idle');
+    case 'unused':
+      return trans.__('unused');
     case 'lost':
       return trans.__('lost');
     case 'scheduling':

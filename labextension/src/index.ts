@@ -19,6 +19,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 // The sidebar, the status item and their store are built in activate(): they load with the plugin.
 import { listNotices } from './api';
+import { markStartRefusals } from './refusal';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { IdleNotices } from './notices';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
@@ -67,6 +68,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const trans = (translator ?? nullTranslator).load('jupyter_vgpu');
     const store = new SliceStore(1000);
+    // A refused kernel start, in JupyterLab's own error dialog, wraps instead of being cut off.
+    markStartRefusals();
 
     const sidebar = new SliceSidebar(store, trans);
     sidebar.id = 'jupyter-vgpu-sidebar';
@@ -160,7 +163,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     launcher?.add({
       command: COMMAND_NEW_NOTEBOOK,
       category: trans.__('Notebook'),
-      rank: 50
+      rank: 50,
+      // The launcher draws a Notebook card's image from kernelIconUrl only (else the label's
+      // first letter on an orange square), not from the command's icon.
+      kernelIconUrl: `data:image/svg+xml,${encodeURIComponent(gpuIcon.svgstr)}`
     });
 
     settingRegistry

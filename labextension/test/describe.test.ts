@@ -161,8 +161,8 @@ describe('a slice', () => {
 describe('a local slice', () => {
   it('reads as before: the summary in the status bar, its device in the tooltip, no state sentence', () => {
     expect(sliceTitle(slice(), trans)).toBe('analysis.ipynb · GPU 1 · hard');
-    expect(sliceTitle(slice({ state: 'idle' }), trans)).toBe(
-      'analysis.ipynb · GPU 1 · hard · idle'
+    expect(sliceTitle(slice({ state: 'unused' }), trans)).toBe(
+      'analysis.ipynb · GPU 1 · hard · unused'
     );
     expect(sliceStatusText(slice(), trans)).toBe(
       'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
@@ -311,7 +311,7 @@ describe('slice states', () => {
   it('each has its word, through the translation bundle; an unknown one is shown as it came', () => {
     const states = [
       'running',
-      'idle',
+      'unused',
       'lost',
       'scheduling',
       'pulling',

@@ -22,7 +22,7 @@ function slice(overrides: Partial<ISliceModel> = {}): ISliceModel {
     path: 'analysis.ipynb',
     owner: 'ada',
     holder: 'local',
-    state: 'idle',
+    state: 'unused',
     message: '',
     location: {},
     device: { index: 0, uuid: 'GPU-5eed' },

@@ -161,6 +161,8 @@ CUresult vgpu_settle_charge(const struct vgpu_charge *c, CUresult result, uint8_
         record(c, kind, key, family);
     else
         slot_subtract(c->slot, c->bytes);
+    if (result == CUDA_SUCCESS && family == VGPU_FAMILY_MANAGED && c->slot)
+        __atomic_add_fetch(&c->slot->managed_allocations, 1, __ATOMIC_RELAXED);
     return result;
 }
 

@@ -114,6 +114,7 @@ void *vgpu_real_lookup(enum vgpu_hook_id id);
  * else: it never calls through NULL, never charges an allocation nobody can make, never
  * holds a launch back. */
 #define VGPU_HOOK_REAL(name)                                                                                           \
+    vgpu_note_call_while_suspended(#name[0] == 'c');                                                                   \
     vgpu_pfn_##name real = VGPU_REAL(name);                                                                            \
     if (__builtin_expect(real == NULL, 0))                                                                             \
     return VGPU_MISSING_##name
@@ -191,6 +192,11 @@ struct vgpu_region *vgpu_region(void);
 
 /* The slice's limits page, mapped read-only; NULL when failed closed. */
 const struct vgpu_limits_page *vgpu_limits_page(void);
+
+/* Counts a request to resume the suspended slice in this process's slot (hooks, through
+ * vgpu_note_call_while_suspended, inline at the end of this file). */
+void vgpu_request_resume(void);
+static inline void vgpu_note_call_while_suspended(int is_cuda);
 
 /* This process's slot, claimed on the first call in a process (and again in a forked child);
  * NULL when failed closed. Processes that use the GPU claim it through vgpu_gpu_slot()
@@ -583,6 +589,17 @@ static inline const struct vgpu_env *vgpu_env(void)
 static inline int vgpu_log_wanted(enum vgpu_log_level level)
 {
     return __builtin_expect(level != VGPU_LOG_OFF && level <= vgpu_env()->log_level, 0);
+}
+
+/* A CUDA hook (`is_cuda`: its name starts with "cu") called while the publisher holds the
+ * slice suspended asks for a resume (region.h's `resume_requests`) before it calls the driver,
+ * where it then waits until the process is restored and unlocked. NVML hooks do not ask: NVML
+ * answers a suspended process at once. */
+static inline void vgpu_note_call_while_suspended(int is_cuda)
+{
+    const struct vgpu_limits_page *page = vgpu_state.region.page;
+    if (is_cuda && page && __builtin_expect(__atomic_load_n(&page->suspended, __ATOMIC_ACQUIRE) != 0, 0))
+        vgpu_request_resume();
 }
 
 static inline struct vgpu_proc_slot *vgpu_claimed_slot(void)

@@ -136,6 +136,17 @@ static void thread_exit_flush(void *cache)
     fold_launches(cache);
 }
 
+/* `wake` is waited on until CLOCK_MONOTONIC deadlines: a condition variable on that clock, since
+ * pthread_cond_clockwait came in glibc 2.30, after the oldest the library runs on (glibc_floor.h). */
+static void wake_init(void)
+{
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&L.wake, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+}
+
 static void after_fork_child(void)
 {
     /* The child is a new process of the slice: it counts from zero, holds no lease and has no
@@ -143,7 +154,7 @@ static void after_fork_child(void)
     L.pid = getpid();
     atomic_store(&L.controller_running, 0);
     pthread_mutex_init(&L.lock, NULL);
-    pthread_cond_init(&L.wake, NULL);
+    wake_init();
     L.stopping = 0;
     L.in_nvml = 0;
     atomic_store(&L.launched, 0);
@@ -155,6 +166,7 @@ static void limiter_init(void)
     L.pid = getpid();
     L.region = vgpu_region();
     L.page = vgpu_limits_page();
+    wake_init();
     pthread_key_create(&L.thread_exit_key, thread_exit_flush);
     pthread_atfork(NULL, NULL, after_fork_child);
 }
@@ -181,7 +193,7 @@ __attribute__((destructor)) static void limiter_exit(void)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
-    while (L.in_nvml && pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    while (L.in_nvml && pthread_cond_timedwait(&L.wake, &L.lock, &deadline) == 0) {
     }
     pthread_mutex_unlock(&L.lock);
     /* Hand the lease back so another process of the slice takes over at once. */
@@ -634,7 +646,7 @@ static int controller_sleep(uint64_t deadline_ns)
 {
     struct timespec deadline = {(time_t)(deadline_ns / 1000000000ULL), (long)(deadline_ns % 1000000000ULL)};
     pthread_mutex_lock(&L.lock);
-    while (!L.stopping && pthread_cond_clockwait(&L.wake, &L.lock, CLOCK_MONOTONIC, &deadline) == 0) {
+    while (!L.stopping && pthread_cond_timedwait(&L.wake, &L.lock, &deadline) == 0) {
     }
     int stopping = L.stopping;
     pthread_mutex_unlock(&L.lock);

@@ -213,6 +213,13 @@ const struct vgpu_limits_page *vgpu_limits_page(void)
     return R.page;
 }
 
+void vgpu_request_resume(void)
+{
+    struct vgpu_proc_slot *slot = vgpu_self_slot();
+    if (slot)
+        __atomic_add_fetch(&slot->resume_requests, 1, __ATOMIC_RELEASE);
+}
+
 /* ---- limits ----------------------------------------------------------------------------- */
 
 static int limits_valid(uint64_t memory_limit, uint32_t sm_share, uint32_t policy, uint64_t check)

@@ -7,10 +7,10 @@ the out-of-memory line in the saved notebook."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
+from support import run_checked
 
 GIB = 1 << 30
 NO_SERVER_NOTE = "  note    started without a vGPU server (a batch run): its size was chosen when the run started"
@@ -185,15 +185,7 @@ def test_papermill_from_python_takes_the_size_from_its_config(user_env, notebook
         "papermill.execute_notebook(sys.argv[1], sys.argv[2], kernel_name='python3-vgpu', progress_bar=False,\n"
         "    config=Config({'VGPUProvisioner': {'memory': '1536MiB', 'simulate': True}}))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(source), str(tmp_path / "done.ipynb")],
-        check=False,
-        env=user_env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert run.returncode == 0, run.stderr
+    run_checked([sys.executable, "-c", script, str(source), str(tmp_path / "done.ipynb")], env=user_env, timeout=240)
     printed = outputs(tmp_path / "done.ipynb")
     assert printed[0] == "nvml total MiB 1536\n"
     slice_lines(printed[1], "1.5GiB")

@@ -52,7 +52,7 @@ def background_nbconvert(nbconvert_command, user_env, tmp_path):
 def batch_slice(server, known: set[str]) -> dict | None:
     """The one slice the server lists beside ``known``, if the server reads its region."""
     others = [item for kernel_id, item in server.slices().items() if kernel_id not in known]
-    return others[0] if len(others) == 1 and others[0]["state"] in ("idle", "running") else None
+    return others[0] if len(others) == 1 and others[0]["state"] in ("unused", "running") else None
 
 
 def test_a_batch_run_asking_for_more_than_a_servers_kernels_leave_is_refused(

@@ -7,11 +7,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import JupyterProcess
+from support import JupyterProcess, write_vgpu_kernelspec
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -77,22 +76,8 @@ def write_private_jupyter_env(tmp_path: Path, labextension: Path) -> dict[str, s
     (data / "labextensions").mkdir(parents=True)
     (data / "labextensions" / "jupyter-vgpu").symlink_to(labextension, target_is_directory=True)
     shutil.copytree(ROOT / "kernels" / "python3-vgpu", data / "kernels" / "python3-vgpu")
-    spec = data / "kernels" / KERNEL_NAME
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "GPU slice (browser test)",
-                "language": "python",
-                "metadata": {
-                    "kernel_provisioner": {
-                        "provisioner_name": "vgpu-provisioner",
-                        "config": {"memory": "1GiB", "cores": "50", "policy": "hard"},
-                    }
-                },
-            }
-        )
+    write_vgpu_kernelspec(
+        data / "kernels" / KERNEL_NAME, "GPU slice (browser test)", {"memory": "1GiB", "cores": "50", "policy": "hard"}
     )
     config = tmp_path / "config"
     notification = config / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"

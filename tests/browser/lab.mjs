@@ -22,7 +22,8 @@ const CHROMIUM_FLAGS = [
 
 let currentPage = null; // for the screenshot of a failed step
 
-async function openLab(browser, path) {
+/** JupyterLab at `path`; with `reset`, on an empty workspace (nothing an earlier page opened). */
+async function openLab(browser, path, { reset = false } = {}) {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   currentPage = page;
   page.on('console', message => {
@@ -31,7 +32,7 @@ async function openLab(browser, path) {
     }
   });
   page.setDefaultTimeout(STEP_TIMEOUT);
-  await page.goto(`${settings.url}lab/${path}?token=${settings.token}`);
+  await page.goto(`${settings.url}lab/${path}?token=${settings.token}${reset ? '&reset' : ''}`);
   await page.locator('#jp-main-dock-panel').waitFor();
   return page;
 }
@@ -222,6 +223,34 @@ const scenarios = {
     };
   },
 
+  /**
+   * Several notebooks opened one after another, each in its own tab, as a user opens them: every
+   * one's kernel starts (no "Error Starting Kernel") and shows its slice in the status bar.
+   */
+  async notebooksSideBySide(browser) {
+    const seen = [];
+    for (const notebook of settings.notebooks) {
+      const page = await openLab(browser, `tree/${notebook}`);
+      // The lab may restore the notebooks an earlier tab opened: wait for this one to be current.
+      await page
+        .locator('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current', { hasText: notebook })
+        .waitFor();
+      const refusal = page.locator('.jp-Dialog', { hasText: 'Error Starting Kernel' });
+      await Promise.race([
+        waitForIdleKernel(page),
+        refusal.waitFor().then(async () => {
+          throw new Error(`${notebook}'s kernel did not start: ${await refusal.innerText()}`);
+        })
+      ]);
+      seen.push({
+        notebook,
+        kernelId: await kernelIdOf(page, notebook),
+        status: await statusText(page, / %$/)
+      });
+    }
+    return { seen };
+  },
+
   /** A notebook whose kernel has no slice: once a poll has seen the server, no GPU item shows. */
   async plainNotebook(browser) {
     const page = await openLab(browser, `tree/${settings.notebook}`);
@@ -240,7 +269,7 @@ const scenarios = {
    * it says, and whether all of it is in view (no scrolling inside the dialog).
    */
   async refusedStart(browser) {
-    const page = await openLab(browser, '');
+    const page = await openLab(browser, '', { reset: true });
     const notebooks = page.locator('.jp-Launcher-section', {
       has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
     });
@@ -254,18 +283,63 @@ const scenarios = {
     });
     const body = dialog.locator('.jp-Dialog-body');
     await body.waitFor();
-    const message = await body.locator('pre').first().innerText();
-    const extent = await body.evaluate(node => ({
+    const pre = body.locator('pre').first();
+    // The extension marks the dialog once it has rendered; its style then wraps the message.
+    await dialog.and(page.locator('.jp-vgpu-mod-startRefusal')).waitFor();
+    const message = await pre.innerText();
+    const extentOf = node => ({
       scrollWidth: node.scrollWidth,
       clientWidth: node.clientWidth,
       scrollHeight: node.scrollHeight,
       clientHeight: node.clientHeight
-    }));
-    await dialog.locator('.jp-Dialog-content').screenshot({ path: `${settings.screenshots}/refused-start.png` });
+    });
+    const extent = await body.evaluate(extentOf);
+    const messageExtent = await pre.evaluate(extentOf);
+    // Within the dialog's own box too: a message that overflows its <pre> unclipped still sticks out.
+    const messageInContent = await pre.evaluate(node => {
+      const content = node.closest('.jp-Dialog-content').getBoundingClientRect();
+      const text = node.getBoundingClientRect();
+      return text.left >= content.left && text.right <= content.right && text.bottom <= content.bottom;
+    });
+    const shot = settings.screenshot ?? 'refused-start.png';
+    await dialog.locator('.jp-Dialog-content').screenshot({ path: `${settings.screenshots}/${shot}` });
     await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
     await dialog.waitFor({ state: 'detached' });
-    const inView = extent.scrollWidth <= extent.clientWidth && extent.scrollHeight <= extent.clientHeight;
-    return { message, inView, extent };
+    const fits = ({ scrollWidth, clientWidth, scrollHeight, clientHeight }) =>
+      scrollWidth <= clientWidth && scrollHeight <= clientHeight;
+    const inView = fits(extent) && fits(messageExtent) && messageInContent;
+    return { message, inView, extent, messageExtent, messageInContent };
+  },
+
+  /**
+   * The launcher's Notebook cards named in settings.cards: whether each shows an image that
+   * loaded (a logo), or the label's first letter, as JupyterLab draws a card without one.
+   */
+  async launcherImages(browser) {
+    const page = await openLab(browser, '', { reset: true });
+    const notebooks = page.locator('.jp-Launcher-section', {
+      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
+    });
+    const cards = {};
+    for (const label of settings.cards) {
+      const card = notebooks.locator('.jp-LauncherCard', {
+        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(label) })
+      });
+      await card.waitFor();
+      const image = card.locator('.jp-LauncherCard-icon img');
+      cards[label] = {
+        letter: await card.locator('.jp-LauncherCard-noKernelIcon').count(),
+        // Loaded and drawn: a broken URL leaves naturalWidth 0.
+        imageWidth: (await image.count())
+          ? await image.evaluate(async img => {
+              await img.decode().catch(() => undefined);
+              return img.naturalWidth;
+            })
+          : 0
+      };
+    }
+    await notebooks.screenshot({ path: `${settings.screenshots}/launcher.png` });
+    return cards;
   },
 
   /** The launcher's dialog: a refused size is explained, a good one starts a kernel of that size. */

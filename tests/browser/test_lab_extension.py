@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from jupyter_client import BlockingKernelClient
+from support import wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -88,6 +89,34 @@ def test_limits_rewritten_from_inside_the_kernel_show_as_a_warning_under_the_sli
     assert slice_["limits"] == {"memory_bytes": GIB, "cores": 50, "policy": "hard"}  # restored
 
 
+def test_notebooks_on_the_shipped_kernelspec_share_the_gpu_with_the_default_size(lab, drive):
+    # "Python 3 (GPU slice)" sets no size, so the server's defaults size its kernels: a burst
+    # fifth of the SMs and 4GiB each, so a second notebook starts beside the first (two fill the
+    # test's 8 GiB device; the old default of all the SMs, hard, refused the second).
+    notebooks = [
+        lab.write_notebook(name, ["print('hello')"], kernelspec="python3-vgpu") for name in ("a.ipynb", "b.ipynb")
+    ]
+
+    seen = drive("notebooksSideBySide", notebooks=notebooks)["seen"]
+
+    assert [shown["status"] for shown in seen] == ["GPU 0.0 / 4.0 GiB · SM 0 / 20 %"] * 2
+    slices = {s["kernel_id"]: s for s in lab.api("GET", "api/vgpu/slices")}
+    assert sorted(slices) == sorted(shown["kernelId"] for shown in seen)
+    assert [(slices[shown["kernelId"]]["path"], slices[shown["kernelId"]]["limits"]) for shown in seen] == [
+        (name, {"memory_bytes": 4 * GIB, "cores": 20, "policy": "burst"}) for name in notebooks
+    ]
+
+
+def test_the_launcher_s_gpu_slice_cards_show_logos_not_letters(lab, drive):
+    # JupyterLab draws a Notebook card without an image as the label's first letter ("N", "P").
+    seen = drive("launcherImages", cards=[SHIPPED_CARD, "New notebook on a GPU slice..."])
+
+    assert {label: (card["letter"], card["imageWidth"] > 0) for label, card in seen.items()} == {
+        SHIPPED_CARD: (0, True),
+        "New notebook on a GPU slice...": (0, True),
+    }, seen
+
+
 def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
     notebook = lab.write_notebook("plain.ipynb", ["print('no slice here')"], kernelspec="python3")
 
@@ -136,6 +165,47 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
         + "\n- ".join(problems)
         + (f"\n--- lab log ---\n{lab.log.read_text()[-3000:]}" if stopped_in is None else "")
     )
+
+
+# Each refusal a start from JupyterLab can meet on one server, whatever the GPU has free: the
+# card clicked, the slices held first (memory, cores, policy) and what the refusal is about.
+# "Python 3 (GPU slice)" asks the server's default (4GiB, a burst 20 %), "GPU slice (browser
+# test)" 1GiB and a hard 50 %; the device has 8 GiB (device memory: the test above).
+SHIPPED_CARD, TEST_CARD = "Python 3 (GPU slice)", "GPU slice (browser test)"
+REFUSALS = {
+    "largest slice": (SHIPPED_CARD, [], "a slice may have at most 2GiB of GPU memory on this server"),
+    "SM share": (TEST_CARD, [("512MiB", 60, "hard")], "percent of the SMs does not fit"),
+    "server memory": (TEST_CARD, [("2GiB", 10, "burst"), ("1GiB", 10, "burst")], "may hold 3GiB of GPU memory"),
+    "server slices": (TEST_CARD, [("512MiB", 10, "burst")] * 3, "allows at most 3 GPU slices"),
+}
+
+
+@pytest.mark.parametrize(
+    "lab_options",
+    [("--VGPUApp.max_memory=2GiB", "--VGPUApp.server_memory_limit=3GiB", "--VGPUApp.server_slice_limit=3")],
+)
+def test_every_kind_of_refused_start_is_read_whole_in_jupyterlab_s_dialog_at_1280_px(lab, drive):
+    problems = []
+    for kind, (card, held, about) in REFUSALS.items():
+        fillers = [
+            lab.api("POST", "api/vgpu/kernels", {"name": lab.kernel_name, "memory": m, "cores": c, "policy": p})
+            for m, c, p in held
+        ]
+        spec = "python3-vgpu" if card == SHIPPED_CARD else lab.kernel_name
+        _, said = lab.refusal("POST", "api/vgpu/kernels", {"name": spec})  # the server's whole message
+
+        seen = drive("refusedStart", kernel=card, screenshot=f"refused-{kind.replace(' ', '-')}.png")
+
+        if about not in said:
+            problems.append(f"{kind}: the server refused for another reason: {said!r}")
+        if seen["message"] != said:
+            problems.append(f"{kind}: the dialog said {seen['message']!r}, not all of {said!r}")
+        if not seen["inView"]:
+            problems.append(f"{kind}: cut off: {seen['extent']}, message {seen['messageExtent']}")
+        for filler in fillers:
+            lab.api("DELETE", f"api/kernels/{filler['kernel']['id']}")
+        wait_for(lambda: lab.api("GET", "api/vgpu/slices") == [], 60, "the held slices to be released")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("lab_options", [("--VGPUApp.idle_lower_after=1", "--VGPUApp.idle_cull_after=8")])

@@ -54,6 +54,7 @@ class StandInServer:
         self.url = ""
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
         self.refusal: tuple[int, str] | None = None
+        self.devices: list[dict] = []  # GET devices; status prints only what they hold beyond the slices
         self.slices = [
             listed_slice(
                 "1c2e3f4a-0000-4000-8000-000000000001",
@@ -76,6 +77,8 @@ class StandInServer:
             return 403, {"message": "Forbidden"}
         if method == "GET" and path == "/api/vgpu/slices":
             return 200, self.slices
+        if method == "GET" and path == "/api/vgpu/devices":
+            return 200, self.devices
         for model in self.slices:
             if method == "PATCH" and path == f"/api/vgpu/slices/{model['kernel_id']}":
                 if self.refusal:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_vgpu.holders.local import private_folder
+from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.model import Device, SliceLimits
 
@@ -24,11 +25,14 @@ def runtime(cli_env) -> Path:
     return folder
 
 
-def make_ledger(path: Path) -> None:
-    """A ledger as a server leaves it (0600), holding one slice of a batch run."""
+def make_ledger(path: Path, pid: int = 1, start_time: int = 1) -> None:
+    """A ledger as a server leaves it (0600), holding one slice of a batch run started by `pid`
+    (by default one that no longer runs: pid 1 started at another time)."""
     device = Device("GPU-00000000-0000-4000-8000-000000000000", 0, "jupyter-vgpu test GPU", 16 * GIB, 100)
     with EmbeddedLedger(path, [device]) as ledger:
-        ledger.admit("kernel-a", SliceLimits(2 * GIB, 50), metadata={"batch": {"pid": 1, "pid_start_time": 1}})
+        ledger.admit(
+            "kernel-a", SliceLimits(2 * GIB, 50), metadata={"batch": {"pid": pid, "pid_start_time": start_time}}
+        )
 
 
 def test_doctor_names_each_region_and_ledger_file_open_to_other_users(vgpu, runtime):
@@ -43,7 +47,7 @@ def test_doctor_names_each_region_and_ledger_file_open_to_other_users(vgpu, runt
     (standalone / "k3.region").write_bytes(b"")
     (standalone / "k3.region").chmod(0o600)  # as it should be: not named
     ledger = runtime / "vgpu" / "ledger.sqlite"
-    make_ledger(ledger)
+    make_ledger(ledger, os.getpid(), process_start_time(os.getpid()))
     ledger.chmod(0o666)
     result = vgpu("doctor", "--simulate")
     assert result.returncode == 1
@@ -90,7 +94,7 @@ def test_doctor_notes_a_ledger_others_can_read_and_a_ledger_folder_they_can_writ
 
 def test_doctor_says_a_batch_kernel_here_takes_its_slice_from_the_servers_ledger(vgpu, runtime):
     ledger = runtime / "vgpu" / "ledger.sqlite"
-    make_ledger(ledger)
+    make_ledger(ledger, os.getpid(), process_start_time(os.getpid()))  # a run that is still going
     result = vgpu("doctor", "--simulate")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (
@@ -109,6 +113,21 @@ def test_doctor_names_a_ledger_batch_kernels_cannot_use(vgpu, runtime):
         f"[FAIL] server ledger: {runtime / 'vgpu' / 'ledger.sqlite'} cannot be used by batch kernels: ledger file "
         in result.stdout
     )
+
+
+def test_doctor_names_the_slices_a_crashed_server_left_and_what_gives_them_back(vgpu, runtime):
+    ledger = runtime / "vgpu" / "ledger.sqlite"
+    make_ledger(ledger)  # its batch run is gone
+    device = Device("GPU-00000000-0000-4000-8000-000000000000", 0, "jupyter-vgpu test GPU", 16 * GIB, 100)
+    with EmbeddedLedger(ledger, [device]) as opened:  # a server's kernel, its process gone
+        opened.admit("kernel-b", SliceLimits(GIB, 20), metadata={"provisioner_info": {"pid": 1, "pid_start_time": 1}})
+    result = vgpu("doctor", "--simulate")
+    assert result.returncode == 1
+    assert (
+        f"[FAIL] left-over slices: 2 slice(s) in {ledger} are of kernels that no longer run: kernel-a (2GiB, 50% on "
+        "GPU 0), kernel-b (1GiB, 20% on GPU 0); 3GiB stays promised to them." in result.stdout
+    ), result.stdout
+    assert "a vGPU server on this ledger gives them back when it starts" in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,19 @@ def test_status_finds_the_running_server_and_shows_every_slice_with_its_token(vg
     assert rows[1].strip() == "warning: limits changed from inside the kernel were restored"
     assert rows[2].split() == ["1c2e9999", "-", "0", "0", "/", "1GiB", "0", "/", "50", "burst", "running"]
     assert rows[3].split()[:6] == ["abcdef01", "eval.ipynb", "0", "3GiB", "/", "4GiB"]
-    assert [request[3] for request in running_server.requests] == [f"token {running_server.token}"]
+    # GET slices, then GET devices (for memory they hold beyond the slices: none here, no line).
+    assert [request[3] for request in running_server.requests] == [f"token {running_server.token}"] * 2
+    assert len(rows) == 4
+
+
+def test_status_says_what_a_gpu_holds_outside_any_slice_and_over_caps(vgpu, running_server):
+    running_server.devices = [
+        {"index": 0, "memory_outside_bytes": 2 << 30, "memory_over_cap_bytes": 9 << 30, "memory_free_bytes": 1 << 30}
+    ]
+    status = vgpu("status")
+    assert status.returncode == 0, status.stderr
+    last = status.stdout.splitlines()[-1]
+    assert last == "GPU 0: 2GiB in use outside any slice, 9GiB over its slice's cap; 1GiB free for slices"
 
 
 def test_a_server_named_by_url_is_asked_with_jupyter_token(vgpu, cli_env, stand_in_server):
@@ -51,7 +63,8 @@ def test_a_server_named_by_url_is_asked_with_jupyter_token(vgpu, cli_env, stand_
     cli_env["JUPYTER_TOKEN"] = stand_in_server.token
     result = vgpu("status", "--server", stand_in_server.url)
     assert result.returncode == 0, result.stderr
-    assert [request[3] for request in stand_in_server.requests] == [None, f"token {stand_in_server.token}"]
+    # Refused at its first request; then GET slices and GET devices with the token.
+    assert [request[3] for request in stand_in_server.requests] == [None] + [f"token {stand_in_server.token}"] * 2
 
 
 def test_no_running_server_is_said_plainly(vgpu):

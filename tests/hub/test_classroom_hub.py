@@ -140,6 +140,13 @@ def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(h
         assert "not yours" in reply["message"]
     status, reply = hub.broker("PATCH", f"ledger/allocations/{carols}/metadata", dave, {"note": "x"})
     assert status == 403, reply
+    # Asked of dave's own server, carol's slice is refused as hers (403), not as an outage (503).
+    for method, body in (("GET", None), ("PATCH", {"cores": 20})):
+        status, reply = hub.server("dave", dave, method, f"api/vgpu/slices/{carols}", body)
+        assert status == 403, (method, reply)
+        assert f"the slice of kernel {carols!r} is not yours ('dave')" in reply["message"], reply
+    status, reply = hub.server("dave", dave, "GET", "api/vgpu/slices/no-such-kernel")
+    assert status == 404 and "no slice is held for kernel 'no-such-kernel'" in reply["message"], reply
     status, reply = hub.broker("GET", "metrics", dave)
     assert status == 403 and "custom:vgpu:admin" in reply["message"], reply
 
@@ -154,10 +161,11 @@ def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(h
     line = next(line for line in metrics.splitlines() if carols in line and line.startswith("vgpu_slice_sm_share"))
     assert 'user="carol"' in line and 'groups="students"' in line and line.endswith(" 5.0"), line
 
-    # `jupyter vgpu status --all`, as the teacher runs it: who holds what on each GPU.
+    # `jupyter vgpu status --all`, as the teacher runs it with a token of the hub's: who holds
+    # what on each GPU. No --broker: the hub says where its vgpu service is.
     shown = subprocess.run(
-        [JUPYTER, "vgpu", "status", "--all", "--broker", hub.broker_url],
-        env={**os.environ, "JUPYTERHUB_API_TOKEN": teacher},
+        [JUPYTER, "vgpu", "status", "--all"],
+        env={**without_broker_url(), "JUPYTERHUB_API_TOKEN": teacher, "JUPYTERHUB_API_URL": hub.api},
         capture_output=True,
         text=True,
         timeout=60,
@@ -169,6 +177,28 @@ def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(h
     }
     assert rows[carols[:8]][0] == "carol" and rows[carols[:8]][3] == "5%", shown.stdout
     assert rows[daves[:8]][0] == "dave", shown.stdout
+
+
+def without_broker_url() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name != "JUPYTER_VGPU_BROKER_URL"}
+
+
+def test_the_teachers_status_all_says_what_to_pass_where_the_hub_cannot_say(hub, teacher):
+    for extra, said in (
+        (["--service", "gpus"], "the hub has no service 'gpus' (see --service) or this token may not read it"),
+        ([], "cannot ask the hub at http://127.0.0.1:9/hub/api for the broker"),
+    ):
+        api = hub.api if extra else "http://127.0.0.1:9/hub/api"  # nothing listens on port 9
+        shown = subprocess.run(
+            [JUPYTER, "vgpu", "status", "--all", *extra],
+            env={**without_broker_url(), "JUPYTERHUB_API_TOKEN": teacher, "JUPYTERHUB_API_URL": api},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert shown.returncode == 2, shown
+        assert said in shown.stderr and "give --broker URL" in shown.stderr, shown.stderr
 
 
 def test_the_broker_killed_with_sigkill_comes_back_with_every_slice_and_grants_nothing_twice(hub, teacher):

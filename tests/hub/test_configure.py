@@ -86,7 +86,11 @@ def test_a_fresh_config(classroom_path):
     assert set(by_name) == {"vgpu-broker", "vgpu-admin"}
     assert by_name["vgpu-broker"]["services"] == ["vgpu"]
     assert set(by_name["vgpu-broker"]["scopes"]) == {"list:users", "read:users", "read:users:groups", "read:servers"}
-    assert set(by_name["vgpu-admin"]["scopes"]) == {"custom:vgpu:admin", "access:services!service=vgpu"}
+    assert set(by_name["vgpu-admin"]["scopes"]) == {
+        "custom:vgpu:admin",
+        "access:services!service=vgpu",
+        "read:services!service=vgpu",  # status --all finds the broker's URL from the hub
+    }
     assert by_name["vgpu-admin"]["users"] == ["teacher"]
     assert by_name["vgpu-admin"]["groups"] == ["staff"]
     # Every user: through extra_user_scopes, which keeps JupyterHub's own user role ('self').
@@ -124,7 +128,12 @@ def test_merged_with_the_hub_s_own_config(classroom_path):
     assert set(c.JupyterHub.custom_scopes) == {"custom:lab:read", "custom:vgpu:use", "custom:vgpu:admin"}
     by_name = {role["name"]: role for role in c.JupyterHub.load_roles}
     assert by_name["culler"] == {"name": "culler", "scopes": ["list:users"], "services": ["idle-culler"]}
-    assert by_name["vgpu-admin"]["scopes"] == ["read:metrics", "custom:vgpu:admin", "access:services!service=vgpu"]
+    assert by_name["vgpu-admin"]["scopes"] == [
+        "read:metrics",
+        "custom:vgpu:admin",
+        "access:services!service=vgpu",
+        "read:services!service=vgpu",
+    ]
     assert by_name["vgpu-admin"]["users"] == ["principal", "teacher"]
     assert set(c.JupyterHub.extra_user_scopes) == {"read:hub", *VGPU_SCOPES}
     assert c.JupyterHub.load_groups == {
@@ -265,7 +274,7 @@ def test_options_form_lists_the_user_s_sizes_escaped(classroom_path):
     c = Config()
     configure(c, classroom_path)
     student = asyncio.run(spawner(c, user("alice", "students")).get_options_form())
-    assert '<select class="form-control" id="vgpu-profile" name="profile">' in student
+    assert '<select class="form-select" id="vgpu-profile" name="profile">' in student
     assert '<option value="small" selected>Small &lt;2 GiB&gt; &amp; 20%</option>' in student
     assert 'value="large"' not in student
     assert "<script>" not in student and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; for exercises" in student

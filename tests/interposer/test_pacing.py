@@ -5,6 +5,15 @@ slice and measures what an operator would: SM utilisation per process from NVML'
 nvmlDeviceGetProcessUtilization, read by tests/programs/pacing_monitor.c outside any slice.
 The simulated NVML computes a process's utilisation exactly over [since, now] (one second at
 most), so a window is chosen by its start time.
+
+A hard share promises "never above the share", on a busy machine too. The share itself it can
+give only while the process gets a CPU: a process paced by the limiter launches when its tokens
+come, and on a machine whose CPUs are busy it then often waits for a CPU instead, and that time is
+lost (banking it would let the next burst exceed the share). So each test also reads how long the
+load's threads waited for a CPU while they could run (Linux's run delay, /proc/PID/task/*/schedstat)
+and asks for the share over the rest of the window (assert_share_held). An unsliced load beside
+it says little: it launches ahead into a queue and keeps the device fed through the same waits
+(seen at 75-97% beside a 30%-share load at 22-26% under two CPU hogs).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import statistics
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from slice_helpers import in_pid_namespace, live_slots
@@ -46,7 +56,34 @@ class Load:
             reader.start()
         self.lines: list[str] = []
         self.pid = int(self._expect("pid "))
+        # How long each of its threads has waited for a CPU, sampled until it ends.
+        self.cpu_waits: list[tuple[int, dict[int, int]]] = []
+        self._sampler = threading.Thread(target=self._sample_cpu_waits, daemon=True)
+        self._sampler.start()
         self.start_us = int(self._expect("start_us "))
+
+    def _sample_cpu_waits(self) -> None:
+        while self.process.poll() is None:
+            # The program itself, also behind a prefix that runs it (a PID namespace's unshare).
+            waits = cpu_waits(deepest_descendant(self.process.pid))
+            if waits:
+                self.cpu_waits.append((realtime_us(), waits))
+            time.sleep(0.02)
+
+    def cpu_starved(self, since_us: int, until_us: int) -> float:
+        """The fraction of [since_us, until_us] that its threads spent waiting for a CPU while they
+        could run, summed (0 on an idle machine), from samples 20 ms apart. Summed: a launch
+        thread kept waiting loses its launches, a controller thread kept waiting its refills."""
+        inside = [(t_us, waits) for t_us, waits in self.cpu_waits if since_us - 20_000 <= t_us <= until_us + 20_000]
+        if len(inside) < 2:
+            return 0.0
+        (first_us, first), (last_us, last) = inside[0], inside[-1]
+        waited_ns = sum(last[tid] - first.get(tid, 0) for tid in last)
+        return min(1.0, waited_ns / 1000 / max(1, last_us - first_us))
+
+    def starved_in(self, start_s: float, end_s: float) -> float:
+        """cpu_starved over [start_s, end_s] seconds after the load started."""
+        return self.cpu_starved(self.start_us + int(start_s * 1e6), self.start_us + int(end_s * 1e6))
 
     @staticmethod
     def _drain(stream, sink) -> None:
@@ -76,6 +113,59 @@ class Load:
             self.lines.append(self._stdout.get())
         assert returncode == 0, f"pacing_load failed ({returncode}): {self.stderr}"
         return "".join(self.lines)
+
+
+def deepest_descendant(pid: int) -> int:
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if not children:
+            return pid
+        pid = int(children[0])
+
+
+def cpu_waits(pid: int) -> dict[int, int]:
+    """{thread id: nanoseconds it has waited on a run queue} of each thread of `pid`."""
+    waits = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            waits[int(task.name)] = int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return waits
+
+
+def assert_share_held(measured: float, share: float, starved: float, what: str) -> None:
+    """A hard share's promise: never above the share; and the share itself over the part of the
+    window in which the load's threads were not kept waiting for a CPU (`starved`: the rest)."""
+    assert measured <= share + TOLERANCE_PP, f"{what}: {measured}% under a {share}% share"
+    assert measured >= share * (1 - starved) - TOLERANCE_PP, (
+        f"{what}: {measured}% under a {share}% share, with a CPU {100 * (1 - starved):.0f}% of the time"
+    )
+
+
+def assert_reports_match(readings_permille: list[int], measured: int, what: str) -> None:
+    """What the controller published (a reading per 25 ms control period, read every 50 ms) agrees
+    with what NVML measured over the same second: their mean, within the tolerance and the
+    readings' own sampling error (on a busy machine the periods' readings scatter)."""
+    readings = [reading / 10 for reading in readings_permille]
+    sampling_error = 2 * statistics.stdev(readings) / len(readings) ** 0.5
+    assert abs(statistics.mean(readings) - measured) <= TOLERANCE_PP + sampling_error, (
+        f"{what}: NVML measured {measured}%, the controller reported {readings}"
+    )
+
+
+def publications(region, pid: int, until_us: int) -> tuple[list[int], list[int]]:
+    """The slice's and the process's published SM utilisation (permille), read every 50 ms until
+    `until_us`."""
+    slice_readings, process_readings = [], []
+    while realtime_us() < until_us:
+        slice_readings.append(region.raw.sm_util_permille)
+        process_readings.append(next(p for p in region.processes() if p.pid == pid).sm_util_permille)
+        time.sleep(0.05)
+    return slice_readings, process_readings
 
 
 def start_load(program, env: dict[str, str], *args: str, seconds: float, prefix: tuple[str, ...] = ()) -> Load:
@@ -163,7 +253,7 @@ def wait_for(condition, timeout: float):
 
 
 @pytest.mark.parametrize("share", [10, 30, 50, 90])
-def test_hard_share_is_met_within_3pp_and_reported_in_the_region(programs, device_env, make_slice, share):
+def test_hard_share_is_held_and_reported_in_the_region(programs, device_env, make_slice, share):
     load_program, monitor = programs
     slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
     load = start_load(load_program, slice_env, seconds=3.3)
@@ -171,18 +261,15 @@ def test_hard_share_is_met_within_3pp_and_reported_in_the_region(programs, devic
     # What the controller publishes for the server (one reading per control period) over the
     # same second that NVML is asked about afterwards.
     wait_until_us(load.start_us + 2_000_000)
-    slice_readings, process_readings = [], []
-    while realtime_us() < load.start_us + 2_950_000:
-        slice_readings.append(region.raw.sm_util_permille)
-        process = next(p for p in region.processes() if p.pid == load.pid)
-        process_readings.append(process.sm_util_permille)
-        time.sleep(0.05)
+    slice_readings, process_readings = publications(region, load.pid, load.start_us + 2_950_000)
     measured = window(monitor, device_env, load, 2.0, 3.0)[load.pid]
+    process = next(p for p in region.processes() if p.pid == load.pid)
     load.finish()
 
-    assert abs(measured - share) <= TOLERANCE_PP, f"share {share}%: NVML measured {measured}%"
-    assert abs(statistics.mean(slice_readings) / 10 - share) <= TOLERANCE_PP, slice_readings
-    assert abs(statistics.mean(process_readings) / 10 - share) <= TOLERANCE_PP, process_readings
+    assert_share_held(measured, share, load.starved_in(2.0, 3.0), "NVML measured")
+    # The controller reports what NVML measures, not the share it aims at.
+    assert_reports_match(slice_readings, measured, "the slice")
+    assert_reports_match(process_readings, measured, "the process")
     assert process.launches > 0
     assert process.throttled_ns > 0  # the loop wants the whole device, so it was held back
 
@@ -208,7 +295,7 @@ def test_share_holds_whatever_the_device_size_and_kernel_shape(programs, device_
     measured = window(monitor, env, load, 2.0, 3.0)[load.pid]
     load.finish()
 
-    assert abs(measured - share) <= TOLERANCE_PP, f"{sms} SMs, {shape}: NVML measured {measured}%"
+    assert_share_held(measured, share, load.starved_in(2.0, 3.0), f"{sms} SMs, {shape}")
 
 
 @pytest.mark.parametrize(
@@ -217,7 +304,8 @@ def test_share_holds_whatever_the_device_size_and_kernel_shape(programs, device_
     ids=["steady", "two-threads", "on-off"],
 )
 def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_env, make_slice, pattern):
-    """Steady, two-thread and on/off loads: idle time must not be banked as credit."""
+    """Steady, two-thread and on/off loads: idle time must not be banked as credit. The steady
+    loads are held at their share in every second (over the time they had a CPU)."""
     load_program, monitor = programs
     share = 30
     slice_env, _region = make_slice(device_env, sm_share=share, policy="hard")
@@ -226,11 +314,13 @@ def test_hard_never_exceeds_share_in_any_second_after_warm_up(programs, device_e
     series = watched_series(watcher, load.pid)
     load.finish()
 
-    after_warm_up = [util for t_us, util in series if t_us - 1_000_000 >= load.start_us + WARM_UP_S * 1e6]
+    after_warm_up = [(t_us, util) for t_us, util in series if t_us - 1_000_000 >= load.start_us + WARM_UP_S * 1e6]
     assert len(after_warm_up) >= 10
-    assert max(after_warm_up) <= share + TOLERANCE_PP, after_warm_up
+    assert max(util for _t_us, util in after_warm_up) <= share + TOLERANCE_PP, after_warm_up
     if pattern[0] == "--threads":
-        assert min(after_warm_up) >= share - TOLERANCE_PP, after_warm_up
+        for t_us, util in after_warm_up:
+            starved = load.cpu_starved(t_us - 1_000_000, t_us)
+            assert_share_held(util, share, starved, f"the second before {(t_us - load.start_us) / 1e6:.1f} s")
 
 
 def busy_phase_windows(series: list[tuple[int, int]], start_us: int, busy_ms: int, idle_ms: int, window_ms: int):
@@ -265,7 +355,10 @@ def test_hard_share_holds_on_every_100ms_window_of_an_on_off_load(programs, devi
     phases = busy_phase_windows(series, load.start_us, busy_ms, idle_ms, window_ms)
     windows = [util for utils in phases.values() for util in utils]
     assert len(phases) >= 3 and len(windows) >= 10, f"too few windows inside busy phases: {phases}"
-    assert statistics.median(windows) >= share - 10, f"the load hardly ran in its busy phases: {phases}"
+    starved = load.starved_in(0, 2.5)
+    assert statistics.median(windows) >= share * (1 - starved) - 10, (
+        f"the load hardly ran in its busy phases (with a CPU {100 * (1 - starved):.0f}% of the time): {phases}"
+    )
     assert max(windows) <= share + 2, f"100 ms windows of busy phases at a {share}% hard share: {phases}"
 
 
@@ -283,10 +376,13 @@ def test_processes_of_one_slice_split_its_share_evenly(programs, device_env, mak
     first.finish()
     second.finish()
 
+    since_us, until_us = first.start_us + 2_000_000, first.start_us + 3_000_000
+    # Either process may run the slice's controller, whose waits delay both processes' refills.
+    starved = max(load.cpu_starved(since_us, until_us) for load in (first, second))
     together = measured.get(first.pid, 0) + measured.get(second.pid, 0)
-    assert abs(together - share) <= TOLERANCE_PP, measured
+    assert_share_held(together, share, starved, f"the two together ({measured})")
     for load in (first, second):
-        assert abs(measured.get(load.pid, 0) - share / 2) <= TOLERANCE_PP, measured
+        assert_share_held(measured.get(load.pid, 0), share / 2, starved, f"{load.pid} ({measured})")
 
 
 def test_unlimited_share_does_not_throttle_and_is_still_measured(programs, device_env, make_slice):
@@ -296,16 +392,19 @@ def test_unlimited_share_does_not_throttle_and_is_still_measured(programs, devic
     slice_env, region = make_slice(device_env, sm_share=100, policy="hard")
     load = start_load(load_program, slice_env, seconds=2.2)
 
+    wait_until_us(load.start_us + 1_000_000)
+    reported, _process_readings = publications(region, load.pid, load.start_us + 1_950_000)
     measured = window(monitor, device_env, load, 1.0, 2.0)[load.pid]
     process = next(p for p in region.processes() if p.pid == load.pid)
-    controller, reported = region.raw.controller_pid, region.raw.sm_util_permille
+    controller = region.raw.controller_pid
     load.finish()
 
-    assert measured >= 90
+    starved = load.starved_in(1.0, 2.0)
+    assert measured >= 90 * (1 - starved), f"{measured}%, with a CPU {100 * (1 - starved):.0f}% of the time"
     assert process.throttled_ns == 0
     assert process.launches > 0
     assert controller == load.pid
-    assert abs(reported / 10 - measured) <= TOLERANCE_PP, (reported, measured)
+    assert_reports_match(reported, measured, "the slice")
 
 
 def test_share_holds_in_a_pid_namespace_where_nvml_shows_host_pids(programs, device_env, make_slice, tmp_path):
@@ -326,7 +425,7 @@ def test_share_holds_in_a_pid_namespace_where_nvml_shows_host_pids(programs, dev
     load.finish()
 
     assert load.pid == 1 and host_pid, "the interposer did not find the load's NVML pid within 2 s"
-    assert abs(measured.get(host_pid, 0) - share) <= TOLERANCE_PP, f"in a PID namespace: {measured}"
+    assert_share_held(measured.get(host_pid, 0), share, load.starved_in(2.0, 3.0), f"in a PID namespace ({measured})")
 
 
 # ---- burst ------------------------------------------------------------------------------------
@@ -347,11 +446,16 @@ def test_burst_uses_an_idle_device_and_yields_within_200ms(programs, device_env,
     bursting.finish()
     other.finish()
 
-    assert alone >= 90, f"alone on the device a burst slice got {alone}%"
-    assert abs(shared[bursting.pid] - share) <= TOLERANCE_PP, (
-        f"200-700 ms after another slice started, the burst slice had {shared[bursting.pid]}%"
+    starved_alone = bursting.starved_in(0.5, 1.2)
+    assert alone >= 90 * (1 - starved_alone), f"alone on the device a burst slice got {alone}% ({starved_alone=})"
+    since_us, until_us = other_started_us + 200_000, other_started_us + 700_000
+    assert_share_held(
+        shared[bursting.pid],
+        share,
+        bursting.cpu_starved(since_us, until_us),
+        "200-700 ms after another slice started, the burst slice",
     )
-    assert shared[other.pid] >= 40
+    assert shared[other.pid] >= 40 * (1 - other.cpu_starved(since_us, until_us)), shared
 
 
 # ---- resize, graphs, fail-over -------------------------------------------------------------------
@@ -369,8 +473,9 @@ def test_live_resize_changes_measured_utilisation(programs, device_env, make_sli
     after = utilisation_since(monitor, device_env, resized_us + 300_000)[load.pid]
     load.finish()
 
-    assert abs(before - 20) <= TOLERANCE_PP
-    assert abs(after - 60) <= TOLERANCE_PP, f"0.3-1.3 s after resizing to 60% the slice had {after}%"
+    assert_share_held(before, 20, load.starved_in(0.8, 1.6), "before the resize")
+    starved = load.cpu_starved(resized_us + 300_000, resized_us + 1_300_000)
+    assert_share_held(after, 60, starved, "0.3-1.3 s after resizing to 60%")
 
 
 # The entry points that make a graph's executable: CUDA 12's two and the one CUDA 11 runtimes call.
@@ -387,7 +492,7 @@ def test_graph_launches_are_paced(programs, device_env, make_slice, instantiate)
     measured = window(monitor, device_env, load, 2.0, 3.0)[load.pid]
     load.finish()
 
-    assert abs(measured - share) <= TOLERANCE_PP, f"graph launches ({instantiate}) under {share}%: {measured}%"
+    assert_share_held(measured, share, load.starved_in(2.0, 3.0), f"graph launches ({instantiate})")
 
 
 def refill_rates_and_utilisation(monitor, env, region, load: Load) -> tuple[list[int], int]:
@@ -418,7 +523,7 @@ def test_graph_launches_are_priced_like_their_kernels(programs, device_env, make
     load.finish()
 
     assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
-    assert abs(measured - share) <= TOLERANCE_PP, f"mixed graph and kernel launches under {share}%: {measured}%"
+    assert_share_held(measured, share, load.starved_in(2.2, 3.2), "mixed graph and kernel launches")
 
 
 def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, make_slice):
@@ -435,26 +540,27 @@ def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, m
     load.finish()
 
     assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
-    assert abs(measured - share) <= TOLERANCE_PP, f"a graph updated every 400 ms under {share}%: {measured}%"
+    assert_share_held(measured, share, load.starved_in(2.2, 3.2), "a graph updated every 400 ms")
 
 
-def two_loads_and_the_lease(load_program, slice_env, region, seconds: float) -> tuple[Load, Load, int, Load]:
-    """Starts two saturating loads in one slice and waits until one holds the controller lease:
-    (first, second, the holder's pid, the other load)."""
+def two_loads_and_the_lease(load_program, env, make_slice, share: int, seconds: float):
+    """A slice of `share` percent (hard) with two saturating loads in it, one second after they
+    started and once one of them holds the controller lease: (region, first, second, the
+    holder's pid, the other load)."""
+    slice_env, region = make_slice(env, sm_share=share, policy="hard")
     first = start_load(load_program, slice_env, seconds=seconds)
     second = start_load(load_program, slice_env, seconds=seconds)
     loads = {first.pid: first, second.pid: second}
     holder = wait_for(lambda: region.raw.controller_pid if region.raw.controller_pid in loads else 0, 3)
     assert holder, "no process of the slice took the controller lease"
-    return first, second, holder, loads[next(pid for pid in loads if pid != holder)]
+    wait_until_us(first.start_us + 1_000_000)
+    return region, first, second, holder, loads[next(pid for pid in loads if pid != holder)]
 
 
 def test_controller_fails_over_when_its_process_is_killed(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first, second, holder, survivor = two_loads_and_the_lease(load_program, slice_env, region, 4.0)
-    wait_until_us(first.start_us + 1_000_000)
+    region, first, second, holder, survivor = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.0)
     os.kill(holder, signal.SIGKILL)
     killed_us = realtime_us()
     (first if first.pid == holder else second).process.wait(timeout=5)
@@ -465,7 +571,8 @@ def test_controller_fails_over_when_its_process_is_killed(programs, device_env, 
     survivor.finish()
 
     assert took_over, f"the survivor did not take the controller lease within 1 s: {survivor.stderr}"
-    assert abs(measured - share) <= TOLERANCE_PP, f"after fail-over the slice had {measured}%: {survivor.stderr}"
+    starved = survivor.cpu_starved(killed_us + 500_000, killed_us + 1_500_000)
+    assert_share_held(measured, share, starved, f"after fail-over ({survivor.stderr})")
 
 
 def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, device_env, make_slice):
@@ -475,9 +582,7 @@ def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, de
     has hoarded nothing to burst with when it resumes."""
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first, second, holder, stopped = two_loads_and_the_lease(load_program, slice_env, region, 4.0)
-    wait_until_us(first.start_us + 1_000_000)
+    _region, first, second, holder, stopped = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.0)
     os.kill(stopped.pid, signal.SIGSTOP)
     stopped_us = realtime_us()
     wait_until_us(stopped_us + 1_400_000)
@@ -490,16 +595,16 @@ def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, de
     second.finish()
 
     assert measured.get(stopped.pid, 0) == 0, measured
-    assert abs(measured[holder] - share) <= TOLERANCE_PP, f"while the other process was stopped: {measured}"
+    running = first if first.pid == holder else second
+    starved = running.cpu_starved(stopped_us + 400_000, stopped_us + 1_400_000)
+    assert_share_held(measured[holder], share, starved, f"while the other process was stopped ({measured})")
     assert after[first.pid] + after[second.pid] <= share + TOLERANCE_PP, f"in the 600 ms after it resumed: {after}"
 
 
 def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(programs, device_env, make_slice):
     load_program, monitor = programs
     share = 40
-    slice_env, region = make_slice(device_env, sm_share=share, policy="hard")
-    first, second, holder, survivor = two_loads_and_the_lease(load_program, slice_env, region, 4.2)
-    wait_until_us(first.start_us + 1_000_000)
+    region, first, second, holder, survivor = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.2)
     os.kill(holder, signal.SIGSTOP)
     stopped_us = realtime_us()
     took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
@@ -515,6 +620,10 @@ def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(progra
     second.finish()
 
     assert took_over, "the lease of a stopped controller was not taken over within 1 s"
-    assert alone is not None and abs(alone - share) <= TOLERANCE_PP, f"while the holder was stopped: {alone}%"
+    assert alone is not None, "the survivor did not run while the holder was stopped"
+    starved = survivor.cpu_starved(stopped_us + 400_000, stopped_us + 1_200_000)
+    assert_share_held(alone, share, starved, "while the holder was stopped")
     assert lease_after_resume == survivor.pid, "the resumed process took its lease back"
-    assert abs(together[first.pid] + together[second.pid] - share) <= TOLERANCE_PP, together
+    since_us, until_us = resumed_us + 300_000, resumed_us + 1_000_000
+    starved = max(load.cpu_starved(since_us, until_us) for load in (first, second))
+    assert_share_held(together[first.pid] + together[second.pid], share, starved, f"after it resumed ({together})")

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GIB
+from support import run_checked
 
 
 @pytest.mark.parametrize("optimisation", ["-O0", "-O2"])
@@ -38,15 +39,7 @@ def test_other_preloaded_librarys_rtld_next_lookups_still_work(machine, sim_env,
     wrapper = machine.build_shared("rtld_wrapper", "librtld_wrapper.so")
     libraries = [str(machine.libs.vgpu), str(wrapper)]
     env["LD_PRELOAD"] = ":".join(libraries if order == "vgpu-first" else libraries[::-1])
-    result = subprocess.run(
-        machine.command(machine.compile("rtld_next", optimisation)),
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_checked(machine.command(machine.compile("rtld_next", optimisation)), env=env, timeout=60)
     assert result.stdout.splitlines()[3:] == [
         "puts-next OK",
         "getpid-next OK",

@@ -21,7 +21,7 @@ import pytest
 from tornado import httputil
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError, OwnerBudget
-from jupyter_vgpu.ledger.remote import RemoteLedger
+from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
 from jupyter_vgpu.ledger.service import Caller, Refusal, ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
@@ -150,7 +150,7 @@ def test_a_user_gets_403_on_another_users_slice_and_it_is_left_as_it_was(service
     before = service.ledger.get("b1")
     reply = request(service.url, method, path, "alice-token", body)
     assert reply.status == 403
-    assert reply.body["error"] == "Forbidden"
+    assert reply.body["error"] == "NotYourSlice"
     assert "'b1' is not yours ('alice')" in reply.message
     assert "only its owner or a vGPU admin" in reply.message
     assert service.ledger.get("b1") == before
@@ -162,7 +162,7 @@ def test_a_slice_that_does_not_exist_is_404_not_403(service):
     assert reply.body["error"] == "UnknownSlice"
 
 
-def test_the_client_turns_another_users_slice_into_a_ledger_error(service):
+def test_the_client_turns_another_users_slice_into_slice_forbidden_not_a_ledger_error(service):
     alice = service.client("alice-token")
     for call in (
         lambda: alice.get("b1"),
@@ -170,8 +170,9 @@ def test_the_client_turns_another_users_slice_into_a_ledger_error(service):
         lambda: alice.release("b1"),
         lambda: alice.update_metadata("b1", pid=1),
     ):
-        with pytest.raises(LedgerError, match=r"refused \(403\).*not yours"):
+        with pytest.raises(SliceForbidden, match=r"'b1' is not yours \('alice'\)") as refused:
             call()
+        assert not isinstance(refused.value, LedgerError)  # not the broker failing
     assert service.ledger.get("b1").memory_limit == 2 * GIB
 
 

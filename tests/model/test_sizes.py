@@ -3,6 +3,7 @@ import pytest
 from jupyter_vgpu.model.sizes import (
     SliceValueError,
     format_size,
+    parse_device,
     parse_policy,
     parse_size,
     parse_sm_share,
@@ -27,10 +28,35 @@ def test_sizes_accept_units_and_bare_mib(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "lots", "4 GiBs", "-1G", "0", "0MiB", "1e3", "GiB", True])
+@pytest.mark.parametrize(
+    "text", ["", "lots", "4 GiBs", "-1G", "0", "0MiB", "1e3", "GiB", True, "1\u212aiB", "1\u212a", "²"]
+)
 def test_bad_sizes_are_refused_with_what_is_accepted(text):
     with pytest.raises(SliceValueError, match="512MiB, 4GiB, 4G or a bare number of MiB"):
         parse_size(text)
+
+
+@pytest.mark.parametrize("value", [int("9" * 400), -int("9" * 400), 10**19, float(1 << 61)])
+def test_sizes_beyond_any_gpu_are_refused_whatever_their_length(value):
+    with pytest.raises(SliceValueError, match="larger than any GPU|more than zero"):
+        parse_size(value)
+
+
+@pytest.mark.parametrize("value", [0.0001, "0.5MiB", "1023KiB", "100B", 0.999])
+def test_sizes_below_one_mib_are_refused_saying_the_smallest(value):
+    with pytest.raises(SliceValueError, match="less than the smallest slice, 1MiB"):
+        parse_size(value)
+
+
+@pytest.mark.parametrize("value", ["0", 0, "7", "GPU-5eed-1", " MIG-a1 "])
+def test_device_selectors(value):
+    assert parse_device(value) == str(value).strip()
+
+
+@pytest.mark.parametrize("value", ["", " ", "banana", -1, 1.5, True, None, "GPU-", "\u0661"])
+def test_bad_device_selectors_say_what_is_accepted(value):
+    with pytest.raises(SliceValueError, match=r"is not a GPU index \(0, 1, ...\) or UUID \(GPU-...\)"):
+        parse_device(value)
 
 
 def test_format_size_reads_back():

@@ -83,10 +83,12 @@ def elf_machine(data: bytes) -> int:
 
 
 def check_platform_wheel(wheel: Path, arch: str) -> str:
-    """The wheel is py3-none-manylinux_2_N_<arch>, auditwheel agrees, and its libraries are <arch>
-    ELF files needing glibc alone. Returns the platform tag."""
-    match = re.fullmatch(rf"jupyter_vgpu-[^-]+-py3-none-(manylinux_2_\d+_{arch})\.whl", wheel.name)
+    """The wheel is py3-none-manylinux_2_N_<arch> with N <= 28 (it installs on RHEL 8's glibc 2.28),
+    auditwheel agrees, and its libraries are <arch> ELF files needing glibc alone. Returns the
+    platform tag."""
+    match = re.fullmatch(rf"jupyter_vgpu-[^-]+-py3-none-(manylinux_2_(\d+)_{arch})\.whl", wheel.name)
     assert match, wheel.name
+    assert int(match[2]) <= 28, f"{wheel.name} does not install on glibc 2.28"
     report = auditwheel_show(wheel)
     assert report["overall_tag"] == match[1], report
     assert report["external_libs"] == {}, report

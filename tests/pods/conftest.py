@@ -58,6 +58,7 @@ def jp_server_config(standin, native_libs, tmp_path, monkeypatch, pod_provisione
             "region_dir": str(tmp_path / "regions"),
             "default_memory": "2GiB",
             "default_cores": 40,
+            "default_policy": "hard",
             "max_memory": "6GiB",
         },
         "VGPUPodProvisioner": pod_provisioner_config,

@@ -114,3 +114,18 @@ def test_bad_input_stops_with_what_is_accepted(jupyter_env, args, message):
     result = pod_manifest(*args)
     assert result.returncode == 2 and result.stdout == ""
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_pod_manifest_refuses_a_slice_above_the_servers_largest_as_the_server_would(jupyter_env):
+    config = Path(jupyter_env["JUPYTER_CONFIG_DIR"]) / "jupyter_server_config.json"
+    settings = json.loads(config.read_text())
+    settings["VGPUApp"].update(max_memory="4GiB", max_cores=50)
+    config.write_text(json.dumps(settings))
+    for args, said in (
+        (["--kernel", "gpu-pod"], "a slice may have at most 4GiB of GPU memory on this server, not 6GiB"),
+        (["--kernel", "gpu-pod", "--memory", "4GiB", "--cores", "60"], "at most 50% of a GPU's SMs on this server"),
+    ):
+        result = pod_manifest(*args)
+        assert result.returncode != 0 and result.stdout == "", result.stdout
+        assert said in result.stderr, result.stderr
+    assert pod_manifest("--kernel", "gpu-pod", "--memory", "4GiB").returncode == 0

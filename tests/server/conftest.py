@@ -3,10 +3,8 @@ and a kernelspec whose kernels start in slices."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
+from support import write_vgpu_kernelspec
 
 # The in-process server loads the simulated driver into the test process; it reads its device
 # list and state file once, so every server test shares one simulated machine.
@@ -34,6 +32,7 @@ def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
             # Not the built-in 4GiB, so a test can tell the server's default was used.
             "default_memory": "2GiB",
             "default_cores": 40,
+            "default_policy": "hard",
         },
     }
 
@@ -41,22 +40,10 @@ def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
 @pytest.fixture
 def vgpu_kernelspec(jp_data_dir):
     """A vGPU kernelspec in the test's Jupyter data dir (installed specs are hidden from tests)."""
-    folder = jp_data_dir / "kernels" / KERNEL_NAME
-    folder.mkdir(parents=True)
-    (folder / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3 (GPU slice, test)",
-                "language": "python",
-                "metadata": {
-                    "kernel_provisioner": {
-                        "provisioner_name": "vgpu-provisioner",
-                        "config": {"memory": "1GiB", "cores": "50", "policy": "hard"},
-                    }
-                },
-            }
-        )
+    write_vgpu_kernelspec(
+        jp_data_dir / "kernels" / KERNEL_NAME,
+        "Python 3 (GPU slice, test)",
+        {"memory": "1GiB", "cores": "50", "policy": "hard"},
     )
     return KERNEL_NAME
 
@@ -64,13 +51,5 @@ def vgpu_kernelspec(jp_data_dir):
 @pytest.fixture
 def unsized_kernelspec(jp_data_dir):
     """A vGPU kernelspec that sets no size, like the one jupyter-vgpu ships."""
-    folder = jp_data_dir / "kernels" / "vgpu-unsized"
-    folder.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (GPU slice, no size)",
-        "language": "python",
-        "metadata": {"kernel_provisioner": {"provisioner_name": "vgpu-provisioner"}},
-    }
-    (folder / "kernel.json").write_text(json.dumps(spec))
+    write_vgpu_kernelspec(jp_data_dir / "kernels" / "vgpu-unsized", "Python 3 (GPU slice, no size)")
     return "vgpu-unsized"

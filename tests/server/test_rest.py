@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 
@@ -117,6 +118,11 @@ async def test_a_kernel_that_does_not_fit_fails_to_start_with_what_is_free(jp_fe
         ({"memory": "9" * 400}, "larger than any GPU"),
         ({"memory": 9e300}, "larger than any GPU"),
         ({"memory": True}, "must be a string or a number"),
+        ({"memory": int("9" * 400)}, "larger than any GPU"),  # a JSON int of any length
+        ({"memory": 0.0001}, "less than the smallest slice, 1MiB"),  # 104 bytes
+        ({"memory": "1\u212aiB"}, "is not a size like 512MiB"),  # the Kelvin sign, which lower() makes "k"
+        ({"device": ""}, "is not a GPU index (0, 1, ...) or UUID (GPU-...)"),
+        ({"device": " "}, "is not a GPU index (0, 1, ...) or UUID (GPU-...)"),
     ],
 )
 async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch, vgpu_kernelspec, body, accepted):
@@ -142,6 +148,9 @@ async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch,
         ("[" * 50_000, "not JSON"),  # deep enough to exhaust the parser's recursion
         ("[" * 100_000, "larger than 64 KiB"),
         ('{"memory": 0.0}', "more than zero"),
+        ('{"memory": ' + "9" * 400 + "}", "larger than any GPU"),
+        ('{"memory": 0.0001}', "less than the smallest slice, 1MiB"),
+        ('{"memory": "1\u212aiB"}', "is not a size like 512MiB"),
     ],
 )
 async def test_bad_resize_fields_get_400(jp_fetch, vgpu_kernelspec, raw, accepted):
@@ -169,6 +178,52 @@ async def test_a_bare_number_for_memory_is_mib_on_every_path(jp_fetch, vgpu_kern
 async def test_any_other_path_under_the_api_gets_a_json_404(jp_fetch, path):
     code, message = await error_of(jp_fetch, "api", "vgpu", *path.split("/"))
     assert code == 404 and "no such vGPU API path" in message
+
+
+async def test_the_api_root_answers_a_json_index_of_its_paths(jp_fetch, jp_base_url):
+    index = await fetch_json(jp_fetch, "api", "vgpu")
+    assert index["api"] == "jupyter-vgpu"
+    assert f"{jp_base_url}api/vgpu/slices/{{kernel_id}}" in index["paths"]
+    assert len(index["paths"]) == 7
+    code, message = await error_of(jp_fetch, "api", "vgpu", "slice")
+    assert code == 404 and "the paths are /api/vgpu/devices, /api/vgpu/slices" in message
+
+
+async def test_a_start_without_a_name_starts_the_vgpu_kernelspec(jp_fetch, vgpu_kernelspec):
+    # Jupyter's default kernelspec (python3) starts no slice; the only vGPU one is chosen.
+    kernel_id, sliced = await start_sliced_unnamed(jp_fetch)
+    assert sliced["kernelspec"] == "Python 3 (GPU slice, test)"
+    assert (await fetch_json(jp_fetch, "api", "kernels", kernel_id))["name"] == vgpu_kernelspec
+
+
+async def test_a_start_without_a_name_among_several_vgpu_kernelspecs_says_which_to_name(
+    jp_fetch, vgpu_kernelspec, unsized_kernelspec
+):
+    code, message = await error_of(jp_fetch, "api", "vgpu", "kernels", method="POST", body={})
+    assert code == 400
+    assert message == f"name the kernelspec to start: a vGPU kernelspec, one of {vgpu_kernelspec}, {unsized_kernelspec}"
+
+
+async def test_a_start_without_a_name_and_no_vgpu_kernelspec_says_so(jp_fetch):
+    code, message = await error_of(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"memory": "1GiB"})
+    assert code == 400 and "none is installed (jupyter-vgpu installs python3-vgpu)" in message
+
+
+async def start_sliced_unnamed(jp_fetch):
+    reply = await fetch_json(jp_fetch, "api", "vgpu", "kernels", method="POST", body={"memory": "1GiB"})
+    return reply["kernel"]["id"], reply["slice"]
+
+
+async def test_a_busy_kernel_that_has_not_used_the_gpu_is_unused_not_idle(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    kernel_id, _ = await start_sliced(jp_fetch, vgpu_kernelspec)
+    await run_in_kernel(kernel_id, "print(sum(range(10**6)))")
+    (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
+    assert listed["state"] == "unused"  # api.yaml: no process of the kernel uses the GPU yet
+    await run_in_kernel(kernel_id, cuda_prelude + "print(allocate(1 << 20))")
+    (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
+    assert listed["state"] == "running"
 
 
 async def test_unknown_kernels_get_404(jp_fetch):
@@ -216,7 +271,7 @@ async def test_killed_kernel_stops_counting_at_once_and_its_slice_goes_with_it(
     os.kill(kernel.provisioner.pid, signal.SIGKILL)
     await kernel.provisioner.wait()
     (listed,) = await fetch_json(jp_fetch, "api", "vgpu", "slices")
-    assert listed["usage"]["memory_bytes"] == 0 and listed["state"] == "idle"
+    assert listed["usage"]["memory_bytes"] == 0 and listed["state"] == "unused"
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert await fetch_json(jp_fetch, "api", "vgpu", "slices") == []
     devices = await fetch_json(jp_fetch, "api", "vgpu", "devices")
@@ -298,3 +353,17 @@ async def test_a_slice_is_sized_by_the_request_then_the_kernelspec_then_the_serv
     # JupyterLab's own path (no sizes at all) gets the same rule.
     model = await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": unsized_kernelspec})
     assert (await fetch_json(jp_fetch, "api", "vgpu", "slices", model["id"]))["limits"]["memory_bytes"] == 2 * GIB
+
+
+@pytest.mark.parametrize("path", [("api", "kernels"), ("api", "vgpu", "kernels")])
+async def test_a_refused_start_is_one_warning_line_in_the_log_not_two_error_tracebacks(
+    jp_fetch, vgpu_kernelspec, caplog, path
+):
+    for device, memory in ((0, "8GiB"), (1, "16GiB")):  # every GPU full
+        await start_sliced(jp_fetch, vgpu_kernelspec, memory=memory, device=device)
+    caplog.clear()
+    code, message = await error_of(jp_fetch, *path, method="POST", body={"name": vgpu_kernelspec})
+    assert code == 409
+    assert [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info] == []
+    said = [record for record in caplog.records if record.getMessage() == message]
+    assert len(said) == 1 and said[0].levelname == "WARNING", [record.getMessage() for record in caplog.records]

@@ -3,15 +3,13 @@ with SIGKILL and starting it again leaks no GPU capacity and leaves no orphan ho
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from jupyter_client import BlockingKernelClient
-from support import JUPYTER, JupyterProcess, wait_for
+from support import JUPYTER, JupyterProcess, wait_for, write_vgpu_kernelspec
 
 KERNEL_NAME = "vgpu-test"
 
@@ -46,20 +44,7 @@ def user_env(sim_env, tmp_path, vgpu_kernelspec_dir):
 
 @pytest.fixture
 def vgpu_kernelspec_dir(tmp_path):
-    folder = tmp_path / "data" / "kernels" / KERNEL_NAME
-    folder.mkdir(parents=True)
-    (folder / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "GPU slice test",
-                "language": "python",
-                "metadata": {
-                    "kernel_provisioner": {"provisioner_name": "vgpu-provisioner", "config": {"memory": "1GiB"}}
-                },
-            }
-        )
-    )
+    write_vgpu_kernelspec(tmp_path / "data" / "kernels" / KERNEL_NAME, "GPU slice test", {"memory": "1GiB"})
     return tmp_path / "data"
 
 
@@ -88,7 +73,9 @@ def vgpu_cli(env, *args):
 def test_cli_status_and_resize_talk_to_the_running_server(user_env, tmp_path, cuda_prelude):
     server = Server(tmp_path, user_env)
     try:
-        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB", "cores": 40})
+        started = server.api(
+            "POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB", "cores": 40, "policy": "hard"}
+        )
         kernel_id = started["kernel"]["id"]
         run_code(user_env, kernel_id, cuda_prelude + "assert allocate(1 << 30) == 0")
 

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from support import run_checked
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -175,15 +177,7 @@ print(json.dumps(snapshot))
 def nvml_snapshot(env: dict[str, str], at_monotonic: float = 0.0, index: int = 0) -> dict:
     """What pynvml reports for a device, read in a child process; `at_monotonic` (the
     CLOCK_MONOTONIC time, in seconds, the reading is taken at) lets utilisation windows fill."""
-    result = subprocess.run(
-        [sys.executable, "-c", NVML_SNAPSHOT, str(at_monotonic), str(index)],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_checked([sys.executable, "-c", NVML_SNAPSHOT, str(at_monotonic), str(index)], env=env, timeout=60)
     return json.loads(result.stdout)
 
 

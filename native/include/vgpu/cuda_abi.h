@@ -46,6 +46,7 @@ enum {
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_TIMEOUT = 909,
     CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
     CUDA_ERROR_UNKNOWN = 999,
 };
@@ -380,6 +381,31 @@ typedef void (*CUhostFn)(void *userData);
 typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 enum { CU_EVENT_WAIT_DEFAULT = 0x0, CU_EVENT_RECORD_DEFAULT = 0x0 };
 #define SIM_STREAM_GREATEST_PRIORITY (-5) /* a Hopper part's range: 0 (least) to -5 */
+/* The checkpoint API (CUDA 12.8+): another process locks, checkpoints, restores and unlocks a
+ * CUDA process by pid. Every args struct is 64 bytes; reserved fields must be zero. The restore
+ * args are the 12.8 layout (later drivers put GPU remapping pairs, then custom storage, in the
+ * same 64 bytes; zeroed, every layout means "restore where it was"). */
+typedef int CUprocessState;
+enum {
+    CU_PROCESS_STATE_RUNNING = 0,
+    CU_PROCESS_STATE_LOCKED = 1,
+    CU_PROCESS_STATE_CHECKPOINTED = 2,
+    CU_PROCESS_STATE_FAILED = 3,
+};
+typedef struct CUcheckpointLockArgs_st {
+    unsigned int timeoutMs; /* 0: wait as long as it takes */
+    unsigned int reserved0;
+    cuuint64_t reserved1[7];
+} CUcheckpointLockArgs;
+typedef struct CUcheckpointCheckpointArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointCheckpointArgs;
+typedef struct CUcheckpointRestoreArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointRestoreArgs;
+typedef struct CUcheckpointUnlockArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointUnlockArgs;
 
 /* cuCtxCreate_v4 parameters (CUDA 12.5+); only the pointer is passed through. */
 typedef struct CUctxCreateParams_st CUctxCreateParams;
@@ -485,7 +511,13 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(CUresult, cuGraphExecDestroy, (CUgraphExec hGraphExec)) \
-    X(CUresult, cuGraphDestroy, (CUgraph hGraph))
+    X(CUresult, cuGraphDestroy, (CUgraph hGraph)) \
+    X(CUresult, cuCheckpointProcessGetState, (int pid, CUprocessState *state)) \
+    X(CUresult, cuCheckpointProcessGetRestoreThreadId, (int pid, int *tid)) \
+    X(CUresult, cuCheckpointProcessLock, (int pid, CUcheckpointLockArgs *args)) \
+    X(CUresult, cuCheckpointProcessCheckpoint, (int pid, CUcheckpointCheckpointArgs *args)) \
+    X(CUresult, cuCheckpointProcessRestore, (int pid, CUcheckpointRestoreArgs *args)) \
+    X(CUresult, cuCheckpointProcessUnlock, (int pid, CUcheckpointUnlockArgs *args))
 /* clang-format on */
 
 /*

@@ -75,8 +75,13 @@ struct vgpu_proc_slot {
                                   below 0 when it overdrew them */
     int32_t nvml_pid;          /* the pid NVML lists this process under (the host's pid when the
                                   slice runs in a PID namespace); 0 until known */
-    uint32_t reserved0;
-    uint8_t reserved1[56];
+    uint32_t resume_requests;  /* hooked CUDA calls made while the page said `suspended`: each
+                                  asks the publisher to resume the slice (the call itself waits
+                                  in the driver until then) */
+    /* cuMemAllocManaged calls that succeeded, ever: the driver cannot suspend a process that
+     * holds managed memory. */
+    uint64_t managed_allocations;
+    uint8_t reserved1[48];
 };
 
 /* The limits page: what the slice may use, written only by its publisher: 320 bytes. */
@@ -92,7 +97,10 @@ struct vgpu_limits_page {
 
     /* Limits, published as described above: 64 + 2 * 64 bytes. */
     uint64_t active_limits; /* 0 or 1: the copy readers use */
-    uint8_t reserved2[56];
+    uint32_t suspended;     /* 1 while the publisher holds the slice's processes suspended
+                               (checkpointed by the driver); 0 otherwise */
+    uint32_t reserved3;
+    uint8_t reserved2[48];
     struct vgpu_limits limits[2];
 };
 

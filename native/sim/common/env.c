@@ -20,6 +20,8 @@ void sim_env_read(struct sim_env *env)
     env->driver_version = non_empty(getenv("VGPU_SIM_DRIVER_VERSION"));
     const char *fail = non_empty(getenv("VGPU_SIM_FAIL_LAUNCHES"));
     env->fail_launches = fail && strcmp(fail, "0") != 0;
+    env->checkpoint_bandwidth = non_empty(getenv("VGPU_SIM_CHECKPOINT_BANDWIDTH"));
+    env->restore_oom_fails = non_empty(getenv("VGPU_SIM_RESTORE_OOM_FAILS"));
 }
 
 int sim_driver_version_parse(const char *text, int *version, char *error, size_t error_size)

@@ -36,7 +36,7 @@
 #include "vgpu/proc.h"
 
 #define SIM_STATE_MAGIC 0x31304d5355504756ull /* "VGPUSM01" */
-#define SIM_LAYOUT_VERSION 1u
+#define SIM_LAYOUT_VERSION 2u                 /* 2: the checkpoint records */
 #define SIM_PAGE 4096u
 #define SIM_RING_MIN_RECORDS 8192ull
 #define SIM_RING_MAX_RECORDS (1ull << 21)
@@ -51,6 +51,7 @@ struct sim_state_header {
     uint64_t device_offset[SIM_MAX_DEVICES];
     uint64_t ring_offset[SIM_MAX_DEVICES];
     uint64_t ring_records[SIM_MAX_DEVICES];
+    uint64_t checkpoint_offset;
 };
 
 static size_t round_up(size_t value, size_t unit)
@@ -84,6 +85,8 @@ static void compute_layout(const struct sim_spec *spec, struct sim_state_header 
         header->ring_records[i] = ring_records_for(&spec->devices[i]);
         offset += round_up(header->ring_records[i] * sizeof(struct sim_interval), SIM_PAGE);
     }
+    header->checkpoint_offset = offset;
+    offset += round_up(SIM_CHECKPOINT_RECORDS * sizeof(struct sim_checkpoint_record), SIM_PAGE);
     header->total_size = offset;
 }
 
@@ -113,6 +116,11 @@ pid_t sim_identity_pid(uint64_t identity)
 static int identity_alive(uint64_t identity)
 {
     return vgpu_proc_alive_at(sim_proc_root(), sim_identity_pid(identity), identity >> SIM_PID_BITS);
+}
+
+int sim_identity_alive(uint64_t identity)
+{
+    return identity_alive(identity);
 }
 
 /* Whether a state file laid out by `header` (an older spec) still has a live process in it. */
@@ -232,6 +240,7 @@ int sim_machine_open(struct sim_machine *machine, const struct sim_env *env, con
     }
     machine->mapping = mapping;
     machine->mapping_size = want.total_size;
+    machine->checkpoint_records = (struct sim_checkpoint_record *)((char *)mapping + want.checkpoint_offset);
     for (int i = 0; i < machine->spec.count; i++) {
         struct sim_device_view *view = &machine->devices[i];
         view->index = i;

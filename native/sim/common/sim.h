@@ -95,6 +95,12 @@ struct sim_env {
     const char *runtime_dir;     /* XDG_RUNTIME_DIR, NULL when unset or empty */
     const char *driver_version;  /* VGPU_SIM_DRIVER_VERSION ("13.0"), NULL when unset or empty */
     int fail_launches;           /* VGPU_SIM_FAIL_LAUNCHES set and not "0": every launch fails */
+    /* The checkpoint API's model (cuda/checkpoint.c), read by the process being checkpointed:
+     * VGPU_SIM_CHECKPOINT_BANDWIDTH, bytes per second a checkpoint or restore copies (unset:
+     * as fast as the host copies), and VGPU_SIM_RESTORE_OOM_FAILS=1, a restore refused for lack
+     * of memory leaves the process FAILED for good (as on driver 580). */
+    const char *checkpoint_bandwidth;
+    const char *restore_oom_fails;
 };
 void sim_env_read(struct sim_env *env);
 /* The CUDA version the driver reports (cuDriverGetVersion, NVML's CUDA version) and whose entry
@@ -170,9 +176,25 @@ struct sim_device_view {
     uint64_t ring_mask; /* records - 1; records is a power of two */
 };
 
+/* One CUDA process as the driver's checkpoint API sees it (cuda/checkpoint.c): its state, and
+ * the channel through which a controller (another process) asks the process's checkpoint thread
+ * to lock, checkpoint, restore or unlock it. `request` and `response` are futex words. */
+#define SIM_CHECKPOINT_RECORDS 256
+struct sim_checkpoint_record {
+    alignas(64) _Atomic uint64_t owner; /* identity of the process (sim_identity); 0: free */
+    _Atomic uint64_t controller;        /* identity of the controller whose request is open; 0: none */
+    _Atomic uint32_t state;             /* CUprocessState */
+    _Atomic uint32_t restore_tid;       /* the checkpoint thread's tid */
+    _Atomic uint32_t request;           /* sequence number of the latest request */
+    _Atomic uint32_t response;          /* sequence number of the latest request answered */
+    _Atomic uint32_t operation, timeout_ms;
+    _Atomic int32_t result;
+};
+
 struct sim_machine {
     struct sim_spec spec;
     struct sim_device_view devices[SIM_MAX_DEVICES];
+    struct sim_checkpoint_record *checkpoint_records; /* SIM_CHECKPOINT_RECORDS of them */
     void *mapping;
     size_t mapping_size;
 };
@@ -187,6 +209,8 @@ uint64_t sim_identity(pid_t pid);
 /* The pid the driver (and so NVML) knows this process by: its pid in sim_proc_root(). */
 pid_t sim_driver_pid(void);
 pid_t sim_identity_pid(uint64_t identity);
+/* Whether the process of an identity still runs (the same pid and start time). */
+int sim_identity_alive(uint64_t identity);
 
 /* Claims a slot for `identity` (reusing one it already owns, as after exec); -1 when all are
  * taken by live processes. */

@@ -11,6 +11,8 @@
  *              attributes
  *   exec.c     streams, events, modules, launches, graphs: the front of the engine (engine.c)
  *   map.c      a sorted map, for allocations and handles
+ *   checkpoint.c  the checkpoint API: this process's checkpoint thread, the gate that holds its
+ *              calls while it is locked, and the calls a controller makes on another process
  * Handles the program passes back (CUcontext, CUstream, ...) point to the structs below; the
  * driver's opaque types are completed here.
  */
@@ -276,14 +278,30 @@ extern const size_t sim_entry_point_count;
 /* What an entry point the simulator does not model does: says so on stderr the first time
  * (`said`), answers CUDA_ERROR_NOT_SUPPORTED. */
 CUresult sim_not_modelled(const char *name, _Atomic int *said);
+/* ---- checkpoint.c ----------------------------------------------------------------------- */
+
+/* Non-zero while a controller holds this process locked or checkpointed: calls wait at the gate
+ * (in sim_ready, the first thing every entry point that touches the GPU does). */
+extern _Atomic int sim_checkpoint_gate;
+void sim_checkpoint_wait_at_gate(void);
+/* Claims this process's checkpoint record and starts its checkpoint thread (at cuInit, the
+ * lock held). */
+void sim_checkpoint_start(const struct sim_env *env);
+/* Around a copy that touches device bytes on the host side: a checkpoint waits for copies in
+ * flight, and a copy started while the process is locked waits for the unlock. */
+void sim_copy_begin(void);
+void sim_copy_end(void);
 
 /* ---- driver.c --------------------------------------------------------------------------- */
 
 static inline CUresult sim_ready(void)
 {
     int state = atomic_load_explicit(&sim_cuda.state, memory_order_acquire);
-    if (__builtin_expect(state == SIM_READY, 1))
+    if (__builtin_expect(state == SIM_READY, 1)) {
+        if (__builtin_expect(atomic_load_explicit(&sim_checkpoint_gate, memory_order_acquire), 0))
+            sim_checkpoint_wait_at_gate();
         return CUDA_SUCCESS;
+    }
     return state == SIM_DEINITIALISED ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED;
 }
 

@@ -103,6 +103,7 @@ static CUresult initialise(void)
             return CUDA_ERROR_OUT_OF_MEMORY;
     }
     reserve_arena();
+    sim_checkpoint_start(&env);
     return CUDA_SUCCESS;
 }
 

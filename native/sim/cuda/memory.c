@@ -746,10 +746,14 @@ static CUresult prepare_copy(uint64_t destination, int destination_on_device, ui
         return CUDA_SUCCESS;
     if (!destination || !source)
         return CUDA_ERROR_INVALID_VALUE;
-    if (destination_on_device && (result = device_side(destination, bytes, PROT_WRITE)) != CUDA_SUCCESS)
+    /* Ended by the caller once its bytes are copied (sim_copy_end): a checkpoint must not take the
+     * pages away mid-copy. */
+    sim_copy_begin();
+    if ((destination_on_device && (result = device_side(destination, bytes, PROT_WRITE)) != CUDA_SUCCESS) ||
+        (source_on_device && (result = device_side(source, bytes, PROT_READ)) != CUDA_SUCCESS)) {
+        sim_copy_end();
         return result;
-    if (source_on_device && (result = device_side(source, bytes, PROT_READ)) != CUDA_SUCCESS)
-        return result;
+    }
     if (!asynchronous)
         sim_sleep_until(sim_context_tail(ctx));
     return CUDA_SUCCESS;
@@ -771,8 +775,10 @@ static CUresult copy(uint64_t destination, int destination_on_device, uint64_t s
 {
     CUresult result =
         prepare_copy(destination, destination_on_device, source, source_on_device, bytes, hStream, asynchronous);
-    if (result == CUDA_SUCCESS && bytes)
+    if (result == CUDA_SUCCESS && bytes) {
         memmove((void *)(uintptr_t)destination, (const void *)(uintptr_t)source, bytes);
+        sim_copy_end();
+    }
     return result;
 }
 
@@ -837,6 +843,7 @@ static CUresult memset_elements(CUdeviceptr destination, uint32_t value, size_t 
         for (size_t i = 0; i < count; i++)
             memcpy(bytes_out + 4 * i, &value, 4);
     }
+    sim_copy_end();
     return CUDA_SUCCESS;
 }
 

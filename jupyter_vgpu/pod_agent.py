@@ -1,4 +1,4 @@
-"""The program a pod kernel's container runs: ``python -m jupyter_vgpu.pods.agent SECRET_DIR``.
+"""The program a pod kernel's container runs: ``python -m jupyter_vgpu.pod_agent SECRET_DIR``.
 
 It puts the kernel in a slice inside the pod (a region with the slice's limits, the interposer
 preloaded), runs ipykernel on the connection file from the kernel's Secret, and every
@@ -31,7 +31,7 @@ from jupyter_vgpu.model import SliceLimits, list_devices, select_device, use_sim
 from jupyter_vgpu.pods.manifest import CONNECTION_FILE, SLICE_FILE
 from jupyter_vgpu.provisioning.local import LOAD_MAGIC_ARGUMENT
 
-log = logging.getLogger("jupyter_vgpu.pods.agent")
+log = logging.getLogger("jupyter_vgpu.pod_agent")
 
 
 def report(region: Region) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print(
-            "usage: python -m jupyter_vgpu.pods.agent SECRET_DIR  (the folder of the kernel's Secret)", file=sys.stderr
+            "usage: python -m jupyter_vgpu.pod_agent SECRET_DIR  (the folder of the kernel's Secret)", file=sys.stderr
         )
         return 2
     logging.basicConfig(level=logging.INFO, format="[jupyter-vgpu agent] %(message)s")

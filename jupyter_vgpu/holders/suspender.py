@@ -1,0 +1,130 @@
+"""Suspending a local slice's kernel to host memory and resuming it (issue 18): the order of the
+steps between the ledger, the limits page and the driver's checkpoint API, which
+:class:`~jupyter_vgpu.manager.SliceManager` drives.
+
+Suspend: the slice's processes (the region's slots, the kernel, and what NVML lists descending
+from them) are probed (see :meth:`CheckpointController.probe`), the page's suspended flag is
+raised (from then on a CUDA call of theirs counts a resume request before it blocks), they are
+locked within a timeout and checkpointed, and only then, once they hold nothing on the device,
+does the ledger lend the slice's room. Resume: the ledger admits the slice on its device again
+FIRST, then the processes are restored and unlocked and the flag cleared, because on current
+drivers a restore that fails for lack of memory can leave a process unrecoverable.
+
+Every call blocks (locks wait, checkpoints copy): call them from a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+from jupyter_vgpu.holders.checkpoint import (
+    CheckpointController,
+    NoRoomToRestore,
+    SuspendedProcess,
+    SuspendRefused,
+    Suspension,
+)
+from jupyter_vgpu.holders.local import LocalHolder
+from jupyter_vgpu.ledger import SUSPENDED_KEY, Allocation, CapacityError, Ledger, NotSupported
+from jupyter_vgpu.model import format_size
+
+# An allocation's metadata key: the seconds the last suspend and resume took (for the metrics).
+TIMINGS_KEY = "suspend_timings"
+
+
+class Suspender:
+    """Suspends and resumes the local slices of one ledger. The checkpoint controller, which
+    loads the CUDA driver into this process and calls ``cuInit``, is made on first use."""
+
+    def __init__(self, ledger: Ledger, holder: LocalHolder, *, controller: CheckpointController | None = None):
+        self.ledger = ledger
+        self.holder = holder
+        self._controller = controller
+        self._making = threading.Lock()
+
+    @property
+    def controller(self) -> CheckpointController:
+        with self._making:
+            if self._controller is None:
+                self._controller = CheckpointController()
+            return self._controller
+
+    def pids(self, allocation: Allocation) -> list[int]:
+        return sorted(self.holder.slice_processes(allocation))
+
+    def why_not(self, allocation: Allocation) -> tuple[str, ...]:
+        """Why this slice cannot be suspended here (empty where it can)."""
+        if allocation.holder != self.holder.kind:
+            why = f"kernels of {allocation.holder} slices are not suspended (the cluster's scheduler still counts"
+            return (f"{why} the pod's grant)",)
+        managed = self.holder.uses_managed_memory(allocation)
+        return self.controller.probe(self.pids(allocation), managed_memory=managed).reasons
+
+    def suspend(self, allocation: Allocation, *, lock_timeout: float) -> Allocation:
+        """Suspend the slice's processes and lend its room; returns the suspended allocation.
+        Raises NotSupported (with every reason) where it cannot be, SuspendRefused (its
+        processes left running) where one did not stop its GPU work within ``lock_timeout``."""
+        if allocation.suspended:
+            return allocation
+        reasons = self.why_not(allocation)
+        if reasons:
+            raise NotSupported(f"kernel {allocation.kernel_id} cannot be suspended: {'; '.join(reasons)}")
+        self.holder.set_suspended(allocation, True)
+        try:
+            suspension = self.controller.suspend(self.pids(allocation), lock_timeout=lock_timeout)
+        except BaseException:
+            self.holder.set_suspended(allocation, False)
+            raise
+        details = {
+            "processes": [asdict(process) for process in suspension.processes],
+            # Resume requests counted before this point were made while it was running.
+            "resume_requests": self.holder.resume_requests(allocation),
+        }
+        suspended = self.ledger.suspend(allocation.kernel_id, host_memory=suspension.memory, details=details)
+        return self._timed(suspended, suspend=suspension.seconds)
+
+    def resume(self, allocation: Allocation) -> Allocation:
+        """Admit the slice on its device again, then restore its processes; returns the resumed
+        allocation. Raises CapacityError (it stays suspended, nothing restored) where its room
+        is taken."""
+        if not allocation.suspended:
+            return allocation
+        state: dict[str, Any] = allocation.metadata[SUSPENDED_KEY]
+        suspension = Suspension(tuple(SuspendedProcess(**process) for process in state.get("processes", [])))
+        resumed = self.ledger.resume(allocation.kernel_id)  # the room first
+        try:
+            seconds = self.controller.resume(suspension)
+        except NoRoomToRestore as no_room:
+            # The ledger had room but the device did not (memory held outside any slice appeared
+            # meanwhile): lend the room again and wait like any slice that does not fit.
+            self.ledger.suspend(allocation.kernel_id, host_memory=allocation.host_memory, details=state)
+            raise CapacityError(
+                f"kernel {allocation.kernel_id!r} cannot resume yet: its processes need "
+                f"{format_size(no_room.needed)} on the GPU, which has {format_size(no_room.free)} free",
+                resource="memory",
+                requested=no_room.needed,
+                available=no_room.free,
+            ) from None
+        self.holder.set_suspended(resumed, False)
+        return self._timed(resumed, resume=seconds)
+
+    def resume_requested(self, allocation: Allocation) -> bool:
+        """Whether a process of the suspended slice made a CUDA call since it was suspended."""
+        state = allocation.metadata.get(SUSPENDED_KEY)
+        if not isinstance(state, dict):
+            return False
+        return self.holder.resume_requests(allocation) > int(state.get("resume_requests", 0))
+
+    def _timed(self, allocation: Allocation, **seconds: float) -> Allocation:
+        timings = allocation.metadata.get(TIMINGS_KEY)
+        timings = {**(timings if isinstance(timings, dict) else {}), **seconds, "at": time.time()}
+        with contextlib.suppress(KeyError):
+            return self.ledger.update_metadata(allocation.kernel_id, **{TIMINGS_KEY: timings})
+        return allocation
+
+
+__all__ = ["TIMINGS_KEY", "SuspendRefused", "Suspender"]

@@ -1,0 +1,192 @@
+"""The checkpoint controller (jupyter_vgpu.holders.checkpoint) suspending and resuming real
+processes on the simulated GPU. The controller runs in a child process of its own, as the server
+would run it: it loads the simulated driver and calls cuInit once, and a test process can do that
+only once for one simulated machine, while each test has a machine of its own."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import wait_for
+
+MIB, GIB = 1 << 20, 1 << 30
+FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
+
+CONTROLLER = r"""
+import dataclasses, json, sys
+from jupyter_vgpu.model.devices import use_simulator
+use_simulator()
+from jupyter_vgpu.holders.checkpoint import (
+    CheckpointController, NoRoomToRestore, SuspendRefused, SuspendedProcess, Suspension,
+)
+command, arguments = sys.argv[1], json.loads(sys.argv[2])
+controller = CheckpointController()
+try:
+    if command == "suspend":
+        suspension = controller.suspend(arguments["pids"], lock_timeout=arguments["lock_timeout"])
+        answer = {"processes": [dataclasses.asdict(p) for p in suspension.processes], "seconds": suspension.seconds}
+    elif command == "resume":
+        processes = tuple(SuspendedProcess(**process) for process in arguments["processes"])
+        answer = {"seconds": controller.resume(Suspension(processes))}
+    elif command == "states":
+        answer = {str(pid): None if state is None else state.name for pid, state in controller.states(arguments["pids"]).items()}
+    elif command == "probe":
+        answer = {"reasons": list(controller.probe(arguments["pids"], managed_memory=arguments["managed"]).reasons)}
+except SuspendRefused as refused:
+    answer = {"refused": str(refused), "busy": list(refused.busy)}
+except NoRoomToRestore as no_room:
+    answer = {"no_room": str(no_room), "needed": no_room.needed, "free": no_room.free}
+print(json.dumps(answer))
+"""
+
+
+def controller(env: dict[str, str], command: str, **arguments) -> dict:
+    finished = subprocess.run(
+        [sys.executable, "-c", CONTROLLER, command, json.dumps(arguments)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    return json.loads(finished.stdout)
+
+
+def nvml_reading(env: dict[str, str]) -> dict:
+    """Device 0's used memory and processes, as pynvml reads them in a child process."""
+    code = (
+        "import json, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); "
+        "m = pynvml.nvmlDeviceGetMemoryInfo(h); "
+        "print(json.dumps({'used': m.used, 'processes': "
+        "{str(p.pid): p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}}))"
+    )
+    finished = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(finished.stdout)
+
+
+@pytest.fixture
+def env(sim_env) -> dict[str, str]:
+    return dict(sim_env)
+
+
+def test_suspend_frees_a_slices_memory_for_others_and_resume_brings_its_pattern_back(env, checkpoint_targets):
+    kernel, worker = checkpoint_targets(env, "64M"), checkpoint_targets(env, "32M")
+    suspension = controller(env, "suspend", pids=[kernel.pid, worker.pid], lock_timeout=5)
+    assert {(p["pid"], p["memory"]) for p in suspension["processes"]} == {
+        (kernel.pid, 64 * MIB),
+        (worker.pid, 32 * MIB),
+    }
+    assert nvml_reading(env) == {"used": 0, "processes": {}}
+
+    # All of the device but one MiB (which the other holds already) is another process's now.
+    other = checkpoint_targets(env, "1M")
+    assert other.ask(f"alloc {16 * GIB - MIB}", "alloc") == "0"
+    other.kill()
+
+    assert controller(env, "resume", processes=suspension["processes"])["seconds"] >= 0
+    assert kernel.ask("verify", "intact") == "1"
+    assert worker.ask("verify", "intact") == "1"
+    assert nvml_reading(env)["processes"] == {str(kernel.pid): 64 * MIB, str(worker.pid): 32 * MIB}
+
+
+def test_a_process_still_working_is_left_running_with_the_rest_of_its_slice(env, checkpoint_targets):
+    idle, busy = checkpoint_targets(env, "1M"), checkpoint_targets(env, "1M")
+    busy.ask("busy 20000", "queued")
+    answer = controller(env, "suspend", pids=[idle.pid, busy.pid], lock_timeout=0.2)
+    assert answer["busy"] == [busy.pid]
+    assert f"process {busy.pid} did not finish its GPU work within 0.2 s" in answer["refused"]
+    assert controller(env, "states", pids=[idle.pid, busy.pid]) == {str(idle.pid): "RUNNING", str(busy.pid): "RUNNING"}
+    # The idle one was locked and is unlocked again: its calls go through.
+    assert idle.ask("alloc 1M", "alloc") == "0"
+
+
+def test_resume_without_room_restores_nothing(env, checkpoint_targets):
+    # A restore refused for lack of memory would leave this target FAILED: it stays CHECKPOINTED
+    # only if the controller never tried.
+    kernel = checkpoint_targets({**env, "VGPU_SIM_RESTORE_OOM_FAILS": "1"}, "64M")
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    other = checkpoint_targets(env, "1M")
+    assert other.ask(f"alloc {16 * GIB - 32 * MIB}", "alloc") == "0"
+
+    answer = controller(env, "resume", processes=suspension["processes"])
+    assert answer["needed"] == 64 * MIB and answer["free"] == 31 * MIB
+    assert "not resumed" in answer["no_room"]
+    assert controller(env, "states", pids=[kernel.pid]) == {str(kernel.pid): "CHECKPOINTED"}
+
+    other.kill()
+    controller(env, "resume", processes=suspension["processes"])
+    assert kernel.ask("verify", "intact") == "1"
+
+
+def test_a_cuda_call_from_a_background_thread_of_a_suspended_process_waits_for_the_resume(env, checkpoint_targets):
+    kernel = checkpoint_targets(env, "1M")
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    syscall = Path(f"/proc/{kernel.pid}/task/{kernel.ask('call', 'call-thread')}/syscall")
+    wait_for(lambda: syscall.read_text().split()[0] == str(FUTEX), timeout=30, message="the call waits in the driver")
+    assert kernel.ask("ping", "pong") == ""
+    assert "call-returned" not in kernel.lines
+    controller(env, "resume", processes=suspension["processes"])
+    assert kernel.wait_for("call-returned") == "0"
+
+
+def test_the_probe_says_why_a_slice_cannot_be_suspended(env, checkpoint_targets):
+    two_devices = {**env, "VGPU_SIM_DEVICES": "memory=1GiB,sms=10;memory=1GiB,sms=10"}
+    first = checkpoint_targets({**two_devices, "CUDA_VISIBLE_DEVICES": "0"}, "1M")
+    second = checkpoint_targets({**two_devices, "CUDA_VISIBLE_DEVICES": "1"}, "1M")
+    assert controller(two_devices, "probe", pids=[first.pid], managed=False) == {"reasons": []}
+    reasons = controller(two_devices, "probe", pids=[first.pid, second.pid], managed=True)["reasons"]
+    assert reasons == [
+        "the kernel uses managed (unified) memory, which the driver cannot suspend",
+        "the kernel's processes use 2 GPUs; only single-GPU kernels are suspended",
+    ]
+
+
+def test_a_process_without_cuda_has_no_state_and_is_left_alone(env, checkpoint_targets):
+    kernel = checkpoint_targets(env, "1M")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        assert controller(env, "states", pids=[sleeper.pid]) == {str(sleeper.pid): None}
+        suspension = controller(env, "suspend", pids=[sleeper.pid, kernel.pid], lock_timeout=5)
+        assert [p["pid"] for p in suspension["processes"]] == [kernel.pid]
+        assert controller(env, "states", pids=[kernel.pid]) == {str(kernel.pid): "CHECKPOINTED"}
+        controller(env, "resume", processes=suspension["processes"])
+        assert controller(env, "states", pids=[kernel.pid]) == {str(kernel.pid): "RUNNING"}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_cuda_call_in_a_suspended_slice_asks_its_publisher_for_a_resume(env, make_slice, checkpoint_targets):
+    slice_env, region = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "1M")
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    region.set_suspended(True)
+    assert region.resume_requests() == 0
+
+    kernel.ask("call", "call-thread")
+    # What a server's watch loop waits for; the call itself waits in the driver meanwhile.
+    wait_for(lambda: region.resume_requests() > 0, timeout=30, message="a resume request in the region")
+    assert "call-returned" not in kernel.lines
+    controller(env, "resume", processes=suspension["processes"])
+    region.set_suspended(False)
+    assert kernel.wait_for("call-returned") == "0"
+
+    asked = region.resume_requests()
+    assert kernel.ask("call", "call-returned") == "0"
+    assert region.resume_requests() == asked  # a call of a running slice asks nothing
+
+
+def test_the_region_tells_a_slice_that_used_managed_memory(env, make_slice, checkpoint_targets):
+    managed_env, managed_region = make_slice(env)
+    plain_env, plain_region = make_slice(env)
+    managed, plain = checkpoint_targets(managed_env, "1M"), checkpoint_targets(plain_env, "1M")
+    assert managed.ask("managed 1M", "managed") == "0"
+    assert plain.ask("alloc 1M", "alloc") == "0"
+    assert managed_region.uses_managed_memory()
+    assert not plain_region.uses_managed_memory()

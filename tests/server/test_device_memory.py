@@ -1,0 +1,138 @@
+"""Promises checked against what the device really holds: memory NVML shows in use that the
+ledger never admitted (a program outside any slice, a kernel over its cap) is shown as such by
+GET /api/vgpu/devices and is never promised to a new slice. A real server process, real kernels
+and a real program on one simulated 16 GiB GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import test_server_process
+from jupyter_client.channels import HBChannel
+from support import CUDA_PRELUDE, wait_for
+from test_server_process import KERNEL_NAME, Server, run_code
+
+GIB = 1 << 30
+# The user's environment and kernelspec of the server-process tests.
+user_env = test_server_process.user_env
+vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
+
+
+@pytest.fixture(autouse=True)
+def patient_heartbeat(monkeypatch):
+    """run_code's client calls a kernel dead after 1 s without a heartbeat, which a kernel on a
+    busy two-core machine misses; it is a test's reading, not what is tested."""
+    monkeypatch.setattr(HBChannel, "time_to_dead", 10.0)
+
+
+# A program outside any slice: allocates what its argument says, says so, and holds it until its
+# stdin closes.
+HOLDER = (
+    CUDA_PRELUDE + "import sys\nassert allocate(int(sys.argv[1])) == 0\nprint('held', flush=True)\nsys.stdin.read()\n"
+)
+
+
+def hold_outside(env: dict[str, str], size: int) -> subprocess.Popen:
+    """A program on the simulated GPU (``env``: sim_env) holding ``size`` bytes, in no slice."""
+    program = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(size)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert program.stdout is not None and program.stdout.readline() == "held\n"
+    return program
+
+
+def the_device(server: Server) -> dict:
+    (device,) = server.api("GET", "api/vgpu/devices")
+    return device
+
+
+def test_memory_held_outside_any_slice_is_shown_and_never_promised(user_env, sim_env, tmp_path):
+    server = Server(tmp_path, user_env)
+    outside = hold_outside(sim_env, 2 * GIB)
+    try:
+        device = the_device(server)
+        assert device["memory_outside_bytes"] == 2 * GIB and device["memory_over_cap_bytes"] == 0
+        assert device["memory_allocated_bytes"] == 0 and device["memory_free_bytes"] == 14 * GIB
+
+        status, message = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "15GiB"})
+        assert status == 409 and "14GiB" in message, message
+        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "14GiB"})
+        assert the_device(server)["memory_free_bytes"] == 0
+
+        outside.stdin.close()  # the program ends, and its memory is free for promises again
+        outside.wait(30)
+        device = the_device(server)
+        assert device["memory_outside_bytes"] == 0 and device["memory_free_bytes"] == 2 * GIB
+    finally:
+        outside.kill()
+        server.stop()
+
+
+def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, tmp_path):
+    # Limits put back only when a client reads the slices, so the kernel's allocation is not raced.
+    config = Path(user_env["JUPYTER_CONFIG_DIR"])
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "jupyter_server_config.json").write_text(json.dumps({"VGPUApp": {"watch_interval": 3600}}))
+    server = Server(tmp_path, user_env)
+    try:
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
+        kernel_id = started["kernel"]["id"]
+        run_code(
+            user_env,
+            kernel_id,
+            CUDA_PRELUDE
+            + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n"
+            + "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=16 << 30)\n"
+            + "assert allocate(12 << 30) == 0\n",
+        )
+        device = the_device(server)
+        assert device["memory_over_cap_bytes"] == 9 * GIB and device["memory_outside_bytes"] == 0
+        assert device["memory_allocated_bytes"] == 3 * GIB and device["memory_free_bytes"] == 4 * GIB
+
+        status, message = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "5GiB"})
+        assert status == 409 and "4GiB" in message, message
+        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB"})
+
+        # Reading the slice puts the cap back and flags it once, saying what stays held.
+        (warning,) = server.api("GET", f"api/vgpu/slices/{kernel_id}")["warnings"]
+        assert "memory cap 16GiB" in warning and "the server restored them" in warning
+        assert "12GiB, 9GiB over the 3GiB cap" in warning and "until the kernel frees it" in warning
+        run_code(user_env, kernel_id, "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=15 << 30)")
+        (again,) = server.api("GET", f"api/vgpu/slices/{kernel_id}")["warnings"]
+        assert "memory cap 15GiB" in again and "(2 times)" in again and "9GiB over the 3GiB cap" in again
+    finally:
+        server.stop()
+
+
+def test_a_kernel_over_its_cap_is_stopped_after_the_grace_when_configured_so(user_env, tmp_path):
+    config = Path(user_env["JUPYTER_CONFIG_DIR"])
+    config.mkdir(parents=True, exist_ok=True)
+    settings = {"VGPUApp": {"over_cap_action": "stop", "over_cap_grace": 1}}
+    (config / "jupyter_server_config.json").write_text(json.dumps(settings))
+    server = Server(tmp_path, user_env)
+    try:
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
+        kernel_id = started["kernel"]["id"]
+        # Raised again until the allocation gets in: the server may put the cap back in between.
+        run_code(
+            user_env,
+            kernel_id,
+            CUDA_PRELUDE
+            + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n"
+            + "page = LimitsPage.open(os.environ['VGPU_LIMITS'])\n"
+            + "while page.set_limits(memory_limit=16 << 30) and allocate(12 << 30) != 0: pass\n",
+        )
+
+        def stopped() -> bool:
+            return all(kernel["id"] != kernel_id for kernel in server.api("GET", "api/kernels"))
+
+        wait_for(stopped, 60, "the kernel over its cap to be stopped")
+        assert server.api("GET", "api/vgpu/slices") == []
+        wait_for(lambda: the_device(server)["memory_free_bytes"] == 16 * GIB, 30, "its 12 GiB to be free")
+        assert "over_cap_action = stop" in server.log.read_text()
+    finally:
+        server.stop()

@@ -1,0 +1,234 @@
+"""Suspending a kernel to host memory and resuming it (issue 18) through a real server, with real
+kernels on the simulated 16 GiB GPU (device 1 of the server tests' machine): the checkpoint API
+of the simulated driver moves the kernel's device memory to host memory, the ledger lends the
+slice's room, and a resume takes the room back first and then restores the memory, intact.
+
+The server runs in the test's event loop: waiting is polling with ``await``, which lets the
+server's periodic watcher run meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pynvml
+import pytest
+from tornado.httpclient import HTTPClientError
+
+GIB, MIB = 1 << 30, 1 << 20
+LARGE = 1  # the 16 GiB device of the server tests' simulated machine
+
+# Kernel code (after the CUDA prelude): 12 GiB held, the last 64 MiB of it written with a pattern
+# (the simulated driver copies only memory that was written, so the host copy stays small).
+HOLD_12_GIB_WITH_A_PATTERN = """
+untouched, written = ctypes.c_uint64(), ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(untouched), ctypes.c_size_t((12 << 30) - (64 << 20))) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(written), ctypes.c_size_t(64 << 20)) == 0
+pattern = bytes(range(251)) * ((64 << 20) // 251)
+assert cuda.cuMemcpyHtoD_v2(written, pattern, ctypes.c_size_t(len(pattern))) == 0
+def intact():
+    back = ctypes.create_string_buffer(len(pattern))
+    assert cuda.cuMemcpyDtoH_v2(back, written, ctypes.c_size_t(len(pattern))) == 0
+    return back.raw == pattern
+print(intact())
+"""
+
+
+@pytest.fixture
+def suspend_settings() -> dict:
+    """VGPUApp settings of the test's server beyond a fast watcher (a test parametrizes it)."""
+    return {}
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config, suspend_settings):
+    return {
+        **jp_server_config,
+        "VGPUApp": {**jp_server_config["VGPUApp"], "watch_interval": 0.2, **suspend_settings},
+    }
+
+
+async def eventually(condition, timeout: float, message: str, interval: float = 0.05):
+    """Awaits ``condition()`` until it returns a truthy value, which it returns, or fails the test
+    with the last value seen after ``timeout`` seconds (polling lets the server run meanwhile)."""
+    deadline = time.monotonic() + timeout
+    value = await condition()
+    while not value:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{message} not met within {timeout} s (last: {value!r})")
+        await asyncio.sleep(interval)
+        value = await condition()
+    return value
+
+
+async def slice_of(jp_fetch, kernel_id: str) -> dict:
+    return json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id)).body)
+
+
+async def start_sliced(jp_fetch, kernelspec, **fields) -> str:
+    body = json.dumps({"name": kernelspec, **fields})
+    response = await jp_fetch("api", "vgpu", "kernels", method="POST", body=body)
+    return json.loads(response.body)["kernel"]["id"]
+
+
+async def post(jp_fetch, kernel_id: str, action: str) -> dict:
+    return json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id, action, method="POST", body="")).body)
+
+
+async def refusal(jp_fetch, kernel_id: str, action: str) -> tuple[int, str]:
+    with pytest.raises(HTTPClientError) as refused:
+        await post(jp_fetch, kernel_id, action)
+    return refused.value.code, json.loads(refused.value.response.body)["message"]
+
+
+def nvml_device(index: int) -> dict:
+    """What NVML (the simulated one, loaded in this process by the server) says of a device."""
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {
+            "free": pynvml.nvmlDeviceGetMemoryInfo(handle).free,
+            "pids": {process.pid for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)},
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def kernel_pid(jp_serverapp, kernel_id: str) -> int:
+    return jp_serverapp.kernel_manager.get_kernel(kernel_id).provisioner.process.pid
+
+
+async def test_a_suspended_kernels_memory_is_lent_and_comes_back_intact_when_resumed(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
+    pid = kernel_pid(jp_serverapp, a)
+    assert pid in nvml_device(LARGE)["pids"]
+
+    suspended = await post(jp_fetch, a, "suspend")
+    assert (suspended["state"], suspended["host_memory_bytes"]) == ("suspended", 12 * GIB)
+    assert nvml_device(LARGE) == {"free": 16 * GIB, "pids": set()}
+    devices = json.loads((await jp_fetch("api", "vgpu", "devices")).body)
+    assert devices[LARGE]["memory_free_bytes"] == 16 * GIB
+    assert (await post(jp_fetch, a, "suspend"))["state"] == "suspended"  # again: as it is
+
+    # Its room is lent: another kernel gets 12 GiB of the 16, and A cannot come back meanwhile.
+    b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    code, message = await refusal(jp_fetch, a, "resume")
+    assert code == 409
+    assert message.startswith(
+        f"kernel {a!r} cannot resume yet: its 12GiB slice needs 12GiB on GPU 1, which has 4GiB free"
+    )
+    assert nvml_device(LARGE)["pids"] == set()  # nothing was restored
+
+    await jp_fetch("api", "kernels", b, method="DELETE")
+    resumed = await post(jp_fetch, a, "resume")
+    assert (resumed["state"], resumed["host_memory_bytes"]) == ("running", 0)
+    assert pid in nvml_device(LARGE)["pids"]
+    assert (await run_in_kernel(a, "print(intact())")).strip() == "True"
+    code, message = await refusal(jp_fetch, "no-such-kernel", "resume")
+    assert code == 404
+
+
+async def test_a_kernel_with_managed_memory_is_not_suspended_and_the_refusal_says_why(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", device=LARGE)
+    managed = (
+        "pointer = ctypes.c_uint64()\nprint(cuda.cuMemAllocManaged(ctypes.byref(pointer), ctypes.c_size_t(1 << 20), 1))"
+    )
+    assert (await run_in_kernel(kernel, cuda_prelude + managed)).strip() == "0"
+    code, message = await refusal(jp_fetch, kernel, "suspend")
+    assert code == 409
+    assert "the kernel uses managed (unified) memory, which the driver cannot suspend" in message
+    assert (json.loads((await jp_fetch("api", "vgpu", "slices", kernel)).body))["state"] == "running"
+
+
+async def test_the_next_cell_of_a_suspended_kernel_waits_saying_why_until_its_room_is_free_then_resumes(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    """The issue's walk-through: A (12 GiB with a pattern) suspended, B admitted 12 GiB and
+    running a cell; A's next cell waits, its notice says for what, until B shuts down."""
+    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
+    await post(jp_fetch, a, "suspend")
+    assert nvml_device(LARGE) == {"free": 16 * GIB, "pids": set()}
+    b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    # B runs a cell (never suspended to make room), a long one: the kernel's own wait, ended by its shutdown.
+    b_cell = asyncio.ensure_future(run_in_kernel(b, "import time; time.sleep(600)"))
+    await eventually(lambda: _state_is(jp_serverapp, b, "busy"), 30, "B running its cell")
+
+    a_cell = asyncio.ensure_future(run_in_kernel(a, "print(intact())"))
+
+    async def waiting():
+        notice = (await slice_of(jp_fetch, a))["notice"]
+        return notice if notice and notice.startswith("waiting") else None
+
+    notice = await eventually(waiting, 30, "A's notice saying what it waits for")
+    assert notice == (
+        "waiting for 8GiB on GPU 1, held by running kernels (12GiB in all); this kernel resumes when it is free"
+    )
+    assert not a_cell.done() and (await slice_of(jp_fetch, a))["state"] == "suspended"
+
+    await jp_fetch("api", "kernels", b, method="DELETE")
+    b_cell.cancel()
+    assert (await asyncio.wait_for(a_cell, 60)).strip() == "True"
+    resumed = await slice_of(jp_fetch, a)
+    assert (resumed["state"], resumed["notice"], resumed["host_memory_bytes"]) == ("running", None, 0)
+    assert kernel_pid(jp_serverapp, a) in nvml_device(LARGE)["pids"]
+
+
+async def _state_is(jp_serverapp, kernel_id: str, state: str) -> bool:
+    return jp_serverapp.kernel_manager.get_kernel(kernel_id).execution_state == state
+
+
+async def test_resume_makes_room_by_suspending_an_idle_kernel(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
+    await post(jp_fetch, a, "suspend")
+    b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+
+    # A runs again while B is idle: B is suspended to make room, and A resumes intact.
+    assert (await asyncio.wait_for(run_in_kernel(a, "print(intact())"), 60)).strip() == "True"
+    made_room = await slice_of(jp_fetch, b)
+    assert (made_room["state"], made_room["host_memory_bytes"]) == ("suspended", 12 * GIB)
+    assert made_room["notice"].startswith("suspended to make room for a kernel that ran again: 12GiB moved")
+    assert nvml_device(LARGE)["pids"] == {kernel_pid(jp_serverapp, a)}
+
+
+async def test_a_cuda_call_from_a_background_thread_of_a_suspended_kernel_resumes_it(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, tmp_path
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    # A thread that makes a CUDA call once the test writes to a FIFO: no cell runs then.
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    thread = (
+        "import threading\n"
+        "def wait_then_call():\n"
+        f"    open({str(fifo)!r}).read(1)\n"
+        "    memory()\n"
+        "worker = threading.Thread(target=wait_then_call)\n"
+        "worker.start()\n"
+        "print(allocate(1 << 30))\n"
+    )
+    assert (await run_in_kernel(kernel, cuda_prelude + thread)).strip() == "0"
+    await post(jp_fetch, kernel, "suspend")
+    await eventually(lambda: _state_is(jp_serverapp, kernel, "idle"), 30, "the kernel idle")
+    assert (await slice_of(jp_fetch, kernel))["state"] == "suspended"
+
+    await asyncio.to_thread(fifo.write_text, "x")  # the reader is waiting: this open does not block
+
+    async def running():
+        return (await slice_of(jp_fetch, kernel))["state"] == "running"
+
+    await eventually(running, 30, "the kernel resumed by its thread's CUDA call")
+    assert jp_serverapp.kernel_manager.get_kernel(kernel).execution_state == "idle"  # no cell ran
+    assert (await run_in_kernel(kernel, "worker.join(60); print(worker.is_alive())")).strip() == "False"
