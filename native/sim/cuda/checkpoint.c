@@ -17,15 +17,15 @@
  *               (waiting for calls in their critical sections), closes the gate (later calls of
  *               the process wait in sim_ready), then waits for the process's queued kernels to
  *               end. Past `timeoutMs` it undoes all of that: CUDA_ERROR_TIMEOUT, still RUNNING.
- *   checkpoint  copies every allocation's bytes to host memory, gives the pages back, and takes
- *               the process's bytes and contexts off its device slots, so the device's memory is
- *               free and NVML no longer lists the pid.
+ *   checkpoint  moves every allocation's bytes to host memory (their device addresses stay
+ *               reserved, inaccessible), and takes the process's bytes and contexts off its
+ *               device slots, so the device's memory is free and NVML no longer lists the pid.
  *   restore     charges the bytes back (CUDA_ERROR_OUT_OF_MEMORY, still CHECKPOINTED, when the
  *               device has no room; with VGPU_SIM_RESTORE_OOM_FAILS=1 the process is FAILED for
  *               good, as on driver 580), then copies them back to the same addresses.
  *   unlock      opens the gate: the calls that waited go on.
- * Copies take bytes / VGPU_SIM_CHECKPOINT_BANDWIDTH of wall time (at least what the host copy
- * took).
+ * Moving the bytes takes bytes / VGPU_SIM_CHECKPOINT_BANDWIDTH of wall time (the host moves
+ * a linear allocation's pages without copying them).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -188,35 +188,54 @@ static void pace_copy(uint64_t started_ns, uint64_t bytes)
         sim_sleep_until(started_ns + (uint64_t)((double)bytes * 1e9 / (double)target.bandwidth));
 }
 
+/* A linear allocation's pages move to host memory whole (mremap, no copy: the simulator's
+ * device memory is host memory already), and its addresses stay reserved, PROT_NONE, for the
+ * restore; the modelled copy time is pace_copy's. A VMM handle's bytes are copied out of its
+ * memfd, whose pages are then given back. */
 static int save_range(struct saved_range *range)
 {
+    if (range->allocation) {
+        void *base = (void *)(uintptr_t)range->allocation->base;
+        size_t span = range->allocation->span;
+        void *host = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (host == MAP_FAILED)
+            return -1;
+        if (mremap(base, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, host) == MAP_FAILED) {
+            munmap(host, span);
+            return -1;
+        }
+        if (mmap(base, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+            mremap(host, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, base);
+            return -1;
+        }
+        range->copy = host;
+        return 0;
+    }
     range->copy = malloc(range->bytes ? range->bytes : 1);
     if (!range->copy)
         return -1;
-    if (range->allocation) {
-        void *base = (void *)(uintptr_t)range->allocation->base;
-        memcpy(range->copy, base, range->bytes);
-        madvise(base, range->allocation->span, MADV_DONTNEED);
-        mprotect(base, range->allocation->span, PROT_NONE);
-    } else if (pread(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes) {
+    if (pread(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes) {
         free(range->copy);
         return -1;
-    } else {
-        fallocate(range->handle->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)range->bytes);
     }
+    fallocate(range->handle->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)range->bytes);
     return 0;
 }
 
 static void put_back_range(struct saved_range *range)
 {
     if (range->allocation) {
+        /* Onto the reserved addresses: the same pages, at the same device addresses. */
         void *base = (void *)(uintptr_t)range->allocation->base;
-        mprotect(base, range->allocation->span, range->allocation->host_access);
-        memcpy(base, range->copy, range->bytes);
-    } else if (pwrite(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes) {
+        if (mremap(range->copy, range->allocation->span, range->allocation->span, MREMAP_MAYMOVE | MREMAP_FIXED,
+                   base) == MAP_FAILED)
+            fprintf(stderr, "libcuda (jupyter-vgpu simulated GPU): restoring %llu bytes at %p failed: %s\n",
+                    (unsigned long long)range->bytes, base, strerror(errno));
+        return;
+    }
+    if (pwrite(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes)
         fprintf(stderr, "libcuda (jupyter-vgpu simulated GPU): restoring a VMM handle's %llu bytes failed: %s\n",
                 (unsigned long long)range->bytes, strerror(errno));
-    }
     free(range->copy);
 }
 
