@@ -11,6 +11,9 @@
  * see one state, and a controller can be any process of the machine, initialised or not (only a
  * restore needs a controller that has called cuInit, as without persistence mode).
  *
+ * Built for another architecture than x86-64, every call answers CUDA_ERROR_NOT_SUPPORTED, as
+ * the driver did on aarch64.
+ *
  * States: RUNNING -lock-> LOCKED -checkpoint-> CHECKPOINTED -restore-> LOCKED -unlock-> RUNNING;
  * any other step is CUDA_ERROR_ILLEGAL_STATE.
  *   lock        takes the copy lock (waiting for copies in flight) and the library's lock
@@ -41,6 +44,13 @@
 #include <unistd.h>
 
 #include "cuda_sim.h"
+
+/* The driver answers the checkpoint API on x86-64 only (on aarch64 it said "not supported"). */
+#if defined(__x86_64__)
+#define CHECKPOINT_SUPPORTED 1
+#else
+#define CHECKPOINT_SUPPORTED 0
+#endif
 
 enum checkpoint_operation { OPERATION_LOCK = 1, OPERATION_CHECKPOINT, OPERATION_RESTORE, OPERATION_UNLOCK };
 
@@ -439,6 +449,8 @@ static struct sim_checkpoint_record *claim_record(struct sim_checkpoint_record *
 
 void sim_checkpoint_start(const struct sim_env *env)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return;
     static int fork_handler_installed;
     if (!fork_handler_installed)
         fork_handler_installed = pthread_atfork(NULL, NULL, forget_target_after_fork) == 0;
@@ -565,6 +577,8 @@ static const struct sim_checkpoint_record *queried_process(int pid, const void *
 
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
     const struct sim_checkpoint_record *record = queried_process(pid, state);
     if (record)
         *state = (CUprocessState)atomic_load(&record->state);
@@ -573,6 +587,8 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
 
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
     const struct sim_checkpoint_record *record = queried_process(pid, tid);
     if (record)
         *tid = (int)atomic_load(&record->restore_tid);
@@ -581,6 +597,8 @@ CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof args->reserved1)))
         return CUDA_ERROR_INVALID_VALUE;
     return request(pid, OPERATION_LOCK, args ? args->timeoutMs : 0);
@@ -588,6 +606,8 @@ CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (args && !all_zero(args, sizeof *args))
         return CUDA_ERROR_INVALID_VALUE;
     return request(pid, OPERATION_CHECKPOINT, 0);
@@ -595,6 +615,8 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args
 
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (args && !all_zero(args, sizeof *args))
         return CUDA_ERROR_INVALID_VALUE;
     /* Without persistence mode (the simulator has none) a restore needs a controller that has
@@ -605,6 +627,8 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (args && !all_zero(args, sizeof *args))
         return CUDA_ERROR_INVALID_VALUE;
     return request(pid, OPERATION_UNLOCK, 0);
