@@ -568,68 +568,64 @@ static int all_zero(const void *bytes, size_t size)
     return 1;
 }
 
-/* The record of the CUDA process `pid` for a query answering into `out`, or NULL. */
-static const struct sim_checkpoint_record *queried_process(int pid, const void *out)
+/* The record of the CUDA process `pid` for a query answering into `out`, or the error. */
+static CUresult queried_process(int pid, const void *out, const struct sim_checkpoint_record **record)
 {
     uint64_t owner;
-    return out ? find_process(pid, &owner) : NULL;
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    *record = out ? find_process(pid, &owner) : NULL;
+    return *record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A request checked as the driver checks it: supported, then its arguments (`arguments_valid`:
+ * the reserved fields are zero), then, for a restore, a controller that has initialised the
+ * driver (without persistence mode, which the simulator has not, a restore needs one). */
+static CUresult checked_request(int pid, enum checkpoint_operation operation, uint32_t timeout_ms, int arguments_valid)
+{
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!arguments_valid)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult ready = operation == OPERATION_RESTORE ? sim_ready() : CUDA_SUCCESS;
+    return ready != CUDA_SUCCESS ? ready : request(pid, operation, timeout_ms);
 }
 
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
 {
-    if (!CHECKPOINT_SUPPORTED)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    const struct sim_checkpoint_record *record = queried_process(pid, state);
-    if (record)
+    const struct sim_checkpoint_record *record;
+    CUresult result = queried_process(pid, state, &record);
+    if (result == CUDA_SUCCESS)
         *state = (CUprocessState)atomic_load(&record->state);
-    return record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return result;
 }
 
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 {
-    if (!CHECKPOINT_SUPPORTED)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    const struct sim_checkpoint_record *record = queried_process(pid, tid);
-    if (record)
+    const struct sim_checkpoint_record *record;
+    CUresult result = queried_process(pid, tid, &record);
+    if (result == CUDA_SUCCESS)
         *tid = (int)atomic_load(&record->restore_tid);
-    return record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return result;
 }
 
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
-    if (!CHECKPOINT_SUPPORTED)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof args->reserved1)))
-        return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, OPERATION_LOCK, args ? args->timeoutMs : 0);
+    int valid = !args || (args->reserved0 == 0 && all_zero(args->reserved1, sizeof args->reserved1));
+    return checked_request(pid, OPERATION_LOCK, args ? args->timeoutMs : 0, valid);
 }
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
-    if (!CHECKPOINT_SUPPORTED)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (args && !all_zero(args, sizeof *args))
-        return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, OPERATION_CHECKPOINT, 0);
+    return checked_request(pid, OPERATION_CHECKPOINT, 0, !args || all_zero(args, sizeof *args));
 }
 
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
-    if (!CHECKPOINT_SUPPORTED)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (args && !all_zero(args, sizeof *args))
-        return CUDA_ERROR_INVALID_VALUE;
-    /* Without persistence mode (the simulator has none) a restore needs a controller that has
-     * initialised the driver. */
-    CUresult ready = sim_ready();
-    return ready != CUDA_SUCCESS ? ready : request(pid, OPERATION_RESTORE, 0);
+    return checked_request(pid, OPERATION_RESTORE, 0, !args || all_zero(args, sizeof *args));
 }
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
-    if (!CHECKPOINT_SUPPORTED)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (args && !all_zero(args, sizeof *args))
-        return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, OPERATION_UNLOCK, 0);
+    return checked_request(pid, OPERATION_UNLOCK, 0, !args || all_zero(args, sizeof *args));
 }
