@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support import watched_utilisation  # noqa: E402
 
 from jupyter_vgpu.holders.region import Region  # noqa: E402
 
@@ -147,13 +150,7 @@ def main() -> None:
                     phase_util[phase] = measured.get(pid, 0) * (end_us - begin_us) / (busy_ms * 1000)
             out = watcher.communicate()[0]
             process.wait()
-            series: list[tuple[int, int]] = []
-            for words in (line.split() for line in out.splitlines()):
-                if words[0] == "q":
-                    series.append((int(words[1]), 0))
-                elif words[0] == "s" and int(words[1]) == pid:
-                    series[-1] = (series[-1][0], int(words[2]))
-            return start_us, series, phase_util
+            return start_us, watched_utilisation(out, pid), phase_util
 
         def worst_and_mean(errors: list[float]) -> str:
             return f"{max(errors):+.1f} / {statistics.mean(errors):+.1f}" if errors else "-"

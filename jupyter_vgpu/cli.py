@@ -728,6 +728,38 @@ class ResizeApp(_ServerCommand):
         raise UsageError(f"no sliced kernel's id starts with {wanted!r}; the sliced kernels are {listed}")
 
 
+class SuspendApp(_ServerCommand):
+    name = "jupyter-vgpu-suspend"
+    description = "Suspend a kernel: its GPU memory moves to host memory and its slice's room is lent: jupyter vgpu suspend KERNEL_ID."
+    aliases = {"server": "SuspendApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+    verb = "suspend"
+
+    def run(self) -> int:
+        if len(self.extra_args) != 1:
+            raise UsageError(f"usage: jupyter vgpu {self.verb} KERNEL_ID")
+        client = self.client()
+        kernel_id = ResizeApp.find_kernel(self.extra_args[0], client.slices())
+        model = client.resume(kernel_id) if self.verb == "resume" else client.suspend(kernel_id)
+        short = kernel_id[:8]
+        if self.verb == "resume":
+            print(f"resumed {short}: its {format_size(model['limits']['memory_bytes'])} slice runs again")
+        else:
+            print(
+                f"suspended {short}: {format_size(model['host_memory_bytes'])} moved to host memory; it resumes on "
+                f"its next cell, or with `jupyter vgpu resume {short}`"
+            )
+        return 0
+
+
+class ResumeApp(SuspendApp):
+    name = "jupyter-vgpu-resume"
+    description = (
+        "Resume a suspended kernel (its room on the GPU first, then its memory): jupyter vgpu resume KERNEL_ID."
+    )
+    aliases = {"server": "ResumeApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+    verb = "resume"
+
+
 class KernelspecInstallApp(_VGPUSubcommand):
     name = "jupyter-vgpu-kernelspec-install"
     description = "Install a kernelspec whose kernels start in GPU slices of a given size."
@@ -925,6 +957,7 @@ class PodManifestApp(JupyterApp):
             defaults = SliceLimits(parse_size(server.default_memory), server.default_cores, server.default_policy)
             size = {"memory": self.memory, "cores": self.cores, "policy": self.policy}
             limits = decide_limits(defaults, {k: configured.get(k, "") for k in size}, size)
+            limits.check_within(server.largest_slice)  # as the server's ledger would refuse the start
             manifests = provisioner.planned_manifests(limits, kernel_name=self.kernel)
         except (ManifestError, SliceValueError, TraitError) as error:
             self._fail(str(error))
@@ -970,7 +1003,6 @@ class BrokerApp(JupyterApp):
 class HubProfilesApp(JupyterApp):
     name = "jupyter-vgpu-hub-profiles"
     version = __version__
-            limits.check_within(server.largest_slice)  # as the server's ledger would refuse the start
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
     config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
     groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")
@@ -1009,6 +1041,8 @@ class VGPUCommand(_CommandGroup):
         "doctor": (DoctorApp, DoctorApp.description),
         "status": (StatusApp, StatusApp.description),
         "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
+        "suspend": (SuspendApp, SuspendApp.description.split(":")[0]),
+        "resume": (ResumeApp, ResumeApp.description.split(":")[0]),
         "kernelspec": (KernelspecApp, KernelspecApp.description),
         "config": (ConfigApp, ConfigApp.description),
         "pod-manifest": (PodManifestApp, PodManifestApp.description.split(" (")[0]),

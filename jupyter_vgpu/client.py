@@ -125,6 +125,16 @@ class ServerClient:
         model: dict[str, Any] = self._request("PATCH", "slices", kernel_id or self.kernel_id, body=changes)
         return model
 
+    def suspend(self, kernel_id: str) -> dict[str, Any]:
+        """Suspend a kernel to host memory (its slice's room lent to others)."""
+        model: dict[str, Any] = self._request("POST", "slices", kernel_id, "suspend", body={})
+        return model
+
+    def resume(self, kernel_id: str) -> dict[str, Any]:
+        """Resume a suspended kernel: its room back first, then its memory."""
+        model: dict[str, Any] = self._request("POST", "slices", kernel_id, "resume", body={})
+        return model
+
     def _request(self, method: str, *path: str, body: dict[str, Any] | None = None) -> Any:
         url = self.server_url.rstrip("/") + "/api/vgpu/" + "/".join(urllib.parse.quote(part, safe="") for part in path)
         headers = {"Content-Type": "application/json"}

@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -238,6 +238,10 @@ class SliceManager(LoggingConfigurable):
         return allocation
 
     # -- suspending idle kernels (issue 18) ---------------------------------------------------
+
+    # Makes room for a slice that does not fit (limits, device asked for) by suspending idle
+    # kernels, where the server's suspend policy is on; True where it may fit now.
+    room_maker: Callable[[SliceLimits, Any], Awaitable[bool]] | None = None
 
     @functools.cached_property
     def suspender(self) -> Suspender:

@@ -3,6 +3,7 @@ linked against the simulated GPU, and slices (a region plus the environment of a
 
 from __future__ import annotations
 
+import itertools
 import os
 import runpy
 import shlex
@@ -209,17 +210,33 @@ def simulated_device_uuid(env: dict[str, str], index: int = 0) -> str:
 
 
 @pytest.fixture
-def make_slice(native_libs, tmp_path):
-    """make_slice(env, memory_limit=..., sm_share=100, policy="hard") -> (slice_env, region)."""
+def region_files():
+    """region_files(path, memory_limit=, sm_share=, policy=, device_uuid=, device_index=) -> a real
+    region file created at path (Region.create), closed when the test ends."""
     from jupyter_vgpu.holders.region import Region
 
     regions = []
 
+    def create(path: Path, **fields):
+        region = Region.create(path, **fields)
+        regions.append(region)
+        return region
+
+    yield create
+    for region in regions:
+        region.close()
+
+
+@pytest.fixture
+def make_slice(native_libs, tmp_path, region_files):
+    """make_slice(env, memory_limit=..., sm_share=100, policy="hard") -> (slice_env, region)."""
+    numbers = itertools.count()
+
     def create(
         env: dict[str, str], memory_limit: int = 0, sm_share: int = 100, policy: str = "hard", device_index: int = 0
     ):
-        path = tmp_path / f"slice-{len(regions)}.region"
-        region = Region.create(
+        path = tmp_path / f"slice-{next(numbers)}.region"
+        region = region_files(
             path,
             memory_limit=memory_limit,
             sm_share=sm_share,
@@ -227,15 +244,12 @@ def make_slice(native_libs, tmp_path):
             device_uuid=simulated_device_uuid(env, device_index),
             device_index=device_index,
         )
-        regions.append(region)
         slice_env = dict(env)
         slice_env["LD_PRELOAD"] = str(native_libs.vgpu)
         slice_env["VGPU_REGION"] = str(path)
         return slice_env, region
 
-    yield create
-    for region in regions:
-        region.close()
+    return create
 
 
 # -- kernels of a real server (tests/server, tests/pods) ------------------------------------------

@@ -119,20 +119,18 @@ class StandIn:
         return json.loads(self.api.list_namespaced_pod(namespace, _preload_content=False).data)["items"]
 
     def pod(self, name: str, namespace: str = "default") -> dict | None:
-        from kubernetes.client import ApiException
-
-        try:
-            return json.loads(self.api.read_namespaced_pod(name, namespace, _preload_content=False).data)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        return self._read_or_none(self.api.read_namespaced_pod, name, namespace)
 
     def secret(self, name: str, namespace: str = "default") -> dict | None:
+        return self._read_or_none(self.api.read_namespaced_secret, name, namespace)
+
+    @staticmethod
+    def _read_or_none(read, name: str, namespace: str) -> dict | None:
+        """The object ``read`` (an API client's read_namespaced_*) finds, or None where there is none."""
         from kubernetes.client import ApiException
 
         try:
-            return json.loads(self.api.read_namespaced_secret(name, namespace, _preload_content=False).data)
+            return json.loads(read(name, namespace, _preload_content=False).data)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -162,23 +160,21 @@ class StandIn:
         )
 
 
+def kernel_status(phase: str, state: dict, **pod_status) -> dict:
+    """A pod status of ``phase`` whose one container, the kernel, is in ``state`` (``{"running":
+    ...}``, ``{"waiting": ...}``, ``{"terminated": ...}``) and ready only while it runs."""
+    container = {"name": "kernel", "ready": "running" in state, "restartCount": 0, "image": "i", "imageID": ""}
+    return {"phase": phase, **pod_status, "containerStatuses": [{**container, "state": state}]}
+
+
 def running_status(ip: str = "127.0.0.1", node: str = "node-a") -> dict:
-    return {
-        "phase": "Running",
-        "podIP": ip,
-        "hostIP": ip,
-        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-        "containerStatuses": [
-            {
-                "name": "kernel",
-                "ready": True,
-                "restartCount": 0,
-                "image": "i",
-                "imageID": "",
-                "state": {"running": {"startedAt": "2026-11-23T00:00:00Z"}},
-            }
-        ],
-    }
+    return kernel_status(
+        "Running",
+        {"running": {"startedAt": "2026-11-23T00:00:00Z"}},
+        podIP=ip,
+        hostIP=ip,
+        conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+    )
 
 
 class Kubelet(threading.Thread):
@@ -231,24 +227,8 @@ class Kubelet(threading.Thread):
                 and present[name].get("status", {}).get("phase") == "Running"
             ):
                 code = process.returncode
-                self.standin.set_status(
-                    name,
-                    {
-                        "phase": "Succeeded" if code == 0 else "Failed",
-                        "containerStatuses": [
-                            {
-                                "name": "kernel",
-                                "ready": False,
-                                "restartCount": 0,
-                                "image": "i",
-                                "imageID": "",
-                                "state": {
-                                    "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
-                                },
-                            }
-                        ],
-                    },
-                )
+                ended = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+                self.standin.set_status(name, kernel_status("Succeeded" if code == 0 else "Failed", ended))
 
     def run_pod(self, pod: dict, secret: dict) -> subprocess.Popen:
         mounted = self.folder / pod["metadata"]["name"]

@@ -3,7 +3,9 @@ and by the benchmarks (which put tests/ on sys.path themselves)."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +17,7 @@ import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -43,12 +46,72 @@ def write_vgpu_kernelspec(folder: Path, display_name: str, config: dict[str, str
     (folder / "kernel.json").write_text(json.dumps(spec))
 
 
+def vgpu_server_config(tmp_path: Path, **vgpu_app) -> dict:
+    """A test server's config with jupyter_vgpu enabled: its ledger and regions under `tmp_path`,
+    default slices of 2GiB and 40% hard (not the built-in 4GiB, so a test can tell the server's
+    default was used), and `vgpu_app` on top."""
+    defaults = {
+        "ledger_path": str(tmp_path / "ledger.sqlite"),
+        "region_dir": str(tmp_path / "regions"),
+        "default_memory": "2GiB",
+        "default_cores": 40,
+        "default_policy": "hard",
+    }
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}}, "VGPUApp": defaults | vgpu_app}
+
+
 def run_checked(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Runs `command` to its end (text output captured); fails the test with its stderr unless it
     exits 0."""
     result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr
     return result
+
+
+def venv_with_pinned_dependencies(tmp_path: Path) -> tuple[Path, Path]:
+    """A new virtual environment under tmp_path, and a pip constraints file that pins every
+    dependency at the version of the environment running the tests, so that pip's cache has them."""
+    venv = tmp_path / "venv"
+    run_checked([sys.executable, "-m", "venv", str(venv)], env=dict(os.environ), timeout=300)
+    frozen = run_checked(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], env=dict(os.environ), timeout=300
+    )
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(
+        "".join(f"{line}\n" for line in frozen.stdout.splitlines() if "==" in line and " @ " not in line)
+    )
+    return venv, constraints
+
+
+def watched_utilisation(watch_output: str, pid: int) -> list[tuple[int, int]]:
+    """(query time in us, utilisation of pid) for every query in the output of
+    tests/programs/pacing_monitor.c's `watch`: a `q TIME` line per query, then an `s PID UTIL`
+    line for each process it saw (a query that did not see pid reads 0)."""
+    series: list[tuple[int, int]] = []
+    for words in (line.split() for line in watch_output.splitlines()):
+        if words[0] == "q":
+            series.append((int(words[1]), 0))
+        elif words[0] == "s" and int(words[1]) == pid:
+            series[-1] = (series[-1][0], int(words[2]))
+    return series
+
+
+def http_request(
+    url: str, method: str, path: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One raw HTTP request to ``url`` + ``path`` (not through a client, so that what a client never
+    sends can be sent, and a refusal is seen as sent); a dict body goes as JSON. Returns (status,
+    headers, body)."""
+    parts = urlsplit(url)
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.request(method, parts.path + path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
 
 
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):

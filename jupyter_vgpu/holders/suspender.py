@@ -79,6 +79,12 @@ class Suspender:
         except BaseException:
             self.holder.set_suspended(allocation, False)
             raise
+        if not suspension.processes:
+            self.holder.set_suspended(allocation, False)
+            raise NotSupported(
+                f"kernel {allocation.kernel_id} cannot be suspended: no process of it has used the GPU yet, so "
+                "it holds nothing to move to host memory"
+            )
         details = {
             "processes": [asdict(process) for process in suspension.processes],
             # Resume requests counted before this point were made while it was running.

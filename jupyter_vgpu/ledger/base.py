@@ -165,10 +165,35 @@ class DeviceUsage:
         return self.memory_free >= limits.memory_limit and self.share_free(limits.policy) >= limits.sm_share
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What :meth:`Ledger.admit` is asked (its arguments, in one value)."""
+
+    kernel_id: str
+    limits: SliceLimits
+    owner: str = ""
+    device: str | int | None = None
+    metadata: dict[str, Any] | None = None
+    holder: str = "local"
+    budget: OwnerBudget | None = None
+
+
+@dataclass(frozen=True)
+class Resizing:
+    """What :meth:`Ledger.resize` is asked (its arguments, in one value); None: unchanged."""
+
+    kernel_id: str
+    memory_limit: int | None = None
+    sm_share: int | None = None
+    policy: str | None = None
+    budget: OwnerBudget | None = None
+
+
 @runtime_checkable
 class Ledger(Protocol):
     """The slices of a node's GPUs and the decisions on them; every method may be called from
-    any thread. Decisions are atomic: two concurrent admissions never over-commit a device."""
+    any thread. Decisions are atomic: two concurrent admissions never over-commit a device.
+    Both ledgers subclass it, so that ``admit`` and ``resize`` have one signature, here."""
 
     @property
     def devices(self) -> list[Device]: ...
@@ -194,8 +219,10 @@ class Ledger(Protocol):
     ) -> Allocation:
         """Place a slice on ``device`` or where the placement policy puts it, within ``owner``'s
         ``budget``; raises CapacityError (no room), SliceValueError (a bad device or size),
-        SliceExists."""
-        ...
+        SliceExists. The one signature of both ledgers: each decides in :meth:`decide_admission`."""
+        return self.decide_admission(Admission(kernel_id, limits, owner, device, metadata, holder, budget))
+
+    def decide_admission(self, admission: Admission) -> Allocation: ...
 
     def resize(
         self,
@@ -207,8 +234,10 @@ class Ledger(Protocol):
         budget: OwnerBudget | None = None,
     ) -> Allocation:
         """Change a slice in place; only what grows is checked against capacity and against
-        ``budget`` (its owner's)."""
-        ...
+        ``budget`` (its owner's). Each ledger decides in :meth:`decide_resize`."""
+        return self.decide_resize(Resizing(kernel_id, memory_limit, sm_share, policy, budget))
+
+    def decide_resize(self, resizing: Resizing) -> Allocation: ...
 
     def release(self, kernel_id: str) -> Allocation | None:
         """Free a kernel's slice; returns what it held, or None if it held nothing."""

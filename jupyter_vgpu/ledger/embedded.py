@@ -36,12 +36,15 @@ from typing import TYPE_CHECKING, Any
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
     SUSPENDED_KEY,
+    Admission,
     Allocation,
     CapacityError,
     DeviceReader,
     DeviceUsage,
+    Ledger,
     LedgerFileError,
     OwnerBudget,
+    Resizing,
     SliceExists,
     UnknownSlice,
     UnpromisedMemory,
@@ -57,7 +60,9 @@ PLACEMENTS = ("binpack", "spread")
 # well under a millisecond), short enough that a wedged peer is reported rather than waited on.
 BUSY_TIMEOUT_S = 30.0
 
-_SCHEMA = (
+# The schema of version 1, frozen: every later version is a migration from it (_MIGRATIONS), so
+# a file of any version opens, and tests write a version-1 file from it.
+SCHEMA_VERSION_1 = (
     """CREATE TABLE allocations (
         kernel_id    TEXT PRIMARY KEY,
         device_uuid  TEXT NOT NULL,
@@ -155,7 +160,7 @@ def _open(path: Path) -> sqlite3.Connection:
         try:
             version = connection.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
-                for statement in _SCHEMA:
+                for statement in SCHEMA_VERSION_1:
                     connection.execute(statement)
                 version = 1
             if 0 < version < SCHEMA_VERSION:
@@ -187,7 +192,7 @@ def _open(path: Path) -> sqlite3.Connection:
     return connection
 
 
-class EmbeddedLedger:
+class EmbeddedLedger(Ledger):
     """Slices per device, persisted in an SQLite file shared by every thread and process using it.
 
     Open one per process; its methods may be called from any thread.
@@ -318,23 +323,15 @@ class EmbeddedLedger:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def admit(
-        self,
-        kernel_id: str,
-        limits: SliceLimits,
-        *,
-        owner: str = "",
-        device: str | int | None = None,
-        metadata: dict[str, Any] | None = None,
-        holder: str = "local",
-        budget: OwnerBudget | None = None,
-    ) -> Allocation:
+    def decide_admission(self, admission: Admission) -> Allocation:
         """Place a slice for a kernel on ``device`` or where the placement policy puts it, within
         ``owner``'s ``budget`` (what all their slices may hold together).
 
         A slice held on this machine (``holder="local"``) is placed on its devices; one held
         elsewhere (a pod) is placed by the cluster's scheduler, so only this server's own limits
         (largest slice, memory and number of slices) apply and it takes no device's room."""
+        kernel_id, limits, owner, device = admission.kernel_id, admission.limits, admission.owner, admission.device
+        metadata, holder, budget = admission.metadata, admission.holder, admission.budget
         self._check_max_slice(limits)
         local = holder == "local"
         named = None if device is None or not local else select_device(self._devices, device)
@@ -386,21 +383,15 @@ class EmbeddedLedger:
             self._changes.append((None, allocation))
         return allocation
 
-    def resize(
-        self,
-        kernel_id: str,
-        *,
-        memory_limit: int | None = None,
-        sm_share: int | None = None,
-        policy: str | None = None,
-        budget: OwnerBudget | None = None,
-    ) -> Allocation:
+    def decide_resize(self, resizing: Resizing) -> Allocation:
         """Change a slice in place (a kernel does not move between devices while it runs).
 
         Only what grows is checked against capacity and against ``budget`` (its owner's), so a
         slice can always shrink, even on a device that is over-committed because it came back
         smaller after a restart, or for an owner whose budget was lowered meanwhile.
         """
+        kernel_id, memory_limit, sm_share = resizing.kernel_id, resizing.memory_limit, resizing.sm_share
+        policy, budget = resizing.policy, resizing.budget
         with self._decision() as db:
             current = self._get(db, kernel_id)
             if current is None:
@@ -673,13 +664,7 @@ class EmbeddedLedger:
             (usage for usage in self._usages(others, unpromised) if usage.device.uuid == current.device_uuid), None
         )
         if usage is None:
-            raise CapacityError(
-                f"kernel {kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
-                "longer on this machine; its slice can shrink but not grow",
-                resource="devices",
-                requested=1,
-                available=0,
-            )
+            raise _device_gone(current, "its slice can shrink but not grow")
         gpu = _gpu(usage.device)
         if grows[0] and wanted.memory_limit > usage.memory_free:
             raise CapacityError(
@@ -703,17 +688,21 @@ class EmbeddedLedger:
             )
 
 
+def _device_gone(current: Allocation, consequence: str) -> CapacityError:
+    return CapacityError(
+        f"kernel {current.kernel_id!r} is on GPU {current.device_index} ({current.device_uuid}), which is no "
+        f"longer on this machine; {consequence}",
+        resource="devices",
+        requested=1,
+        available=0,
+    )
+
+
 def _check_resume_fits(current: Allocation, usage: DeviceUsage | None) -> None:
     """Refuse to resume a suspended slice where its device has no room for it now."""
     kernel_id, memory = current.kernel_id, format_size(current.memory_limit)
     if usage is None:
-        raise CapacityError(
-            f"kernel {kernel_id!r} cannot resume: its GPU {current.device_index} ({current.device_uuid}) is no "
-            "longer on this machine",
-            resource="devices",
-            requested=1,
-            available=0,
-        )
+        raise _device_gone(current, "it cannot resume")
     gpu = _gpu(usage.device)
     if usage.memory_free < current.memory_limit:
         raise CapacityError(

@@ -27,16 +27,19 @@ from urllib.parse import quote, urlsplit
 
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.ledger.base import (
+    Admission,
     Allocation,
     CapacityError,
     DeviceUsage,
+    Ledger,
     LedgerError,
     NotSupported,
     OwnerBudget,
+    Resizing,
     SliceExists,
     UnknownSlice,
 )
-from jupyter_vgpu.model import Device, SliceLimits, SliceValueError
+from jupyter_vgpu.model import Device, SliceValueError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -151,7 +154,7 @@ def _dropped(connection: http.client.HTTPConnection) -> bool:
     return bool(poller.poll(0))
 
 
-class RemoteLedger:
+class RemoteLedger(Ledger):
     """The :class:`~jupyter_vgpu.ledger.base.Ledger` protocol over HTTP.
 
     ``url`` is where the service mounts the ledger (``http://127.0.0.1:8081/services/vgpu/ledger``),
@@ -232,19 +235,11 @@ class RemoteLedger:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def admit(
-        self,
-        kernel_id: str,
-        limits: SliceLimits,
-        *,
-        owner: str = "",
-        device: str | int | None = None,
-        metadata: dict[str, Any] | None = None,
-        holder: str = "local",
-        budget: OwnerBudget | None = None,
-    ) -> Allocation:
+    def decide_admission(self, admission: Admission) -> Allocation:
         """Place a slice on ``device`` or where the service's placement policy puts it. The
         service sets the owner's budget (the broker reads it from the hub), never its client."""
+        kernel_id, limits, owner, device = admission.kernel_id, admission.limits, admission.owner, admission.device
+        metadata, holder, budget = admission.metadata, admission.holder, admission.budget
         _no_budget(budget)
         _slice_path(kernel_id)  # the same refusal of an unusable id as every other call
         body = {
@@ -259,17 +254,11 @@ class RemoteLedger:
         }
         return self._call("POST", "/allocations", body, read=_allocation)
 
-    def resize(
-        self,
-        kernel_id: str,
-        *,
-        memory_limit: int | None = None,
-        sm_share: int | None = None,
-        policy: str | None = None,
-        budget: OwnerBudget | None = None,
-    ) -> Allocation:
+    def decide_resize(self, resizing: Resizing) -> Allocation:
         """Change a slice in place; only what grows is checked against capacity and the budget
         the service holds for its owner."""
+        kernel_id, memory_limit, sm_share = resizing.kernel_id, resizing.memory_limit, resizing.sm_share
+        policy, budget = resizing.policy, resizing.budget
         _no_budget(budget)
         body = {"memory_limit": memory_limit, "sm_share": sm_share, "policy": policy}
         return self._call("PATCH", _slice_path(kernel_id), body, read=_allocation)

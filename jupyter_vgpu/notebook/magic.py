@@ -60,8 +60,8 @@ def resize_in_batch(kernel_id: str, memory: str) -> str:
 
     if os.environ.get(LEDGER_VARIABLE):
         advice += (
-            f". Its slice is in the ledger of the vGPU server on this machine, which can resize it from a "
-            f"terminal: jupyter vgpu resize {kernel_id[:8]} --memory {memory}"
+            f". Its slice is in the ledger of the vGPU server on this machine; while that server runs, it can "
+            f"resize it from a terminal: jupyter vgpu resize {kernel_id[:8]} --memory {memory}"
         )
     return advice
 

@@ -84,9 +84,14 @@ class PodSettings:
         if not _DNS_LABEL.match(self.namespace):
             raise ManifestError(f"namespace {self.namespace!r} is not a DNS label (lower-case letters, digits, '-')")
         if not self.image.strip():
-            raise ManifestError(
-                "image is empty; name the kernel image (one with ipykernel, and jupyter-vgpu for in-pod slices)"
+            what = (
+                "ipykernel and jupyter-vgpu (no public image has jupyter-vgpu: build the kernel image of "
+                "docs/kubernetes.md from this repository's wheel), or set in_pod_slices = False for any image "
+                "with ipykernel"
+                if self.in_pod_slices
+                else "ipykernel"
             )
+            raise ManifestError(f"image is not set; name the kernel image (VGPUPodProvisioner.image), one with {what}")
         if self.image_pull_policy not in PULL_POLICIES:
             raise ManifestError(
                 f"image_pull_policy {self.image_pull_policy!r} is not one of {', '.join(PULL_POLICIES)}"

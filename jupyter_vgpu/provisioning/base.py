@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import os
 from typing import Any
 
 from jupyter_vgpu.manager import SliceManager
@@ -30,6 +32,18 @@ class ServerLinked:
     def slice_manager(self) -> SliceManager | None:
         web_app = getattr(self._server_app(), "web_app", None)
         return web_app.settings.get(MANAGER_SETTING) if web_app is not None else None
+
+
+def slice_owner() -> str:
+    """Whom a kernel's slice is counted against, whatever started the kernel (a notebook, the
+    REST API, a batch run): the hub user whose server this is, else this Unix account. (A node's
+    broker counts it against the user its token names, whatever this says.)"""
+    if os.environ.get("JUPYTERHUB_USER"):
+        return os.environ["JUPYTERHUB_USER"]
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return str(os.getuid())
 
 
 def forget_refused_start(provisioner) -> None:

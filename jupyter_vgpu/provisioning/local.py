@@ -21,7 +21,6 @@ arbitrates between batch runs. docs/batch.md tells the whole story.
 
 from __future__ import annotations
 
-import getpass
 import os
 import sqlite3
 import sys
@@ -54,7 +53,7 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
-from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start
+from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start, slice_owner
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
@@ -183,13 +182,22 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             # A restart reuses the provisioner and keeps the kernel's slice.
             if manager.held(self.kernel_id) is None:
                 chosen = {**configured, **from_spec}  # in a server the kernelspec wins over config
-                manager.admit(
-                    self.kernel_id,
-                    manager.decide_limits(size, _size_of(chosen)),
-                    owner=requested.get("owner", ""),
-                    device=requested.get("device") or chosen.get("device") or None,
-                    metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
-                )
+                limits = manager.decide_limits(size, _size_of(chosen))
+                device = requested.get("device") or chosen.get("device") or None
+                metadata = {"kernelspec": getattr(self.kernel_spec, "display_name", "")}
+
+                def admit() -> None:
+                    manager.admit(self.kernel_id, limits, owner=slice_owner(), device=device, metadata=metadata)
+
+                try:
+                    admit()
+                except SliceRefused as refusal:
+                    # A start that does not fit first makes room by suspending idle kernels (issue 18).
+                    if refusal.kind != "capacity" or manager.room_maker is None:
+                        raise
+                    if not await manager.room_maker(limits, device):
+                        raise
+                    admit()
         except SliceRefused as refusal:
             forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None
@@ -315,13 +323,6 @@ def _size_of(layer: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in layer.items() if name != "device"}
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
-        return str(os.getuid())
-
-
 def _command_line() -> str:
     """The command that started this process, for people reading the ledger (short)."""
     return " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])[:200] if sys.argv else ""
@@ -404,7 +405,7 @@ class BatchSlice:
     def _admit(self, manager: SliceManager) -> None:
         try:
             manager.admit(
-                self.kernel_id, self.limits, owner=_user(), device=self.device or None, metadata=self.metadata
+                self.kernel_id, self.limits, owner=slice_owner(), device=self.device or None, metadata=self.metadata
             )
         except SliceRefused as refusal:
             if not isinstance(refusal.__cause__, CapacityError):

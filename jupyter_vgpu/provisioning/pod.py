@@ -18,7 +18,6 @@ pod; shutdown deletes the pod and its Secret.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import os
 import signal
 import time
@@ -46,7 +45,7 @@ from jupyter_vgpu.pods.manifest import (
     secret_manifest,
 )
 from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
-from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start
+from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start, slice_owner
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
 # PodSettings' fields are the provisioner's traits of the same name, but for these.
@@ -60,8 +59,8 @@ STRING_MAPS = {"node_selector", "labels", "annotations", "env"}  # label values 
 FIRST_POLL = 0.05  # seconds before the first re-reading of a starting pod; doubled up to poll_interval
 
 
-def default_owner() -> str:
-    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+# The owner label of kernel pods: the same owner as the slices'.
+default_owner = slice_owner
 
 
 class PodStartFailed(SliceRefused):
@@ -91,9 +90,10 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         "", config=True, help="Namespace of kernel pods. Empty: the server pod's own namespace, else 'default'."
     )
     image = Unicode(
-        PodSettings.image,
+        "",
         config=True,
-        help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (docs/kubernetes.md).",
+        help="Kernel image: Python with ipykernel, and jupyter-vgpu for in-pod slices (no public image has it: "
+        "build the one of docs/kubernetes.md). Must be set: a start without one is refused, saying so.",
     )
     image_pull_policy = Unicode("IfNotPresent", config=True, help="Always, IfNotPresent or Never.")
     image_pull_secrets = List(Unicode(), config=True, help="Names of Secrets to pull the image with.")
@@ -257,7 +257,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
                     allocation = manager.admit(
                         self.kernel_id,
                         manager.decide_limits(size, self._configured()),
-                        owner=requested.get("owner", ""),
+                        owner=slice_owner(),
                         metadata={"kernelspec": getattr(self.kernel_spec, "display_name", "")},
                         holder=PodHolder.kind,
                     )

@@ -342,8 +342,9 @@ class VGPUApp(ExtensionApp):
         return SliceLimits(parse_size(self.max_memory), self.max_cores) if self.max_memory.strip() else None
 
     def initialize_settings(self) -> None:
-        if not any(isinstance(existing, StartRefusalLog) for existing in self.serverapp.log.filters):
-            self.serverapp.log.addFilter(StartRefusalLog())
+        log = self._server.log
+        if not any(isinstance(existing, StartRefusalLog) for existing in log.filters):
+            log.addFilter(StartRefusalLog())
         self._take_environment()
         if self.simulate:
             use_simulator()
@@ -410,6 +411,8 @@ class VGPUApp(ExtensionApp):
             log=self.log,
         )
         self.settings[SUSPEND_SETTING] = suspended
+        if self.idle_suspend_after:
+            manager.room_maker = suspended.make_room_for  # a start that does not fit suspends idle kernels
         return suspended
 
     def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:

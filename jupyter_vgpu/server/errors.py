@@ -38,6 +38,8 @@ class StartRefused(VGPUHTTPError, SliceRefused):
     client of POST /api/kernels with its status (409, 400 or 503) and message; POST /api/sessions
     turns any start error into a 500 but keeps the message."""
 
+    logged = False  # said in the server's log already (StartRefusalLog)
+
     def __init__(self, refusal: SliceRefused):
         VGPUHTTPError.__init__(self, REFUSAL_STATUS[refusal.kind], f"Kernel not started. {refusal}")
         self.kind = refusal.kind

@@ -38,7 +38,7 @@ from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
-from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, add_suspend_gauges
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
@@ -381,7 +381,6 @@ class KernelsHandler(VGPUHandler):
                 f"kernelspec {name!r} does not start kernels in GPU slices (its provisioner is {provisioner or 'the default'}); choose a vGPU kernelspec",
             )
         requested: dict[str, Any] = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
-        requested["owner"] = getattr(self.current_user, "username", "")
         kernel_id = str(uuid.uuid4())
         try:
             await self.kernel_manager.start_kernel(
@@ -446,7 +445,9 @@ class MetricsHandler(VGPUHandler):
         util = Gauge(
             "vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry
         )
-        for status in self.slices.statuses():
+        statuses = self.slices.statuses()
+        add_suspend_gauges(registry, [status.allocation for status in statuses])
+        for status in statuses:
             allocation = status.allocation
             labels = (allocation.kernel_id, str(allocation.device_index), allocation.policy)
             limit.labels(*labels).set(allocation.memory_limit)

@@ -19,15 +19,17 @@ The blocking parts (lock, checkpoint, restore) run in worker threads, never the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge
+
 from jupyter_vgpu.holders.checkpoint import CheckpointError
+from jupyter_vgpu.holders.suspender import TIMINGS_KEY
 from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.manager import SliceManager
-from jupyter_vgpu.model import format_size
+from jupyter_vgpu.model import SliceLimits, format_size, select_device
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 
 # Where the handlers find VGPUApp.suspend_lock_timeout (seconds a process may take to finish its
@@ -49,7 +51,6 @@ class SuspendedKernels:
         lock_timeout: float = 5.0,
         host_memory_cap: int | None = None,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
-        clock: Callable[[], float] = time.time,
     ):
         self.slices = slices
         self.kernels = kernels  # jupyter_server's MappingKernelManager
@@ -57,7 +58,6 @@ class SuspendedKernels:
         self.lock_timeout = lock_timeout
         self.host_memory_cap = host_memory_cap
         self.log = log or logging.getLogger(__name__)
-        self.clock = clock
 
     # -- resume on demand ----------------------------------------------------------------------
 
@@ -120,12 +120,43 @@ class SuspendedKernels:
             )
         return freed >= needed
 
-    def _idle_on_device(self, device_uuid: str, allocations: list[Allocation], *, exclude: str) -> list[Allocation]:
-        """This server's running kernels on the device that run no cell, least recently active first."""
+    async def make_room_for(self, limits: SliceLimits, device: Any = None) -> bool:
+        """Suspend idle kernels (longest idle first, never one running a cell; on ``device`` where
+        one is asked for) until a slice of ``limits`` fits on some device; whether it does."""
+        allocations = self.slices.ledger.allocations()
+        named = None
+        if device is not None:
+            with contextlib.suppress(ValueError):
+                named = select_device(self.slices.ledger.devices, device).uuid
+        for candidate in self._idle_on_device(named, allocations, exclude=""):
+            try:
+                suspended = await asyncio.to_thread(
+                    self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
+                )
+            except (NotSupported, CheckpointError, UnknownSlice) as why:
+                self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
+                continue
+            self._notice(
+                suspended,
+                f"suspended to make room for a new kernel: {format_size(suspended.host_memory)} moved to host "
+                "memory; resumes when a cell runs",
+            )
+            usages = self.slices.ledger.devices_usage()
+            if any(usage.fits(limits) for usage in usages if named in (None, usage.device.uuid)):
+                return True
+        return False
+
+    def _idle_on_device(
+        self, device_uuid: str | None, allocations: list[Allocation], *, exclude: str
+    ) -> list[Allocation]:
+        """This server's running kernels (on the device, where one is named) that run no cell,
+        least recently active first."""
         idle = []
         for candidate in allocations:
             kernel_id = candidate.kernel_id
-            if kernel_id == exclude or candidate.suspended or candidate.device_uuid != device_uuid:
+            if kernel_id == exclude or candidate.suspended or device_uuid not in (None, candidate.device_uuid):
+                continue
+            if candidate.holder != "local":
                 continue
             if kernel_id not in self.kernels or self._busy(kernel_id):
                 continue
@@ -145,6 +176,8 @@ class SuspendedKernels:
         if isinstance(allocation.metadata.get(SUSPEND_NOTICE_KEY), dict):
             return False  # refused before, said why; lowering and culling go on
         held = self.slices.status(allocation).usage.memory_used
+        if not held:
+            return False  # nothing to lend yet (a kernel that has not used the GPU): asked again later
         if self.host_memory_cap is not None:
             in_host = sum(other.host_memory for other in self.slices.ledger.allocations())
             if in_host + held > self.host_memory_cap:
@@ -164,7 +197,7 @@ class SuspendedKernels:
             self.log.info("jupyter_vgpu: idle kernel %s not suspended this time: %s", kernel_id, busy)
             return False  # tried again at the next tick
         notice = (
-            f"suspended after {format_duration(idle_for)} idle: {format_size(suspended.host_memory)} moved to "
+            f"suspended after {format_duration(self.suspend_after)} idle: {format_size(suspended.host_memory)} moved to "
             "host memory; resumes when a cell runs"
         )
         self._notice(suspended, notice)
@@ -187,6 +220,38 @@ class SuspendedKernels:
             pass
 
 
+def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation]) -> None:
+    """Suspended slices and the host memory they hold, per device; each slice's last suspend and
+    resume durations (seconds), where it has been suspended."""
+    device_labels, slice_labels = ["device", "uuid"], ["kernel_id", "device"]
+    count = Gauge("vgpu_device_suspended_slices", "Suspended slices", device_labels, registry=registry)
+    host = Gauge(
+        "vgpu_device_suspended_host_memory_bytes",
+        "Host memory holding suspended slices' device memory",
+        device_labels,
+        registry=registry,
+    )
+    seconds = {
+        step: Gauge(
+            f"vgpu_slice_last_{step}_seconds",
+            f"Seconds the slice's last {step} took (lock, copy and release; or room, copy back and unlock)",
+            slice_labels,
+            registry=registry,
+        )
+        for step in ("suspend", "resume")
+    }
+    for allocation in allocations:
+        if allocation.holder != "local":
+            continue
+        device = (str(allocation.device_index), allocation.device_uuid)
+        count.labels(*device).inc(1 if allocation.suspended else 0)
+        host.labels(*device).inc(allocation.host_memory)
+        timings = allocation.metadata.get(TIMINGS_KEY)
+        for step, gauge in seconds.items():
+            if isinstance(timings, dict) and isinstance(timings.get(step), (int, float)):
+                gauge.labels(allocation.kernel_id, str(allocation.device_index)).set(timings[step])
+
+
 def _waiting(allocation: Allocation, short: CapacityError) -> str:
     gpu = f"GPU {allocation.device_index}"
     if short.resource == "memory":
@@ -198,4 +263,4 @@ def _waiting(allocation: Allocation, short: CapacityError) -> str:
     return f"waiting for room on {gpu}: {short}; this kernel resumes when it is free"
 
 
-__all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels"]
+__all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels", "add_suspend_gauges"]

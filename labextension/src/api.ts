@@ -24,6 +24,8 @@ export type SliceHolder = 'local' | 'pod';
 /**
  * A slice's state (Slice.state in api.yaml). Any holder: `running`, `unused` (held, no process
  * of the kernel has used the GPU in it yet; not Jupyter's "idle"), `lost` (its holder is gone).
+ * A local slice also `suspended` (its GPU memory in host memory, its room lent; its next cell
+ * resumes it).
  * A pod's slice also: `scheduling` (waiting for the scheduler), `pulling` (the image), `starting`
  * (the container), `stopping`, `failed`, `exited`, `gone` (the pod was deleted).
  */
@@ -31,6 +33,7 @@ export type SliceState =
   | 'running'
   | 'unused'
   | 'lost'
+  | 'suspended'
   | 'scheduling'
   | 'pulling'
   | 'starting'
@@ -70,6 +73,8 @@ export interface ISliceModel {
   owner: string;
   holder: SliceHolder;
   state: SliceState;
+  /** Bytes of the kernel's GPU memory in host memory while it is suspended; 0 (or absent, from an older server) otherwise. */
+  host_memory_bytes?: number;
   /** The state in a sentence where there is more to say (a pod's), else ''. */
   message: string;
   /** Where a pod's slice is; {} for a local slice. */

@@ -37,6 +37,8 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
       return trans.__('unused');
     case 'lost':
       return trans.__('lost');
+    case 'suspended':
+      return trans.__('suspended');
     case 'scheduling':
       return trans.__('scheduling');
     case 'pulling':
@@ -155,11 +157,20 @@ export function sliceStatusText(
     : summary;
 }
 
-/** The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB". */
+/**
+ * The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB"; for a suspended kernel, where its
+ * memory is: "Memory 12GiB in host memory (suspended)".
+ */
 export function memoryLabel(
   slice: ISliceModel,
   trans: TranslationBundle
 ): string {
+  if (slice.state === 'suspended') {
+    return trans.__(
+      'Memory %1 in host memory (suspended)',
+      formatSize(slice.host_memory_bytes ?? 0)
+    );
+  }
   return trans.__(
     'Memory %1',
     formatUsedOfCap(slice.usage.memory_bytes, slice.limits.memory_bytes)

@@ -90,9 +90,10 @@ void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_
             "Resize it with `%%vgpu resize --memory %s` in the notebook or `jupyter vgpu resize %.8s --memory %s`.",
             suggested, kernel, suggested);
     else if (kernel[0])
+        /* papermill has no --VGPUProvisioner option: its run takes the size from the kernelspec. */
         snprintf(advice, sizeof advice,
-                 "This kernel has no vGPU server to resize it: start the run with a larger slice, e.g. "
-                 "`--VGPUProvisioner.memory=%s`.",
+                 "This kernel has no vGPU server to resize it: run it again in a larger slice (nbconvert: "
+                 "`--VGPUProvisioner.memory=%s`; papermill: `-k` a kernelspec of that size).",
                  suggested);
     else
         snprintf(advice, sizeof advice, "Run it in a larger slice, e.g. `jupyter vgpu run --memory %s -- ...`.",

@@ -65,6 +65,21 @@ static int open_slice_file(const char *path, const char *what, int flags)
     return fd;
 }
 
+/* Opens one of the slice's files and reads its first `size` bytes (the header) into `header`:
+ * returns the open fd (-1 as open_slice_file) and sets *file_size to the file's size, or to -1
+ * where the file is shorter than the header or cannot be measured. */
+static int read_slice_header(const char *path, const char *what, int flags, void *header, size_t size,
+                             long long *file_size)
+{
+    int fd = open_slice_file(path, what, flags);
+    if (fd < 0)
+        return -1;
+    struct stat info;
+    ssize_t got = pread(fd, header, size, 0);
+    *file_size = fstat(fd, &info) == 0 && got == (ssize_t)size ? (long long)info.st_size : -1;
+    return fd;
+}
+
 /* Maps `size` bytes of an opened slice file and closes it; NULL (R.attach_failure filled) on failure. */
 static void *map_slice_file(int fd, const char *path, const char *what, size_t size, int protection)
 {
@@ -85,14 +100,13 @@ static int attach_region(const char *path)
         return attach_failed("jupyter-vgpu: VGPU_REGION is not set, so this process is in no slice: GPU "
                              "allocations are refused; start it from jupyter-vgpu (a vGPU kernel or "
                              "`jupyter vgpu run`)");
-    int fd = open_slice_file(path, "slice region", O_RDWR);
+    struct vgpu_region header;
+    long long file_size;
+    int fd =
+        read_slice_header(path, "slice region", O_RDWR, &header, offsetof(struct vgpu_region, reserved0), &file_size);
     if (fd < 0)
         return -1;
-    struct vgpu_region header;
-    struct stat info;
-    ssize_t got = pread(fd, &header, offsetof(struct vgpu_region, reserved0), 0);
-    if (fstat(fd, &info) != 0 || got != (ssize_t)offsetof(struct vgpu_region, reserved0) ||
-        header.magic != VGPU_REGION_MAGIC) {
+    if (file_size < 0 || header.magic != VGPU_REGION_MAGIC) {
         close(fd);
         return attach_failed("jupyter-vgpu: %s is not a jupyter-vgpu slice region: allocations are "
                              "refused; %s",
@@ -105,13 +119,12 @@ static int attach_region(const char *path)
                              path, header.version, VGPU_REGION_VERSION, RESTART_HINT);
     }
     if (header.region_size != sizeof(struct vgpu_region) || header.max_procs != VGPU_REGION_MAX_PROCS ||
-        (uint64_t)info.st_size < sizeof(struct vgpu_region)) {
+        (uint64_t)file_size < sizeof(struct vgpu_region)) {
         close(fd);
         return attach_failed("jupyter-vgpu: slice region %s is corrupt (region_size %u, max_procs %u, "
                              "file size %lld; expected %zu, %d, at least %zu): allocations are refused; %s",
-                             path, header.region_size, header.max_procs, (long long)info.st_size,
-                             sizeof(struct vgpu_region), VGPU_REGION_MAX_PROCS, sizeof(struct vgpu_region),
-                             RESTART_HINT);
+                             path, header.region_size, header.max_procs, file_size, sizeof(struct vgpu_region),
+                             VGPU_REGION_MAX_PROCS, sizeof(struct vgpu_region), RESTART_HINT);
     }
     R.region = map_slice_file(fd, path, "slice region", sizeof(struct vgpu_region), PROT_READ | PROT_WRITE);
     return R.region ? 0 : -1;
@@ -124,16 +137,15 @@ static int attach_limits_page(const char *path)
         return attach_failed("jupyter-vgpu: the slice's limits page has no usable name (VGPU_LIMITS, or "
                              "VGPU_REGION + \".limits\", is too long): allocations are refused; %s",
                              RESTART_HINT);
-    int fd = open_slice_file(path, "the slice's limits page", O_RDONLY);
+    struct vgpu_limits_page header;
+    long long file_size;
+    int fd = read_slice_header(path, "the slice's limits page", O_RDONLY, &header,
+                               offsetof(struct vgpu_limits_page, reserved0), &file_size);
     if (fd < 0)
         return -1;
-    struct vgpu_limits_page header;
-    struct stat info;
-    ssize_t got = pread(fd, &header, offsetof(struct vgpu_limits_page, reserved0), 0);
-    int valid = fstat(fd, &info) == 0 && got == (ssize_t)offsetof(struct vgpu_limits_page, reserved0) &&
-                header.magic == VGPU_LIMITS_MAGIC;
+    int valid = file_size >= 0 && header.magic == VGPU_LIMITS_MAGIC;
     if (!valid || header.version != VGPU_REGION_VERSION || header.page_size != sizeof(struct vgpu_limits_page) ||
-        (uint64_t)info.st_size < sizeof(struct vgpu_limits_page)) {
+        (uint64_t)file_size < sizeof(struct vgpu_limits_page)) {
         close(fd);
         if (valid && header.version != VGPU_REGION_VERSION)
             return attach_failed("jupyter-vgpu: the slice's limits page %s is version %u, this libvgpu.so "

@@ -19,7 +19,7 @@ NO_SERVER_NOTE = "  note    started without a vGPU server (a batch run): its siz
 def slice_lines(printed: str, cap: str) -> list[str]:
     """What %vgpu printed, with the first line (the kernel's id and state) checked and cut."""
     lines = printed.splitlines()
-    assert re.fullmatch(r"GPU slice of kernel ([0-9a-f]{8}) \(\1[0-9a-f-]{28}\), (idle|running)", lines[0]), lines[0]
+    assert re.fullmatch(r"GPU slice of kernel ([0-9a-f]{8}) \(\1[0-9a-f-]{28}\), (unused|running)", lines[0]), lines[0]
     assert lines[1:5] == [
         "  device  0 · jupyter-vgpu test GPU",
         f"  memory  0B used of {cap} cap",
@@ -32,8 +32,8 @@ def slice_lines(printed: str, cap: str) -> list[str]:
 def oom_line(asked: str, cap: str, suggested: str) -> str:
     return (
         f"jupyter-vgpu: out of GPU memory in this slice: cuMemAlloc_v2 asked for {asked}, the slice uses 0 bytes of "
-        f"its {cap} cap. This kernel has no vGPU server to resize it: start the run with a larger slice, e.g. "
-        f"`--VGPUProvisioner.memory={suggested}`."
+        f"its {cap} cap. This kernel has no vGPU server to resize it: run it again in a larger slice (nbconvert: "
+        f"`--VGPUProvisioner.memory={suggested}`; papermill: `-k` a kernelspec of that size)."
     )
 
 

@@ -1,8 +1,9 @@
 """The JupyterLab extension in a real browser: status bar, "GPU slices" sidebar, resize from the
 sidebar, the start dialog, the OOM line of a kernel at its cap, the server's warning about a slice
-whose limits the kernel rewrote, JupyterLab's own kernel start refused for want of room, and the
-idle policy's notices (lowered, then stopped) told in the notebook, against a live `jupyter lab`
-on the simulated GPU (8 GiB, 50 SMs)."""
+whose limits the kernel rewrote, JupyterLab's own kernel start refused (every kind of refusal,
+read whole at 1280 px), two notebooks sharing the GPU with the shipped kernelspec's default size,
+the launcher's logos, and the idle policy's notices (lowered, then stopped) told in the notebook,
+against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 

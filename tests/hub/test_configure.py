@@ -22,7 +22,7 @@ from traitlets.config import Config
 
 import jupyter_vgpu.hub
 from jupyter_vgpu.hub import ClassroomError, configure
-from jupyter_vgpu.hub.classroom import DEFAULT_STATE_DIR
+from jupyter_vgpu.hub.classroom import DEFAULT_STATE_DIR, load_classroom, server_environment
 
 CLASSROOM = {
     "gpus": {"count": 2, "memory": "16GiB"},
@@ -307,20 +307,12 @@ def test_apply_user_options_sets_the_server_environment(classroom_path):
     configure(c, classroom_path)
     s = spawner(c, user("teacher", "staff"), klass=SimpleLocalProcessSpawner)
     asyncio.run(s._run_apply_user_options({"profile": "large"}))
-    assert s.environment == {
-        "KEEP": "me",
-        "JUPYTER_VGPU_BROKER_URL": "http://127.0.0.1:10101/services/vgpu/",
-        "JUPYTER_VGPU_BROKER_LIMITS_DIR": str(classroom_path.parent / DEFAULT_STATE_DIR / "limits"),
-        "JUPYTER_VGPU_DEFAULT_MEMORY": "1365MiB",
-        "JUPYTER_VGPU_DEFAULT_CORES": "8",
-        "JUPYTER_VGPU_DEFAULT_POLICY": "hard",
-        "JUPYTER_VGPU_SERVER_MEMORY_LIMIT": "8GiB",
-        "JUPYTER_VGPU_SERVER_SLICE_LIMIT": "6",
-        "JUPYTER_VGPU_MAX_CORES": "50",
-        "JUPYTER_VGPU_SIMULATE": "1",
-        "VGPU_SIM_DEVICES": "name=jupyter-vgpu simulated GPU,memory=16384MiB,sms=100;"
-        "name=jupyter-vgpu simulated GPU,memory=16384MiB,sms=100",
-    }
+    # The variables of the large size for a member of staff, as tests/hub/test_classroom_file.py's
+    # test_server_environment spells them out, and the spawner's own kept beside them.
+    large = server_environment(load_classroom(classroom_path), {"profile": "large"}, ["staff"])
+    assert large["JUPYTER_VGPU_SERVER_MEMORY_LIMIT"] == "8GiB"
+    assert large["JUPYTER_VGPU_BROKER_LIMITS_DIR"] == str(classroom_path.parent / DEFAULT_STATE_DIR / "limits")
+    assert s.environment == {"KEEP": "me", **large}
     # ...and they reach the single-user server's environment.
     env = s.get_env()
     assert env["JUPYTER_VGPU_SERVER_MEMORY_LIMIT"] == "8GiB" and env["KEEP"] == "me"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from slice_helpers import in_pid_namespace, live_slots
+from support import watched_utilisation
 
 # 100 SMs; a block of <= 256 threads occupies an SM for 50 us. The load's kernels (16 blocks
 # of 256 threads per SM: two full waves) run 100 us each and occupy the whole device.
@@ -217,13 +218,7 @@ def watched_series(process: subprocess.Popen, pid: int) -> list[tuple[int, int]]
     """(query time in us, utilisation of pid) for every query of a finished watch."""
     out, err = process.communicate(timeout=15)
     assert process.returncode == 0, err
-    series: list[tuple[int, int]] = []
-    for words in (line.split() for line in out.splitlines()):
-        if words[0] == "q":
-            series.append((int(words[1]), 0))
-        elif words[0] == "s" and int(words[1]) == pid:
-            series[-1] = (series[-1][0], int(words[2]))
-    return series
+    return watched_utilisation(out, pid)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerFileError
-from jupyter_vgpu.ledger.embedded import SCHEMA_VERSION
+from jupyter_vgpu.ledger.embedded import SCHEMA_VERSION, SCHEMA_VERSION_1
 from jupyter_vgpu.model import Device, SliceLimits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,24 +166,8 @@ def test_a_file_that_is_not_a_ledger_is_refused(ledger_path, gpu):
         EmbeddedLedger(ledger_path, [gpu(0, 8)])
 
 
-# The schema of version 1 as jupyter-vgpu wrote it (before holder and node), written out here
-# rather than taken from the module, so that a later change there cannot change this old file.
-VERSION_1_SCHEMA = (
-    """CREATE TABLE allocations (
-        kernel_id    TEXT PRIMARY KEY,
-        device_uuid  TEXT NOT NULL,
-        device_index INTEGER NOT NULL,
-        memory_limit INTEGER NOT NULL CHECK (memory_limit > 0),
-        sm_share     INTEGER NOT NULL CHECK (sm_share BETWEEN 1 AND 100),
-        policy       TEXT NOT NULL CHECK (policy IN ('hard', 'burst')),
-        owner        TEXT NOT NULL,
-        created_at   REAL NOT NULL,
-        metadata     TEXT NOT NULL
-    )""",
-    "CREATE INDEX allocations_by_device ON allocations (device_uuid)",
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA user_version = 1",
-)
+# A file of version 1 as jupyter-vgpu wrote it (before holder and node): the module's frozen schema.
+VERSION_1_SCHEMA = (*SCHEMA_VERSION_1, "PRAGMA journal_mode=WAL", "PRAGMA user_version = 1")
 
 
 @pytest.fixture

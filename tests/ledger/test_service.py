@@ -13,11 +13,11 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import http_request
 from tornado import web
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
@@ -50,18 +50,9 @@ def request(
 ) -> Reply:
     """One raw HTTP request to ``url`` + ``path``, with ``token`` or else ``headers`` (not through
     the client, so that what it never sends can be sent)."""
-    parts = urlsplit(url)
     if headers is None:
         headers = {} if token is None else {"Authorization": f"token {token}"}
-    if isinstance(body, dict):
-        body = json.dumps(body).encode()
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    try:
-        connection.request(method, parts.path + path, body=body, headers=headers)
-        response = connection.getresponse()
-        return Reply(response.status, response.headers, response.read())
-    finally:
-        connection.close()
+    return Reply(*http_request(url, method, path, body, headers))
 
 
 @dataclass

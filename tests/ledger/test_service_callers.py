@@ -12,12 +12,11 @@ EmbeddedLedger) is the real code, over real HTTP on 127.0.0.1.
 
 from __future__ import annotations
 
-import http.client
 import json
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import pytest
+from support import http_request
 from tornado import httputil
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError, OwnerBudget
@@ -72,17 +71,9 @@ class Reply:
 
 def request(url: str, method: str, path: str, token: str, body: dict | None = None) -> Reply:
     """One raw HTTP request, so that the status and the JSON of a refusal are seen as sent."""
-    parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    try:
-        payload = None if body is None else json.dumps(body).encode()
-        connection.request(method, parts.path + path, body=payload, headers={"Authorization": f"token {token}"})
-        response = connection.getresponse()
-        data = response.read()
-        assert response.headers["Content-Type"].startswith("application/json"), data[:200]
-        return Reply(response.status, json.loads(data))
-    finally:
-        connection.close()
+    status, headers, data = http_request(url, method, path, body, {"Authorization": f"token {token}"})
+    assert headers["Content-Type"].startswith("application/json"), data[:200]
+    return Reply(status, json.loads(data))
 
 
 @dataclass

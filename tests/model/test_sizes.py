@@ -1,13 +1,6 @@
 import pytest
 
-from jupyter_vgpu.model.sizes import (
-    SliceValueError,
-    format_size,
-    parse_device,
-    parse_policy,
-    parse_size,
-    parse_sm_share,
-)
+from jupyter_vgpu.model import SliceValueError, format_size, parse_device, parse_policy, parse_size, parse_sm_share
 
 
 @pytest.mark.parametrize(

@@ -142,33 +142,21 @@ def scripted_client():
 
 
 BATCH_KERNEL_ID = "7a0b1c2d-0000-4000-8000-000000000007"
+BATCH_DEVICE = {"device_uuid": "GPU-0000test-0000-4000-8000-000000000000", "device_index": 0}
 
 
 @pytest.fixture
-def batch_shell(shell, native_libs, tmp_path, monkeypatch):
+def batch_shell(shell, native_libs, tmp_path, monkeypatch, region_files):
     """batch_shell(memory=, cores=, policy=) -> (the shell of a kernel a batch run started, its
     region): the variables the provisioner sets without a server (the region, the kernel's own
     id, no server link), a real region file of those limits."""
-    from jupyter_vgpu.holders.region import Region
-
-    regions = []
 
     def make(memory: int = 3 * GIB, cores: int = 40, policy: str = "burst"):
         path = tmp_path / f"{BATCH_KERNEL_ID}.region"
-        region = Region.create(
-            path,
-            memory_limit=memory,
-            sm_share=cores,
-            policy=policy,
-            device_uuid="GPU-0000test-0000-4000-8000-000000000000",
-            device_index=0,
-        )
-        regions.append(region)
+        region = region_files(path, memory_limit=memory, sm_share=cores, policy=policy, **BATCH_DEVICE)
         monkeypatch.setenv("VGPU_REGION", str(path))
         monkeypatch.setenv("JUPYTER_VGPU_KERNEL_ID", BATCH_KERNEL_ID)
         monkeypatch.delenv("JUPYTER_VGPU_LEDGER", raising=False)
         return shell, region
 
-    yield make
-    for region in regions:
-        region.close()
+    return make

@@ -141,7 +141,7 @@ def test_vgpu_in_a_kernel_no_server_started_shows_the_slice_from_its_region(batc
     shell, _ = batch_shell(memory=3 << 30, cores=40, policy="burst")
     shell.run_line_magic("vgpu", "")
     assert capsys.readouterr().out.splitlines() == [
-        "GPU slice of kernel 7a0b1c2d (7a0b1c2d-0000-4000-8000-000000000007), idle",
+        "GPU slice of kernel 7a0b1c2d (7a0b1c2d-0000-4000-8000-000000000007), unused",
         "  device  0",
         "  memory  0B used of 3GiB cap",
         "  SM      0.0% measured of 40% share",
@@ -189,7 +189,8 @@ def test_resize_in_a_batch_kernel_says_how_to_choose_the_size_of_the_run(batch_s
         capsys.readouterr()
         .out.strip()
         .endswith(
-            "Its slice is in the ledger of the vGPU server on this machine, which can resize it from a terminal: "
+            "Its slice is in the ledger of the vGPU server on this machine; while that server runs, it can resize it "
+            "from a terminal: "
             "jupyter vgpu resize 7a0b1c2d --memory 3GiB"
         )
     )

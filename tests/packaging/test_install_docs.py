@@ -18,10 +18,10 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import venv_with_pinned_dependencies
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -74,12 +74,7 @@ def checkout(tmp_path_factory) -> Path:
 
 
 def test_the_classroom_install_block_and_the_kernel_image_install_jupyter_vgpu_as_written(checkout, tmp_path):
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)])
-    # Dependencies at the versions of the environment running the tests, so pip's cache has them.
-    constraints = tmp_path / "constraints.txt"
-    frozen = run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"]).stdout.splitlines()
-    constraints.write_text("".join(f"{line}\n" for line in frozen if "==" in line and " @ " not in line))
+    venv, constraints = venv_with_pinned_dependencies(tmp_path)
     npm_prefix = tmp_path / "npm-global"
     env = {
         **{name: value for name, value in os.environ.items() if not name.startswith(("VIRTUAL_ENV", "JUPYTER_VGPU_"))},

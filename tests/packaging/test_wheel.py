@@ -28,6 +28,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import venv_with_pinned_dependencies
 
 ROOT = Path(__file__).resolve().parents[2]
 ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
@@ -179,12 +180,7 @@ def test_the_x86_64_wheel_is_manylinux_and_for_any_python_3(x86_64_wheel):
 
 def test_the_installed_wheel_works_without_compilers_or_node(x86_64_wheel, tmp_path):
     """README's first example, with nothing but the wheel and its dependencies installed."""
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)])
-    # Dependencies at the versions of the environment running the tests, so pip's cache has them.
-    constraints = tmp_path / "constraints.txt"
-    frozen = run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"]).stdout.splitlines()
-    constraints.write_text("".join(f"{line}\n" for line in frozen if "==" in line and " @ " not in line))
+    venv, constraints = venv_with_pinned_dependencies(tmp_path)
     run(
         [
             str(venv / "bin" / "pip"),

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from kube_standin import OWNER, POD_KERNEL, POD_SIM_DEVICES, Kubelet, Scheduler, StandIn
+from support import vgpu_server_config
 
 
 @pytest.fixture
@@ -50,18 +51,8 @@ def jp_server_config(standin, native_libs, tmp_path, monkeypatch, pod_provisione
     # The pods' simulated GPU (the server itself has none: local_gpus is False).
     monkeypatch.setenv("VGPU_SIM_STATE", str(tmp_path / "pod-sim.state"))
     monkeypatch.setenv("VGPU_SIM_DEVICES", POD_SIM_DEVICES)
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}},
-        "VGPUApp": {
-            "local_gpus": False,
-            "ledger_path": str(tmp_path / "ledger.sqlite"),
-            "region_dir": str(tmp_path / "regions"),
-            "default_memory": "2GiB",
-            "default_cores": 40,
-            "default_policy": "hard",
-            "max_memory": "6GiB",
-        },
-        "VGPUPodProvisioner": pod_provisioner_config,
+    return vgpu_server_config(tmp_path, local_gpus=False, max_memory="6GiB") | {
+        "VGPUPodProvisioner": pod_provisioner_config
     }
 
 

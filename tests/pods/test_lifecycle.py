@@ -8,7 +8,7 @@ import json
 
 import pytest
 import tornado.httpclient
-from kube_standin import OWNER, running_status
+from kube_standin import OWNER, kernel_status, running_status
 
 from jupyter_vgpu.pods.manifest import KERNEL_LABEL, MANAGED_BY, OWNER_LABEL, SERVER_LABEL
 
@@ -111,26 +111,9 @@ async def test_slices_list_shows_a_starting_pods_state_against_standin(jp_fetch,
     finally:
         # End the start: the image cannot be pulled.
         name = standin.pods()[0]["metadata"]["name"]
+        pulling = 'Back-off pulling image "registry.example.org/kernels/standin:1"'
         standin.set_status(
-            name,
-            {
-                "phase": "Pending",
-                "containerStatuses": [
-                    {
-                        "name": "kernel",
-                        "ready": False,
-                        "restartCount": 0,
-                        "image": "i",
-                        "imageID": "",
-                        "state": {
-                            "waiting": {
-                                "reason": "ImagePullBackOff",
-                                "message": 'Back-off pulling image "registry.example.org/kernels/standin:1"',
-                            }
-                        },
-                    }
-                ],
-            },
+            name, kernel_status("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": pulling}})
         )
         with pytest.raises(tornado.httpclient.HTTPClientError) as refused:
             await starting

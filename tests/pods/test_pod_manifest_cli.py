@@ -26,7 +26,12 @@ def jupyter_env(tmp_path, monkeypatch):
         json.dumps(
             {
                 "VGPUApp": {"default_memory": "2GiB", "default_cores": 40},
-                "VGPUPodProvisioner": {"namespace": "gpu-kernels", "scheduler_name": "hami-scheduler", "owner": "ada"},
+                "VGPUPodProvisioner": {
+                    "namespace": "gpu-kernels",
+                    "scheduler_name": "hami-scheduler",
+                    "owner": "ada",
+                    "image": "registry.example.org/kernels/base:1",
+                },
             }
         )
     )
@@ -129,3 +134,18 @@ def test_pod_manifest_refuses_a_slice_above_the_servers_largest_as_the_server_wo
         assert result.returncode != 0 and result.stdout == "", result.stdout
         assert said in result.stderr, result.stderr
     assert pod_manifest("--kernel", "gpu-pod", "--memory", "4GiB").returncode == 0
+
+
+def test_a_pod_kernel_without_an_image_is_refused_saying_which_image_it_needs(jupyter_env):
+    # No public image has jupyter-vgpu in it (the old default had not, and its pod could not
+    # start): the image must be named.
+    spec = Path(jupyter_env["JUPYTER_DATA_DIR"]) / "kernels" / "gpu-pod" / "kernel.json"
+    kernelspec = json.loads(spec.read_text())
+    del kernelspec["metadata"]["kernel_provisioner"]["config"]["image"]
+    spec.write_text(json.dumps(kernelspec))
+    result = pod_manifest("--kernel", "gpu-pod", "--VGPUPodProvisioner.image=")  # and the server's unset
+    assert result.returncode != 0 and result.stdout == "", result.stdout
+    assert (
+        "image is not set; name the kernel image (VGPUPodProvisioner.image), one with ipykernel and jupyter-vgpu "
+        "(no public image has jupyter-vgpu: build the kernel image of docs/kubernetes.md"
+    ) in result.stderr, result.stderr

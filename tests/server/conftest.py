@@ -4,7 +4,7 @@ and a kernelspec whose kernels start in slices."""
 from __future__ import annotations
 
 import pytest
-from support import write_vgpu_kernelspec
+from support import vgpu_server_config, write_vgpu_kernelspec
 
 # The in-process server loads the simulated driver into the test process; it reads its device
 # list and state file once, so every server test shares one simulated machine.
@@ -23,18 +23,7 @@ def server_sim_state(tmp_path_factory):
 def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
     monkeypatch.setenv("VGPU_SIM_STATE", server_sim_state)
     monkeypatch.setenv("VGPU_SIM_DEVICES", SERVER_SIM_DEVICES)
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}},
-        "VGPUApp": {
-            "simulate": True,
-            "ledger_path": str(tmp_path / "ledger.sqlite"),
-            "region_dir": str(tmp_path / "regions"),
-            # Not the built-in 4GiB, so a test can tell the server's default was used.
-            "default_memory": "2GiB",
-            "default_cores": 40,
-            "default_policy": "hard",
-        },
-    }
+    return vgpu_server_config(tmp_path, simulate=True)
 
 
 @pytest.fixture

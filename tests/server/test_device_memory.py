@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import test_server_process
-from jupyter_client.channels import HBChannel
 from support import CUDA_PRELUDE, wait_for
 from test_server_process import KERNEL_NAME, Server, run_code
 
@@ -22,11 +21,9 @@ user_env = test_server_process.user_env
 vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
 
 
-@pytest.fixture(autouse=True)
-def patient_heartbeat(monkeypatch):
-    """run_code's client calls a kernel dead after 1 s without a heartbeat, which a kernel on a
-    busy two-core machine misses; it is a test's reading, not what is tested."""
-    monkeypatch.setattr(HBChannel, "time_to_dead", 10.0)
+# run_code's client, patient with a kernel's heartbeat on a busy machine.
+patient_heartbeat = test_server_process.patient_heartbeat
+pytestmark = pytest.mark.usefixtures("patient_heartbeat")
 
 
 # A program outside any slice: allocates what its argument says, says so, and holds it until its

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import signal
 import pytest
 import tornado.httpclient
 from jupyter_server.auth import Authorizer
+from openapi_check import spec
 
 GIB = 1 << 30
 
@@ -183,8 +185,9 @@ async def test_any_other_path_under_the_api_gets_a_json_404(jp_fetch, path):
 async def test_the_api_root_answers_a_json_index_of_its_paths(jp_fetch, jp_base_url):
     index = await fetch_json(jp_fetch, "api", "vgpu")
     assert index["api"] == "jupyter-vgpu"
-    assert f"{jp_base_url}api/vgpu/slices/{{kernel_id}}" in index["paths"]
-    assert len(index["paths"]) == 7
+    # Every path api.yaml documents under it, with the server's base_url.
+    documented = {f"{jp_base_url}{path.lstrip('/')}" for path in spec()["paths"] if path != "/api/vgpu"}
+    assert set(index["paths"]) == documented and f"{jp_base_url}api/vgpu/slices/{{kernel_id}}" in documented
     code, message = await error_of(jp_fetch, "api", "vgpu", "slice")
     assert code == 404 and "the paths are /api/vgpu/devices, /api/vgpu/slices" in message
 
@@ -367,3 +370,15 @@ async def test_a_refused_start_is_one_warning_line_in_the_log_not_two_error_trac
     assert [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info] == []
     said = [record for record in caplog.records if record.getMessage() == message]
     assert len(said) == 1 and said[0].levelname == "WARNING", [record.getMessage() for record in caplog.records]
+
+
+async def test_a_slices_owner_is_the_servers_user_whatever_the_start_path(jp_fetch, vgpu_kernelspec, monkeypatch):
+    # Jupyter's own start (no owner) and ours (a token user with a random name) gave "" and
+    # "Anonymous ..."; the one rule: the hub user whose server this is, else this Unix account.
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    await start_sliced(jp_fetch, vgpu_kernelspec)
+    await fetch_json(jp_fetch, "api", "kernels", method="POST", body={"name": vgpu_kernelspec})
+    monkeypatch.setenv("JUPYTERHUB_USER", "ada")
+    await start_sliced(jp_fetch, vgpu_kernelspec)
+    owners = sorted(item["owner"] for item in await fetch_json(jp_fetch, "api", "vgpu", "slices"))
+    assert owners == sorted([getpass.getuser(), getpass.getuser(), "ada"])

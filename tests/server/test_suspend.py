@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 
 import pynvml
 import pytest
+from test_idle_policy import eventually
 from tornado.httpclient import HTTPClientError
+
+from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 
 GIB, MIB = 1 << 30, 1 << 20
 LARGE = 1  # the 16 GiB device of the server tests' simulated machine
@@ -50,21 +52,18 @@ def jp_server_config(jp_server_config, suspend_settings):
     }
 
 
-async def eventually(condition, timeout: float, message: str, interval: float = 0.05):
-    """Awaits ``condition()`` until it returns a truthy value, which it returns, or fails the test
-    with the last value seen after ``timeout`` seconds (polling lets the server run meanwhile)."""
-    deadline = time.monotonic() + timeout
-    value = await condition()
-    while not value:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{message} not met within {timeout} s (last: {value!r})")
-        await asyncio.sleep(interval)
-        value = await condition()
-    return value
-
-
 async def slice_of(jp_fetch, kernel_id: str) -> dict:
     return json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id)).body)
+
+
+def notice_starting(jp_fetch, kernel_id: str, prefix: str):
+    """A condition: the slice's notice, once it starts with ``prefix``."""
+
+    async def condition():
+        notice = (await slice_of(jp_fetch, kernel_id))["notice"]
+        return notice if notice and notice.startswith(prefix) else None
+
+    return condition
 
 
 async def start_sliced(jp_fetch, kernelspec, **fields) -> str:
@@ -114,6 +113,11 @@ async def test_a_suspended_kernels_memory_is_lent_and_comes_back_intact_when_res
     devices = json.loads((await jp_fetch("api", "vgpu", "devices")).body)
     assert devices[LARGE]["memory_free_bytes"] == 16 * GIB
     assert (await post(jp_fetch, a, "suspend"))["state"] == "suspended"  # again: as it is
+    metrics = (await jp_fetch("api", "vgpu", "metrics")).body.decode()
+    uuid = devices[LARGE]["uuid"]
+    assert f'vgpu_device_suspended_slices{{device="1",uuid="{uuid}"}} 1.0' in metrics
+    assert f'vgpu_device_suspended_host_memory_bytes{{device="1",uuid="{uuid}"}} 1.2884901888e+10' in metrics
+    assert f'vgpu_slice_last_suspend_seconds{{device="1",kernel_id="{a}"}}' in metrics
 
     # Its room is lent: another kernel gets 12 GiB of the 16, and A cannot come back meanwhile.
     b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
@@ -164,11 +168,7 @@ async def test_the_next_cell_of_a_suspended_kernel_waits_saying_why_until_its_ro
 
     a_cell = asyncio.ensure_future(run_in_kernel(a, "print(intact())"))
 
-    async def waiting():
-        notice = (await slice_of(jp_fetch, a))["notice"]
-        return notice if notice and notice.startswith("waiting") else None
-
-    notice = await eventually(waiting, 30, "A's notice saying what it waits for")
+    notice = await eventually(notice_starting(jp_fetch, a, "waiting"), 30, "A's notice saying what it waits for")
     assert notice == (
         "waiting for 8GiB on GPU 1, held by running kernels (12GiB in all); this kernel resumes when it is free"
     )
@@ -232,3 +232,118 @@ async def test_a_cuda_call_from_a_background_thread_of_a_suspended_kernel_resume
     await eventually(running, 30, "the kernel resumed by its thread's CUDA call")
     assert jp_serverapp.kernel_manager.get_kernel(kernel).execution_state == "idle"  # no cell ran
     assert (await run_in_kernel(kernel, "worker.join(60); print(worker.is_alive())")).strip() == "False"
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 1.0}])
+async def test_an_idle_kernel_is_suspended_and_its_next_cell_resumes_it(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    code = "pointer = ctypes.c_uint64()\nprint(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(1 << 30)))"
+    assert (await run_in_kernel(kernel, cuda_prelude + code)).strip() == "0"
+
+    async def suspended():
+        model = await slice_of(jp_fetch, kernel)
+        return model if model["state"] == "suspended" and model["notice"] else None
+
+    model = await eventually(suspended, 30, "the idle kernel suspended, with its notice")
+    assert model["host_memory_bytes"] == GIB
+    assert model["notice"] == "suspended after 1 s idle: 1GiB moved to host memory; resumes when a cell runs"
+    assert kernel_pid(jp_serverapp, kernel) not in nvml_device(LARGE)["pids"]
+
+    free = "free, total = memory(); print(total - free)"
+    assert (await asyncio.wait_for(run_in_kernel(kernel, free), 60)).strip() == str(GIB)
+    model = await slice_of(jp_fetch, kernel)
+    # Resumed; it may be suspended again a second after the cell, which is the policy too.
+    assert model["notice"] is None or model["notice"].startswith("suspended after 1 s idle")
+
+
+@pytest.mark.parametrize(
+    "suspend_settings", [{"idle_suspend_after": 0.5, "idle_cull_after": 3.0, "suspend_host_memory": "512MiB"}]
+)
+async def test_past_the_host_memory_cap_an_idle_kernel_is_culled_instead_and_told_why(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(1 << 30))")).strip() == "0"
+
+    notice = await eventually(notice_starting(jp_fetch, kernel, "not suspended"), 30, "the suspend refused for the cap")
+    assert notice == (
+        "not suspended: suspended kernels hold 0B of the 512MiB of host memory they may use, and this one's "
+        "1GiB would not fit; it is stopped when idle longer instead"
+    )
+
+    async def culled():
+        notices = json.loads((await jp_fetch("api", "vgpu", "notices")).body)
+        return notices if kernel not in jp_serverapp.kernel_manager else None
+
+    await eventually(culled, 30, "the kernel culled")
+
+
+@pytest.mark.parametrize("suspend_settings", [{"suspend_lock_timeout": 0.3}])
+async def test_a_kernel_whose_process_does_not_finish_its_gpu_work_in_time_stays_running(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, compile_c, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", device=LARGE)
+    # A process of the kernel (a child, in its slice) with 20 s of GPU work queued.
+    start = (
+        "import subprocess\n"
+        f"probe = subprocess.Popen([{str(compile_c('checkpoint_probe'))!r}, 'target', '1M'], "
+        "stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
+        "print(probe.stdout.readline().split()[0])\n"
+        "probe.stdin.write('busy 20000\\n'); probe.stdin.flush()\n"
+        "print(probe.stdout.readline().strip(), probe.pid)\n"
+    )
+    ready, queued, pid = (await run_in_kernel(kernel, start)).split()
+    assert (ready, queued) == ("ready", "queued")
+
+    code, message = await refusal(jp_fetch, kernel, "suspend")
+    assert code == 409
+    assert f"process {pid} did not finish its GPU work within 0.3 s; left running" in message
+    model = await slice_of(jp_fetch, kernel)
+    assert (model["state"], model["host_memory_bytes"]) == ("running", 0)
+    assert int(pid) in nvml_device(LARGE)["pids"]
+    # Still running, not locked: it answers a CUDA call.
+    assert (
+        await run_in_kernel(
+            kernel, "probe.stdin.write('alloc 1M\\n'); probe.stdin.flush(); print(probe.stdout.readline().strip())"
+        )
+    ).strip() == "alloc 0"
+    await run_in_kernel(kernel, "probe.kill(); probe.wait()")
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 3600.0}])
+async def test_a_kernel_start_that_does_not_fit_makes_room_by_suspending_the_longest_idle_kernel(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    older = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    newer = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    for kernel in (older, newer):
+        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    await run_in_kernel(newer, "print('active later')")
+
+    # 12 of 16 GiB are promised: an 8 GiB start fits once one 6 GiB kernel is suspended, the one idle longest.
+    started = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
+    made_room, kept = await slice_of(jp_fetch, older), await slice_of(jp_fetch, newer)
+    assert (made_room["state"], made_room["host_memory_bytes"]) == ("suspended", 4 * GIB)
+    assert made_room["notice"] == (
+        "suspended to make room for a new kernel: 4GiB moved to host memory; resumes when a cell runs"
+    )
+    assert kept["state"] == "running" and (await slice_of(jp_fetch, started))["limits"]["memory_bytes"] == 8 * GIB
+
+
+async def test_memory_a_suspended_slices_processes_still_hold_is_not_lent(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    """The ledger lends a suspended slice's room only as far as NVML shows it free: a slice
+    recorded suspended while its process still holds 4 GiB (a ledger told so by a server whose
+    checkpoint did not happen) leaves 12 GiB of the 16 to lend, not 16."""
+    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    assert (await run_in_kernel(a, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    jp_serverapp.web_app.settings[MANAGER_SETTING].ledger.suspend(a, host_memory=4 * GIB)
+
+    with pytest.raises(HTTPClientError) as refused:
+        await start_sliced(jp_fetch, vgpu_kernelspec, memory="13GiB", device=LARGE)
+    assert refused.value.code == 409
+    assert "12GiB is free" in json.loads(refused.value.response.body)["message"]
+    assert await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)

@@ -83,10 +83,15 @@ def test_malformed_spec_is_refused_by_cuda_and_nvml(programs, env, devices):
         assert "accepted:" in line
 
 
-def test_cuda_visible_devices_selects_devices_by_index(programs, env):
+def init_with_visible_devices(programs, env: dict[str, str], visible: str) -> dict[str, str]:
+    """What the probe's init sees of THREE devices with CUDA_VISIBLE_DEVICES=visible."""
     env = with_devices(env, THREE)
-    env["CUDA_VISIBLE_DEVICES"] = "2,0"
-    seen = probe(programs, env, "init")
+    env["CUDA_VISIBLE_DEVICES"] = visible
+    return probe(programs, env, "init")
+
+
+def test_cuda_visible_devices_selects_devices_by_index(programs, env):
+    seen = init_with_visible_devices(programs, env, "2,0")
     assert seen["count"] == "2"
     assert (seen["name_0"], seen["name_1"]) == ("GPU 2", "GPU 0")
     assert seen["memory_0"] == str(3 * GIB)
@@ -94,9 +99,7 @@ def test_cuda_visible_devices_selects_devices_by_index(programs, env):
 
 
 def test_cuda_visible_devices_selects_devices_by_uuid_or_unique_prefix(programs, env):
-    env = with_devices(env, THREE)
-    env["CUDA_VISIBLE_DEVICES"] = "GPU-1111aaaa-0000-4000-8000-000000000001,GPU-0000"
-    seen = probe(programs, env, "init")
+    seen = init_with_visible_devices(programs, env, "GPU-1111aaaa-0000-4000-8000-000000000001,GPU-0000")
     assert seen["count"] == "2"
     assert (seen["name_0"], seen["name_1"]) == ("GPU 1", "GPU 0")
     assert seen["uuid_0"] == "GPU-1111aaaa-0000-4000-8000-000000000001"
@@ -112,9 +115,7 @@ def test_cuda_visible_devices_selects_devices_by_uuid_or_unique_prefix(programs,
     ],
 )
 def test_cuda_visible_devices_stops_at_the_first_invalid_entry(programs, env, visible, names):
-    env = with_devices(env, THREE)
-    env["CUDA_VISIBLE_DEVICES"] = visible
-    seen = probe(programs, env, "init")
+    seen = init_with_visible_devices(programs, env, visible)
     assert [seen[f"name_{i}"] for i in range(int(seen["count"]))] == names
 
 

@@ -27,15 +27,17 @@ KERNEL = (
     " stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
     "print(child.stdout.readline().strip(), flush=True)\nsys.stdin.read()\n"
 )
-# Reads the device as the broker does, for one allocation given as JSON.
+# Reads the device as the broker does, for one allocation (on the machine's one GPU) given as JSON.
 READER = """
 import json, sys
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid
 from jupyter_vgpu.ledger import Allocation
-from jupyter_vgpu.model import use_simulator
+from jupyter_vgpu.model import list_devices, use_simulator
 use_simulator()
-allocation = Allocation(**json.loads(sys.argv[1]))
-print(json.dumps({uuid: [seen.outside, seen.over_cap] for uuid, seen in DeviceMemoryReader(kernel_pid)([allocation]).items()}))
+(device,) = list_devices()
+allocation = Allocation(**json.loads(sys.argv[1]), device_uuid=device.uuid)
+seen = DeviceMemoryReader(kernel_pid)([allocation])[device.uuid]
+print(json.dumps([seen.outside, seen.over_cap]))
 """
 
 
@@ -53,14 +55,10 @@ def start_time(pid: int) -> int:
 
 
 def test_a_kernels_descendants_count_in_its_slice_and_others_outside_any(sim_env):
-    from conftest import simulated_device_uuid
-
-    uuid = simulated_device_uuid(sim_env)
     outsider, _ = start(sim_env, HOLDER, str(GIB))
     kernel, child = start(sim_env, KERNEL, HOLDER_UNTIL_KILLED, str(3 * GIB))
     allocation = {
         "kernel_id": "k1",
-        "device_uuid": uuid,
         "device_index": 0,
         "memory_limit": 2 * GIB,
         "sm_share": 50,
@@ -80,7 +78,7 @@ def test_a_kernels_descendants_count_in_its_slice_and_others_outside_any(sim_env
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)[uuid]
+        return json.loads(result.stdout)
 
     try:
         # The child holds 3 GiB of a 2 GiB slice: 1 GiB over its cap; the outsider's 1 GiB is outside.

@@ -1,0 +1,48 @@
+"""`jupyter vgpu suspend | resume` against a Jupyter server as a user runs it (a separate process,
+on the simulated GPU): the kernel's memory leaves the GPU and comes back intact."""
+
+from __future__ import annotations
+
+from test_server_process import KERNEL_NAME, Server, run_code, user_env, vgpu_cli, vgpu_kernelspec_dir
+
+__all__ = ["user_env", "vgpu_kernelspec_dir"]  # the fixtures this module takes from there
+
+PATTERN = """
+pointer = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(1 << 30)) == 0
+pattern = bytes(range(251)) * 4096
+assert cuda.cuMemcpyHtoD_v2(pointer, pattern, ctypes.c_size_t(len(pattern))) == 0
+def intact():
+    back = ctypes.create_string_buffer(len(pattern))
+    assert cuda.cuMemcpyDtoH_v2(back, pointer, ctypes.c_size_t(len(pattern))) == 0
+    return back.raw == pattern
+"""
+
+
+def test_cli_suspends_and_resumes_a_kernel_of_the_running_server(user_env, tmp_path, cuda_prelude):
+    server = Server(tmp_path, user_env)
+    try:
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB", "cores": 40})
+        kernel_id = started["kernel"]["id"]
+        run_code(user_env, kernel_id, cuda_prelude + PATTERN)
+
+        suspended = vgpu_cli(user_env, "suspend", kernel_id[:8])
+        assert suspended.returncode == 0, suspended.stderr
+        assert suspended.stdout.strip() == (
+            f"suspended {kernel_id[:8]}: 1GiB moved to host memory; it resumes on its next cell, or with "
+            f"`jupyter vgpu resume {kernel_id[:8]}`"
+        )
+        (listed,) = server.api("GET", "api/vgpu/slices")
+        assert (listed["state"], listed["host_memory_bytes"]) == ("suspended", 1 << 30)
+
+        resumed = vgpu_cli(user_env, "resume", kernel_id[:8])
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout.strip() == f"resumed {kernel_id[:8]}: its 2GiB slice runs again"
+        assert run_code(user_env, kernel_id, "print(intact())").strip() == "True"
+
+        usage = vgpu_cli(user_env, "suspend")
+        assert usage.returncode == 2 and "usage: jupyter vgpu suspend KERNEL_ID" in usage.stderr
+        unknown = vgpu_cli(user_env, "resume", "zzzz")
+        assert unknown.returncode == 2 and "no sliced kernel's id starts with 'zzzz'" in unknown.stderr
+    finally:
+        server.stop()
