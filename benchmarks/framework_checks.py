@@ -1,9 +1,16 @@
-"""Real programs in a slice: the driver, NVML, nvidia-smi, PyTorch, CuPy and JAX under a 4 GiB
-cap, and a bf16 matmul loop at a 30 % SM share against the same loop unlimited.
+"""Real programs in a slice: the driver, NVML, nvidia-smi, cuda-bindings, cuda.core, numba-cuda,
+PyTorch (its default, expandable-segments and cudaMallocAsync allocators), CuPy and JAX under a
+4 GiB cap, and a bf16 matmul loop at a 30 % SM share against the same loop unlimited.
 
     python benchmarks/framework_checks.py              # on a GPU machine: every check
-    python benchmarks/framework_checks.py --simulate   # the simulated GPU: driver and NVML checks
+    python benchmarks/framework_checks.py --simulate   # the simulated GPU: the driver-API clients
     python benchmarks/framework_checks.py --smoke      # as CI runs it: --simulate
+    python benchmarks/framework_checks.py --prepare    # here: the wheels a GPU machine needs
+
+The GPU machines have the frameworks but not this project's dependencies, and fetch nothing:
+`--prepare` builds this project's wheel and downloads its dependencies for their Python (3.12,
+x86-64) into build/gpu-wheels (ignored by git), and prints the one command to run there, which
+installs from that folder alone and runs every check in well under 10 minutes.
 
 Each check is a child program started the way a user starts one,
 `jupyter vgpu run --memory 4GiB [--cores N] -- python -c ...`, that prints one JSON object; this
@@ -25,11 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
 CAP = 4 * GIB
 SHARE = 30
 SHARE_TOLERANCE = 0.05  # issue 2: 30 +/- 5 % of the unlimited throughput
+OOM_LINE = "jupyter-vgpu: out of GPU memory in this slice"
+WHEELS = ROOT / "build" / "gpu-wheels"
+GPU_MACHINE_PYTHON = "3.12"  # ../shared/FIELD-NOTES.md: the GPU machines' python3
 
 # Child programs. Each prints one JSON object on its last line of stdout.
 DRIVER_TOTALS = """
@@ -89,6 +101,54 @@ try:
 except Exception as error:  # XlaRuntimeError; its class moved between JAX releases
     raised = type(error).__name__ if "RESOURCE_EXHAUSTED" in str(error) else f"other: {error}"[:200]
 print(json.dumps({"raised": raised, "backend": jax.default_backend()}))
+"""
+
+CUDA_BINDINGS_CHECK = """
+import json
+from cuda.bindings import driver as cu
+assert cu.cuInit(0)[0] == 0
+device = cu.cuDeviceGet(0)[1]
+assert cu.cuCtxSetCurrent(cu.cuDevicePrimaryCtxRetain(device)[1])[0] == 0
+error, free, total = cu.cuMemGetInfo()
+over_cap = cu.cuMemAlloc(5 << 30)[0]
+pinned = cu.cuMemHostAlloc(5 << 30, 0)
+print(json.dumps({"total": total, "over_cap_result": int(over_cap), "pinned_5GiB": int(pinned[0]) == 0}))
+"""
+
+CUDA_CORE_CHECK = """
+import json
+from cuda.core import Device
+device = Device()
+device.set_current()
+stream = device.create_stream()
+held = device.memory_resource.allocate(1 << 30, stream=stream)
+try:
+    device.memory_resource.allocate(5 << 30, stream=stream)
+    raised = None
+except Exception as error:
+    raised = "CUDA_ERROR_OUT_OF_MEMORY" if "OUT_OF_MEMORY" in str(error) else str(error)[:200]
+print(json.dumps({"held": held.size, "raised": raised}))
+"""
+
+NUMBA_CHECK = """
+import json
+import numpy as np
+from numba import cuda
+@cuda.jit
+def add_one(values):
+    i = cuda.grid(1)
+    if i < values.size:
+        values[i] += 1
+data = cuda.to_device(np.zeros(1 << 20, np.float32))
+add_one[(1 << 20) // 256, 256](data)
+result = data.copy_to_host()
+total = cuda.current_context().get_memory_info().total
+try:
+    cuda.device_array(5 << 30, np.uint8)
+    raised = None
+except cuda.cudadrv.driver.CudaAPIError as error:
+    raised = int(error.code)
+print(json.dumps({"total": total, "raised": raised, "sum": float(result.sum())}))
 """
 
 MATMUL_RATE = """
@@ -191,19 +251,72 @@ def jax_capped(report: dict, stderr: str) -> tuple[bool, str]:
     return ok, f"5 GiB array -> {report['raised']} ({report['backend']})"
 
 
+def once_per_burst(stderr: str) -> tuple[bool, str]:
+    count = stderr.count(OOM_LINE)
+    return count == 1, f"OOM line {count}x"
+
+
+def bindings_capped(report: dict, stderr: str) -> tuple[bool, str]:
+    once, lines = once_per_burst(stderr)
+    ok = report["total"] == CAP and report["over_cap_result"] == 2 and report["pinned_5GiB"] and once
+    return ok, (
+        f"total {report['total'] / GIB:.2f} GiB; 5 GiB -> {report['over_cap_result']}; "
+        f"5 GiB pinned host {'granted' if report['pinned_5GiB'] else 'refused'}; {lines}"
+    )
+
+
+def core_capped(report: dict, stderr: str) -> tuple[bool, str]:
+    once, lines = once_per_burst(stderr)
+    ok = report["held"] == GIB and report["raised"] == "CUDA_ERROR_OUT_OF_MEMORY" and once
+    return ok, f"1 GiB held, 5 GiB -> {report['raised']}; {lines}"
+
+
+def numba_capped(simulate: bool) -> Judge:
+    def judge(report: dict, stderr: str) -> tuple[bool, str]:
+        once, lines = once_per_burst(stderr)
+        # On a GPU the kernel ran: every element is 1. The simulator runs no kernel code.
+        computed = simulate or report["sum"] == float(1 << 20)
+        ok = report["total"] == CAP and report["raised"] == 2 and once and computed
+        kernel = "launched (not run: simulated)" if simulate else f"sum {report['sum']:.0f}"
+        return ok, f"total {report['total'] / GIB:.2f} GiB; @cuda.jit {kernel}; 5 GiB -> {report['raised']}; {lines}"
+
+    return judge
+
+
+def torch_filled_once(report: dict, stderr: str) -> tuple[bool, str]:
+    ok, detail = filled_to_the_cap(report, stderr)
+    once, lines = once_per_burst(stderr)
+    return ok and once, f"{detail}; {lines}"
+
+
 CHECKS = [
     Check("CUDA driver: cuMemGetInfo_v2 and a 5 GiB cuMemAlloc_v2", DRIVER_TOTALS, over_cap_refused),
+    Check(
+        "cuda-bindings: memory info, 5 GiB device and pinned",
+        CUDA_BINDINGS_CHECK,
+        bindings_capped,
+        needs_module="cuda.bindings",
+    ),
+    Check("cuda.core: memory resource past the cap", CUDA_CORE_CHECK, core_capped, needs_module="cuda.core"),
     Check("NVML: nvmlDeviceGetMemoryInfo", NVML_TOTALS, totals_are_the_cap, needs_module="pynvml"),
     Check(
         "PyTorch: torch.cuda.mem_get_info", TORCH_TOTALS, totals_are_the_cap, needs_module="torch", needs_real_gpu=True
     ),
     Check(
-        "PyTorch: fill with 256 MiB tensors", TORCH_FILL, filled_to_the_cap, needs_module="torch", needs_real_gpu=True
+        "PyTorch: fill with 256 MiB tensors", TORCH_FILL, torch_filled_once, needs_module="torch", needs_real_gpu=True
+    ),
+    Check(
+        "PyTorch, cudaMallocAsync: fill",
+        TORCH_FILL,
+        torch_filled_once,
+        needs_module="torch",
+        needs_real_gpu=True,
+        env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
     ),
     Check(
         "PyTorch, expandable_segments: fill",
         TORCH_FILL,
-        filled_to_the_cap,
+        torch_filled_once,
         needs_module="torch",
         needs_real_gpu=True,
         env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
@@ -253,15 +366,47 @@ def matmul_row(simulate: bool, warm_up: float, seconds: float) -> tuple[str, str
     )
 
 
+def prepare(wheels: Path) -> None:
+    """Fills `wheels` with what a GPU machine needs to run these checks: this project's wheel and
+    its dependencies, for that machine's Python, and prints the command to run there."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(ROOT)], check=True)
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    target = ["--only-binary=:all:", "--python-version", GPU_MACHINE_PYTHON, "--implementation", "cp"]
+    platforms = [f"--platform=manylinux_2_{minor}_x86_64" for minor in (17, 28, 34)] + ["--platform=linux_x86_64"]
+    subprocess.run([*pip, "download", "-d", str(wheels), *target, *platforms, *dependencies], check=True)
+    size = sum(path.stat().st_size for path in wheels.iterdir()) >> 20
+    relative = wheels.relative_to(ROOT)
+    print(f"\n{len(list(wheels.iterdir()))} files, {size} MiB in {relative}. On the GPU machine, in this checkout:")
+    print(
+        f"  python3 -m venv --system-site-packages /tmp/vgpu && /tmp/vgpu/bin/pip install -q --no-index "
+        f"--find-links {relative} jupyter-vgpu && /tmp/vgpu/bin/python benchmarks/framework_checks.py"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--simulate", action="store_true", help="the simulated GPU: driver and NVML checks only")
+    parser.add_argument("--simulate", action="store_true", help="the simulated GPU: the driver-API clients only")
     parser.add_argument("--smoke", action="store_true", help="as CI runs it: --simulate")
+    parser.add_argument("--prepare", action="store_true", help=f"download what a GPU machine needs into {WHEELS}")
     args = parser.parse_args()
+    if args.prepare:
+        prepare(WHEELS)
+        return
     simulate = args.simulate or args.smoke
 
+    checks = [
+        *CHECKS,
+        Check(
+            "numba-cuda: @cuda.jit and a 5 GiB device array",
+            NUMBA_CHECK,
+            numba_capped(simulate),
+            needs_module="numba.cuda",
+        ),
+    ]
     rows = []
-    for check in CHECKS:
+    for check in checks:
         if check.needs_real_gpu and simulate:
             rows.append((check.name, "not run", "needs the real driver"))
         elif check.needs_module and importlib.util.find_spec(check.needs_module) is None:
@@ -276,7 +421,7 @@ def main() -> None:
     rows.append(nvidia_smi_row(simulate))
     rows.append(matmul_row(simulate, warm_up=3.0, seconds=10.0))
 
-    where = "simulated GPU" if simulate else "real driver"
+    where = "simulated GPU: launches cost time, no kernel code runs" if simulate else "real driver"
     print(f"\nReal programs in a 4 GiB slice ({where})")
     width = max(len(name) for name, _, _ in rows)
     print(f"{'check':<{width}}  {'result':<8} detail")

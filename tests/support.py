@@ -131,11 +131,11 @@ class CheckpointTarget:
     """`checkpoint_probe target BYTES` (tests/programs/checkpoint_probe.c): a process that has
     written a pattern into BYTES of device memory and obeys commands on stdin."""
 
-    def __init__(self, program: Path, env: dict[str, str], size: str):
+    def __init__(self, program: Path, env: dict[str, str], size: str, launcher: tuple[str, ...] = ()):
+        """`launcher`: what runs the program (an emulator for another architecture's build)."""
         pipe = subprocess.PIPE
-        self.process = subprocess.Popen(
-            [program, "target", size], env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True
-        )
+        command = [*launcher, str(program), "target", size]
+        self.process = subprocess.Popen(command, env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True)
         self.lines: dict[str, str] = {}  # the latest line of each key
         self.wait_for("ready")
 

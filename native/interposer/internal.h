@@ -499,6 +499,18 @@ struct vgpu_charge {
     uint64_t bytes;
 };
 
+/* Frameworks retry a refused allocation at once (numba twice, CuPy three times, PyTorch twice
+ * after emptying its cache): the out-of-memory line is written once per burst of refusals. A
+ * refusal belongs to the previous one's burst when it asks for the same bytes, comes within
+ * VGPU_OOM_BURST_NS of it and nothing was granted in between. */
+#define VGPU_OOM_BURST_NS 1000000000ull
+struct vgpu_charge_state {
+    _Atomic uint64_t grants;         /* charges granted so far */
+    _Atomic uint64_t refused_bytes;  /* the last refusal: its request, */
+    _Atomic uint64_t refused_ns;     /* when, */
+    _Atomic uint64_t refused_grants; /* and `grants` then */
+};
+
 /* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
  * no lock: see charge.c). On CUDA_SUCCESS the caller calls the driver and then
  * vgpu_settle_charge(); otherwise it returns the refusal. */
@@ -562,6 +574,7 @@ struct vgpu_state {
     struct vgpu_graph_prices_state graph_prices;
     struct vgpu_pacing_state pacing;
     struct vgpu_context_state context;
+    struct vgpu_charge_state charge;
 };
 
 extern struct vgpu_state vgpu_state;

@@ -407,7 +407,8 @@ static int command_proc_address(void)
     } lookups[] = {
         {"cuMemAlloc", "cuMemAlloc", 12000, 0, (void *)cuMemAlloc_v2},
         {"cuCtxCreate_12080", "cuCtxCreate", 12080, 0, (void *)cuCtxCreate_v4},
-        {"cuCtxCreate_12000", "cuCtxCreate", 12000, 0, (void *)cuCtxCreate_v2},
+        {"cuCtxCreate_12000", "cuCtxCreate", 12000, 0, (void *)cuCtxCreate_v3},
+        {"cuCtxCreate_11000", "cuCtxCreate", 11000, 0, (void *)cuCtxCreate_v2},
         {"cuLaunchKernel_ptds", "cuLaunchKernel", 12000, ptds, (void *)cuLaunchKernel_ptsz},
         {"cuMemAlloc_ptds", "cuMemAlloc", 12000, ptds, (void *)cuMemAlloc_v2},
         {"cuGetProcAddress", "cuGetProcAddress", 12000, 0, (void *)cuGetProcAddress_v2},
@@ -425,7 +426,7 @@ static int command_proc_address(void)
     }
     printf("unknown %d\n", cuGetProcAddress_v2("cuNoSuchCall", &fn, 12000, 0, &status));
     printf("unknown_status %d\nunknown_fn %d\n", status, fn == NULL);
-    printf("too_new %d\n", cuGetProcAddress_v2("cuCtxCreate", &fn, 3000, 0, &status));
+    printf("too_new %d\n", cuGetProcAddress_v2("cuMemAllocAsync", &fn, 11000, 0, &status)); /* from 11.2 */
     printf("too_new_status %d\n", status);
     const char *text;
     CHECK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &text));

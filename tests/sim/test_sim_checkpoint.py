@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 from sim_helpers import GIB, MIB, nvml_snapshot, parse_lines, python_json, wait_until
+from support import CheckpointTarget
 
-SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, ILLEGAL_STATE, TIMEOUT = 0, 1, 2, 3, 401, 909
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, NOT_INITIALIZED, ILLEGAL_STATE, NOT_SUPPORTED, TIMEOUT = (
+    0,
+    1,
+    2,
+    3,
+    401,
+    801,
+    909,
+)
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "0", "1", "2", "3"
 FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
 
@@ -194,3 +203,22 @@ def test_cuGetProcAddress_serves_the_checkpoint_entry_points_from_cuda_12_8(env)
             assert (result, same) == (SUCCESS, True), key
         else:
             assert result == 500, key  # CUDA_ERROR_NOT_FOUND: too new for a CUDA 12.0 caller
+
+
+def test_the_api_answers_on_x86_64_only(machine, env):
+    """The driver answered "not supported" on aarch64; the simulated one built for aarch64 does too."""
+    probe = machine.compile("checkpoint_probe")
+    machine_env = machine.environment(env)
+    target = CheckpointTarget(probe, machine_env, "1M", launcher=tuple(machine.command(probe)[:-1]))
+    try:
+        command = machine.command(probe, "control", "lock", str(target.pid))
+        finished = subprocess.run(command, env=machine_env, capture_output=True, text=True, timeout=120, check=True)
+        answer = parse_lines(finished.stdout)
+        if machine.name == "host":
+            assert (answer["result"], answer["state"]) == (str(SUCCESS), LOCKED)
+            assert control(probe, machine_env, "unlock", target.pid) == {"result": SUCCESS, "state": RUNNING}
+        else:
+            assert (answer["result"], answer["state"]) == (str(NOT_SUPPORTED), "none")
+        assert target.ask("alloc 1M", "alloc") == str(SUCCESS)
+    finally:
+        target.kill()

@@ -33,11 +33,12 @@ def relocated(library: Path) -> set[str]:
     return set(re.findall(r"^\s*[0-9a-f]+\s+[0-9a-f]+\s+\S+\s+[0-9a-f]+\s+(\w+)", listing.stdout, re.MULTILINE))
 
 
-def test_libcuda_exports_every_entry_point_and_nothing_else(native_libs):
+def test_libcuda_exports_every_entry_point_it_models(native_libs):
+    # and the real driver's others (tests/sim/test_sim_proc_address.py)
     required = entry_points("cuda_abi.h", "VGPU_CUDA_ENTRY_POINTS")
     optional = entry_points("cuda_abi.h", "VGPU_CUDA_OPTIONAL_ENTRY_POINTS")
     assert len(required) > 80 and optional
-    assert exported(native_libs.sim_dir / "libcuda.so.1") == required | optional
+    assert exported(native_libs.sim_dir / "libcuda.so.1") >= required | optional
 
 
 def test_libnvidia_ml_exports_every_entry_point_and_nothing_else(native_libs):
@@ -88,6 +89,7 @@ def test_get_proc_address_resolves_base_names_by_version_and_stream_mode(program
         "cuMemAlloc",
         "cuCtxCreate_12080",
         "cuCtxCreate_12000",
+        "cuCtxCreate_11000",
         "cuLaunchKernel_ptds",
         "cuMemAlloc_ptds",
         "cuGetProcAddress",
@@ -126,7 +128,7 @@ def test_every_name_of_a_query_gives_the_same_answer(programs, env):
     assert seen["same_uuid"] == "1"
     assert seen["total"] == str(16 * GIB)
     assert seen["nvml_count"] == seen["nvml_count_v2"] == "1"
-    assert seen["nvml_cuda_version"] == seen["nvml_cuda_version_v2"] == "12080"
+    assert seen["nvml_cuda_version"] == seen["nvml_cuda_version_v2"] == "13000"  # the default setting
     assert seen["nvml_same_handle"] == "1"
     assert seen["nvml_total"] == str(16 * GIB)
     assert seen["used_after_alloc"] == seen["nvml_used"] == seen["nvml_used_v2"] == str(5 * MIB)

@@ -143,7 +143,7 @@ print(json.dumps({
     assert seen["cores"] == 132 * 128
     assert seen["bus_id"] == "00000000:19:00.0"
     assert 20 <= seen["temperature"] <= 90 and 10_000 <= seen["power_mw"] <= 1_000_000
-    assert seen["driver"].count(".") == 2 and seen["cuda"] == 12080
+    assert seen["driver"].count(".") == 2 and seen["cuda"] == 13000
     assert seen["utilization"] == 0
 
 

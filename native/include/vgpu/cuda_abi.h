@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CUDA_VERSION_SUPPORTED 12080 /* the driver API version the simulated driver reports */
+#define CUDA_VERSION_SUPPORTED 12080 /* the driver API version this project's own programs ask cuGetProcAddress for */
 
 typedef int CUresult;
 enum {
@@ -30,11 +30,18 @@ enum {
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
     CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
@@ -306,6 +313,74 @@ typedef struct CUgraphExecUpdateResultInfo_st {
     CUgraphNode errorFromNode;
 } CUgraphExecUpdateResultInfo;
 
+/* What the driver-API clients (cuda-bindings, cuda.core, numba-cuda) use on their memory and
+ * launch paths: values as in CUDA 13's cuda.h. */
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* only the pointer is passed through */
+typedef struct CUlinkState_st *CUlinkState;
+typedef int CUjit_option;
+typedef int CUjitInputType;
+typedef int CUlibraryOption;
+typedef int CUlimit;
+typedef int CUfunc_cache;
+typedef int CUdevice_P2PAttribute;
+typedef int CUmoduleLoadingMode;
+enum { CU_MODULE_EAGER_LOADING = 1, CU_MODULE_LAZY_LOADING = 2 };
+typedef int CUfunction_attribute;
+enum {
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+    CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES = 2,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
+    CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
+    CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
+    CU_FUNC_ATTRIBUTE_MAX = 17,
+};
+typedef int CUpointer_attribute;
+enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+    CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+    CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6,
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_MAPPED = 13,
+    CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+    CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
+    CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+    CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
+    CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20,
+    CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE = 21,
+};
+typedef int CUmemorytype;
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4 };
+enum {
+    CU_MEMHOSTALLOC_PORTABLE = 0x01,
+    CU_MEMHOSTALLOC_DEVICEMAP = 0x02,
+    CU_MEMHOSTALLOC_WRITECOMBINED = 0x04,
+    CU_MEMHOSTREGISTER_PORTABLE = 0x01,
+    CU_MEMHOSTREGISTER_DEVICEMAP = 0x02,
+    CU_MEMHOSTREGISTER_IOMEMORY = 0x04,
+    CU_MEMHOSTREGISTER_READ_ONLY = 0x08,
+};
+typedef int CUstreamCaptureStatus;
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 };
+typedef void (*CUhostFn)(void *userData);
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
+enum { CU_EVENT_WAIT_DEFAULT = 0x0, CU_EVENT_RECORD_DEFAULT = 0x0 };
+#define SIM_STREAM_GREATEST_PRIORITY (-5) /* a Hopper part's range: 0 (least) to -5 */
 /* The checkpoint API (CUDA 12.8+): another process locks, checkpoints, restores and unlocks a
  * CUDA process by pid. Every args struct is 64 bytes; reserved fields must be zero. The restore
  * args are the 12.8 layout (later drivers put GPU remapping pairs, then custom storage, in the
@@ -446,6 +521,89 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
 /* clang-format on */
 
 /*
+ * Entry points the simulated driver models for driver-API clients (cuda-bindings, cuda.core,
+ * numba-cuda) and the interposer neither hooks nor calls. Same form as the list above.
+ */
+/* One entry point a line (tests/sim/test_sim_exports.py reads the list), left as written: */
+/* clang-format off */
+#define VGPU_SIM_CLIENT_ENTRY_POINTS(X) \
+    X(CUresult, cuCtxCreate_v3, (CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev)) \
+    X(CUresult, cuCtxGetDevice_v2, (CUdevice *device, CUcontext ctx)) \
+    X(CUresult, cuCtxSynchronize_v2, (CUcontext ctx)) \
+    X(CUresult, cuCtxGetApiVersion, (CUcontext ctx, unsigned int *version)) \
+    X(CUresult, cuCtxGetFlags, (unsigned int *flags)) \
+    X(CUresult, cuCtxGetId, (CUcontext ctx, unsigned long long *ctxId)) \
+    X(CUresult, cuCtxGetStreamPriorityRange, (int *leastPriority, int *greatestPriority)) \
+    X(CUresult, cuCtxGetLimit, (size_t *pvalue, CUlimit limit)) \
+    X(CUresult, cuCtxSetLimit, (CUlimit limit, size_t value)) \
+    X(CUresult, cuCtxGetCacheConfig, (CUfunc_cache *pconfig)) \
+    X(CUresult, cuCtxSetCacheConfig, (CUfunc_cache config)) \
+    X(CUresult, cuCtxEnablePeerAccess, (CUcontext peerContext, unsigned int Flags)) \
+    X(CUresult, cuCtxDisablePeerAccess, (CUcontext peerContext)) \
+    X(CUresult, cuDeviceCanAccessPeer, (int *canAccessPeer, CUdevice dev, CUdevice peerDev)) \
+    X(CUresult, cuDeviceGetP2PAttribute, (int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice)) \
+    X(CUresult, cuDeviceGetPCIBusId, (char *pciBusId, int len, CUdevice dev)) \
+    X(CUresult, cuDeviceGetByPCIBusId, (CUdevice *dev, const char *pciBusId)) \
+    X(CUresult, cuMemsetD16_v2, (CUdeviceptr dstDevice, unsigned short us, size_t N)) \
+    X(CUresult, cuMemsetD32_v2, (CUdeviceptr dstDevice, unsigned int ui, size_t N)) \
+    X(CUresult, cuMemsetD8Async, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)) \
+    X(CUresult, cuMemsetD16Async, (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)) \
+    X(CUresult, cuMemsetD32Async, (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
+    X(CUresult, cuMemcpyDtoD_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)) \
+    X(CUresult, cuMemcpy, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)) \
+    X(CUresult, cuMemcpyAsync, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)) \
+    X(CUresult, cuMemcpyHtoDAsync_v2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)) \
+    X(CUresult, cuMemcpyDtoHAsync_v2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
+    X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
+    X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags)) \
+    X(CUresult, cuMemAllocHost_v2, (void **pp, size_t bytesize)) \
+    X(CUresult, cuMemFreeHost, (void *p)) \
+    X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr *pdptr, void *p, unsigned int Flags)) \
+    X(CUresult, cuMemHostGetFlags, (unsigned int *pFlags, void *p)) \
+    X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags)) \
+    X(CUresult, cuMemHostUnregister, (void *p)) \
+    X(CUresult, cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr)) \
+    X(CUresult, cuPointerGetAttributes, (unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr)) \
+    X(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)) \
+    X(CUresult, cuStreamCreateWithPriority, (CUstream *phStream, unsigned int flags, int priority)) \
+    X(CUresult, cuStreamGetPriority, (CUstream hStream, int *priority)) \
+    X(CUresult, cuStreamGetFlags, (CUstream hStream, unsigned int *flags)) \
+    X(CUresult, cuStreamGetCtx, (CUstream hStream, CUcontext *pctx)) \
+    X(CUresult, cuStreamGetCtx_v2, (CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)) \
+    X(CUresult, cuStreamGetId, (CUstream hStream, unsigned long long *streamId)) \
+    X(CUresult, cuStreamGetDevice, (CUstream hStream, CUdevice *device)) \
+    X(CUresult, cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
+    X(CUresult, cuStreamWaitEvent, (CUstream hStream, CUevent hEvent, unsigned int Flags)) \
+    X(CUresult, cuStreamAddCallback, (CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags)) \
+    X(CUresult, cuLaunchHostFunc, (CUstream hStream, CUhostFn fn, void *userData)) \
+    X(CUresult, cuEventRecordWithFlags, (CUevent hEvent, CUstream hStream, unsigned int flags)) \
+    X(CUresult, cuEventElapsedTime_v2, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
+    X(CUresult, cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)) \
+    X(CUresult, cuModuleGetLoadingMode, (CUmoduleLoadingMode *mode)) \
+    X(CUresult, cuLinkCreate_v2, (unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut)) \
+    X(CUresult, cuLinkAddData_v2, (CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int numOptions, CUjit_option *options, void **optionValues)) \
+    X(CUresult, cuLinkAddFile_v2, (CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions, CUjit_option *options, void **optionValues)) \
+    X(CUresult, cuLinkComplete, (CUlinkState state, void **cubinOut, size_t *sizeOut)) \
+    X(CUresult, cuLinkDestroy, (CUlinkState state)) \
+    X(CUresult, cuLibraryLoadData, (CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
+    X(CUresult, cuLibraryUnload, (CUlibrary library)) \
+    X(CUresult, cuLibraryGetKernel, (CUkernel *pKernel, CUlibrary library, const char *name)) \
+    X(CUresult, cuLibraryGetModule, (CUmodule *pMod, CUlibrary library)) \
+    X(CUresult, cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel)) \
+    X(CUresult, cuKernelGetLibrary, (CUlibrary *pLib, CUkernel kernel)) \
+    X(CUresult, cuKernelGetName, (const char **name, CUkernel hfunc)) \
+    X(CUresult, cuKernelGetAttribute, (int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)) \
+    X(CUresult, cuKernelSetAttribute, (CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev)) \
+    X(CUresult, cuFuncGetAttribute, (int *pi, CUfunction_attribute attrib, CUfunction hfunc)) \
+    X(CUresult, cuFuncSetAttribute, (CUfunction hfunc, CUfunction_attribute attrib, int value)) \
+    X(CUresult, cuFuncSetCacheConfig, (CUfunction hfunc, CUfunc_cache config)) \
+    X(CUresult, cuFuncGetName, (const char **name, CUfunction hfunc)) \
+    X(CUresult, cuFuncGetModule, (CUmodule *hmod, CUfunction hfunc)) \
+    X(CUresult, cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)) \
+    X(CUresult, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags))
+/* clang-format on */
+
+/*
  * Entry points the interposer calls only when the installed driver has them, looked up by name
  * (vgpu_real_symbol); without them it falls back to an estimate. Every real driver since CUDA
  * 12.0 exports them; the simulated driver need not. Same form as the list above.
@@ -462,6 +620,7 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
 #define VGPU_DECLARE_PROTOTYPE(ret, name, params) ret name params;
 VGPU_CUDA_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)
 VGPU_CUDA_OPTIONAL_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)
+VGPU_SIM_CLIENT_ENTRY_POINTS(VGPU_DECLARE_PROTOTYPE)
 #undef VGPU_DECLARE_PROTOTYPE
 
 #ifdef __cplusplus

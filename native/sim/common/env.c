@@ -1,5 +1,7 @@
 /* The environment the simulated machine reads, in one place for both libraries. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sim.h"
 
@@ -15,8 +17,40 @@ void sim_env_read(struct sim_env *env)
     /* Set but empty is meaningful here: the real driver then shows no device. */
     env->visible_devices = getenv("CUDA_VISIBLE_DEVICES");
     env->runtime_dir = non_empty(getenv("XDG_RUNTIME_DIR"));
+    env->driver_version = non_empty(getenv("VGPU_SIM_DRIVER_VERSION"));
+    const char *fail = non_empty(getenv("VGPU_SIM_FAIL_LAUNCHES"));
+    env->fail_launches = fail && strcmp(fail, "0") != 0;
     env->checkpoint_bandwidth = non_empty(getenv("VGPU_SIM_CHECKPOINT_BANDWIDTH"));
     env->restore_oom_fails = non_empty(getenv("VGPU_SIM_RESTORE_OOM_FAILS"));
+}
+
+int sim_driver_version_parse(const char *text, int *version, char *error, size_t error_size)
+{
+    if (!text) {
+        *version = SIM_DEFAULT_DRIVER_VERSION;
+        return 0;
+    }
+    unsigned major, minor;
+    char end;
+    if (sscanf(text, "%u.%u%c", &major, &minor, &end) == 2 && (major == 12 || major == 13) && minor <= 9) {
+        *version = (int)(major * 1000 + minor * 10);
+        return 0;
+    }
+    snprintf(error, error_size,
+             "VGPU_SIM_DRIVER_VERSION is '%s'; it accepts a CUDA version 12.0 to 13.9, such as 12.8 or 13.0", text);
+    return -1;
+}
+
+int sim_driver_version(void)
+{
+    struct sim_env env;
+    sim_env_read(&env);
+    int version;
+    char error[160];
+    /* Malformed, cuInit fails and says why (sim_machine_open); until then the default stands. */
+    return sim_driver_version_parse(env.driver_version, &version, error, sizeof error) == 0
+               ? version
+               : SIM_DEFAULT_DRIVER_VERSION;
 }
 
 const char *sim_proc_root(void)

@@ -172,6 +172,11 @@ int sim_machine_open(struct sim_machine *machine, const struct sim_env *env, con
         fprintf(stderr, "%s: VGPU_SIM_DEVICES is malformed, so the simulated GPU has no device: %s\n", library, error);
         return -1;
     }
+    int driver_version;
+    if (sim_driver_version_parse(env->driver_version, &driver_version, error, sizeof error) != 0) {
+        fprintf(stderr, "%s: the simulated GPU has no device: %s\n", library, error);
+        return -1;
+    }
     struct sim_state_header want;
     compute_layout(&machine->spec, &want);
 

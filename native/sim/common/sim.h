@@ -93,6 +93,8 @@ struct sim_env {
     const char *state_path;      /* VGPU_SIM_STATE, NULL when unset or empty */
     const char *visible_devices; /* CUDA_VISIBLE_DEVICES, NULL when unset (empty hides all) */
     const char *runtime_dir;     /* XDG_RUNTIME_DIR, NULL when unset or empty */
+    const char *driver_version;  /* VGPU_SIM_DRIVER_VERSION ("13.0"), NULL when unset or empty */
+    int fail_launches;           /* VGPU_SIM_FAIL_LAUNCHES set and not "0": every launch fails */
     /* The checkpoint API's model (cuda/checkpoint.c), read by the process being checkpointed:
      * VGPU_SIM_CHECKPOINT_BANDWIDTH, bytes per second a checkpoint or restore copies (unset:
      * as fast as the host copies), and VGPU_SIM_RESTORE_OOM_FAILS=1, a restore refused for lack
@@ -101,6 +103,12 @@ struct sim_env {
     const char *restore_oom_fails;
 };
 void sim_env_read(struct sim_env *env);
+/* The CUDA version the driver reports (cuDriverGetVersion, NVML's CUDA version) and whose entry
+ * points cuGetProcAddress serves: VGPU_SIM_DRIVER_VERSION as "MAJOR.MINOR", 12.0 to 13.9,
+ * default 13.0 (the r580 drivers). Parse returns 0, or -1 with a sentence in `error`. */
+#define SIM_DEFAULT_DRIVER_VERSION 13000
+int sim_driver_version_parse(const char *text, int *version, char *error, size_t error_size);
+int sim_driver_version(void); /* the setting, or the default while it is malformed */
 
 /* The process table the simulated driver sees, as a real driver sees the host's: VGPU_SIM_PROC,
  * default /proc. A test that runs a program in a PID namespace with a /proc of its own points

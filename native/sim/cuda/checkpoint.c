@@ -11,21 +11,24 @@
  * see one state, and a controller can be any process of the machine, initialised or not (only a
  * restore needs a controller that has called cuInit, as without persistence mode).
  *
+ * Built for another architecture than x86-64, every call answers CUDA_ERROR_NOT_SUPPORTED, as
+ * the driver did on aarch64.
+ *
  * States: RUNNING -lock-> LOCKED -checkpoint-> CHECKPOINTED -restore-> LOCKED -unlock-> RUNNING;
  * any other step is CUDA_ERROR_ILLEGAL_STATE.
  *   lock        takes the copy lock (waiting for copies in flight) and the library's lock
  *               (waiting for calls in their critical sections), closes the gate (later calls of
  *               the process wait in sim_ready), then waits for the process's queued kernels to
  *               end. Past `timeoutMs` it undoes all of that: CUDA_ERROR_TIMEOUT, still RUNNING.
- *   checkpoint  copies every allocation's bytes to host memory, gives the pages back, and takes
- *               the process's bytes and contexts off its device slots, so the device's memory is
- *               free and NVML no longer lists the pid.
+ *   checkpoint  moves every allocation's bytes to host memory (their device addresses stay
+ *               reserved, inaccessible), and takes the process's bytes and contexts off its
+ *               device slots, so the device's memory is free and NVML no longer lists the pid.
  *   restore     charges the bytes back (CUDA_ERROR_OUT_OF_MEMORY, still CHECKPOINTED, when the
  *               device has no room; with VGPU_SIM_RESTORE_OOM_FAILS=1 the process is FAILED for
  *               good, as on driver 580), then copies them back to the same addresses.
  *   unlock      opens the gate: the calls that waited go on.
- * Copies take bytes / VGPU_SIM_CHECKPOINT_BANDWIDTH of wall time (at least what the host copy
- * took).
+ * Moving the bytes takes bytes / VGPU_SIM_CHECKPOINT_BANDWIDTH of wall time (the host moves
+ * a linear allocation's pages without copying them).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +44,13 @@
 #include <unistd.h>
 
 #include "cuda_sim.h"
+
+/* The driver answers the checkpoint API on x86-64 only (on aarch64 it said "not supported"). */
+#if defined(__x86_64__)
+#define CHECKPOINT_SUPPORTED 1
+#else
+#define CHECKPOINT_SUPPORTED 0
+#endif
 
 enum checkpoint_operation { OPERATION_LOCK = 1, OPERATION_CHECKPOINT, OPERATION_RESTORE, OPERATION_UNLOCK };
 
@@ -188,35 +198,54 @@ static void pace_copy(uint64_t started_ns, uint64_t bytes)
         sim_sleep_until(started_ns + (uint64_t)((double)bytes * 1e9 / (double)target.bandwidth));
 }
 
+/* A linear allocation's pages move to host memory whole (mremap, no copy: the simulator's
+ * device memory is host memory already), and its addresses stay reserved, PROT_NONE, for the
+ * restore; the modelled copy time is pace_copy's. A VMM handle's bytes are copied out of its
+ * memfd, whose pages are then given back. */
 static int save_range(struct saved_range *range)
 {
+    if (range->allocation) {
+        void *base = (void *)(uintptr_t)range->allocation->base;
+        size_t span = range->allocation->span;
+        void *host = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (host == MAP_FAILED)
+            return -1;
+        if (mremap(base, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, host) == MAP_FAILED) {
+            munmap(host, span);
+            return -1;
+        }
+        if (mmap(base, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+            mremap(host, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, base);
+            return -1;
+        }
+        range->copy = host;
+        return 0;
+    }
     range->copy = malloc(range->bytes ? range->bytes : 1);
     if (!range->copy)
         return -1;
-    if (range->allocation) {
-        void *base = (void *)(uintptr_t)range->allocation->base;
-        memcpy(range->copy, base, range->bytes);
-        madvise(base, range->allocation->span, MADV_DONTNEED);
-        mprotect(base, range->allocation->span, PROT_NONE);
-    } else if (pread(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes) {
+    if (pread(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes) {
         free(range->copy);
         return -1;
-    } else {
-        fallocate(range->handle->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)range->bytes);
     }
+    fallocate(range->handle->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)range->bytes);
     return 0;
 }
 
 static void put_back_range(struct saved_range *range)
 {
     if (range->allocation) {
+        /* Onto the reserved addresses: the same pages, at the same device addresses. */
         void *base = (void *)(uintptr_t)range->allocation->base;
-        mprotect(base, range->allocation->span, range->allocation->host_access);
-        memcpy(base, range->copy, range->bytes);
-    } else if (pwrite(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes) {
+        if (mremap(range->copy, range->allocation->span, range->allocation->span, MREMAP_MAYMOVE | MREMAP_FIXED,
+                   base) == MAP_FAILED)
+            fprintf(stderr, "libcuda (jupyter-vgpu simulated GPU): restoring %llu bytes at %p failed: %s\n",
+                    (unsigned long long)range->bytes, base, strerror(errno));
+        return;
+    }
+    if (pwrite(range->handle->fd, range->copy, range->bytes, 0) != (ssize_t)range->bytes)
         fprintf(stderr, "libcuda (jupyter-vgpu simulated GPU): restoring a VMM handle's %llu bytes failed: %s\n",
                 (unsigned long long)range->bytes, strerror(errno));
-    }
     free(range->copy);
 }
 
@@ -420,6 +449,8 @@ static struct sim_checkpoint_record *claim_record(struct sim_checkpoint_record *
 
 void sim_checkpoint_start(const struct sim_env *env)
 {
+    if (!CHECKPOINT_SUPPORTED)
+        return;
     static int fork_handler_installed;
     if (!fork_handler_installed)
         fork_handler_installed = pthread_atfork(NULL, NULL, forget_target_after_fork) == 0;
@@ -537,56 +568,64 @@ static int all_zero(const void *bytes, size_t size)
     return 1;
 }
 
-/* The record of the CUDA process `pid` for a query answering into `out`, or NULL. */
-static const struct sim_checkpoint_record *queried_process(int pid, const void *out)
+/* The record of the CUDA process `pid` for a query answering into `out`, or the error. */
+static CUresult queried_process(int pid, const void *out, const struct sim_checkpoint_record **record)
 {
     uint64_t owner;
-    return out ? find_process(pid, &owner) : NULL;
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    *record = out ? find_process(pid, &owner) : NULL;
+    return *record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A request checked as the driver checks it: supported, then its arguments (`arguments_valid`:
+ * the reserved fields are zero), then, for a restore, a controller that has initialised the
+ * driver (without persistence mode, which the simulator has not, a restore needs one). */
+static CUresult checked_request(int pid, enum checkpoint_operation operation, uint32_t timeout_ms, int arguments_valid)
+{
+    if (!CHECKPOINT_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!arguments_valid)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult ready = operation == OPERATION_RESTORE ? sim_ready() : CUDA_SUCCESS;
+    return ready != CUDA_SUCCESS ? ready : request(pid, operation, timeout_ms);
 }
 
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
 {
-    const struct sim_checkpoint_record *record = queried_process(pid, state);
-    if (record)
+    const struct sim_checkpoint_record *record;
+    CUresult result = queried_process(pid, state, &record);
+    if (result == CUDA_SUCCESS)
         *state = (CUprocessState)atomic_load(&record->state);
-    return record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return result;
 }
 
 CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
 {
-    const struct sim_checkpoint_record *record = queried_process(pid, tid);
-    if (record)
+    const struct sim_checkpoint_record *record;
+    CUresult result = queried_process(pid, tid, &record);
+    if (result == CUDA_SUCCESS)
         *tid = (int)atomic_load(&record->restore_tid);
-    return record ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return result;
 }
 
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
-    if (args && (args->reserved0 || !all_zero(args->reserved1, sizeof args->reserved1)))
-        return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, OPERATION_LOCK, args ? args->timeoutMs : 0);
+    int valid = !args || (args->reserved0 == 0 && all_zero(args->reserved1, sizeof args->reserved1));
+    return checked_request(pid, OPERATION_LOCK, args ? args->timeoutMs : 0, valid);
 }
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
-    if (args && !all_zero(args, sizeof *args))
-        return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, OPERATION_CHECKPOINT, 0);
+    return checked_request(pid, OPERATION_CHECKPOINT, 0, !args || all_zero(args, sizeof *args));
 }
 
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
-    if (args && !all_zero(args, sizeof *args))
-        return CUDA_ERROR_INVALID_VALUE;
-    /* Without persistence mode (the simulator has none) a restore needs a controller that has
-     * initialised the driver. */
-    CUresult ready = sim_ready();
-    return ready != CUDA_SUCCESS ? ready : request(pid, OPERATION_RESTORE, 0);
+    return checked_request(pid, OPERATION_RESTORE, 0, !args || all_zero(args, sizeof *args));
 }
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
-    if (args && !all_zero(args, sizeof *args))
-        return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, OPERATION_UNLOCK, 0);
+    return checked_request(pid, OPERATION_UNLOCK, 0, !args || all_zero(args, sizeof *args));
 }

@@ -151,6 +151,16 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, uns
     return create_context(pctx, flags, dev);
 }
 
+/* CUDA 12.0 to 12.4's cuCtxCreate: execution affinity (an SM count for the context) is not
+ * modelled; a context asking for none is an ordinary one. */
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                        CUdevice dev)
+{
+    if (numParams != 0 || paramsArray != NULL)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_NOT_SUPPORTED : sim_ready();
+    return create_context(pctx, flags, dev);
+}
+
 /* The ready check, then INVALID_CONTEXT unless `ctx` names a context still in use. */
 static CUresult check_context(CUcontext ctx)
 {
@@ -315,5 +325,142 @@ CUresult cuCtxSynchronize(void)
     CUresult result = sim_current_context(&ctx, 1);
     if (result == CUDA_SUCCESS)
         sim_sleep_until(sim_context_tail(ctx));
+    return result;
+}
+
+/* The CUDA 13 forms name the context; NULL means the current one. */
+static CUresult named_or_current(CUcontext ctx, struct CUctx_st **found, int arguments_valid)
+{
+    if (!ctx)
+        return sim_current_context(found, arguments_valid);
+    CUresult result = check_context(ctx);
+    if (result == CUDA_SUCCESS && !arguments_valid)
+        result = CUDA_ERROR_INVALID_VALUE;
+    *found = ctx;
+    return result;
+}
+
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    struct CUctx_st *found;
+    CUresult result = named_or_current(ctx, &found, device != NULL);
+    if (result == CUDA_SUCCESS)
+        *device = found->device->ordinal;
+    return result;
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    struct CUctx_st *found;
+    CUresult result = named_or_current(ctx, &found, 1);
+    if (result == CUDA_SUCCESS)
+        sim_sleep_until(sim_context_tail(found));
+    return result;
+}
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    struct CUctx_st *found;
+    CUresult result = named_or_current(ctx, &found, version != NULL);
+    if (result == CUDA_SUCCESS)
+        *version = 3020; /* what every context made by a driver since CUDA 3.2 answers */
+    return result;
+}
+
+CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, flags != NULL);
+    if (result == CUDA_SUCCESS)
+        *flags = ctx->flags;
+    return result;
+}
+
+/* Unique while the process lives: contexts are never freed, only marked destroyed. */
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    struct CUctx_st *found;
+    CUresult result = named_or_current(ctx, &found, ctxId != NULL);
+    if (result == CUDA_SUCCESS)
+        *ctxId = (unsigned long long)(uintptr_t)found;
+    return result;
+}
+
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, 1);
+    if (result == CUDA_SUCCESS) {
+        if (leastPriority)
+            *leastPriority = 0;
+        if (greatestPriority)
+            *greatestPriority = SIM_STREAM_GREATEST_PRIORITY;
+    }
+    return result;
+}
+
+/* A Hopper part's defaults: stack, printf FIFO, malloc heap, sync depth, pending launches, L2
+ * fetch granularity, persisting L2. */
+static const size_t default_limits[SIM_LIMIT_COUNT] = {1024, 1 << 20, 8 << 20, 2, 2048, 64, 0};
+
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, pvalue != NULL);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (limit < 0 || limit >= SIM_LIMIT_COUNT)
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    *pvalue = ctx->limits[limit] ? ctx->limits[limit] : default_limits[limit];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, 1);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (limit < 0 || limit >= SIM_LIMIT_COUNT)
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    ctx->limits[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, pconfig != NULL);
+    if (result == CUDA_SUCCESS)
+        *pconfig = ctx->cache_config;
+    return result;
+}
+
+CUresult cuCtxSetCacheConfig(CUfunc_cache config)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, config >= 0 && config <= 3);
+    if (result == CUDA_SUCCESS)
+        ctx->cache_config = config;
+    return result;
+}
+
+/* The simulated devices have no peer-to-peer path (no NVLink, no shared PCIe switch): a peer
+ * query says no and enabling peer access is refused, as a real driver does for such a pair. */
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, Flags == 0);
+    if (result == CUDA_SUCCESS && (result = check_context(peerContext)) == CUDA_SUCCESS)
+        result = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    return result;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    struct CUctx_st *ctx;
+    CUresult result = sim_current_context(&ctx, 1);
+    if (result == CUDA_SUCCESS && (result = check_context(peerContext)) == CUDA_SUCCESS)
+        result = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
     return result;
 }

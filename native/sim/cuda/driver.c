@@ -2,7 +2,6 @@
  * The simulated libcuda.so.1: its state, initialisation, fork and exit, versions, error strings,
  * symbol lookup (cuGetProcAddress), the registry of live handles and device queries.
  */
-#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +11,7 @@
 
 #include "cuda_sim.h"
 
-struct sim_cuda sim_cuda = {.lock = PTHREAD_MUTEX_INITIALIZER, .symbols_once = PTHREAD_ONCE_INIT};
+struct sim_cuda sim_cuda = {.lock = PTHREAD_MUTEX_INITIALIZER};
 _Thread_local struct sim_thread sim_thread;
 
 /* ---- initialisation, fork, exit ------------------------------------------------------------ */
@@ -64,11 +63,11 @@ static void forget_parent_after_fork(void)
     free(sim_cuda.allocations.entries);
     free(sim_cuda.reservations.entries);
     free(sim_cuda.handles.entries);
+    free(sim_cuda.host_buffers.entries);
     sim_machine_close(&sim_cuda.machine);
     int handler_installed = sim_cuda.fork_handler_installed;
     memset(&sim_cuda, 0, sizeof sim_cuda);
     pthread_mutex_init(&sim_cuda.lock, NULL);
-    sim_cuda.symbols_once = (pthread_once_t)PTHREAD_ONCE_INIT;
     sim_cuda.fork_handler_installed = handler_installed;
     sim_thread.depth = 0;
 }
@@ -86,6 +85,7 @@ static CUresult initialise(void)
     if (sim_cuda.device_count == 0)
         return CUDA_ERROR_NO_DEVICE; /* CUDA_VISIBLE_DEVICES hides them all */
     sim_cuda.identity = sim_identity(sim_driver_pid());
+    sim_cuda.fail_launches = env.fail_launches;
     for (int i = 0; i < sim_cuda.machine.spec.count; i++)
         sim_reap_dead(&sim_cuda.machine.devices[i]);
     for (int ordinal = 0; ordinal < sim_cuda.device_count; ordinal++) {
@@ -157,7 +157,7 @@ CUresult cuDriverGetVersion(int *driverVersion)
 {
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = CUDA_VERSION_SUPPORTED;
+    *driverVersion = sim_driver_version();
     return CUDA_SUCCESS;
 }
 
@@ -296,125 +296,68 @@ CUresult cuGetErrorName(CUresult error, const char **pStr)
     return describe_error(error, pStr, 1);
 }
 
+CUresult sim_not_modelled(const char *name, _Atomic int *said)
+{
+    if (!atomic_exchange(said, 1))
+        fprintf(stderr,
+                "libcuda (jupyter-vgpu simulated GPU): %s is not modelled by the simulated GPU; it answers "
+                "CUDA_ERROR_NOT_SUPPORTED\n",
+                name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 /* ---- cuGetProcAddress ---------------------------------------------------------------------- */
 
-static const struct {
-    const char *name;
-    void *function;
-} symbols[] = {
-#define SIM_SYMBOL(ret, name, params) {#name, (void *)name},
-    VGPU_CUDA_ENTRY_POINTS(SIM_SYMBOL)
-#undef SIM_SYMBOL
-};
-
-/* The driver API version that introduced each variant of a name that has several; a request
- * gets the newest variant its version allows. Names with one variant serve every version. A
- * variant can answer to a base name other than its own (`serves`, a prefix of its name): from
- * CUDA 12, cuGraphInstantiate means cuGraphInstantiateWithFlags. */
-/* clang-format off */
-static const struct {
-    const char *name;
-    int version;
-    const char *serves;
-} introduced[] = {
-    {"cuCtxCreate_v2", 3020, NULL},
-    {"cuCtxCreate_v4", 12050, NULL},
-    {"cuDeviceGetUuid", 9020, NULL},
-    {"cuDeviceGetUuid_v2", 11040, NULL},
-    {"cuGetProcAddress", 11030, NULL},
-    {"cuGetProcAddress_v2", 12000, NULL},
-    {"cuGraphInstantiate_v2", 11000, NULL},
-    {"cuGraphInstantiateWithFlags", 12000, "cuGraphInstantiate"},
-    {"cuGraphExecUpdate", 10020, NULL},
-    {"cuGraphExecUpdate_v2", 12000, NULL},
-    {"cuCheckpointProcessGetState", 12080, NULL},
-    {"cuCheckpointProcessGetRestoreThreadId", 12080, NULL},
-    {"cuCheckpointProcessLock", 12080, NULL},
-    {"cuCheckpointProcessCheckpoint", 12080, NULL},
-    {"cuCheckpointProcessRestore", 12080, NULL},
-    {"cuCheckpointProcessUnlock", 12080, NULL},
-};
-/* clang-format on */
-
-/* The version that introduced the variant `name` (0: it serves every version); sets *base to the
- * length of the base name it answers to where that is not its own. */
-static int introduced_in(const char *name, size_t *base)
+/* The first entry asked for by `symbol` (sim_entry_point_count if none): a binary search. */
+static size_t first_entry_for(const char *symbol)
 {
-    for (size_t i = 0; i < sizeof introduced / sizeof introduced[0]; i++) {
-        if (strcmp(introduced[i].name, name) == 0) {
-            if (introduced[i].serves)
-                *base = strlen(introduced[i].serves);
-            return introduced[i].version;
-        }
+    size_t low = 0, high = sim_entry_point_count;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        if (strcmp(sim_entry_points[middle].base, symbol) < 0)
+            low = middle + 1;
+        else
+            high = middle;
     }
-    return 0;
+    return low;
 }
 
-/* The base name's length ("cuMemAlloc" of "cuMemAlloc_v2"), and whether it is a per-thread
- * default stream variant (_ptsz / _ptds). */
-static size_t base_length(const char *name, int *per_thread)
-{
-    size_t length = strlen(name);
-    *per_thread = length > 5 && (strcmp(name + length - 5, "_ptsz") == 0 || strcmp(name + length - 5, "_ptds") == 0);
-    if (*per_thread)
-        length -= 5;
-    size_t digits = length;
-    while (digits > 0 && isdigit((unsigned char)name[digits - 1]))
-        digits--;
-    if (digits < length && digits >= 2 && name[digits - 1] == 'v' && name[digits - 2] == '_')
-        length = digits - 2;
-    return length;
-}
-
-#define SYMBOL_COUNT (sizeof symbols / sizeof symbols[0])
-_Static_assert(SYMBOL_COUNT <= sizeof sim_cuda.symbol_keys / sizeof sim_cuda.symbol_keys[0], "room for every symbol");
-
-static void derive_symbol_keys(void)
-{
-    for (size_t i = 0; i < SYMBOL_COUNT; i++) {
-        int per_thread;
-        size_t base = base_length(symbols[i].name, &per_thread);
-        sim_cuda.symbol_keys[i].version = introduced_in(symbols[i].name, &base);
-        sim_cuda.symbol_keys[i].base_length = (uint16_t)base;
-        sim_cuda.symbol_keys[i].per_thread = (uint8_t)per_thread;
-    }
-}
-
+/* As the real driver: the newest variant of a name that both the caller's version and the
+ * driver's version allow; with the per-thread-default-stream flag a per-thread variant where
+ * there is one. A variant newer than the driver does not exist; one newer than the caller's
+ * version exists but is not handed out (VERSION_NOT_SUFFICIENT). An exported name asked for as
+ * it is ("cuMemAlloc_v2") is found too, as the runtimes of CUDA 11 asked. */
 static CUresult get_proc_address(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                  CUdriverProcAddressQueryResult *status)
 {
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
-    pthread_once(&sim_cuda.symbols_once, derive_symbol_keys);
     *pfn = NULL;
-    size_t length = strlen(symbol);
+    int driver_version = sim_driver_version();
     int want_per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    int found = -1, found_version = -1, too_new = 0;
-    /* With the per-thread flag, a _ptsz variant wins where there is one. */
-    for (int pass = want_per_thread; pass >= 0 && found < 0; pass--) {
-        for (size_t i = 0; i < SYMBOL_COUNT; i++) {
-            const struct sim_symbol_key *key = &sim_cuda.symbol_keys[i];
-            if (key->base_length != length || key->per_thread != pass || memcmp(symbols[i].name, symbol, length) != 0)
+    const struct sim_entry_point *found = NULL;
+    int too_new = 0;
+    size_t first = first_entry_for(symbol);
+    for (int pass = want_per_thread; pass >= 0 && !found; pass--) {
+        for (size_t i = first; i < sim_entry_point_count && strcmp(sim_entry_points[i].base, symbol) == 0; i++) {
+            const struct sim_entry_point *entry = &sim_entry_points[i];
+            if (entry->per_thread != pass || entry->version > driver_version)
                 continue;
-            if (key->version > cudaVersion) {
+            if (entry->version > cudaVersion)
                 too_new = 1;
-                continue;
-            }
-            if (key->version > found_version) {
-                found = (int)i;
-                found_version = key->version;
-            }
+            else if (!found || entry->version > found->version)
+                found = entry;
         }
     }
-    for (size_t i = 0; found < 0 && !too_new && i < SYMBOL_COUNT; i++)
-        if (strcmp(symbols[i].name, symbol) == 0) /* asked by its exported name ("cuMemAlloc_v2") */
-            found = (int)i;
-    if (found < 0) {
+    for (size_t i = 0; !found && !too_new && i < sim_entry_point_count; i++)
+        if (strcmp(sim_entry_points[i].name, symbol) == 0 && sim_entry_points[i].version <= driver_version)
+            found = &sim_entry_points[i];
+    if (!found) {
         if (status)
             *status = too_new ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_ERROR_NOT_FOUND;
     }
-    *pfn = symbols[found].function;
+    *pfn = found->function;
     if (status)
         *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
@@ -593,4 +536,55 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     if (result == CUDA_SUCCESS)
         *bytes = device->view->spec->memory;
     return result;
+}
+
+/* ---- peers and the PCI bus ----------------------------------------------------------------- */
+
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    struct sim_cuda_device *device, *peer;
+    CUresult result = sim_device_ready(dev, &device, canAccessPeer != NULL);
+    if (result == CUDA_SUCCESS && (result = sim_device_ready(peerDev, &peer, 1)) == CUDA_SUCCESS)
+        *canAccessPeer = 0; /* no peer-to-peer path between simulated devices (context.c) */
+    return result;
+}
+
+CUresult cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice)
+{
+    struct sim_cuda_device *source, *destination;
+    CUresult result = sim_device_ready(srcDevice, &source, value && attrib >= 1 && attrib <= 5);
+    if (result == CUDA_SUCCESS &&
+        (result = sim_device_ready(dstDevice, &destination, srcDevice != dstDevice)) == CUDA_SUCCESS)
+        *value = 0;
+    return result;
+}
+
+/* "0000:18:00.0": domain, bus, device, function, as NVML reports the same device. */
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    struct sim_cuda_device *device;
+    CUresult result = sim_device_ready(dev, &device, pciBusId && len > 0);
+    if (result == CUDA_SUCCESS)
+        snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", SIM_PCI_BUS(device->view->index));
+    return result;
+}
+
+/* Accepts the forms the driver does: [domain:]bus:device[.function], hexadecimal. */
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
+{
+    CUresult result = sim_check(dev && pciBusId);
+    if (result != CUDA_SUCCESS)
+        return result;
+    unsigned int domain = 0, bus, slot, function = 0;
+    if (sscanf(pciBusId, "%x:%x:%x.%x", &domain, &bus, &slot, &function) < 3 &&
+        (domain = 0, sscanf(pciBusId, "%x:%x.%x", &bus, &slot, &function) < 2))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int ordinal = 0; ordinal < sim_cuda.device_count; ordinal++) {
+        if (domain == 0 && slot == 0 && function == 0 &&
+            bus == (unsigned int)SIM_PCI_BUS(sim_cuda.devices[ordinal].view->index)) {
+            *dev = ordinal;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
 }

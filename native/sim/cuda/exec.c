@@ -90,6 +90,13 @@ uint64_t sim_context_tail(struct CUctx_st *ctx)
 
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
+    return cuStreamCreateWithPriority(phStream, Flags, 0);
+}
+
+/* A priority outside the device's range is clamped to it, as the driver does. Priorities order
+ * nothing here: the simulated device runs one kernel at a time in submission order. */
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int Flags, int priority)
+{
     struct CUctx_st *ctx;
     CUresult result = sim_current_context(&ctx, phStream && !(Flags & ~(unsigned int)CU_STREAM_NON_BLOCKING));
     if (result != CUDA_SUCCESS)
@@ -97,6 +104,9 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
     pthread_mutex_lock(&sim_cuda.lock);
     struct CUstream_st *stream = sim_stream_new(ctx, Flags);
     if (stream) {
+        stream->priority = priority > 0                              ? 0
+                           : priority < SIM_STREAM_GREATEST_PRIORITY ? SIM_STREAM_GREATEST_PRIORITY
+                                                                     : priority;
         stream->next = ctx->streams;
         ctx->streams = stream;
     }
@@ -148,6 +158,138 @@ CUresult cuStreamQuery(CUstream hStream)
     if (result != CUDA_SUCCESS)
         return result;
     return atomic_load(&stream->tail_ns) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetPriority(CUstream hStream, int *priority)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result == CUDA_SUCCESS && !priority)
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *priority = stream->priority;
+    return result;
+}
+
+CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result == CUDA_SUCCESS && !flags)
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *flags = stream->flags;
+    return result;
+}
+
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result == CUDA_SUCCESS && !pctx)
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *pctx = stream->ctx;
+    return result;
+}
+
+/* No green contexts here: a stream belongs to an ordinary context. */
+CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)
+{
+    CUresult result = cuStreamGetCtx(hStream, pCtx);
+    if (result == CUDA_SUCCESS && pGreenCtx)
+        *pGreenCtx = NULL;
+    return result;
+}
+
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result == CUDA_SUCCESS && !device)
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *device = stream->ctx->device->ordinal;
+    return result;
+}
+
+/* Unique while the stream lives: its address (streams are recycled, never freed). */
+CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result == CUDA_SUCCESS && !streamId)
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *streamId = (unsigned long long)(uintptr_t)stream;
+    return result;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result == CUDA_SUCCESS && !captureStatus)
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *captureStatus = stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return result;
+}
+
+/* Work queued on the stream after this waits for the event's work: the stream's timeline moves
+ * to the event's time. */
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    struct CUstream_st *stream;
+    CUresult result = sim_stream_resolve(hStream, &stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!hEvent || hEvent->magic != SIM_EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (Flags != CU_EVENT_WAIT_DEFAULT)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (stream->capture || !atomic_load(&hEvent->recorded))
+        return CUDA_SUCCESS;
+    uint64_t after = atomic_load(&hEvent->time_ns), tail = atomic_load(&stream->tail_ns);
+    while (tail < after && !atomic_compare_exchange_weak(&stream->tail_ns, &tail, after)) {
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A host function runs once the work queued before it on the stream has: here, on the calling
+ * thread after waiting for it, so work queued after it waits for it as the driver orders. A
+ * host function that waits for something its caller does after queueing it would hang. */
+static CUresult run_on_host_after(CUstream hStream, struct CUstream_st **stream)
+{
+    CUresult result = sim_stream_resolve(hStream, stream);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if ((*stream)->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* a host node: not modelled */
+    sim_sleep_until(atomic_load(&(*stream)->tail_ns));
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+    struct CUstream_st *stream;
+    if (!fn)
+        return sim_check(0);
+    CUresult result = run_on_host_after(hStream, &stream);
+    if (result == CUDA_SUCCESS)
+        fn(userData);
+    return result;
+}
+
+CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags)
+{
+    struct CUstream_st *stream;
+    if (!callback || flags != 0)
+        return sim_check(0);
+    CUresult result = run_on_host_after(hStream, &stream);
+    if (result == CUDA_SUCCESS)
+        callback(hStream, CUDA_SUCCESS, userData);
+    return result;
 }
 
 /* ---- events ------------------------------------------------------------------------------- */
@@ -222,6 +364,12 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     return CUDA_SUCCESS;
 }
 
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    /* CU_EVENT_RECORD_EXTERNAL (1) only matters inside a graph capture, which records nothing. */
+    return flags > 1 ? sim_check(0) : cuEventRecord(hEvent, hStream);
+}
+
 CUresult cuEventQuery(CUevent hEvent)
 {
     CUresult result = check_event(hEvent);
@@ -255,7 +403,24 @@ CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 12.8 name: the same query (its difference, the timing of events recorded in graphs,
+ * does not arise here). */
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
+}
+
 /* ---- modules ------------------------------------------------------------------------------ */
+
+struct CUmod_st *sim_module_new(int is_library)
+{
+    struct CUmod_st *loaded = calloc(1, sizeof *loaded);
+    if (loaded) {
+        loaded->magic = SIM_MODULE_MAGIC;
+        loaded->is_library = is_library;
+    }
+    return loaded;
+}
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
@@ -264,10 +429,9 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     if (result != CUDA_SUCCESS)
         return result;
     /* Any image loads: the simulator never runs the code, only prices launches of it. */
-    struct CUmod_st *loaded = calloc(1, sizeof *loaded);
+    struct CUmod_st *loaded = sim_module_new(0);
     if (!loaded)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    loaded->magic = SIM_MODULE_MAGIC;
     *module = loaded;
     return CUDA_SUCCESS;
 }
@@ -298,22 +462,28 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
         return result;
     if (!hmod || hmod->magic != SIM_MODULE_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&sim_cuda.lock);
-    struct CUfunc_st *function = hmod->functions;
-    while (function && strcmp(function->name, name) != 0)
-        function = function->next;
-    if (!function && (function = malloc(sizeof *function + strlen(name) + 1))) {
-        function->magic = SIM_FUNCTION_MAGIC;
-        function->module = hmod;
-        strcpy(function->name, name);
-        function->next = hmod->functions;
-        hmod->functions = function;
-    }
-    pthread_mutex_unlock(&sim_cuda.lock);
+    struct CUfunc_st *function = sim_module_function(hmod, name);
     if (!function)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *hfunc = function;
     return CUDA_SUCCESS;
+}
+
+struct CUfunc_st *sim_module_function(struct CUmod_st *module, const char *name)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    struct CUfunc_st *function = module->functions;
+    while (function && strcmp(function->name, name) != 0)
+        function = function->next;
+    if (!function && (function = calloc(1, sizeof *function + strlen(name) + 1))) {
+        function->magic = SIM_FUNCTION_MAGIC;
+        function->module = module;
+        strcpy(function->name, name);
+        function->next = module->functions;
+        module->functions = function;
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return function;
 }
 
 /* ---- launches ------------------------------------------------------------------------------ */
@@ -397,6 +567,8 @@ static CUresult launch(CUfunction f, const struct sim_launch *launch, CUstream h
         return CUDA_ERROR_INVALID_HANDLE;
     if (kernelParams && extra)
         return CUDA_ERROR_INVALID_VALUE;
+    if (__builtin_expect(sim_cuda.fail_launches, 0))
+        return CUDA_ERROR_LAUNCH_FAILED; /* VGPU_SIM_FAIL_LAUNCHES: no result may be trusted */
     struct sim_kernel_cost cost;
     result = price(launch, stream->ctx->device->view->spec, &cost);
     if (result != CUDA_SUCCESS)
@@ -624,6 +796,8 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     pthread_mutex_unlock(&sim_cuda.lock);
     if (!known)
         return CUDA_ERROR_INVALID_VALUE;
+    if (sim_cuda.fail_launches && !stream->capture)
+        return CUDA_ERROR_LAUNCH_FAILED;
     for (size_t i = 0; i < hGraphExec->count && result == CUDA_SUCCESS; i++) {
         struct sim_kernel_cost cost;
         result = price(&hGraphExec->launches[i], stream->ctx->device->view->spec, &cost);

@@ -140,6 +140,7 @@ static void release_linear(struct sim_allocation *allocation)
     if (allocation->pool)
         sim_pool_gave(allocation->pool, allocation->size);
     sim_uncharge(allocation->device, allocation->size);
+    free(allocation->poisoned);
     free(allocation);
 }
 
@@ -218,7 +219,14 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     CUresult result = sim_current_context(&ctx, flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST);
     /* Counted on the device in full: the simulator has no migration, so managed memory is
      * resident where it was allocated. */
-    return result != CUDA_SUCCESS ? result : allocate_linear(ctx->device, ctx, NULL, bytesize, dptr);
+    if (result == CUDA_SUCCESS && (result = allocate_linear(ctx->device, ctx, NULL, bytesize, dptr)) == CUDA_SUCCESS) {
+        pthread_mutex_lock(&sim_cuda.lock);
+        uintptr_t allocation;
+        if (sim_map_get(&sim_cuda.allocations, *dptr, &allocation) == 0)
+            ((struct sim_allocation *)allocation)->managed = 1;
+        pthread_mutex_unlock(&sim_cuda.lock);
+    }
+    return result;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -656,6 +664,26 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 /* ---- copies ----------------------------------------------------------------------------------------- */
 
+/* Fills the pieces of [from, to) of a linear allocation that no copy touched before with the
+ * poison byte; the lock is held and the pages are accessible. */
+static CUresult poison_untouched(struct sim_allocation *allocation, uint64_t from, uint64_t to)
+{
+    size_t chunks = (size_t)((allocation->size + SIM_POISON_CHUNK - 1) / SIM_POISON_CHUNK);
+    if (!allocation->poisoned && !(allocation->poisoned = calloc((chunks + 63) / 64, sizeof(uint64_t))))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t chunk = (size_t)((from - allocation->base) / SIM_POISON_CHUNK);
+         chunk < chunks && allocation->base + chunk * SIM_POISON_CHUNK < to; chunk++) {
+        uint64_t bit = 1ull << (chunk % 64);
+        if (allocation->poisoned[chunk / 64] & bit)
+            continue;
+        uint64_t start = chunk * SIM_POISON_CHUNK, length = allocation->size - start;
+        memset((void *)(uintptr_t)(allocation->base + start), SIM_POISON_BYTE,
+               length < SIM_POISON_CHUNK ? length : SIM_POISON_CHUNK);
+        allocation->poisoned[chunk / 64] |= bit;
+    }
+    return CUDA_SUCCESS;
+}
+
 /* Checks that [address, address + bytes) lies in device memory (one linear allocation, or
  * mappings end to end) the host side may touch as asked, making a linear allocation's pages
  * accessible on first use. The lock is held. */
@@ -677,6 +705,9 @@ static CUresult host_view(uint64_t address, uint64_t bytes, int access)
                     return CUDA_ERROR_OUT_OF_MEMORY;
                 allocation->host_access = PROT_READ | PROT_WRITE;
             }
+            CUresult poisoned = poison_untouched(allocation, cursor, end);
+            if (poisoned != CUDA_SUCCESS)
+                return poisoned;
         } else if ((allocation->host_access & access) != access) {
             return CUDA_ERROR_INVALID_VALUE; /* mapped without cuMemSetAccess: the GPU would fault */
         }
@@ -685,57 +716,165 @@ static CUresult host_view(uint64_t address, uint64_t bytes, int access)
     return CUDA_SUCCESS;
 }
 
-/* A synchronous copy or memset: it runs after the context's queued kernels, as the legacy
- * default stream orders it, and takes no device time of its own. */
-static CUresult prepare_copy(uint64_t device_address, size_t bytes, int access, const void *host)
+/* Checks the device side of a copy or memset (the lock taken here). */
+static CUresult device_side(uint64_t address, size_t bytes, int access)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    CUresult result = host_view(address, bytes, access);
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+/* A copy or memset on a stream (NULL: synchronous, on the current context's default stream).
+ * Checks both sides; a synchronous one then waits for the context's queued kernels, as the
+ * legacy default stream orders it. The bytes move at once and take no device time: no kernel
+ * runs to read or write them meanwhile, so any order the program can observe is kept. A stream
+ * being captured would record a copy node, which the simulator does not model. */
+static CUresult prepare_copy(uint64_t destination, int destination_on_device, uint64_t source, int source_on_device,
+                             size_t bytes, CUstream hStream, int asynchronous)
 {
     struct CUctx_st *ctx;
     CUresult result = sim_current_context(&ctx, 1);
-    if (result != CUDA_SUCCESS || bytes == 0)
+    if (result != CUDA_SUCCESS)
         return result;
-    if (!host)
+    struct CUstream_st *stream = NULL;
+    if (asynchronous && (result = sim_stream_resolve(hStream, &stream)) != CUDA_SUCCESS)
+        return result;
+    if (stream && stream->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    if (!destination || !source)
         return CUDA_ERROR_INVALID_VALUE;
-    /* Ended by the caller once its bytes are copied: a checkpoint must not take the pages away
-     * mid-copy. */
+    /* Ended by the caller once its bytes are copied (sim_copy_end): a checkpoint must not take the
+     * pages away mid-copy. */
     sim_copy_begin();
-    pthread_mutex_lock(&sim_cuda.lock);
-    result = host_view(device_address, bytes, access);
-    pthread_mutex_unlock(&sim_cuda.lock);
-    if (result == CUDA_SUCCESS)
-        sim_sleep_until(sim_context_tail(ctx));
-    else
+    if ((destination_on_device && (result = device_side(destination, bytes, PROT_WRITE)) != CUDA_SUCCESS) ||
+        (source_on_device && (result = device_side(source, bytes, PROT_READ)) != CUDA_SUCCESS)) {
         sim_copy_end();
+        return result;
+    }
+    if (!asynchronous)
+        sim_sleep_until(sim_context_tail(ctx));
+    return CUDA_SUCCESS;
+}
+
+/* Whether an address of a unified-addressing copy (cuMemcpy) is device memory of this process. */
+static int on_device(uint64_t address)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    const struct sim_map_entry *entry = sim_map_floor(&sim_cuda.allocations, address);
+    const struct sim_allocation *allocation = entry ? (const struct sim_allocation *)entry->value : NULL;
+    int found = allocation && address < allocation->base + allocation->size;
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return found;
+}
+
+static CUresult copy(uint64_t destination, int destination_on_device, uint64_t source, int source_on_device,
+                     size_t bytes, CUstream hStream, int asynchronous)
+{
+    CUresult result =
+        prepare_copy(destination, destination_on_device, source, source_on_device, bytes, hStream, asynchronous);
+    if (result == CUDA_SUCCESS && bytes) {
+        memmove((void *)(uintptr_t)destination, (const void *)(uintptr_t)source, bytes);
+        sim_copy_end();
+    }
     return result;
 }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-    CUresult result = prepare_copy(dstDevice, ByteCount, PROT_WRITE, srcHost);
-    if (result == CUDA_SUCCESS && ByteCount) {
-        memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
-        sim_copy_end();
-    }
-    return result;
+    return copy(dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount, NULL, 0);
 }
 
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    CUresult result = prepare_copy(srcDevice, ByteCount, PROT_READ, dstHost);
-    if (result == CUDA_SUCCESS && ByteCount) {
-        memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
-        sim_copy_end();
+    return copy((uintptr_t)dstHost, 0, srcDevice, 1, ByteCount, NULL, 0);
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return copy(dstDevice, 1, srcDevice, 1, ByteCount, NULL, 0);
+}
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    return copy(dst, on_device(dst), src, on_device(src), ByteCount, NULL, 0);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+    return copy(dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount, hStream, 1);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    return copy((uintptr_t)dstHost, 0, srcDevice, 1, ByteCount, hStream, 1);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    return copy(dstDevice, 1, srcDevice, 1, ByteCount, hStream, 1);
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+    return copy(dst, on_device(dst), src, on_device(src), ByteCount, hStream, 1);
+}
+
+/* A memset of `count` elements of `width` bytes, each `value`. */
+static CUresult memset_elements(CUdeviceptr destination, uint32_t value, size_t width, size_t count, CUstream hStream,
+                                int asynchronous)
+{
+    size_t bytes;
+    if (__builtin_mul_overflow(count, width, &bytes) || destination % width != 0)
+        return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : sim_ready();
+    CUresult result = prepare_copy(destination, 1, 1, 0, bytes, hStream, asynchronous);
+    if (result != CUDA_SUCCESS || bytes == 0)
+        return result;
+    unsigned char *bytes_out = (unsigned char *)(uintptr_t)destination;
+    if (width == 1) {
+        memset(bytes_out, (int)value, count);
+    } else if (width == 2) {
+        uint16_t element = (uint16_t)value;
+        for (size_t i = 0; i < count; i++)
+            memcpy(bytes_out + 2 * i, &element, 2);
+    } else {
+        for (size_t i = 0; i < count; i++)
+            memcpy(bytes_out + 4 * i, &value, 4);
     }
-    return result;
+    sim_copy_end();
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
-    CUresult result = prepare_copy(dstDevice, N, PROT_WRITE, &uc);
-    if (result == CUDA_SUCCESS && N) {
-        memset((void *)(uintptr_t)dstDevice, uc, N);
-        sim_copy_end();
-    }
-    return result;
+    return memset_elements(dstDevice, uc, 1, N, NULL, 0);
+}
+
+CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+    return memset_elements(dstDevice, us, 2, N, NULL, 0);
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+    return memset_elements(dstDevice, ui, 4, N, NULL, 0);
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+    return memset_elements(dstDevice, uc, 1, N, hStream, 1);
+}
+
+CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
+{
+    return memset_elements(dstDevice, us, 2, N, hStream, 1);
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+{
+    return memset_elements(dstDevice, ui, 4, N, hStream, 1);
 }
 
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total)

@@ -179,7 +179,7 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
 {
     if (!cudaDriverVersion)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *cudaDriverVersion = CUDA_VERSION_SUPPORTED;
+    *cudaDriverVersion = sim_driver_version();
     return NVML_SUCCESS;
 }
 

@@ -1,0 +1,136 @@
+"""The failures HAMi-core's users report (../shared/FIELD-NOTES.md), each tried with NVIDIA's
+cuda-bindings in a 1 GiB slice of the simulated GPU: allocation paths an accounting can miss,
+lookups through cuGetProcAddress with the per-thread-default-stream flag, CUDA 13's
+cuCtxCreate, NVML before CUDA, and exit with threads still inside hooked calls."""
+
+from __future__ import annotations
+
+from conftest import OOM_LINE, values
+
+GIB = 1 << 30
+
+PRELUDE = """
+import threading
+from cuda.bindings import driver as cu
+
+def ok(answer):
+    error, *rest = answer
+    assert error == cu.CUresult.CUDA_SUCCESS, error
+    return rest[0] if len(rest) == 1 else rest
+
+ok(cu.cuInit(0))
+device = ok(cu.cuDeviceGet(0))
+"""
+
+
+def test_pool_and_vmm_allocations_from_worker_threads_are_charged_to_the_slice(in_slice):
+    code = (
+        PRELUDE
+        + """
+ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
+context = ok(cu.cuCtxGetCurrent())
+stream = ok(cu.cuStreamCreate(0))
+pool = ok(cu.cuDeviceGetDefaultMemPool(device))
+pooled = ok(cu.cuMemAllocFromPoolAsync(400 << 20, pool, stream))
+print("pool_over_cap", cu.cuMemAllocFromPoolAsync(700 << 20, pool, stream)[0].name)
+
+prop = cu.CUmemAllocationProp()
+prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+prop.location.id = 0
+answers = []
+
+def create(size):  # as PyTorch's expandable segments grow, from whichever thread allocates
+    ok(cu.cuCtxSetCurrent(context))
+    answers.append(cu.cuMemCreate(size, prop, 0)[0].name)
+
+workers = [threading.Thread(target=create, args=(200 << 20,)) for _ in range(4)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
+print("vmm", sorted(answers))
+free, total = ok(cu.cuMemGetInfo())
+print("used", total - free)
+"""
+    )
+    ran = in_slice(code, "--memory", "1GiB")
+    seen = values(ran)
+    assert seen["pool_over_cap"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    # 400 MiB pooled + 3 x 200 MiB = 1000 MiB; the fourth 200 MiB handle would pass 1 GiB.
+    assert seen["vmm"] == "['CUDA_ERROR_OUT_OF_MEMORY', 'CUDA_SUCCESS', 'CUDA_SUCCESS', 'CUDA_SUCCESS']"
+    assert seen["used"] == str(1000 << 20)
+    assert ran.stderr.count(OOM_LINE) == 2
+
+
+def test_per_thread_stream_lookups_and_cuda_13_cuctxcreate_are_capped(in_slice, user_env):
+    # cuda-bindings looks every entry point up through cuGetProcAddress, with the per-thread
+    # default stream flag when asked: it gets the _ptds/_ptsz variants, which must be hooked too.
+    code = (
+        PRELUDE
+        + """
+params = cu.CUctxCreateParams()
+context = ok(cu.cuCtxCreate(params, 0, device))  # cuCtxCreate_v4 in CUDA 13
+stream = ok(cu.cuStreamCreate(0))
+print("async_over_cap", cu.cuMemAllocAsync(2 << 30, cu.CUstream(0))[0].name)
+held = ok(cu.cuMemAllocAsync(512 << 20, cu.CUstream(0)))
+print("copy_ptds", cu.cuMemcpyHtoD(held, b"x" * 64, 64)[0].name)
+print("alloc_over_cap", cu.cuMemAlloc(768 << 20)[0].name)
+free, total = ok(cu.cuMemGetInfo())
+print("total", total, "free", free)
+"""
+    )
+    env = {**user_env, "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+    seen = values(in_slice(code, "--memory", "1GiB", env=env))
+    assert seen["async_over_cap"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert seen["copy_ptds"] == "CUDA_SUCCESS"
+    assert seen["alloc_over_cap"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    total, free = seen["total"].split()[0], seen["total"].split()[2]
+    assert int(total) == GIB and 0 <= int(free) <= GIB - (512 << 20)
+
+
+def test_nvml_before_cuda_and_a_process_that_never_calls_cuda(in_slice):
+    code = (
+        """
+import pynvml
+pynvml.nvmlInit()
+print("nvml_total", pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+"""
+        + PRELUDE.replace("import threading\n", "")
+        + """
+ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
+print("cuda_total", ok(cu.cuMemGetInfo())[1])
+print("over_cap", cu.cuMemAlloc(2 << 30)[0].name)
+"""
+    )
+    seen = values(in_slice(code, "--memory", "1GiB"))
+    assert seen["nvml_total"] == seen["cuda_total"] == str(GIB)
+    assert seen["over_cap"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert values(in_slice("print('no_cuda', 1)", "--memory", "1GiB"))["no_cuda"] == "1"
+
+
+def test_no_hang_at_exit_with_threads_still_inside_hooked_calls(in_slice):
+    code = (
+        PRELUDE
+        + """
+import os
+ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
+context = ok(cu.cuCtxGetCurrent())
+started = threading.Barrier(5)
+
+def churn():
+    ok(cu.cuCtxSetCurrent(context))
+    started.wait()
+    while True:
+        pointer = cu.cuMemAlloc(1 << 20)[1]
+        cu.cuMemFree(pointer)
+        cu.cuMemGetInfo()
+
+for _ in range(4):
+    threading.Thread(target=churn, daemon=True).start()
+started.wait()
+print("exiting", 1, flush=True)
+"""
+    )
+    # Exits while four threads are inside cuMemAlloc/cuMemFree/cuMemGetInfo; a hang is a timeout.
+    assert values(in_slice(code, "--memory", "1GiB", timeout=60))["exiting"] == "1"
