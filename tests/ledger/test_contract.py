@@ -32,6 +32,14 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 
+def admit_refused(ledger, kernel_id: str, limits: SliceLimits, **placement) -> CapacityError:
+    """The CapacityError that admitting ``limits`` for ``kernel_id`` raises (the test fails where
+    the slice is admitted)."""
+    with pytest.raises(CapacityError) as raised:
+        ledger.admit(kernel_id, limits, **placement)
+    return raised.value
+
+
 def test_both_kinds_speak_the_ledger_protocol(open_ledger, gpu):
     assert isinstance(open_ledger([gpu(0, 16)]), Ledger)
 
@@ -152,9 +160,8 @@ def test_a_kernel_id_holds_one_slice_only(open_ledger, gpu):
 def test_reserve_is_held_back_on_every_device(open_ledger, gpu):
     ledger = open_ledger([gpu(0, 8), gpu(1, 8)], reserve=GIB)
     assert [usage.memory_capacity for usage in ledger.devices_usage()] == [7 * GIB, 7 * GIB]
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k1", SliceLimits(7 * GIB + MIB))
-    assert raised.value.available == 7 * GIB
+    refused = admit_refused(ledger, "k1", SliceLimits(7 * GIB + MIB))
+    assert refused.available == 7 * GIB
     ledger.admit("k1", SliceLimits(7 * GIB))
     assert ledger.devices_usage()[0].memory_free == 0
 
@@ -166,9 +173,8 @@ def test_hard_shares_add_up_to_100_percent_at_most(open_ledger, gpu):
     ledger = open_ledger([gpu(0, 80)], burst_oversubscription=2.0)
     ledger.admit("k1", SliceLimits(GIB, 60, "hard"))
     ledger.admit("k2", SliceLimits(GIB, 40, "hard"))
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k3", SliceLimits(GIB, 1, "hard"))
-    assert (raised.value.resource, raised.value.available) == ("sm_share", 0)
+    refused = admit_refused(ledger, "k3", SliceLimits(GIB, 1, "hard"))
+    assert (refused.resource, refused.available) == ("sm_share", 0)
 
 
 def test_burst_shares_may_oversubscribe_up_to_the_factor(open_ledger, gpu):
@@ -176,9 +182,8 @@ def test_burst_shares_may_oversubscribe_up_to_the_factor(open_ledger, gpu):
     ledger.admit("k1", SliceLimits(GIB, 100, "hard"))
     ledger.admit("k2", SliceLimits(GIB, 30, "burst"))
     ledger.admit("k3", SliceLimits(GIB, 20, "burst"))
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k4", SliceLimits(GIB, 1, "burst"))
-    assert (raised.value.resource, raised.value.available) == ("sm_share", 0)
+    refused = admit_refused(ledger, "k4", SliceLimits(GIB, 1, "burst"))
+    assert (refused.resource, refused.available) == ("sm_share", 0)
     [usage] = ledger.devices_usage()
     assert (usage.hard_share, usage.total_share, usage.share_capacity, usage.slices) == (100, 150, 150, 3)
 
@@ -186,9 +191,8 @@ def test_burst_shares_may_oversubscribe_up_to_the_factor(open_ledger, gpu):
 def test_without_oversubscription_burst_and_hard_shares_share_100_percent(open_ledger, gpu):
     ledger = open_ledger([gpu(0, 80)])
     ledger.admit("k1", SliceLimits(GIB, 70, "burst"))
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k2", SliceLimits(GIB, 40, "hard"))
-    assert raised.value.available == 30
+    refused = admit_refused(ledger, "k2", SliceLimits(GIB, 40, "hard"))
+    assert refused.available == 30
     ledger.admit("k2", SliceLimits(GIB, 30, "hard"))
 
 
@@ -196,9 +200,8 @@ def test_a_hard_slice_counts_against_the_oversubscribed_total_too(open_ledger, g
     ledger = open_ledger([gpu(0, 80)], burst_oversubscription=1.5)
     ledger.admit("k1", SliceLimits(GIB, 100, "burst"))
     ledger.admit("k2", SliceLimits(GIB, 40, "hard"))
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k3", SliceLimits(GIB, 20, "hard"))
-    assert raised.value.available == 10
+    refused = admit_refused(ledger, "k3", SliceLimits(GIB, 20, "hard"))
+    assert refused.available == 10
 
 
 # -- refusals people can act on ----------------------------------------------------------------
@@ -208,9 +211,8 @@ def test_memory_refusal_names_the_free_memory_of_each_device_and_what_to_ask(ope
     ledger = open_ledger([gpu(0, 16), gpu(1, 8)])
     ledger.admit("k1", SliceLimits(10 * GIB, 10), device=0)
     ledger.admit("k2", SliceLimits(5 * GIB, 10), device=1)
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k3", SliceLimits(12 * GIB, 10))
-    error = raised.value
+    refused = admit_refused(ledger, "k3", SliceLimits(12 * GIB, 10))
+    error = refused
     assert (error.resource, error.requested, error.available) == ("memory", 12 * GIB, 6 * GIB)
     assert str(error) == (
         "no device has 12GiB of GPU memory free: GPU 0 has 6GiB, GPU 1 has 3GiB free; "
@@ -222,20 +224,18 @@ def test_memory_refusal_suggests_a_device_where_the_share_fits_too(open_ledger, 
     ledger = open_ledger([gpu(0, 16), gpu(1, 8)])
     ledger.admit("k1", SliceLimits(4 * GIB, 100), device=0)
     ledger.admit("k2", SliceLimits(5 * GIB, 50), device=1)
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k3", SliceLimits(14 * GIB, 50))
-    assert raised.value.available == 3 * GIB
-    assert "GPU 0 has 12GiB (but only 0% of its SMs free for a hard slice)" in str(raised.value)
-    assert str(raised.value).endswith("ask for at most 3GiB, or stop a kernel")
+    refused = admit_refused(ledger, "k3", SliceLimits(14 * GIB, 50))
+    assert refused.available == 3 * GIB
+    assert "GPU 0 has 12GiB (but only 0% of its SMs free for a hard slice)" in str(refused)
+    assert str(refused).endswith("ask for at most 3GiB, or stop a kernel")
 
 
 def test_share_refusal_says_the_free_share_per_device_and_offers_a_burst_slice(open_ledger, gpu):
     ledger = open_ledger([gpu(0, 16), gpu(1, 16)], burst_oversubscription=2.0)
     ledger.admit("k1", SliceLimits(GIB, 80, "hard"), device=0)
     ledger.admit("k2", SliceLimits(GIB, 90, "hard"), device=1)
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k3", SliceLimits(GIB, 50, "hard"))
-    error = raised.value
+    refused = admit_refused(ledger, "k3", SliceLimits(GIB, 50, "hard"))
+    error = refused
     assert (error.resource, error.requested, error.available) == ("sm_share", 50, 20)
     assert str(error) == (
         "no device with 1GiB of GPU memory free has 50% of its SMs free for a hard slice: "
@@ -245,9 +245,8 @@ def test_share_refusal_says_the_free_share_per_device_and_offers_a_burst_slice(o
 
 def test_refusal_on_a_named_device_speaks_of_that_device(open_ledger, gpu):
     ledger = open_ledger([gpu(0, 16), gpu(1, 8)])
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k1", SliceLimits(10 * GIB), device=1)
-    assert str(raised.value) == (
+    refused = admit_refused(ledger, "k1", SliceLimits(10 * GIB), device=1)
+    assert str(refused) == (
         "GPU 1 does not have 10GiB of GPU memory free: it has 8GiB free; ask for at most 8GiB, or stop a kernel"
     )
 
@@ -378,10 +377,9 @@ def test_the_server_slice_limit_counts_slices_on_every_device(open_ledger, gpu):
 def test_the_server_memory_limit_holds_for_admissions_and_resizes(open_ledger, gpu):
     ledger = open_ledger([gpu(0, 16), gpu(1, 16)], server_memory_limit=10 * GIB)
     ledger.admit("k1", SliceLimits(6 * GIB, 10))
-    with pytest.raises(CapacityError) as raised:
-        ledger.admit("k2", SliceLimits(5 * GIB, 10))
-    assert (raised.value.resource, raised.value.available) == ("server_memory", 4 * GIB)
-    assert str(raised.value) == (
+    refused = admit_refused(ledger, "k2", SliceLimits(5 * GIB, 10))
+    assert (refused.resource, refused.available) == ("server_memory", 4 * GIB)
+    assert str(refused) == (
         "cannot admit a slice of 5GiB: this server's slices may hold 10GiB of GPU memory in all and 6GiB is held; "
         "ask for at most 4GiB, or stop a kernel"
     )
