@@ -31,17 +31,8 @@ groups:
   staff: [teacher]
 admins: [teacher]
 sizes:
-  - name: small
-    memory: 2GiB
-    cores: 20
-    policy: burst
-    default: true
-    kernel: {memory: 1GiB, cores: 10}
-  - name: large
-    memory: 6GiB
-    cores: 40
-    policy: burst
-    kernel: {memory: 2GiB, cores: 10}
+  - {name: small, memory: 2GiB, cores: 20, policy: burst, default: true, kernel: {memory: 1GiB, cores: 10}}
+  - {name: large, memory: 6GiB, cores: 40, policy: burst, kernel: {memory: 2GiB, cores: 10}}
 limits: {kernels: 3}
 oversubscribe: true
 """
@@ -279,12 +270,7 @@ broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [ida]
 sizes:
-  - name: small
-    memory: 2GiB
-    cores: 20
-    policy: burst
-    default: true
-    kernel: {memory: 1GiB, cores: 10}
+  - {name: small, memory: 2GiB, cores: 20, policy: burst, default: true, kernel: {memory: 1GiB, cores: 10}}
 limits: {kernels: 2}
 oversubscribe: true
 idle: {lower_after: 2s, floor_cores: 5, cull_after: 10s}
