@@ -103,6 +103,10 @@ export interface IDeviceModel {
   memory_capacity_bytes: number;
   memory_allocated_bytes: number;
   memory_free_bytes: number;
+  /** Held by processes of no slice (a program outside Jupyter, a dead server's leftovers); never promised. Absent from an older server. */
+  memory_outside_bytes?: number;
+  /** Held by slices' processes past their slices' caps; never promised. Absent from an older server. */
+  memory_over_cap_bytes?: number;
   sm_share_allocated: number;
   sm_share_hard_allocated: number;
   sm_share_capacity: number;
@@ -160,6 +164,20 @@ export function resizeSlice(
     method: 'PATCH',
     body: JSON.stringify(change)
   });
+}
+
+/**
+ * POST /api/vgpu/slices/{kernel_id}/resume or /suspend: the slice after it (409 with the
+ * server's reason when refused, e.g. no room on its device to resume).
+ */
+export function changeSuspension(
+  kernelId: string,
+  action: 'resume' | 'suspend'
+): Promise<ISliceModel> {
+  return request<ISliceModel>(
+    `slices/${encodeURIComponent(kernelId)}/${action}`,
+    { method: 'POST' }
+  );
 }
 
 /** POST /api/vgpu/kernels: a kernel of a vGPU kernelspec started in a slice of the asked size. */

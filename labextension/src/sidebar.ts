@@ -6,7 +6,7 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import { ISliceModel, resizeSlice } from './api';
+import { changeSuspension, ISliceModel, resizeSlice } from './api';
 import {
   describeDevice,
   memoryLabel,
@@ -16,6 +16,7 @@ import {
   sliceTitle,
   smLabel
 } from './describe';
+import { deviceMemoryLines } from './device-memory';
 import { checkSliceForm, formatSize, POLICIES } from './slice-values';
 import { SliceStore } from './store';
 
@@ -95,6 +96,11 @@ class SliceRow {
       element('span', ''),
       this._apply
     );
+    this._suspension.type = 'button';
+    this._suspension.addEventListener(
+      'click',
+      () => void this._toggleSuspension()
+    );
     form.addEventListener('submit', event => {
       event.preventDefault();
       void this._resize();
@@ -107,6 +113,7 @@ class SliceRow {
       this._memoryBar.node,
       this._smBar.node,
       form,
+      this._suspension,
       this._message
     );
   }
@@ -135,6 +142,51 @@ class SliceRow {
     this._cores.placeholder = `${limits.cores}`;
     if (!this._policyTouched) {
       this._policy.value = limits.policy;
+    }
+    this._showSuspension(slice);
+  }
+
+  /**
+   * Resume for a suspended slice, Suspend for a running local one (a pod's kernel cannot be
+   * checkpointed from here); hidden otherwise.
+   */
+  private _showSuspension(slice: ISliceModel): void {
+    const action =
+      slice.state === 'suspended'
+        ? 'resume'
+        : slice.holder === 'local' && slice.state === 'running'
+          ? 'suspend'
+          : null;
+    this._suspension.hidden = action === null;
+    if (action && this._suspension.dataset.action !== action) {
+      this._suspension.dataset.action = action;
+      this._suspension.textContent =
+        action === 'resume'
+          ? this._trans.__('Resume')
+          : this._trans.__('Suspend');
+    }
+  }
+
+  /** POST .../resume or .../suspend; a refusal's reason shows under the row, as a resize's does. */
+  private async _toggleSuspension(): Promise<void> {
+    const action = this._suspension.dataset.action;
+    if (action !== 'resume' && action !== 'suspend') {
+      return;
+    }
+    this._suspension.disabled = true;
+    try {
+      await changeSuspension(this.kernelId, action);
+      this._say(
+        action === 'resume'
+          ? this._trans.__('Resumed.')
+          : this._trans.__('Suspended.'),
+        false
+      );
+      await this._store.refresh();
+    } catch (error) {
+      this._say((error as Error).message, true);
+    } finally {
+      this._suspension.disabled = false;
     }
   }
 
@@ -225,6 +277,7 @@ class SliceRow {
     'button',
     'jp-mod-styled jp-mod-accept jp-vgpu-Apply'
   );
+  private _suspension = element('button', 'jp-mod-styled jp-vgpu-Suspension');
   private _message = element('div', 'jp-vgpu-Message');
 }
 
@@ -276,6 +329,12 @@ export class SliceSidebar extends Widget {
           describeDevice(device, this._trans)
         );
         item.dataset.deviceIndex = `${device.index}`;
+        // Why free memory is less than capacity less the slices' caps, when it is.
+        for (const line of deviceMemoryLines(device, this._trans)) {
+          const note = element('div', 'jp-vgpu-DeviceMemory', line.text);
+          note.dataset.memory = line.kind;
+          item.append(note);
+        }
         return item;
       })
     );
