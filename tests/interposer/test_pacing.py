@@ -538,6 +538,12 @@ def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, m
     assert_share_held(measured, share, load.starved_in(2.2, 3.2), "a graph updated every 400 ms")
 
 
+def signal_at(pid: int, signum: int) -> int:
+    """Sends signum to pid; returns when (realtime us), for the windows measured after it."""
+    os.kill(pid, signum)
+    return realtime_us()
+
+
 def two_loads_and_the_lease(load_program, env, make_slice, share: int, seconds: float):
     """A slice of `share` percent (hard) with two saturating loads in it, one second after they
     started and once one of them holds the controller lease: (region, first, second, the
@@ -556,8 +562,7 @@ def test_controller_fails_over_when_its_process_is_killed(programs, device_env, 
     load_program, monitor = programs
     share = 40
     region, first, second, holder, survivor = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.0)
-    os.kill(holder, signal.SIGKILL)
-    killed_us = realtime_us()
+    killed_us = signal_at(holder, signal.SIGKILL)
     (first if first.pid == holder else second).process.wait(timeout=5)
 
     took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
@@ -578,12 +583,10 @@ def test_a_stopped_process_does_not_hold_back_the_rest_of_its_slice(programs, de
     load_program, monitor = programs
     share = 40
     _region, first, second, holder, stopped = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.0)
-    os.kill(stopped.pid, signal.SIGSTOP)
-    stopped_us = realtime_us()
+    stopped_us = signal_at(stopped.pid, signal.SIGSTOP)
     wait_until_us(stopped_us + 1_400_000)
     measured = utilisation_since(monitor, device_env, stopped_us + 400_000)
-    os.kill(stopped.pid, signal.SIGCONT)
-    resumed_us = realtime_us()
+    resumed_us = signal_at(stopped.pid, signal.SIGCONT)
     wait_until_us(resumed_us + 600_000)
     after = utilisation_since(monitor, device_env, resumed_us)
     first.finish()
@@ -600,14 +603,12 @@ def test_a_stalled_controller_is_replaced_and_stands_down_when_it_resumes(progra
     load_program, monitor = programs
     share = 40
     region, first, second, holder, survivor = two_loads_and_the_lease(load_program, device_env, make_slice, share, 4.2)
-    os.kill(holder, signal.SIGSTOP)
-    stopped_us = realtime_us()
+    stopped_us = signal_at(holder, signal.SIGSTOP)
     took_over = wait_for(lambda: region.raw.controller_pid == survivor.pid, 1.0)
     wait_until_us(stopped_us + 1_200_000)
     alone = utilisation_since(monitor, device_env, stopped_us + 400_000).get(survivor.pid)
 
-    os.kill(holder, signal.SIGCONT)
-    resumed_us = realtime_us()
+    resumed_us = signal_at(holder, signal.SIGCONT)
     wait_until_us(resumed_us + 1_000_000)
     together = utilisation_since(monitor, device_env, resumed_us + 300_000)
     lease_after_resume = region.raw.controller_pid
