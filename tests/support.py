@@ -114,6 +114,14 @@ def http_request(
         connection.close()
 
 
+def ledger_slices(ledger, *fields: str) -> dict[str, tuple]:
+    """Each slice a ledger holds, by kernel id: its allocation's ``fields``, in that order (what a
+    test's model of the ledger keeps)."""
+    return {
+        allocation.kernel_id: tuple(getattr(allocation, name) for name in fields) for allocation in ledger.allocations()
+    }
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""

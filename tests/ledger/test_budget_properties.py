@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from support import ledger_slices
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, OwnerBudget
 from jupyter_vgpu.ledger.embedded import PLACEMENTS
@@ -252,17 +253,8 @@ class BrokerDecisions(RuleBasedStateMachine):
     def ledger_holds_what_the_model_holds(self) -> None:
         if self.ledger is None:
             return
-        held = {
-            allocation.kernel_id: Held(
-                allocation.owner,
-                allocation.device_uuid,
-                allocation.memory_limit,
-                allocation.sm_share,
-                allocation.policy,
-            )
-            for allocation in self.ledger.allocations()
-        }
-        assert held == self.model
+        held = ledger_slices(self.ledger, "owner", "device_uuid", "memory_limit", "sm_share", "policy")
+        assert held == {kernel_id: astuple(slice_) for kernel_id, slice_ in self.model.items()}
 
     @invariant()
     def no_device_is_over_capacity(self) -> None:

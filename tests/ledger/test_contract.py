@@ -23,6 +23,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from support import ledger_slices
 
 from jupyter_vgpu.ledger import CapacityError, Ledger, SliceExists, UnknownSlice
 from jupyter_vgpu.ledger.embedded import PLACEMENTS
@@ -630,16 +631,7 @@ class LedgerAgainstModel(RuleBasedStateMachine):
 
     @invariant()
     def the_ledger_matches_the_model(self):
-        seen = {
-            allocation.kernel_id: (
-                allocation.device_uuid,
-                allocation.memory_limit,
-                allocation.sm_share,
-                allocation.policy,
-            )
-            for allocation in self.ledger.allocations()
-        }
-        assert seen == self.model
+        assert ledger_slices(self.ledger, "device_uuid", "memory_limit", "sm_share", "policy") == self.model
 
     @invariant()
     def no_device_is_ever_over_committed(self):
