@@ -82,6 +82,40 @@ function sliceRow(page, kernelId) {
   return page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"]`);
 }
 
+/** Wait until the sidebar shows the slice in `state` (its row's data-state). */
+async function sliceShownIn(page, kernelId, state) {
+  await page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"][data-state="${state}"]`).waitFor();
+}
+
+/** Wait for a slice row's inline message (after a resize, suspend or resume) and whether it is a refusal. */
+async function rowMessage(row, expectedMessage) {
+  const message = row.locator('.jp-vgpu-Message', { hasText: expectedMessage });
+  await message.waitFor();
+  return {
+    text: await message.innerText(),
+    refused: await message.evaluate(node => node.classList.contains('jp-vgpu-refused'))
+  };
+}
+
+/** A REST call of the server, as another client of it (an admin, a script) makes it; its JSON or null. */
+async function api(page, method, path, body) {
+  return page.evaluate(
+    async ({ url, token, method, path, body }) => {
+      const response = await fetch(`${url}${path}`, {
+        method,
+        headers: { Authorization: `token ${token}` },
+        body: body === undefined ? undefined : JSON.stringify(body)
+      });
+      const text = await response.text();
+      if (!response.ok) {
+        throw new Error(`${method} ${path}: ${response.status} ${text}`);
+      }
+      return text ? JSON.parse(text) : null;
+    },
+    { url: settings.url, token: settings.token, method, path, body }
+  );
+}
+
 /** The kernel of the session the page opened for a notebook path. */
 async function kernelIdOf(page, path) {
   const sessions = await page.evaluate(
@@ -100,12 +134,7 @@ async function resizeFromSidebar(page, kernelId, memory, expectedMessage) {
   const row = sliceRow(page, kernelId);
   await row.locator('input[name="memory"]').fill(memory);
   await row.locator('button.jp-vgpu-Apply').click();
-  const message = row.locator('.jp-vgpu-Message', { hasText: expectedMessage });
-  await message.waitFor();
-  return {
-    text: await message.innerText(),
-    refused: await message.evaluate(node => node.classList.contains('jp-vgpu-refused'))
-  };
+  return rowMessage(row, expectedMessage);
 }
 
 /** Wait until the store has polled the slices `count` more times. */
@@ -139,6 +168,61 @@ const scenarios = {
     await statusText(page, '/ 2.0 GiB');
     await page.screenshot({ path: `${settings.screenshots}/sidebar.png` });
     return { kernelId, allocated, status, sidebarDevice, invalid, tooBig, granted, total, oom };
+  },
+
+  /**
+   * A notebook on a sliced kernel that allocated GPU memory (cell 0), suspended through REST: the
+   * sidebar shows it suspended with a Resume button, and its next cell (1) resumes it. Then the
+   * sidebar's Suspend button suspends it, its Resume button is refused while another kernel
+   * (settings.kernelName, settings.fillerMemory) holds the room, and resumes it once that is gone;
+   * its last cell (2) runs on the GPU again.
+   */
+  async suspendResume(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    await runCell(page, 0, 'allocated 0');
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    await openSidebar(page);
+    const row = sliceRow(page, kernelId);
+    const button = row.locator('button.jp-vgpu-Suspension');
+    await sliceShownIn(page, kernelId, 'running');
+    const runningButton = await button.innerText();
+
+    const suspended = await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
+    await sliceShownIn(page, kernelId, 'suspended');
+    const suspendedBar = await row.locator('[data-bar="memory"] .jp-vgpu-Bar-label').innerText();
+    const suspendedButton = await button.innerText();
+    await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-suspended.png` });
+
+    const resumedByCell = await runCell(page, 1, 'again 0');
+    await sliceShownIn(page, kernelId, 'running');
+
+    await button.filter({ hasText: 'Suspend' }).click();
+    const suspendedByButton = await rowMessage(row, 'Suspended.');
+    await sliceShownIn(page, kernelId, 'suspended');
+    const filler = await api(page, 'POST', 'api/vgpu/kernels', {
+      name: settings.kernelName,
+      memory: settings.fillerMemory
+    });
+    await button.filter({ hasText: 'Resume' }).click();
+    const refused = await rowMessage(row, 'cannot resume yet');
+    await api(page, 'DELETE', `api/kernels/${filler.kernel.id}`);
+    await button.filter({ hasText: 'Resume' }).click();
+    const resumedByButton = await rowMessage(row, 'Resumed.');
+    await sliceShownIn(page, kernelId, 'running');
+    const after = await runCell(page, 2, 'still 0');
+    return {
+      kernelId,
+      runningButton,
+      suspendedState: suspended.state,
+      suspendedBar,
+      suspendedButton,
+      resumedByCell,
+      suspendedByButton,
+      refused,
+      resumedByButton,
+      after
+    };
   },
 
   /**

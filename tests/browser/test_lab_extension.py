@@ -64,6 +64,33 @@ def test_start_dialog_refuses_a_bad_size_then_starts_a_kernel_of_the_chosen_size
     assert slice_["path"].startswith("Untitled") and slice_["path"].endswith(".ipynb")
 
 
+def test_a_suspended_notebook_shows_in_the_sidebar_and_resumes_by_a_cell_or_the_resume_button(lab, drive, cuda_prelude):
+    notebook = lab.write_notebook(
+        "suspended.ipynb",
+        [
+            cuda_prelude + "print('allocated', allocate(300 << 20))",
+            "print('again', allocate(1 << 20))",
+            "print('still', allocate(1 << 20))",
+        ],
+    )
+
+    # The filler leaves 512 MiB of the 8 GiB device while the notebook's 1 GiB slice is suspended.
+    seen = drive("suspendResume", notebook=notebook, kernelName=lab.kernel_name, fillerMemory="7680MiB")
+
+    assert (seen["runningButton"], seen["suspendedState"]) == ("Suspend", "suspended")
+    assert seen["suspendedBar"] == "Memory 300MiB in host memory (suspended)"
+    assert seen["suspendedButton"] == "Resume"
+    assert "again 0" in seen["resumedByCell"]  # its next CUDA call resumed it
+    assert seen["suspendedByButton"] == {"text": "Suspended.", "refused": False}
+    assert seen["refused"]["refused"] and seen["refused"]["text"].startswith(
+        f"kernel {seen['kernelId']!r} cannot resume yet: its 1GiB slice needs 1GiB on GPU 0, which has 512MiB free"
+    ), seen["refused"]
+    assert seen["resumedByButton"] == {"text": "Resumed.", "refused": False}
+    assert "still 0" in seen["after"]
+    (slice_,) = lab.api("GET", "api/vgpu/slices")
+    assert (slice_["kernel_id"], slice_["state"], slice_["host_memory_bytes"]) == (seen["kernelId"], "running", 0)
+
+
 def test_limits_rewritten_from_inside_the_kernel_show_as_a_warning_under_the_slice_and_in_the_status_bar(lab, drive):
     # What code in the kernel can do: its region file is writable by its Unix user.
     notebook = lab.write_notebook(
