@@ -1,7 +1,7 @@
 import { nullTranslator } from '@jupyterlab/translation';
 import { describe, expect, it } from 'vitest';
 
-import type { IDeviceModel, ISliceModel } from '../src/api';
+import type { ISliceModel } from '../src/api';
 import {
   describeDevice,
   memoryLabel,
@@ -17,6 +17,7 @@ import {
   stateLabel
 } from '../src/describe';
 import { GIB, MIB } from '../src/slice-values';
+import { deviceModel } from './models';
 
 const trans = nullTranslator.load('jupyter_vgpu');
 
@@ -71,20 +72,7 @@ const SCHEDULING_MESSAGE =
 const FAILED_MESSAGE =
   'the kernel\'s container cannot start on node node-a (ImagePullBackOff): Back-off pulling image "registry.example/kernel:1"';
 
-const device: IDeviceModel = {
-  index: 0,
-  uuid: 'GPU-5eed',
-  name: 'Sim GPU',
-  sm_count: 100,
-  memory_total_bytes: 16 * GIB,
-  memory_capacity_bytes: 15 * GIB,
-  memory_allocated_bytes: 11 * GIB,
-  memory_free_bytes: 4 * GIB,
-  sm_share_allocated: 70,
-  sm_share_hard_allocated: 50,
-  sm_share_capacity: 100,
-  slices: 3
-};
+const device = deviceModel();
 
 describe('a device', () => {
   it('says what is free of what slices may hold, and the SM share promised', () => {

@@ -4,15 +4,13 @@ import { describe, expect, it } from 'vitest';
 import type { IDeviceModel } from '../src/api';
 import { deviceMemoryLines } from '../src/device-memory';
 import { GIB, MIB } from '../src/slice-values';
+import { deviceModel } from './models';
 
 const trans = nullTranslator.load('jupyter_vgpu');
 
 /** A 24 GiB device with one 8 GiB slice, as GET /api/vgpu/devices gives it (issue 20). */
 function device(outside?: number, overCap?: number): IDeviceModel {
-  return {
-    index: 0,
-    uuid: 'GPU-5eed',
-    name: 'Sim GPU',
+  return deviceModel({
     sm_count: 80,
     memory_total_bytes: 24 * GIB,
     memory_capacity_bytes: 24 * GIB,
@@ -22,9 +20,8 @@ function device(outside?: number, overCap?: number): IDeviceModel {
     memory_over_cap_bytes: overCap,
     sm_share_allocated: 30,
     sm_share_hard_allocated: 30,
-    sm_share_capacity: 100,
     slices: 1
-  };
+  });
 }
 
 describe('memory no slice was promised', () => {
