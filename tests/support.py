@@ -340,3 +340,23 @@ def allocate(size):
     pointer = ctypes.c_uint64()
     return cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size))
 """
+
+# A program outside any slice: allocates what its argument says, says so, and holds it until its
+# stdin closes.
+OUTSIDE_HOLDER = (
+    CUDA_PRELUDE + "import sys\nassert allocate(int(sys.argv[1])) == 0\nprint('held', flush=True)\nsys.stdin.read()\n"
+)
+
+
+def hold_outside(env: dict[str, str], size: int) -> subprocess.Popen:
+    """A program on the simulated GPU (``env``: sim_env) holding ``size`` bytes, in no slice; it
+    ends when its stdin is closed."""
+    program = subprocess.Popen(
+        [sys.executable, "-c", OUTSIDE_HOLDER, str(size)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert program.stdout is not None and program.stdout.readline() == "held\n"
+    return program

@@ -117,12 +117,18 @@ def lab_options() -> tuple[str, ...]:
 
 
 @pytest.fixture
-def lab(sim_env, tmp_path, labextension_build, lab_options):
-    env = dict(sim_env)
+def browser_gpu_env(sim_env) -> dict[str, str]:
+    """The simulated GPU's environment with the lab's device: a program run with it shares the
+    lab's GPU (holds memory there outside any slice)."""
+    return {**sim_env, "VGPU_SIM_DEVICES": BROWSER_DEVICE}
+
+
+@pytest.fixture
+def lab(browser_gpu_env, tmp_path, labextension_build, lab_options):
+    env = dict(browser_gpu_env)
     env.pop("LD_LIBRARY_PATH")  # the server points its kernels at the simulated driver itself
     # ipykernel forwards what C code writes to fd 2 (the OOM line) unless it sees this variable.
     env.pop("PYTEST_CURRENT_TEST", None)
-    env["VGPU_SIM_DEVICES"] = BROWSER_DEVICE
     env.update(write_private_jupyter_env(tmp_path, labextension_build))
     server = Lab(tmp_path, env, *lab_options)
     yield server

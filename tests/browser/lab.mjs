@@ -226,6 +226,24 @@ const scenarios = {
   },
 
   /**
+   * The sidebar's device once the store has polled twice: its text and its lines about memory no
+   * slice was promised (data-memory: outside, over-cap) with their texts.
+   */
+  async deviceMemory(browser) {
+    const page = await openLab(browser, '', { reset: true });
+    await openSidebar(page);
+    await nextPolls(page, 2);
+    const device = page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Device').first();
+    await device.waitFor();
+    const lines = {};
+    for (const line of await device.locator('.jp-vgpu-DeviceMemory').all()) {
+      lines[await line.getAttribute('data-memory')] = await line.innerText();
+    }
+    await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-outside.png` });
+    return { device: await device.innerText(), lines };
+  },
+
+  /**
    * A notebook whose kernel rewrites its own slice's limits (cell 0): the server's warning shows
    * under the slice's title in the sidebar, in the warn colour, and the status item turns to it.
    */

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from jupyter_client import BlockingKernelClient
-from support import wait_for
+from support import hold_outside, wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -89,6 +89,21 @@ def test_a_suspended_notebook_shows_in_the_sidebar_and_resumes_by_a_cell_or_the_
     assert "still 0" in seen["after"]
     (slice_,) = lab.api("GET", "api/vgpu/slices")
     assert (slice_["kernel_id"], slice_["state"], slice_["host_memory_bytes"]) == (seen["kernelId"], "running", 0)
+
+
+def test_memory_a_program_holds_outside_any_slice_shows_under_the_device_until_it_ends(lab, drive, browser_gpu_env):
+    outside = hold_outside(browser_gpu_env, 2 * GIB)
+    try:
+        held = drive("deviceMemory")
+    finally:
+        outside.stdin.close()
+        outside.wait(30)
+    ended = drive("deviceMemory")
+
+    assert held["lines"] == {"outside": "2GiB in use outside any slice"}
+    assert held["device"].startswith("GPU 0 Sim Browser GPU: 6GiB free of 8GiB")
+    assert ended["lines"] == {}
+    assert ended["device"].startswith("GPU 0 Sim Browser GPU: 8GiB free of 8GiB")
 
 
 def test_limits_rewritten_from_inside_the_kernel_show_as_a_warning_under_the_slice_and_in_the_status_bar(lab, drive):

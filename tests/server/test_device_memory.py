@@ -6,13 +6,11 @@ and a real program on one simulated 16 GiB GPU."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import test_server_process
-from support import CUDA_PRELUDE, wait_for
+from support import CUDA_PRELUDE, hold_outside, wait_for
 from test_server_process import KERNEL_NAME, Server, run_code
 
 GIB = 1 << 30
@@ -24,22 +22,6 @@ vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
 # run_code's client, patient with a kernel's heartbeat on a busy machine.
 patient_heartbeat = test_server_process.patient_heartbeat
 pytestmark = pytest.mark.usefixtures("patient_heartbeat")
-
-
-# A program outside any slice: allocates what its argument says, says so, and holds it until its
-# stdin closes.
-HOLDER = (
-    CUDA_PRELUDE + "import sys\nassert allocate(int(sys.argv[1])) == 0\nprint('held', flush=True)\nsys.stdin.read()\n"
-)
-
-
-def hold_outside(env: dict[str, str], size: int) -> subprocess.Popen:
-    """A program on the simulated GPU (``env``: sim_env) holding ``size`` bytes, in no slice."""
-    program = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(size)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert program.stdout is not None and program.stdout.readline() == "held\n"
-    return program
 
 
 def the_device(server: Server) -> dict:
