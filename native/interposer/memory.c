@@ -19,26 +19,39 @@ static __thread int inside_driver __attribute__((tls_model("initial-exec")));
         inside_driver = 0;                                                                                             \
     } while (0)
 
-/* An allocation that returns a device pointer through `dptr` and takes `bytes`. */
-#define CHARGED_DEVICE_ALLOCATION(name, family, bytes, ...)                                                            \
+/* Hooks `name` (binds `real`); a call the driver makes from inside one of our hooks passes
+ * straight through to it with `...`, uncharged. Not a do-while: `real` must stay in scope. */
+#define HOOK_OUTSIDE_DRIVER(name, ...)                                                                                 \
+    VGPU_HOOK_REAL(name);                                                                                              \
+    if (inside_driver) {                                                                                               \
+        return real(__VA_ARGS__);                                                                                      \
+    }                                                                                                                  \
+    (void)0
+
+/* Charges `bytes` before the driver's `real(...)` (bound by the caller's hook) makes something,
+ * and settles the charge after it: kept as (kind, key_when_made) when made, given back when not. */
+#define CHARGED_ALLOCATION(name, bytes, kind, key_when_made, family, ...)                                              \
     do {                                                                                                               \
-        VGPU_HOOK_REAL(name);                                                                                          \
-        if (inside_driver)                                                                                             \
-            return real(__VA_ARGS__);                                                                                  \
         struct vgpu_charge c;                                                                                          \
         CUresult result = vgpu_charge(&c, #name, (bytes));                                                             \
         if (result != CUDA_SUCCESS)                                                                                    \
             return result;                                                                                             \
         CALL_DRIVER(result, real(__VA_ARGS__));                                                                        \
-        return vgpu_settle_charge(&c, result, VGPU_KIND_DEVICE_POINTER, result == CUDA_SUCCESS ? *dptr : 0, family);   \
+        return vgpu_settle_charge(&c, result, (kind), result == CUDA_SUCCESS ? (uint64_t)(key_when_made) : 0,          \
+                                  (family));                                                                           \
+    } while (0)
+
+/* An allocation that returns a device pointer through `dptr` and takes `bytes`. */
+#define CHARGED_DEVICE_ALLOCATION(name, family, bytes, ...)                                                            \
+    do {                                                                                                               \
+        HOOK_OUTSIDE_DRIVER(name, __VA_ARGS__);                                                                        \
+        CHARGED_ALLOCATION(name, bytes, VGPU_KIND_DEVICE_POINTER, *dptr, family, __VA_ARGS__);                         \
     } while (0)
 
 /* A free of something the table may know as (kind, key). */
 #define RELEASE(name, kind, key, ...)                                                                                  \
     do {                                                                                                               \
-        VGPU_HOOK_REAL(name);                                                                                          \
-        if (inside_driver)                                                                                             \
-            return real(__VA_ARGS__);                                                                                  \
+        HOOK_OUTSIDE_DRIVER(name, __VA_ARGS__);                                                                        \
         struct vgpu_alloc_entry entry;                                                                                 \
         int known = vgpu_table_take((kind), (uint64_t)(key), &entry);                                                  \
         CUresult result;                                                                                               \
@@ -90,9 +103,7 @@ static uint64_t saturating_multiply(uint64_t a, uint64_t b)
 VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                         unsigned int ElementSizeBytes)
 {
-    VGPU_HOOK_REAL(cuMemAllocPitch_v2);
-    if (inside_driver)
-        return real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    HOOK_OUTSIDE_DRIVER(cuMemAllocPitch_v2, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     uint64_t pitch_estimate = WidthInBytes > UINT64_MAX - PITCH_ALIGNMENT
                                   ? UINT64_MAX
                                   : (WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
@@ -220,14 +231,8 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIP
     if (inside_driver || !pAllocateArray)
         return real(pHandle, pAllocateArray);
     const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
-    struct vgpu_charge c;
-    CUresult result =
-        vgpu_charge(&c, "cuArrayCreate_v2", array_bytes(d->Width, d->Height, 0, 0, d->Format, d->NumChannels, 1));
-    if (result != CUDA_SUCCESS)
-        return result;
-    CALL_DRIVER(result, real(pHandle, pAllocateArray));
-    return vgpu_settle_charge(&c, result, VGPU_KIND_ARRAY, result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
-                              VGPU_FAMILY_ARRAY);
+    CHARGED_ALLOCATION(cuArrayCreate_v2, array_bytes(d->Width, d->Height, 0, 0, d->Format, d->NumChannels, 1),
+                       VGPU_KIND_ARRAY, (uintptr_t)*pHandle, VGPU_FAMILY_ARRAY, pHandle, pAllocateArray);
 }
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
@@ -236,14 +241,9 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DES
     if (inside_driver || !pAllocateArray)
         return real(pHandle, pAllocateArray);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
-    struct vgpu_charge c;
-    CUresult result = vgpu_charge(&c, "cuArray3DCreate_v2",
-                                  array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, 1));
-    if (result != CUDA_SUCCESS)
-        return result;
-    CALL_DRIVER(result, real(pHandle, pAllocateArray));
-    return vgpu_settle_charge(&c, result, VGPU_KIND_ARRAY, result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0,
-                              VGPU_FAMILY_ARRAY);
+    CHARGED_ALLOCATION(cuArray3DCreate_v2,
+                       array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, 1),
+                       VGPU_KIND_ARRAY, (uintptr_t)*pHandle, VGPU_FAMILY_ARRAY, pHandle, pAllocateArray);
 }
 
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray hArray)
@@ -259,15 +259,10 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     if (inside_driver || !pMipmappedArrayDesc)
         return real(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
-    struct vgpu_charge c;
-    CUresult result =
-        vgpu_charge(&c, "cuMipmappedArrayCreate",
-                    array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, numMipmapLevels));
-    if (result != CUDA_SUCCESS)
-        return result;
-    CALL_DRIVER(result, real(pHandle, pMipmappedArrayDesc, numMipmapLevels));
-    return vgpu_settle_charge(&c, result, VGPU_KIND_MIPMAPPED_ARRAY,
-                              result == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, VGPU_FAMILY_MIPMAPPED_ARRAY);
+    CHARGED_ALLOCATION(cuMipmappedArrayCreate,
+                       array_bytes(d->Width, d->Height, d->Depth, d->Flags, d->Format, d->NumChannels, numMipmapLevels),
+                       VGPU_KIND_MIPMAPPED_ARRAY, (uintptr_t)*pHandle, VGPU_FAMILY_MIPMAPPED_ARRAY, pHandle,
+                       pMipmappedArrayDesc, numMipmapLevels);
 }
 
 VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
