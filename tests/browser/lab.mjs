@@ -82,6 +82,19 @@ function sliceRow(page, kernelId) {
   return page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"]`);
 }
 
+/**
+ * settings.notebook opened, its cell 0 run until its output has `expected`, then the sidebar
+ * opened: the page and the notebook's kernel.
+ */
+async function firstCellRunWithSidebar(browser, expected) {
+  const page = await openLab(browser, `tree/${settings.notebook}`);
+  await waitForIdleKernel(page);
+  await runCell(page, 0, expected);
+  const kernelId = await kernelIdOf(page, settings.notebook);
+  await openSidebar(page);
+  return { page, kernelId };
+}
+
 /** Wait until the sidebar shows the slice in `state` (its row's data-state). */
 async function sliceShownIn(page, kernelId, state) {
   await page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"][data-state="${state}"]`).waitFor();
@@ -178,11 +191,7 @@ const scenarios = {
    * its last cell (2) runs on the GPU again.
    */
   async suspendResume(browser) {
-    const page = await openLab(browser, `tree/${settings.notebook}`);
-    await waitForIdleKernel(page);
-    await runCell(page, 0, 'allocated 0');
-    const kernelId = await kernelIdOf(page, settings.notebook);
-    await openSidebar(page);
+    const { page, kernelId } = await firstCellRunWithSidebar(browser, 'allocated 0');
     const row = sliceRow(page, kernelId);
     const button = row.locator('button.jp-vgpu-Suspension');
     await sliceShownIn(page, kernelId, 'running');
@@ -248,11 +257,7 @@ const scenarios = {
    * under the slice's title in the sidebar, in the warn colour, and the status item turns to it.
    */
   async sliceWarning(browser) {
-    const page = await openLab(browser, `tree/${settings.notebook}`);
-    await waitForIdleKernel(page);
-    await runCell(page, 0, 'rewritten');
-    const kernelId = await kernelIdOf(page, settings.notebook);
-    await openSidebar(page);
+    const { page, kernelId } = await firstCellRunWithSidebar(browser, 'rewritten');
     const warning = sliceRow(page, kernelId).locator('.jp-vgpu-Warning');
     await warning.waitFor();
     const item = page.locator('.jp-vgpu-StatusItem.jp-vgpu-mod-warned');
