@@ -504,47 +504,52 @@ static int command_fork(void)
     return 0;
 }
 
-static int command_exec(const char *self)
+static int command_exec(void)
 {
     require_primary_context(0);
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 100 << 20));
     printf("before_exec %lld\n", used_bytes());
     fflush(stdout);
-    execl(self, self, "after-exec", (char *)NULL);
+    execl("/proc/self/exe", "/proc/self/exe", "after-exec", (char *)NULL);
     return 4;
 }
+
+/* The same pid and start time as before the exec: what that image held is gone. */
+static int command_after_exec(void)
+{
+    require_primary_context(0);
+    printf("after_exec %lld\n", used_bytes());
+    return 0;
+}
+
+/* The commands that take no argument, by name. */
+static const struct {
+    const char *name;
+    int (*run)(void);
+} PLAIN_COMMANDS[] = {
+    {"init", command_init},
+    {"sizes", command_sizes},
+    {"memory", command_memory},
+    {"launches", command_launches},
+    {"graph-update", command_graph_update},
+    {"proc-address", command_proc_address},
+    {"contexts", command_contexts},
+    {"fork", command_fork},
+    {"exec", command_exec},
+    {"after-exec", command_after_exec},
+};
 
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc >= 2 && strcmp(argv[1], "init") == 0)
-        return command_init();
-    if (argc >= 2 && strcmp(argv[1], "sizes") == 0)
-        return command_sizes();
-    if (argc >= 2 && strcmp(argv[1], "memory") == 0)
-        return command_memory();
     if (argc == 8 && strcmp(argv[1], "duration") == 0)
         return command_duration(argv + 2);
-    if (argc >= 2 && strcmp(argv[1], "launches") == 0)
-        return command_launches();
-    if (argc >= 2 && strcmp(argv[1], "graph-update") == 0)
-        return command_graph_update();
     if (argc == 3 && strcmp(argv[1], "push-buffer") == 0)
         return command_push_buffer(atol(argv[2]));
-    if (argc >= 2 && strcmp(argv[1], "proc-address") == 0)
-        return command_proc_address();
-    if (argc >= 2 && strcmp(argv[1], "contexts") == 0)
-        return command_contexts();
-    if (argc >= 2 && strcmp(argv[1], "fork") == 0)
-        return command_fork();
-    if (argc >= 2 && strcmp(argv[1], "exec") == 0)
-        return command_exec("/proc/self/exe");
-    if (argc >= 2 && strcmp(argv[1], "after-exec") == 0) {
-        require_primary_context(0); /* same pid and start time as before the exec: what that image held is gone */
-        printf("after_exec %lld\n", used_bytes());
-        return 0;
-    }
+    for (size_t i = 0; argc >= 2 && i < sizeof PLAIN_COMMANDS / sizeof PLAIN_COMMANDS[0]; i++)
+        if (strcmp(argv[1], PLAIN_COMMANDS[i].name) == 0)
+            return PLAIN_COMMANDS[i].run();
     fprintf(stderr, "usage: see the comment at the top of sim_probe.c\n");
     return 2;
 }
