@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support import watched_utilisation  # noqa: E402
+from support import compile_sim_program, watched_utilisation  # noqa: E402
 
 from jupyter_vgpu.holders.region import Region  # noqa: E402
 
@@ -55,26 +55,7 @@ def main() -> None:
     native = ROOT / "jupyter_vgpu" / "_native"
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-sm-") as tmp:
         tmp = Path(tmp)
-        programs = {}
-        for name in ("pacing_load", "pacing_monitor"):
-            programs[name] = tmp / name
-            subprocess.run(
-                [
-                    os.environ.get("CC", "cc"),
-                    "-std=c11",
-                    "-D_GNU_SOURCE",
-                    "-O2",
-                    f"-I{ROOT / 'native' / 'include'}",
-                    "-o",
-                    str(programs[name]),
-                    str(ROOT / "tests" / "programs" / f"{name}.c"),
-                    f"-L{native / 'sim'}",
-                    "-l:libcuda.so.1",
-                    "-l:libnvidia-ml.so.1",
-                    "-lpthread",
-                ],
-                check=True,
-            )
+        programs = {name: compile_sim_program(name, tmp) for name in ("pacing_load", "pacing_monitor")}
         base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION", "CUDA_VISIBLE_DEVICES")}
         base.update(LD_LIBRARY_PATH=str(native / "sim"), VGPU_SIM_STATE=str(tmp / "sim.state"), VGPU_SIM_DEVICES=DEVICE)
         uuid = subprocess.run(

@@ -22,7 +22,6 @@ import argparse
 import os
 import runpy
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support import CheckpointTarget  # noqa: E402
+from support import CheckpointTarget, compile_sim_program  # noqa: E402
 
 from jupyter_vgpu.holders.checkpoint import CheckpointController  # noqa: E402
 from jupyter_vgpu.model import use_simulator  # noqa: E402
@@ -43,24 +42,7 @@ DEVICE = "name=bench GPU,memory=16GiB,sms=132,context_memory=0"
 
 def build(workdir: Path) -> Path:
     runpy.run_path(str(ROOT / "native" / "build.py"))["build"]()
-    program = workdir / "checkpoint_probe"
-    subprocess.run(
-        [
-            os.environ.get("CC", "cc"),
-            "-std=c11",
-            "-D_GNU_SOURCE",
-            "-O2",
-            f"-I{ROOT / 'native' / 'include'}",
-            "-o",
-            str(program),
-            str(ROOT / "tests" / "programs" / "checkpoint_probe.c"),
-            f"-L{ROOT / 'jupyter_vgpu' / '_native' / 'sim'}",
-            "-l:libcuda.so.1",
-            "-lpthread",
-        ],
-        check=True,
-    )
-    return program
+    return compile_sim_program("checkpoint_probe", workdir)
 
 
 def main() -> None:

@@ -122,6 +122,23 @@ def ledger_slices(ledger, *fields: str) -> dict[str, tuple]:
     }
 
 
+def compile_sim_program(name: str, folder: Path) -> Path:
+    """tests/programs/<name>.c built optimised into ``folder`` against the simulated GPU's driver
+    and NVML in jupyter_vgpu/_native/sim (built already), as the benchmarks run it."""
+    root = Path(__file__).resolve().parent.parent
+    program = folder / name
+    command = [os.environ.get("CC", "cc"), "-std=c11", "-D_GNU_SOURCE", "-O2", f"-I{root / 'native' / 'include'}"]
+    command += ["-o", str(program), str(root / "tests" / "programs" / f"{name}.c")]
+    command += [
+        f"-L{root / 'jupyter_vgpu' / '_native' / 'sim'}",
+        "-l:libcuda.so.1",
+        "-l:libnvidia-ml.so.1",
+        "-lpthread",
+    ]
+    subprocess.run(command, check=True)
+    return program
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""
