@@ -339,6 +339,21 @@ class JupyterProcess:
         return time.monotonic() - started
 
 
+# Program code for NVIDIA's cuda-bindings: `cu` (cuda.bindings.driver), ok(answer) -> the values of a
+# call that must succeed, the driver initialised and `device` = device 0; no context yet.
+CUDA_BINDINGS_PRELUDE = """
+from cuda.bindings import driver as cu
+
+def ok(answer):
+    error, *rest = answer
+    assert error == cu.CUresult.CUDA_SUCCESS, error
+    return rest[0] if len(rest) == 1 else rest
+
+ok(cu.cuInit(0))
+device = ok(cu.cuDeviceGet(0))
+"""
+
+
 # Kernel (or program) code defining memory() -> (free, total) and allocate(size) -> CUresult over
 # the CUDA driver, via ctypes.
 CUDA_PRELUDE = """

@@ -10,21 +10,15 @@ import textwrap
 import time
 
 from conftest import JUPYTER, OOM_LINE, values
+from support import CUDA_BINDINGS_PRELUDE
 
 GIB = 1 << 30
 MIB = 1 << 20
 
-BINDINGS = """
-import numpy as np
-from cuda.bindings import driver as cu
-
-def ok(answer):
-    error, *rest = answer
-    assert error == cu.CUresult.CUDA_SUCCESS, error
-    return rest[0] if len(rest) == 1 else rest
-
-ok(cu.cuInit(0))
-device = ok(cu.cuDeviceGet(0))
+BINDINGS = (
+    "\nimport numpy as np"
+    + CUDA_BINDINGS_PRELUDE
+    + """
 ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
 free, total = ok(cu.cuMemGetInfo())
 print("total", total)
@@ -52,6 +46,7 @@ print("pinned_free_after", ok(cu.cuMemGetInfo())[0] == free - (2 << 20))
 ok(cu.cuMemFreeHost(pinned))
 print("bus_id", ok(cu.cuDeviceGetPCIBusId(16, device)).split(b"\\0")[0].decode())
 """
+)
 
 
 def test_cuda_bindings_sees_its_slice_copies_exactly_and_stops_at_the_cap(in_slice):

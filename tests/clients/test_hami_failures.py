@@ -6,30 +6,25 @@ cuCtxCreate, NVML before CUDA, and exit with threads still inside hooked calls."
 from __future__ import annotations
 
 from conftest import OOM_LINE, values
+from support import CUDA_BINDINGS_PRELUDE
 
 GIB = 1 << 30
 
-PRELUDE = """
-import threading
-from cuda.bindings import driver as cu
-
-def ok(answer):
-    error, *rest = answer
-    assert error == cu.CUresult.CUDA_SUCCESS, error
-    return rest[0] if len(rest) == 1 else rest
-
-ok(cu.cuInit(0))
-device = ok(cu.cuDeviceGet(0))
+PRELUDE = "\nimport threading" + CUDA_BINDINGS_PRELUDE
+# The device's primary context made current, as `context`.
+IN_PRIMARY_CONTEXT = (
+    PRELUDE
+    + """
+ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
+context = ok(cu.cuCtxGetCurrent())
 """
+)
 
 
 def test_pool_and_vmm_allocations_from_worker_threads_are_charged_to_the_slice(in_slice):
     code = (
-        PRELUDE
-        + """
-ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
-context = ok(cu.cuCtxGetCurrent())
-stream = ok(cu.cuStreamCreate(0))
+        IN_PRIMARY_CONTEXT
+        + """stream = ok(cu.cuStreamCreate(0))
 pool = ok(cu.cuDeviceGetDefaultMemPool(device))
 pooled = ok(cu.cuMemAllocFromPoolAsync(400 << 20, pool, stream))
 print("pool_over_cap", cu.cuMemAllocFromPoolAsync(700 << 20, pool, stream)[0].name)
@@ -96,7 +91,7 @@ import pynvml
 pynvml.nvmlInit()
 print("nvml_total", pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
 """
-        + PRELUDE.replace("import threading\n", "")
+        + CUDA_BINDINGS_PRELUDE
         + """
 ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
 print("cuda_total", ok(cu.cuMemGetInfo())[1])
@@ -111,11 +106,9 @@ print("over_cap", cu.cuMemAlloc(2 << 30)[0].name)
 
 def test_no_hang_at_exit_with_threads_still_inside_hooked_calls(in_slice):
     code = (
-        PRELUDE
+        IN_PRIMARY_CONTEXT
         + """
 import os
-ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
-context = ok(cu.cuCtxGetCurrent())
 started = threading.Barrier(5)
 
 def churn():

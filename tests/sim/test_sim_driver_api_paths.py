@@ -3,22 +3,15 @@ on the simulated GPU (no slice): what issue 19 added for driver-API clients."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
-PATHS = """
-import ctypes
-import numpy as np
-from cuda.bindings import driver as cu
+from support import CUDA_BINDINGS_PRELUDE, run_checked
 
-def ok(answer):
-    error, *rest = answer
-    assert error == cu.CUresult.CUDA_SUCCESS, error
-    return rest[0] if len(rest) == 1 else rest
-
-ok(cu.cuInit(0))
-device = ok(cu.cuDeviceGet(0))
+PATHS = (
+    "\nimport ctypes\nimport numpy as np"
+    + CUDA_BINDINGS_PRELUDE
+    + """
 # The CUDA 12 library API loads without a current context; its kernels launch once one is.
 library = ok(cu.cuLibraryLoadData(b"any image", None, None, 0, None, None, 0))
 kernel = ok(cu.cuLibraryGetKernel(library, b"k"))
@@ -63,18 +56,11 @@ print("host_function_ran", len(ran))
 print("capturing", ok(cu.cuStreamIsCapturing(stream)).name)
 print("peer", ok(cu.cuDeviceCanAccessPeer(device, device)))
 """
+)
 
 
 def run(env: dict[str, str]) -> dict[str, str]:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PATHS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_checked([sys.executable, "-c", textwrap.dedent(PATHS)], env, timeout=120)
     return dict(line.split(" ", 1) for line in result.stdout.splitlines())
 
 
