@@ -160,12 +160,17 @@ CUresult cuStreamQuery(CUstream hStream)
     return atomic_load(&stream->tail_ns) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
+/* A stream's property read: the stream resolved, then `out`, where the value goes, checked. */
+static CUresult resolve_for_query(CUstream hStream, const void *out, struct CUstream_st **stream)
+{
+    CUresult result = sim_stream_resolve(hStream, stream);
+    return result == CUDA_SUCCESS && !out ? CUDA_ERROR_INVALID_VALUE : result;
+}
+
 CUresult cuStreamGetPriority(CUstream hStream, int *priority)
 {
     struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result == CUDA_SUCCESS && !priority)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = resolve_for_query(hStream, priority, &stream);
     if (result == CUDA_SUCCESS)
         *priority = stream->priority;
     return result;
@@ -174,9 +179,7 @@ CUresult cuStreamGetPriority(CUstream hStream, int *priority)
 CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 {
     struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result == CUDA_SUCCESS && !flags)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = resolve_for_query(hStream, flags, &stream);
     if (result == CUDA_SUCCESS)
         *flags = stream->flags;
     return result;
@@ -185,9 +188,7 @@ CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 {
     struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result == CUDA_SUCCESS && !pctx)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = resolve_for_query(hStream, pctx, &stream);
     if (result == CUDA_SUCCESS)
         *pctx = stream->ctx;
     return result;
@@ -205,9 +206,7 @@ CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreen
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
 {
     struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result == CUDA_SUCCESS && !device)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = resolve_for_query(hStream, device, &stream);
     if (result == CUDA_SUCCESS)
         *device = stream->ctx->device->ordinal;
     return result;
@@ -217,9 +216,7 @@ CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
 CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
 {
     struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result == CUDA_SUCCESS && !streamId)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = resolve_for_query(hStream, streamId, &stream);
     if (result == CUDA_SUCCESS)
         *streamId = (unsigned long long)(uintptr_t)stream;
     return result;
@@ -228,9 +225,7 @@ CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
 CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
     struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result == CUDA_SUCCESS && !captureStatus)
-        result = CUDA_ERROR_INVALID_VALUE;
+    CUresult result = resolve_for_query(hStream, captureStatus, &stream);
     if (result == CUDA_SUCCESS)
         *captureStatus = stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return result;
