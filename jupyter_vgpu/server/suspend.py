@@ -105,19 +105,9 @@ class SuspendedKernels:
         for candidate in self._idle_on_device(allocation.device_uuid, allocations, exclude=allocation.kernel_id):
             if freed >= needed:
                 break
-            try:
-                suspended = await asyncio.to_thread(
-                    self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
-                )
-            except (NotSupported, CheckpointError, UnknownSlice) as why:
-                self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
-                continue
-            freed += suspended.memory_limit
-            self._notice(
-                suspended,
-                f"suspended to make room for a kernel that ran again: {format_size(suspended.host_memory)} moved "
-                "to host memory; resumes when a cell runs",
-            )
+            suspended = await self._suspend_to_make_room(candidate, "a kernel that ran again")
+            if suspended is not None:
+                freed += suspended.memory_limit
         return freed >= needed
 
     async def make_room_for(self, limits: SliceLimits, device: Any = None) -> bool:
@@ -129,22 +119,29 @@ class SuspendedKernels:
             with contextlib.suppress(ValueError):
                 named = select_device(self.slices.ledger.devices, device).uuid
         for candidate in self._idle_on_device(named, allocations, exclude=""):
-            try:
-                suspended = await asyncio.to_thread(
-                    self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
-                )
-            except (NotSupported, CheckpointError, UnknownSlice) as why:
-                self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
+            if await self._suspend_to_make_room(candidate, "a new kernel") is None:
                 continue
-            self._notice(
-                suspended,
-                f"suspended to make room for a new kernel: {format_size(suspended.host_memory)} moved to host "
-                "memory; resumes when a cell runs",
-            )
             usages = self.slices.ledger.devices_usage()
             if any(usage.fits(limits) for usage in usages if named in (None, usage.device.uuid)):
                 return True
         return False
+
+    async def _suspend_to_make_room(self, candidate: Allocation, for_whom: str) -> Allocation | None:
+        """Suspend ``candidate`` to make room for ``for_whom``, telling its user so; None (logged)
+        where it cannot be suspended."""
+        try:
+            suspended = await asyncio.to_thread(
+                self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
+            )
+        except (NotSupported, CheckpointError, UnknownSlice) as why:
+            self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
+            return None
+        self._notice(
+            suspended,
+            f"suspended to make room for {for_whom}: {format_size(suspended.host_memory)} moved to host memory; "
+            "resumes when a cell runs",
+        )
+        return suspended
 
     def _idle_on_device(
         self, device_uuid: str | None, allocations: list[Allocation], *, exclude: str
