@@ -51,21 +51,35 @@ def test_memory_held_outside_any_slice_is_shown_and_never_promised(user_env, sim
         server.stop()
 
 
-def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, tmp_path):
-    # Limits put back only when a client reads the slices, so the kernel's allocation is not raced.
+def server_configured(user_env: dict[str, str], tmp_path: Path, settings: dict) -> Server:
+    """A server started with ``settings`` as its jupyter_server_config.json."""
     config = Path(user_env["JUPYTER_CONFIG_DIR"])
     config.mkdir(parents=True, exist_ok=True)
-    (config / "jupyter_server_config.json").write_text(json.dumps({"VGPUApp": {"watch_interval": 3600}}))
-    server = Server(tmp_path, user_env)
+    (config / "jupyter_server_config.json").write_text(json.dumps(settings))
+    return Server(tmp_path, user_env)
+
+
+def kernel_over_its_cap(server: Server, user_env: dict[str, str], raise_cap_and_allocate: str) -> str:
+    """The id of a 3 GiB kernel that has run ``raise_cap_and_allocate`` (kernel code with
+    CUDA_PRELUDE's allocate(), os and LimitsPage at hand) to hold more than its cap."""
+    started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
+    kernel_id = started["kernel"]["id"]
+    run_code(
+        user_env,
+        kernel_id,
+        CUDA_PRELUDE + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n" + raise_cap_and_allocate,
+    )
+    return kernel_id
+
+
+def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, tmp_path):
+    # Limits put back only when a client reads the slices, so the kernel's allocation is not raced.
+    server = server_configured(user_env, tmp_path, {"VGPUApp": {"watch_interval": 3600}})
     try:
-        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
-        kernel_id = started["kernel"]["id"]
-        run_code(
+        kernel_id = kernel_over_its_cap(
+            server,
             user_env,
-            kernel_id,
-            CUDA_PRELUDE
-            + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n"
-            + "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=16 << 30)\n"
+            "LimitsPage.open(os.environ['VGPU_LIMITS']).set_limits(memory_limit=16 << 30)\n"
             + "assert allocate(12 << 30) == 0\n",
         )
         device = the_device(server)
@@ -88,21 +102,14 @@ def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, 
 
 
 def test_a_kernel_over_its_cap_is_stopped_after_the_grace_when_configured_so(user_env, tmp_path):
-    config = Path(user_env["JUPYTER_CONFIG_DIR"])
-    config.mkdir(parents=True, exist_ok=True)
     settings = {"VGPUApp": {"over_cap_action": "stop", "over_cap_grace": 1}}
-    (config / "jupyter_server_config.json").write_text(json.dumps(settings))
-    server = Server(tmp_path, user_env)
+    server = server_configured(user_env, tmp_path, settings)
     try:
-        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "3GiB"})
-        kernel_id = started["kernel"]["id"]
         # Raised again until the allocation gets in: the server may put the cap back in between.
-        run_code(
+        kernel_id = kernel_over_its_cap(
+            server,
             user_env,
-            kernel_id,
-            CUDA_PRELUDE
-            + "import os\nfrom jupyter_vgpu.holders.region import LimitsPage\n"
-            + "page = LimitsPage.open(os.environ['VGPU_LIMITS'])\n"
+            "page = LimitsPage.open(os.environ['VGPU_LIMITS'])\n"
             + "while page.set_limits(memory_limit=16 << 30) and allocate(12 << 30) != 0: pass\n",
         )
 
