@@ -16,39 +16,14 @@ import {
   smLabel,
   stateLabel
 } from '../src/describe';
-import { GIB, MIB } from '../src/slice-values';
-import { deviceModel } from './models';
+import { MIB } from '../src/slice-values';
+import { deviceModel, sliceModel } from './models';
 
 const trans = nullTranslator.load('jupyter_vgpu');
 
-/** A slice as GET /api/vgpu/slices gives it (jupyter_vgpu/server/api.yaml's Slice). */
-function slice(overrides: Partial<ISliceModel> = {}): ISliceModel {
-  return {
-    kernel_id: '3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b',
-    kernelspec: 'python3-vgpu',
-    path: 'analysis.ipynb',
-    owner: 'ada',
-    holder: 'local',
-    state: 'running',
-    message: '',
-    location: {},
-    device: { index: 1, uuid: 'GPU-5eed' },
-    limits: { memory_bytes: 4 * GIB, cores: 30, policy: 'hard' },
-    usage: {
-      memory_bytes: 1.2 * GIB,
-      sm_util: 27.6,
-      processes: [
-        { pid: 4242, memory_bytes: 1.2 * GIB, sm_util: 27.6, oom_refusals: 0 }
-      ]
-    },
-    warnings: [],
-    ...overrides
-  };
-}
-
 /** A pod's slice: no device of the server's machine, its place in `location`. */
 function podSlice(overrides: Partial<ISliceModel> = {}): ISliceModel {
-  return slice({
+  return sliceModel({
     holder: 'pod',
     device: null,
     location: {
@@ -90,20 +65,22 @@ describe('a device', () => {
 
 describe('a slice', () => {
   it('is titled by its notebook, device and policy', () => {
-    expect(sliceTitle(slice(), trans)).toBe('analysis.ipynb · GPU 1 · hard');
+    expect(sliceTitle(sliceModel(), trans)).toBe(
+      'analysis.ipynb · GPU 1 · hard'
+    );
   });
 
   it('is titled by its kernel id without a notebook, and says its state unless running', () => {
-    expect(sliceTitle(slice({ path: '', state: 'lost' }), trans)).toBe(
+    expect(sliceTitle(sliceModel({ path: '', state: 'lost' }), trans)).toBe(
       '3f2a9c4e · GPU 1 · hard · lost'
     );
   });
 
   it('reads its memory and SM share from the byte and percent fields', () => {
-    expect(sliceSummary(slice())).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
-    expect(memoryLabel(slice(), trans)).toBe('Memory 1.2 / 4.0 GiB');
-    expect(smLabel(slice(), trans)).toBe('SM 28 / 30 %');
-    const small = slice({
+    expect(sliceSummary(sliceModel())).toBe('GPU 1.2 / 4.0 GiB · SM 28 / 30 %');
+    expect(memoryLabel(sliceModel(), trans)).toBe('Memory 1.2 / 4.0 GiB');
+    expect(smLabel(sliceModel(), trans)).toBe('SM 28 / 30 %');
+    const small = sliceModel({
       limits: { memory_bytes: 768 * MIB, cores: 20, policy: 'burst' }
     });
     expect(
@@ -115,13 +92,13 @@ describe('a slice', () => {
   });
 
   it("has its limits in the status item's tooltip, then each warning on a line of its own", () => {
-    expect(sliceTooltip(slice(), trans)).toBe(
+    expect(sliceTooltip(sliceModel(), trans)).toBe(
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)'
     );
     const warning =
       "the slice's limits were changed from inside the kernel (memory cap 16GiB instead of 3GiB); the server restored them";
     expect(
-      sliceTooltip(slice({ warnings: [warning] }), trans).split('\n')
+      sliceTooltip(sliceModel({ warnings: [warning] }), trans).split('\n')
     ).toEqual([
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)',
       warning
@@ -132,51 +109,55 @@ describe('a slice', () => {
     const notice =
       'lowered to 5% of the SMs after 20 min idle; restored when it runs again';
     const warning = 'something wrong';
-    const lowered = slice({ notice, warnings: [warning] });
+    const lowered = sliceModel({ notice, warnings: [warning] });
     expect(sliceNotice(lowered)).toBe(notice);
     expect(sliceTooltip(lowered, trans).split('\n')).toEqual([
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)',
       warning,
       `Idle kernel: ${notice}`
     ]);
-    expect(sliceNotice(slice({ notice: null }))).toBe('');
-    const older = slice();
+    expect(sliceNotice(sliceModel({ notice: null }))).toBe('');
+    const older = sliceModel();
     delete older.notice; // a server from before the idle policy
     expect(sliceNotice(older)).toBe('');
     expect(sliceTooltip(older, trans)).toBe(
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)'
     );
     // A notice alone does not turn the item to the warn colour.
-    expect(sliceNeedsAttention(slice({ notice }))).toBe(false);
+    expect(sliceNeedsAttention(sliceModel({ notice }))).toBe(false);
   });
 });
 
 describe('a local slice', () => {
   it('reads as before: the summary in the status bar, its device in the tooltip, no state sentence', () => {
-    expect(sliceTitle(slice(), trans)).toBe('analysis.ipynb · GPU 1 · hard');
-    expect(sliceTitle(slice({ state: 'unused' }), trans)).toBe(
+    expect(sliceTitle(sliceModel(), trans)).toBe(
+      'analysis.ipynb · GPU 1 · hard'
+    );
+    expect(sliceTitle(sliceModel({ state: 'unused' }), trans)).toBe(
       'analysis.ipynb · GPU 1 · hard · unused'
     );
-    expect(sliceStatusText(slice(), trans)).toBe(
+    expect(sliceStatusText(sliceModel(), trans)).toBe(
       'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
     );
-    expect(sliceStatusText(slice({ state: 'lost' }), trans)).toBe(
+    expect(sliceStatusText(sliceModel({ state: 'lost' }), trans)).toBe(
       'GPU 1.2 / 4.0 GiB · SM 28 / 30 %'
     );
-    expect(sliceTooltip(slice(), trans)).toBe(
+    expect(sliceTooltip(sliceModel(), trans)).toBe(
       'GPU slice on device 1: memory cap 4GiB, SM share 30 % (hard)'
     );
-    expect(sliceMessage(slice())).toBe('');
-    expect(sliceNeedsAttention(slice())).toBe(false);
-    expect(sliceNeedsAttention(slice({ state: 'lost' }))).toBe(false);
-    expect(sliceNeedsAttention(slice({ warnings: ['something'] }))).toBe(true);
+    expect(sliceMessage(sliceModel())).toBe('');
+    expect(sliceNeedsAttention(sliceModel())).toBe(false);
+    expect(sliceNeedsAttention(sliceModel({ state: 'lost' }))).toBe(false);
+    expect(sliceNeedsAttention(sliceModel({ warnings: ['something'] }))).toBe(
+      true
+    );
   });
 
   it('does not break on a null device', () => {
-    expect(sliceTitle(slice({ device: null }), trans)).toBe(
+    expect(sliceTitle(sliceModel({ device: null }), trans)).toBe(
       'analysis.ipynb · no device · hard'
     );
-    expect(sliceTooltip(slice({ device: null }), trans)).toBe(
+    expect(sliceTooltip(sliceModel({ device: null }), trans)).toBe(
       'GPU slice on device ?: memory cap 4GiB, SM share 30 % (hard)'
     );
   });

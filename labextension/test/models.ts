@@ -1,4 +1,4 @@
-import type { IDeviceModel } from '../src/api';
+import type { IDeviceModel, ISliceModel } from '../src/api';
 import { GIB } from '../src/slice-values';
 
 /** A device as GET /api/vgpu/devices gives it (jupyter_vgpu/server/api.yaml's Device): a 16 GiB
@@ -19,6 +19,32 @@ export function deviceModel(
     sm_share_hard_allocated: 50,
     sm_share_capacity: 100,
     slices: 3,
+    ...overrides
+  };
+}
+
+/** A slice as GET /api/vgpu/slices gives it (jupyter_vgpu/server/api.yaml's Slice): a running
+ * 4 GiB one on GPU 1, with `overrides` in place of its fields. */
+export function sliceModel(overrides: Partial<ISliceModel> = {}): ISliceModel {
+  return {
+    kernel_id: '3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b',
+    kernelspec: 'python3-vgpu',
+    path: 'analysis.ipynb',
+    owner: 'ada',
+    holder: 'local',
+    state: 'running',
+    message: '',
+    location: {},
+    device: { index: 1, uuid: 'GPU-5eed' },
+    limits: { memory_bytes: 4 * GIB, cores: 30, policy: 'hard' },
+    usage: {
+      memory_bytes: 1.2 * GIB,
+      sm_util: 27.6,
+      processes: [
+        { pid: 4242, memory_bytes: 1.2 * GIB, sm_util: 27.6, oom_refusals: 0 }
+      ]
+    },
+    warnings: [],
     ...overrides
   };
 }

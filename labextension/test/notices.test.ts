@@ -4,6 +4,7 @@ import { beforeEach, describe, expect, it } from 'vitest';
 import type { ISliceModel } from '../src/api';
 import { IActiveNotebook, IdleNotices, NoticeKind } from '../src/notices';
 import { GIB } from '../src/slice-values';
+import { sliceModel } from './models';
 
 const trans = nullTranslator.load('jupyter_vgpu');
 const KERNEL = '3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b';
@@ -16,22 +17,15 @@ const STOPPED =
   'stopped after 2 h idle to free its 1GiB of GPU memory; start it again from the Kernel menu';
 
 function slice(overrides: Partial<ISliceModel> = {}): ISliceModel {
-  return {
+  return sliceModel({
     kernel_id: KERNEL,
-    kernelspec: 'python3-vgpu',
-    path: 'analysis.ipynb',
-    owner: 'ada',
-    holder: 'local',
     state: 'unused',
-    message: '',
-    location: {},
     device: { index: 0, uuid: 'GPU-5eed' },
     limits: { memory_bytes: GIB, cores: 50, policy: 'hard' },
     usage: { memory_bytes: 0, sm_util: 0, processes: [] },
-    warnings: [],
     notice: null,
     ...overrides
-  };
+  });
 }
 
 function notebook(overrides: Partial<IActiveNotebook> = {}): IActiveNotebook {

@@ -4,28 +4,20 @@ import { describe, expect, it } from 'vitest';
 import type { ISliceModel } from '../src/api';
 import { memoryLabel, sliceTitle, stateLabel } from '../src/describe';
 import { GIB } from '../src/slice-values';
+import { sliceModel } from './models';
 
 const trans = nullTranslator.load('jupyter_vgpu');
 
 /** A kernel suspended to host memory (issue 18), as GET /api/vgpu/slices gives it. */
 function suspended(): ISliceModel {
-  return {
-    kernel_id: '3f2a9c4e-5b7d-4e1f-9a0b-1c2d3e4f5a6b',
-    kernelspec: 'python3-vgpu',
-    path: 'analysis.ipynb',
-    owner: 'ada',
-    holder: 'local',
+  return sliceModel({
     state: 'suspended',
     host_memory_bytes: 12 * GIB,
-    message: '',
-    location: {},
-    device: { index: 1, uuid: 'GPU-5eed' },
     limits: { memory_bytes: 12 * GIB, cores: 30, policy: 'hard' },
     usage: { memory_bytes: 0, sm_util: 0, processes: [] },
-    warnings: [],
     notice:
       'suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs'
-  };
+  });
 }
 
 describe('a suspended kernel', () => {
