@@ -135,30 +135,32 @@ static int find_host_buffer(const void *p, struct sim_host_buffer *copy, uint64_
     return buffer != NULL;
 }
 
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+/* The pinned buffer a query about `p` names, once its arguments are found valid. */
+static CUresult queried_host_buffer(int arguments_valid, const void *p, struct sim_host_buffer *buffer)
 {
-    CUresult result = sim_check(pdptr && p && Flags == 0);
+    CUresult result = sim_check(arguments_valid);
     if (result != CUDA_SUCCESS)
         return result;
-    struct sim_host_buffer buffer;
     uint64_t base;
-    if (!find_host_buffer(p, &buffer, &base))
-        return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = (uintptr_t)p; /* unified addressing: the same address on both sides */
-    return CUDA_SUCCESS;
+    return find_host_buffer(p, buffer, &base) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    struct sim_host_buffer buffer;
+    CUresult result = queried_host_buffer(pdptr && p && Flags == 0, p, &buffer);
+    if (result == CUDA_SUCCESS)
+        *pdptr = (uintptr_t)p; /* unified addressing: the same address on both sides */
+    return result;
 }
 
 CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p)
 {
-    CUresult result = sim_check(pFlags && p);
-    if (result != CUDA_SUCCESS)
-        return result;
     struct sim_host_buffer buffer;
-    uint64_t base;
-    if (!find_host_buffer(p, &buffer, &base))
-        return CUDA_ERROR_INVALID_VALUE;
-    *pFlags = buffer.flags;
-    return CUDA_SUCCESS;
+    CUresult result = queried_host_buffer(pFlags && p, p, &buffer);
+    if (result == CUDA_SUCCESS)
+        *pFlags = buffer.flags;
+    return result;
 }
 
 /* ---- what a pointer is ---------------------------------------------------------------------- */
