@@ -310,22 +310,16 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 12 forms are the CUDA 13 ones for the current context (-Bsymbolic keeps these calls
+ * inside the library). */
 CUresult cuCtxGetDevice(CUdevice *device)
 {
-    struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx, device != NULL);
-    if (result == CUDA_SUCCESS)
-        *device = ctx->device->ordinal;
-    return result;
+    return cuCtxGetDevice_v2(device, NULL);
 }
 
 CUresult cuCtxSynchronize(void)
 {
-    struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx, 1);
-    if (result == CUDA_SUCCESS)
-        sim_sleep_until(sim_context_tail(ctx));
-    return result;
+    return cuCtxSynchronize_v2(NULL);
 }
 
 /* The CUDA 13 forms name the context; NULL means the current one. */
