@@ -38,7 +38,16 @@ def marked_block(document: Path, marker: str) -> str:
 
 
 def install_lines(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if re.search(r"\bpip3? install\b", line)]
+    """The pip install commands of a document: lines of its fenced blocks, and inline code spans in
+    its prose (prose itself is not a command: "this machine's" would read as an open quote)."""
+    commands, fenced = [], False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            continue
+        candidates = [line] if fenced else re.findall(r"`([^`]*)`", line)
+        commands += [command.strip() for command in candidates if re.search(r"\bpip3? install\b", command)]
+    return commands
 
 
 def test_no_install_line_in_the_docs_asks_pypi_for_jupyter_vgpu():
