@@ -89,8 +89,16 @@ static long futex(_Atomic uint32_t *word, int operation, uint32_t value, const s
     return syscall(SYS_futex, (uint32_t *)word, operation, value, timeout, NULL, 0);
 }
 
-static struct timespec at_ns(uint64_t ns)
+/* The wall-clock time (CLOCK_REALTIME, which pthread's timed locks take) at which the monotonic
+ * clock reads `deadline_ns`: the clock-choosing locks (pthread_*_clock*lock) need glibc 2.30+,
+ * newer than the wheels' floor (vgpu/glibc_floor.h). */
+static struct timespec wall_clock_at(uint64_t deadline_ns)
 {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t monotonic = sim_now_ns();
+    uint64_t ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec +
+                  (deadline_ns > monotonic ? deadline_ns - monotonic : 0);
     return (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
 }
 
@@ -160,12 +168,10 @@ static void open_gate(void)
 static CUresult lock_process(uint32_t timeout_ms)
 {
     uint64_t deadline = timeout_ms ? sim_now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
-    struct timespec until = at_ns(deadline);
-    if (deadline ? pthread_rwlock_clockwrlock(&target.copies, CLOCK_MONOTONIC, &until) != 0
-                 : pthread_rwlock_wrlock(&target.copies) != 0)
+    struct timespec until = wall_clock_at(deadline);
+    if (deadline ? pthread_rwlock_timedwrlock(&target.copies, &until) != 0 : pthread_rwlock_wrlock(&target.copies) != 0)
         return CUDA_ERROR_TIMEOUT;
-    if (deadline ? pthread_mutex_clocklock(&sim_cuda.lock, CLOCK_MONOTONIC, &until) != 0
-                 : pthread_mutex_lock(&sim_cuda.lock) != 0) {
+    if (deadline ? pthread_mutex_timedlock(&sim_cuda.lock, &until) != 0 : pthread_mutex_lock(&sim_cuda.lock) != 0) {
         pthread_rwlock_unlock(&target.copies);
         return CUDA_ERROR_TIMEOUT;
     }
