@@ -182,6 +182,29 @@ def checkpoint_targets(compile_c):
         target.kill()
 
 
+# A Jupyter server started in the test process (pytest-jupyter's jp_fetch) loads the simulated
+# driver and NVML into it, and they read their device list and state file once per process, as a
+# real driver sees one machine: every in-process server of the session (tests/server,
+# tests/clients) runs on this one simulated machine. A second machine would leave the process's
+# driver on the first one (its NVML figures and checkpoint calls then miss the later servers'
+# kernels).
+IN_PROCESS_SIM_DEVICES = (
+    "name=Sim Small,memory=8GiB,sms=50,context_memory=0;name=Sim Large,memory=16GiB,sms=100,context_memory=0"
+)
+
+
+@pytest.fixture(scope="session")
+def in_process_sim_state(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("in-process-sim") / "sim.state")
+
+
+@pytest.fixture
+def in_process_sim(native_libs, in_process_sim_state, monkeypatch) -> None:
+    """The session's one simulated machine for a server in the test process."""
+    monkeypatch.setenv("VGPU_SIM_STATE", in_process_sim_state)
+    monkeypatch.setenv("VGPU_SIM_DEVICES", IN_PROCESS_SIM_DEVICES)
+
+
 @pytest.fixture
 def sim_env(native_libs, tmp_path) -> dict[str, str]:
     """Environment of a process on a private simulated machine (its own state file)."""

@@ -48,17 +48,10 @@ def in_slice(user_env, tmp_path):
     return run
 
 
-@pytest.fixture(scope="session")
-def clients_sim_state(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("clients-sim") / "sim.state")
-
-
 @pytest.fixture
-def jp_server_config(native_libs, tmp_path, clients_sim_state, monkeypatch):
+def jp_server_config(in_process_sim, tmp_path, monkeypatch):
     """A real Jupyter server (pytest-jupyter, in this process) with the extension on the
-    simulated GPU; the simulated driver it loads reads its state file once, so the tests of this
-    folder share one simulated machine."""
-    monkeypatch.setenv("VGPU_SIM_STATE", clients_sim_state)
+    session's one in-process simulated machine (tests/conftest.py's in_process_sim)."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba-cache"))
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}},

@@ -6,23 +6,13 @@ from __future__ import annotations
 import pytest
 from support import vgpu_server_config, write_vgpu_kernelspec
 
-# The in-process server loads the simulated driver into the test process; it reads its device
-# list and state file once, so every server test shares one simulated machine.
-SERVER_SIM_DEVICES = (
-    "name=Sim Small,memory=8GiB,sms=50,context_memory=0;name=Sim Large,memory=16GiB,sms=100,context_memory=0"
-)
 KERNEL_NAME = "vgpu-test"
 
 
-@pytest.fixture(scope="session")
-def server_sim_state(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("server-sim") / "sim.state")
-
-
 @pytest.fixture
-def jp_server_config(native_libs, tmp_path, server_sim_state, monkeypatch):
-    monkeypatch.setenv("VGPU_SIM_STATE", server_sim_state)
-    monkeypatch.setenv("VGPU_SIM_DEVICES", SERVER_SIM_DEVICES)
+def jp_server_config(in_process_sim, tmp_path):
+    """The server runs on the session's one in-process simulated machine (tests/conftest.py's
+    IN_PROCESS_SIM_DEVICES: GPU 0 "Sim Small", 8GiB and 50 SMs; GPU 1 "Sim Large", 16GiB, 100)."""
     return vgpu_server_config(tmp_path, simulate=True)
 
 
