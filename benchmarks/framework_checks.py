@@ -151,6 +151,26 @@ except cuda.cudadrv.driver.CudaAPIError as error:
 print(json.dumps({"total": total, "raised": raised, "sum": float(result.sum())}))
 """
 
+TORCH_SUSPENDABLE = """
+import json, os, sys, torch
+size = int(sys.argv[1])
+tensor = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
+host_copy = tensor.cpu()
+print(json.dumps({"pid": os.getpid(), "ready": True}), flush=True)
+sys.stdin.readline()  # the checker suspends and resumes this process meanwhile
+intact = torch.equal(tensor.cpu(), host_copy)
+tensor += 1  # the GPU computes on the restored memory
+intact_after_kernel = torch.equal(tensor.cpu(), host_copy + 1)
+print(json.dumps({"intact": intact, "intact_after_kernel": intact_after_kernel}), flush=True)
+"""
+
+FILL_FREE_MEMORY = """
+import json, sys, torch
+tensor = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print(json.dumps({"allocated": tensor.numel()}))
+"""
+
 MATMUL_RATE = """
 import json, sys, time, torch
 warm_up, seconds = float(sys.argv[1]), float(sys.argv[2])
@@ -183,10 +203,14 @@ class Check:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def in_slice(command: list[str], *, simulate: bool, cores: int = 100, env: dict[str, str] | None = None):
-    """Runs `command` in a fresh 4 GiB slice as a user would (`jupyter vgpu run`), from this
-    checkout whether or not the package is installed."""
-    run = [
+CHECK_TIMEOUT = 180  # seconds for one child program; a hung one is a failure, not a hung table
+LOG: list[str] = []  # every child's command, output and errors, for --log
+
+
+def slice_command(command: list[str], *, simulate: bool, cores: int = 100) -> list[str]:
+    """`jupyter vgpu run` of `command` in a fresh 4 GiB slice, from this checkout whether or not
+    the package is installed."""
+    return [
         sys.executable,
         "-c",
         "from jupyter_vgpu.cli import main; main()",
@@ -199,15 +223,29 @@ def in_slice(command: list[str], *, simulate: bool, cores: int = 100, env: dict[
         "--",
         *command,
     ]
+
+
+def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run(
-        run,
-        check=False,
-        env={**os.environ, "PYTHONPATH": path, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return {**os.environ, "PYTHONPATH": path, **(env or {})}
+
+
+def in_slice(command: list[str], *, simulate: bool, cores: int = 100, env: dict[str, str] | None = None):
+    """Runs `command` in a fresh 4 GiB slice as a user would (`jupyter vgpu run`); a run past
+    CHECK_TIMEOUT ends as exit status 124 with what it printed so far."""
+    run = slice_command(command, simulate=simulate, cores=cores)
+    try:
+        result = subprocess.run(
+            run, check=False, env=child_environment(env), capture_output=True, text=True, timeout=CHECK_TIMEOUT
+        )
+    except subprocess.TimeoutExpired as expired:
+        printed = [
+            (output.decode(errors="replace") if isinstance(output, bytes) else output) or ""
+            for output in (expired.stdout, expired.stderr)
+        ]
+        result = subprocess.CompletedProcess(run, 124, printed[0], printed[1] + f"\ntimed out after {CHECK_TIMEOUT} s")
+    LOG.append(f"$ {' '.join(run)[:300]}\n[exit {result.returncode}]\n{result.stdout}\n--- stderr\n{result.stderr}\n")
+    return result
 
 
 def run_program(
@@ -366,6 +404,95 @@ def matmul_row(simulate: bool, warm_up: float, seconds: float) -> tuple[str, str
     )
 
 
+SUSPENDED_TENSOR = 3 * GIB
+
+
+def gpu_pids() -> list[int]:
+    shown = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, check=False
+    )
+    return [int(line) for line in shown.stdout.split() if line.strip().isdigit()]
+
+
+def free_memory() -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).free
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def suspend_row(simulate: bool) -> tuple[str, str, str]:
+    """Issue 18 on a real GPU: a PyTorch tensor in a slice is suspended by the controller the
+    server uses (holders/checkpoint.py), its pid leaves nvidia-smi, another process allocates the
+    memory it gave up, and after the resume the tensor holds the same bytes and computes."""
+    name = f"PyTorch: a {SUSPENDED_TENSOR >> 30} GiB tensor suspended to host memory and resumed"
+    if simulate:
+        return name, "not run", "tests/server/test_suspend.py covers the simulated GPU"
+    if importlib.util.find_spec("torch") is None or not shutil.which("nvidia-smi"):
+        return name, "not run", "needs torch and nvidia-smi"
+    sys.path.insert(0, str(ROOT))
+    from jupyter_vgpu.holders.checkpoint import CheckpointController, CheckpointError
+
+    command = slice_command([sys.executable, "-c", TORCH_SUSPENDABLE, str(SUSPENDED_TENSOR)], simulate=False)
+    child = subprocess.Popen(
+        command,
+        env=child_environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    facts: list[str] = []
+    try:
+        ready = json.loads(child.stdout.readline() or "{}")
+        if not ready.get("ready"):
+            return name, "FAIL", f"the tensor's process did not start: {child.communicate(timeout=30)[1][-300:]}"
+        pid = ready["pid"]
+        controller = CheckpointController()
+        probe = controller.probe([pid])
+        if not probe.possible:
+            return name, "FAIL", "probe: " + "; ".join(probe.reasons)
+        free_before = free_memory()
+        suspension = controller.suspend([pid], lock_timeout=10.0)
+        moved = suspension.memory
+        free_suspended = free_memory()
+        gone = pid not in gpu_pids()
+        facts.append(
+            f"suspend {suspension.seconds:.2f} s for {moved / GIB:.2f} GiB; pid {'gone from' if gone else 'STILL IN'} "
+            f"nvidia-smi; free {free_before / GIB:.1f} -> {free_suspended / GIB:.1f} GiB"
+        )
+        # Another process takes what the suspended one gave up (more than was free before).
+        wanted = free_suspended - GIB // 2
+        other = subprocess.run(
+            [sys.executable, "-c", FILL_FREE_MEMORY, str(wanted)], capture_output=True, text=True, timeout=120
+        )
+        lent = other.returncode == 0 and wanted > free_before
+        facts.append(f"another process {'allocated' if lent else 'could NOT allocate'} {wanted / GIB:.1f} GiB")
+        resumed_in = controller.resume(suspension)
+        back = pid in gpu_pids()
+        facts.append(f"resume {resumed_in:.2f} s ({moved / GIB / max(resumed_in, 1e-9):.1f} GiB/s)")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=60)
+        LOG.append(f"$ suspend check\n{out}\n--- stderr\n{err}\n{other.stderr}\n")
+        final = json.loads(out.strip().splitlines()[-1])
+        facts.append(
+            f"bytes {'intact' if final['intact'] else 'CHANGED'}, kernel after resume {'ran' if final['intact_after_kernel'] else 'WRONG'}"
+        )
+        ok = gone and lent and back and final["intact"] and final["intact_after_kernel"] and moved >= SUSPENDED_TENSOR
+        return name, "pass" if ok else "FAIL", "; ".join(facts)
+    except (CheckpointError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError, KeyError) as error:
+        return name, "FAIL", "; ".join([*facts, f"{type(error).__name__}: {error}"])[-600:]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def prepare(wheels: Path) -> None:
     """Fills `wheels` with what a GPU machine needs to run these checks: this project's wheel and
     its dependencies, for that machine's Python, and prints the command to run there."""
@@ -390,11 +517,17 @@ def main() -> None:
     parser.add_argument("--simulate", action="store_true", help="the simulated GPU: the driver-API clients only")
     parser.add_argument("--smoke", action="store_true", help="as CI runs it: --simulate")
     parser.add_argument("--prepare", action="store_true", help=f"download what a GPU machine needs into {WHEELS}")
+    parser.add_argument(
+        "--check-timeout", type=float, default=CHECK_TIMEOUT, help="seconds one child program may run (a FAIL past it)"
+    )
+    parser.add_argument("--log", type=Path, help="write every child program's command, output and errors here")
     args = parser.parse_args()
     if args.prepare:
         prepare(WHEELS)
         return
     simulate = args.simulate or args.smoke
+    global CHECK_TIMEOUT
+    CHECK_TIMEOUT = args.check_timeout
 
     checks = [
         *CHECKS,
@@ -405,21 +538,34 @@ def main() -> None:
             needs_module="numba.cuda",
         ),
     ]
-    rows = []
-    for check in checks:
+
+    def check_row(check: Check) -> tuple[str, str, str]:
         if check.needs_real_gpu and simulate:
-            rows.append((check.name, "not run", "needs the real driver"))
-        elif check.needs_module and importlib.util.find_spec(check.needs_module) is None:
-            rows.append((check.name, "not run", f"{check.needs_module} is not installed"))
-        else:
-            report, stderr = run_program(check.code, simulate=simulate, env=check.env)
-            if report is None:
-                rows.append((check.name, "FAIL", stderr))
-            else:
-                ok, detail = check.judge(report, stderr)
-                rows.append((check.name, "pass" if ok else "FAIL", detail))
-    rows.append(nvidia_smi_row(simulate))
-    rows.append(matmul_row(simulate, warm_up=3.0, seconds=10.0))
+            return check.name, "not run", "needs the real driver"
+        if check.needs_module and importlib.util.find_spec(check.needs_module) is None:
+            return check.name, "not run", f"{check.needs_module} is not installed"
+        report, stderr = run_program(check.code, simulate=simulate, env=check.env)
+        if report is None:
+            return check.name, "FAIL", stderr
+        ok, detail = check.judge(report, stderr)
+        return check.name, "pass" if ok else "FAIL", detail
+
+    row_makers: list[tuple[str, Callable[[], tuple[str, str, str]]]] = [
+        *((check.name, lambda check=check: check_row(check)) for check in checks),
+        ("nvidia-smi", lambda: nvidia_smi_row(simulate)),
+        ("suspend", lambda: suspend_row(simulate)),
+        ("matmul", lambda: matmul_row(simulate, warm_up=3.0, seconds=10.0)),
+    ]
+    rows = []
+    for name, make_row in row_makers:
+        try:
+            row = make_row()
+        except Exception as error:  # one broken check must not cost the rest of the table (a GPU run is one shot)
+            row = (name, "FAIL", f"the check itself broke: {type(error).__name__}: {error}"[:600])
+        rows.append(row)
+        print(f"[{row[1]}] {row[0]}: {row[2]}", flush=True)
+        if args.log:
+            args.log.write_text("\n".join(LOG))
 
     where = "simulated GPU: launches cost time, no kernel code runs" if simulate else "real driver"
     print(f"\nReal programs in a 4 GiB slice ({where})")
