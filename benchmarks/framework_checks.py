@@ -468,7 +468,11 @@ def suspend_row(simulate: bool) -> tuple[str, str, str]:
         # Another process takes what the suspended one gave up (more than was free before).
         wanted = free_suspended - GIB // 2
         other = subprocess.run(
-            [sys.executable, "-c", FILL_FREE_MEMORY, str(wanted)], capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", FILL_FREE_MEMORY, str(wanted)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         lent = other.returncode == 0 and wanted > free_before
         facts.append(f"another process {'allocated' if lent else 'could NOT allocate'} {wanted / GIB:.1f} GiB")
@@ -526,8 +530,7 @@ def main() -> None:
         prepare(WHEELS)
         return
     simulate = args.simulate or args.smoke
-    global CHECK_TIMEOUT
-    CHECK_TIMEOUT = args.check_timeout
+    globals()["CHECK_TIMEOUT"] = args.check_timeout
 
     checks = [
         *CHECKS,
@@ -560,7 +563,7 @@ def main() -> None:
     for name, make_row in row_makers:
         try:
             row = make_row()
-        except Exception as error:  # one broken check must not cost the rest of the table (a GPU run is one shot)
+        except Exception as error:  # noqa: BLE001 -- one broken check must not cost the rest of the table (a GPU run is one shot)
             row = (name, "FAIL", f"the check itself broke: {type(error).__name__}: {error}"[:600])
         rows.append(row)
         print(f"[{row[1]}] {row[0]}: {row[2]}", flush=True)
