@@ -28,9 +28,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import tomllib
 
@@ -133,6 +135,8 @@ print(json.dumps({"held": held.size, "raised": raised}))
 NUMBA_CHECK = """
 import json
 import numpy as np
+if not hasattr(np, "row_stack"):  # numba-cuda <= 0.30 registers it; numpy 2.5 removed it
+    np.row_stack = np.vstack
 from numba import cuda
 @cuda.jit
 def add_one(values):
@@ -186,7 +190,9 @@ def run(duration):
         count += 10
     return count / (time.perf_counter() - start)
 run(warm_up)  # the limiter learns what a launch costs
-print(json.dumps({"matmuls_per_second": run(seconds)}))
+started = time.time()
+rate = run(seconds)
+print(json.dumps({"matmuls_per_second": rate, "from": started, "to": time.time()}))
 """
 
 
@@ -388,20 +394,62 @@ def matmul_row(simulate: bool, warm_up: float, seconds: float) -> tuple[str, str
     if importlib.util.find_spec("torch") is None:
         return name, "not run", "torch is not installed"
     timing = (str(warm_up), str(seconds))
-    unlimited, err_u = run_program(MATMUL_RATE, *timing, simulate=False)
-    limited, err_l = run_program(MATMUL_RATE, *timing, simulate=False, cores=SHARE)
+    with GpuSampler() as sampled_u:
+        unlimited, err_u = run_program(MATMUL_RATE, *timing, simulate=False)
+    with GpuSampler() as sampled_l:
+        limited, err_l = run_program(MATMUL_RATE, *timing, simulate=False, cores=SHARE)
     if unlimited is None or limited is None:
         return name, "FAIL", (err_u if unlimited is None else err_l)[-300:]
     ratio = limited["matmuls_per_second"] / unlimited["matmuls_per_second"]
     ok = abs(ratio - SHARE / 100) <= SHARE_TOLERANCE
+    busy_u, clock_u = sampled_u.during(unlimited["from"], unlimited["to"])
+    busy_l, clock_l = sampled_l.during(limited["from"], limited["to"])
     return (
         name,
         "pass" if ok else "FAIL",
         (
             f"{limited['matmuls_per_second']:.1f} / {unlimited['matmuls_per_second']:.1f} matmuls/s = {ratio:.3f} "
-            f"(goal {SHARE / 100:.2f} +/- {SHARE_TOLERANCE:.2f})"
+            f"(goal {SHARE / 100:.2f} +/- {SHARE_TOLERANCE:.2f}); NVML busy {busy_l:.0f} % vs {busy_u:.0f} %, "
+            f"SM clock {clock_l:.0f} vs {clock_u:.0f} MHz"
         ),
     )
+
+
+class GpuSampler:
+    """Samples GPU 0's utilisation (the share of time a kernel ran, NVML) and SM clock from
+    outside the slice every 50 ms, while a `with` block runs."""
+
+    def __enter__(self) -> Self:
+        import threading
+
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.05):
+                busy = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+                self.samples.append((time.time(), busy, clock))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import pynvml
+
+        self._stop.set()
+        self._thread.join()
+        pynvml.nvmlShutdown()
+
+    def during(self, start: float, end: float) -> tuple[float, float]:
+        """Mean utilisation (%) and SM clock (MHz) sampled between start and end."""
+        inside = [(busy, clock) for at, busy, clock in self.samples if start <= at <= end] or [(0, 0)]
+        return sum(b for b, _ in inside) / len(inside), sum(c for _, c in inside) / len(inside)
 
 
 SUSPENDED_TENSOR = 3 * GIB
@@ -466,7 +514,7 @@ def suspend_row(simulate: bool) -> tuple[str, str, str]:
             f"nvidia-smi; free {free_before / GIB:.1f} -> {free_suspended / GIB:.1f} GiB"
         )
         # Another process takes what the suspended one gave up (more than was free before).
-        wanted = free_suspended - GIB // 2
+        wanted = free_before + GIB  # more than was free before; a new process's context needs ~0.5 GiB of the rest
         other = subprocess.run(
             [sys.executable, "-c", FILL_FREE_MEMORY, str(wanted)],
             check=False,

@@ -40,22 +40,23 @@ static void slot_subtract(struct vgpu_proc_slot *slot, uint64_t bytes)
     vgpu_note_allocated_change();
 }
 
-/* Whether a refusal of `request` bytes starts a new burst (vgpu_charge_state), noting it. */
-static int new_refusal_burst(uint64_t request)
+/* Whether a refusal of `request` bytes, with `usage` held by the slice, starts a new burst
+ * (vgpu_charge_state), noting it. */
+static int new_refusal_burst(uint64_t request, uint64_t usage)
 {
     struct vgpu_charge_state *state = &vgpu_state.charge;
-    uint64_t now = vgpu_now_ns(), grants = atomic_load(&state->grants);
+    uint64_t now = vgpu_now_ns();
     uint64_t previous_ns = atomic_exchange(&state->refused_ns, now);
     uint64_t previous_bytes = atomic_exchange(&state->refused_bytes, request);
-    uint64_t previous_grants = atomic_exchange(&state->refused_grants, grants);
+    uint64_t previous_usage = atomic_exchange(&state->refused_usage, usage);
     return !(previous_ns && now - previous_ns < VGPU_OOM_BURST_NS && previous_bytes == request &&
-             previous_grants == grants);
+             usage <= previous_usage);
 }
 
 static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t request, uint64_t usage, uint64_t limit)
 {
     __atomic_fetch_add(&slot->oom_refusals, 1, __ATOMIC_RELAXED);
-    if (new_refusal_burst(request))
+    if (new_refusal_burst(request, usage))
         vgpu_report_oom(call, request, usage, limit);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -83,7 +84,6 @@ static CUresult add_within_cap(struct vgpu_proc_slot *slot, const char *call, ui
             return refuse(slot, call, request, usage > request ? usage - request : 0, limit);
         }
     }
-    atomic_fetch_add_explicit(&vgpu_state.charge.grants, 1, memory_order_relaxed);
     return CUDA_SUCCESS;
 }
 

@@ -502,13 +502,15 @@ struct vgpu_charge {
 /* Frameworks retry a refused allocation at once (numba twice, CuPy three times, PyTorch twice
  * after emptying its cache): the out-of-memory line is written once per burst of refusals. A
  * refusal belongs to the previous one's burst when it asks for the same bytes, comes within
- * VGPU_OOM_BURST_NS of it and nothing was granted in between. */
+ * VGPU_OOM_BURST_NS of it, and the slice holds no more than it did then. Not "nothing granted in
+ * between": PyTorch's expandable segments map a tensor piece by piece (cuMemCreate), release the
+ * pieces when one is refused, empty the cache and map them again, so its retry is granted the same
+ * pieces before it is refused the same piece (seen on an H100, benchmarks/framework_checks.py). */
 #define VGPU_OOM_BURST_NS 1000000000ull
 struct vgpu_charge_state {
-    _Atomic uint64_t grants;         /* charges granted so far */
-    _Atomic uint64_t refused_bytes;  /* the last refusal: its request, */
-    _Atomic uint64_t refused_ns;     /* when, */
-    _Atomic uint64_t refused_grants; /* and `grants` then */
+    _Atomic uint64_t refused_bytes; /* the last refusal: its request, */
+    _Atomic uint64_t refused_ns;    /* when, */
+    _Atomic uint64_t refused_usage; /* and what the slice held then */
 };
 
 /* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes

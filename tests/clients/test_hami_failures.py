@@ -58,6 +58,44 @@ print("used", total - free)
     assert ran.stderr.count(OOM_LINE) == 2
 
 
+def test_an_expandable_segments_retry_is_one_refusal_burst_though_its_pieces_are_granted_again(in_slice):
+    # PyTorch's expandable segments map a tensor in 20 MiB handles; when one is refused they
+    # release the handles of that tensor, empty the cache and map them all again, so the retry is
+    # granted the same pieces before the same piece is refused (two lines on an H100 before).
+    code = (
+        IN_PRIMARY_CONTEXT
+        + """prop = cu.CUmemAllocationProp()
+prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+prop.location.id = 0
+held = [ok(cu.cuMemCreate(20 << 20, prop, 0)) for _ in range(40)]  # 800 MiB of tensors already
+
+def map_tensor():  # 13 pieces: 260 MiB does not fit beside 800 MiB in 1 GiB
+    pieces = []
+    for _ in range(13):
+        error, handle = cu.cuMemCreate(20 << 20, prop, 0)
+        if error != cu.CUresult.CUDA_SUCCESS:
+            for piece in pieces:
+                ok(cu.cuMemRelease(piece))
+            return error.name, len(pieces)
+        pieces.append(handle)
+    return "CUDA_SUCCESS", len(pieces)
+
+print("first", map_tensor())
+ok(cu.cuMemRelease(held.pop()))  # the allocator empties its cache: one cached block goes back
+print("retry", map_tensor())
+print("another_size", cu.cuMemCreate(400 << 20, prop, 0)[0].name)
+"""
+    )
+    ran = in_slice(code, "--memory", "1GiB")
+    seen = values(ran)
+    assert seen["first"].startswith("('CUDA_ERROR_OUT_OF_MEMORY'")
+    assert seen["retry"].startswith("('CUDA_ERROR_OUT_OF_MEMORY'")
+    assert seen["another_size"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    # The first and the retry are one burst (one line); another request is another.
+    assert ran.stderr.count(OOM_LINE) == 2, ran.stderr
+
+
 def test_per_thread_stream_lookups_and_cuda_13_cuctxcreate_are_capped(in_slice, user_env):
     # cuda-bindings looks every entry point up through cuGetProcAddress, with the per-thread
     # default stream flag when asked: it gets the _ptds/_ptsz variants, which must be hooked too.
