@@ -37,6 +37,8 @@ from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
 from jupyter_vgpu.model import (
+    FULL_SHARE,
+    NOTEBOOK_DEFAULTS,
     SliceLimits,
     SliceValueError,
     decide_limits,
@@ -117,10 +119,21 @@ class RunApp(_VGPUSubcommand):
     memory = Unicode(
         "",
         config=True,
-        help="Memory cap: 512MiB, 4GiB, 4G or a bare number of MiB. Empty: no cap (in a server's ledger: the whole GPU).",
+        help="Memory cap: 512MiB, 4GiB, 4G or a bare number of MiB. Empty: no cap, or in a server's ledger "
+        f"a notebook's default ({format_size(NOTEBOOK_DEFAULTS.memory_limit)}).",
     )
-    cores = Unicode("100", config=True, help="SM share in percent, 1..100.")
-    policy = Unicode("hard", config=True, help="hard: never above the SM share; burst: may use idle SMs.")
+    cores = Unicode(
+        "",
+        config=True,
+        help=f"SM share in percent, 1..100. Empty: 100, or in a server's ledger a notebook's default "
+        f"({NOTEBOOK_DEFAULTS.sm_share}).",
+    )
+    policy = Unicode(
+        "",
+        config=True,
+        help="hard: never above the SM share; burst: may use idle SMs. Empty: hard, or in a server's ledger a "
+        f"notebook's default ({NOTEBOOK_DEFAULTS.policy}).",
+    )
     device = Unicode("0", config=True, help="The GPU: an index or a UUID (GPU-...).")
     ledger = Unicode(
         "auto",
@@ -143,35 +156,47 @@ class RunApp(_VGPUSubcommand):
         "no-server": ({"RunApp": {"ledger": "none"}}, "Run in a slice no server's ledger counts (RunApp.ledger=none)."),
     }
 
-    def limits(self) -> SliceLimits:
-        """The slice asked for; no --memory: the whole device (0 in the region: no cap)."""
+    def limits(self, defaults: SliceLimits) -> SliceLimits:
+        """The slice asked for, `defaults` where an option was left out (a memory_limit of 0 in
+        them: no cap)."""
         try:
             return SliceLimits(
-                memory_limit=parse_size(self.memory) if self.memory else 0,
-                sm_share=parse_sm_share(self.cores),
-                policy=parse_policy(self.policy),
+                memory_limit=parse_size(self.memory) if self.memory else defaults.memory_limit,
+                sm_share=parse_sm_share(self.cores) if self.cores else defaults.sm_share,
+                policy=parse_policy(self.policy) if self.policy else defaults.policy,
             )
         except SliceValueError as error:
             raise UsageError(error) from None
 
     def run(self) -> int:
-        limits = self.limits()  # refuse bad values before anything starts
+        # Alone, a run has the GPU to itself: no cap, every SM. Beside a server, whose kernels
+        # take a notebook's default size, it takes the same (a whole GPU would not fit beside one).
+        standalone = SliceLimits(0, FULL_SHARE, "hard")
+        self.limits(standalone)  # refuse bad values before anything starts
         if not self.extra_args:
             raise UsageError("no command given; usage: jupyter vgpu run [options] -- COMMAND ARGS...")
         try:
             device = select_device(self.devices(), self.device)
         except SliceValueError as error:
             raise UsageError(error) from None
+        ledger_path = self.ledger_path()
+        limits = self.limits(standalone if ledger_path is None else NOTEBOOK_DEFAULTS)
+        if not self.memory and limits.memory_limit > device.memory_total:  # a default larger than a small GPU
+            limits = SliceLimits(device.memory_total, limits.sm_share, limits.policy)
         if limits.memory_limit > device.memory_total:
             raise UsageError(
                 f"a memory cap of {format_size(limits.memory_limit)} is more than GPU {device.index} has "
                 f"({format_size(device.memory_total)}); ask for at most that, or leave --memory out for the whole GPU"
             )
-        ledger_path = self.ledger_path()
         if ledger_path is None:
             return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
-        whole = limits if limits.memory_limit else SliceLimits(device.memory_total, limits.sm_share, limits.policy)
-        return self.run_in_ledger(ledger_path, whole, device)
+        if not (self.memory and self.cores and self.policy):
+            print(
+                f"jupyter vgpu run: beside the vGPU server (ledger {ledger_path}) the slice is {limits.describe()}; "
+                "what --memory, --cores and --policy left out is a notebook's default size",
+                file=sys.stderr,
+            )
+        return self.run_in_ledger(ledger_path, limits, device)
 
     def ledger_path(self) -> Path | None:
         """The server's ledger the run joins, None for none (and a warning where one is there)."""

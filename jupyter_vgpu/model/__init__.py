@@ -2,7 +2,7 @@
 of jupyter_vgpu above it."""
 
 from jupyter_vgpu.model.devices import Device, DeviceError, list_devices, select_device, use_simulator
-from jupyter_vgpu.model.limits import DEFAULT_LIMITS, FULL_SHARE, SliceLimits, decide_limits
+from jupyter_vgpu.model.limits import DEFAULT_LIMITS, FULL_SHARE, NOTEBOOK_DEFAULTS, SliceLimits, decide_limits
 from jupyter_vgpu.model.sizes import (
     SliceValueError,
     format_size,
@@ -15,6 +15,7 @@ from jupyter_vgpu.model.sizes import (
 __all__ = [
     "DEFAULT_LIMITS",
     "FULL_SHARE",
+    "NOTEBOOK_DEFAULTS",
     "Device",
     "DeviceError",
     "SliceLimits",

@@ -97,6 +97,14 @@ class SliceLimits:
 # configuration all left it unset.
 DEFAULT_LIMITS = SliceLimits(4 << 30, FULL_SHARE, "hard")
 
+# A notebook's slice when nobody chose a size (the shipped "Python 3 (GPU slice)" kernelspec sets
+# none), and a `jupyter vgpu run`'s beside a server: several of them share a GPU without their
+# user learning sizes first. A burst share of a fifth is the whole GPU while the other kernels are
+# idle and at least a fifth while they are busy, so five fit by SM share; 4GiB lets four fit on a
+# 16 GiB GPU. (DEFAULT_LIMITS, all the SMs as a hard share, sizes a batch run, which has the GPU
+# to itself where no server runs.)
+NOTEBOOK_DEFAULTS = SliceLimits(4 << 30, 20, "burst")
+
 
 def decide_limits(defaults: SliceLimits, *layers: Mapping[str, Any]) -> SliceLimits:
     """The one rule for a slice's size: each layer (e.g. the kernelspec's config, then the start

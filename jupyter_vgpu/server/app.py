@@ -25,6 +25,7 @@ from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
 from jupyter_vgpu.manager import SliceManager, SliceStatus
 from jupyter_vgpu.model import (
+    NOTEBOOK_DEFAULTS,
     DeviceError,
     SliceLimits,
     SliceValueError,
@@ -77,14 +78,6 @@ ENVIRONMENT_TRAITS = (
 
 def environment_variable(trait: str) -> str:
     return f"JUPYTER_VGPU_{trait.upper()}"
-
-
-# A notebook's slice when nobody chose a size (the shipped "Python 3 (GPU slice)" kernelspec sets
-# none): several notebooks share a GPU without their user learning sizes first. A burst share of
-# a fifth is the whole GPU while the other kernels are idle and at least a fifth while they are
-# busy, so five notebooks fit by SM share; 4GiB lets four fit on a 16 GiB GPU. (DEFAULT_LIMITS, all
-# the SMs as a hard share, sizes a batch run, which has the GPU to itself where no server runs.)
-NOTEBOOK_DEFAULTS = SliceLimits(4 << 30, 20, "burst")
 
 
 class VGPUApp(ExtensionApp):

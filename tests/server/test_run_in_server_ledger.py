@@ -101,3 +101,28 @@ def test_a_killed_run_is_released_once_its_command_ends(user_env, tmp_path):
         wait_for(lambda: runs(server) == [], 30, "the server to release the slice of the killed run")
     finally:
         server.stop()
+
+
+def test_a_run_without_sizes_beside_a_default_notebook_takes_a_notebooks_default_size(user_env, tmp_path):
+    # A whole GPU at a 100 % hard share (a run's size when it is alone) never fits beside a kernel.
+    server = Server(tmp_path, user_env)
+    try:
+        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME})  # the server's default size
+        run = subprocess.Popen(
+            [JUPYTER, "vgpu", "run", "--simulate", f"--ledger={tmp_path / 'ledger.sqlite'}", "--"]
+            + [sys.executable, "-c", HOLD],
+            env=user_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        command_pid(run)
+        (listed,) = runs(server)
+        assert listed["limits"]["memory_bytes"] == 4 * GIB
+        assert (listed["limits"]["cores"], listed["limits"]["policy"]) == (20, "burst")
+        run.stdin.close()
+        assert run.wait(60) == 0
+        assert "what --memory, --cores and --policy left out is a notebook's default size" in run.stderr.read()
+    finally:
+        server.stop()
