@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -785,6 +786,20 @@ class ResumeApp(SuspendApp):
     verb = "resume"
 
 
+SHIPPED_KERNELSPEC = "python3-vgpu"  # kernels/python3-vgpu, installed with the package
+
+
+def shipped_kernel_logos(kernelspecs: Any) -> list[Path]:
+    """The logo files of the kernelspec installed with the package (none where it is missing)."""
+    from jupyter_client.kernelspec import NoSuchKernel
+
+    try:
+        folder = Path(kernelspecs.get_kernel_spec(SHIPPED_KERNELSPEC).resource_dir)
+    except NoSuchKernel:
+        return []
+    return sorted(folder.glob("logo-*"))
+
+
 class KernelspecInstallApp(_VGPUSubcommand):
     name = "jupyter-vgpu-kernelspec-install"
     description = "Install a kernelspec whose kernels start in GPU slices of a given size."
@@ -855,10 +870,13 @@ class KernelspecInstallApp(_VGPUSubcommand):
                 }
             },
         }
+        kernelspecs = KernelSpecManager()
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "kernel.json"), "w") as file:
                 json.dump(spec, file, indent=2)
-            path = KernelSpecManager().install_kernel_spec(folder, name, user=self.user, replace=True)
+            for logo in shipped_kernel_logos(kernelspecs):  # the launcher shows them, not a letter
+                shutil.copy(logo, folder)
+            path = kernelspecs.install_kernel_spec(folder, name, user=self.user, replace=True)
         print(f"installed kernelspec {name} in {path}")
         return 0
 

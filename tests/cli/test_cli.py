@@ -130,6 +130,9 @@ def test_kernelspec_install_writes_a_sliced_kernelspec(vgpu, cli_env):
         "config": {"memory": "8GiB", "cores": "25", "policy": "burst"},
     }
     assert spec["display_name"] == "Python 3 (GPU 8GiB, 25% SM)"
+    # The shipped kernelspec's logos: JupyterLab's launcher shows them instead of a letter.
+    installed = sorted(path.name for path in (Path(cli_env["JUPYTER_DATA_DIR"]) / "kernels" / "big-gpu").iterdir())
+    assert installed == ["kernel.json", "logo-32x32.png", "logo-64x64.png", "logo-svg.svg"]
 
 
 def test_kernelspec_install_for_batch_runs_names_a_device_and_the_simulated_gpu(vgpu, cli_env):
