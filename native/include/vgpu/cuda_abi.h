@@ -274,6 +274,8 @@ enum {
     CU_GRAPH_NODE_TYPE_HOST = 3,
     CU_GRAPH_NODE_TYPE_GRAPH = 4,
     CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
     CU_GRAPH_NODE_TYPE_CONDITIONAL = 13,
 };
 typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
@@ -290,6 +292,33 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
     CUkernel kern;
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS;
+
+/* Graph memory nodes (CUDA 11.4+): an allocation node's address is fixed when the node is made
+ * (`dptr`, out), its memory is backed when a launch runs it and kept in the device's graph memory
+ * pool until cuDeviceGraphMemTrim. Values and layout as in CUDA 12's cuda.h. */
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef int CUgraphMem_attribute;
+enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+};
+
+/* Sharing device memory between processes: legacy IPC handles (64 opaque bytes) and VMM
+ * shareable handles (a POSIX file descriptor on Linux). */
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 };
+enum { CU_MEM_HANDLE_TYPE_NONE = 0x0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1 };
 
 /* Making an executable from a graph (cuGraphInstantiateWithParams) and remaking one from another
  * graph (cuGraphExecUpdate_v2): values and layout as in CUDA 12's cuda.h. */
@@ -473,6 +502,8 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size)) \
     X(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)) \
     X(CUresult, cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)) \
+    X(CUresult, cuDeviceGraphMemTrim, (CUdevice device)) \
+    X(CUresult, cuDeviceGetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value)) \
     X(CUresult, cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
     X(CUresult, cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)) \
     X(CUresult, cuArrayDestroy, (CUarray hArray)) \
@@ -600,7 +631,17 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuFuncGetName, (const char **name, CUfunction hfunc)) \
     X(CUresult, cuFuncGetModule, (CUmodule *hmod, CUfunction hfunc)) \
     X(CUresult, cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)) \
-    X(CUresult, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags))
+    X(CUresult, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags)) \
+    X(CUresult, cuGraphCreate, (CUgraph *phGraph, unsigned int flags)) \
+    X(CUresult, cuGraphAddMemAllocNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)) \
+    X(CUresult, cuGraphAddMemFreeNode, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUdeviceptr dptr)) \
+    X(CUresult, cuGraphMemFreeNodeGetParams, (CUgraphNode hNode, CUdeviceptr *dptr_out)) \
+    X(CUresult, cuDeviceSetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value)) \
+    X(CUresult, cuIpcGetMemHandle, (CUipcMemHandle *pHandle, CUdeviceptr dptr)) \
+    X(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)) \
+    X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr)) \
+    X(CUresult, cuMemExportToShareableHandle, (void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags)) \
+    X(CUresult, cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType))
 /* clang-format on */
 
 /*
@@ -614,7 +655,8 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
     X(CUresult, cuGraphGetNodes, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \
     X(CUresult, cuGraphNodeGetType, (CUgraphNode hNode, CUgraphNodeType *type)) \
     X(CUresult, cuGraphKernelNodeGetParams_v2, (CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)) \
-    X(CUresult, cuGraphChildGraphNodeGetGraph, (CUgraphNode hNode, CUgraph *phGraph))
+    X(CUresult, cuGraphChildGraphNodeGetGraph, (CUgraphNode hNode, CUgraph *phGraph)) \
+    X(CUresult, cuGraphMemAllocNodeGetParams, (CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out))
 /* clang-format on */
 
 #define VGPU_DECLARE_PROTOTYPE(ret, name, params) ret name params;

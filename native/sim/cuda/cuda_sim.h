@@ -9,6 +9,9 @@
  *   library.c  module variants, the library and kernel API, the linker, function attributes
  *   pool.c     stream-ordered memory pools: each device's default and current pool, pool
  *              attributes
+ *   graph_memory.c  graph memory nodes: the addresses they fix, the device's graph memory pool
+ *              that backs them on launch and keeps them until trimmed
+ *   ipc.c      device memory shared between processes: legacy IPC handles, VMM shareable handles
  *   exec.c     streams, events, modules, launches, graphs: the front of the engine (engine.c)
  *   map.c      a sorted map, for allocations and handles
  *   checkpoint.c  the checkpoint API: this process's checkpoint thread, the gate that holds its
@@ -83,6 +86,10 @@ struct sim_cuda_device {
     struct CUmemPoolHandle_st *default_pool;
     struct CUmemPoolHandle_st *current_pool; /* what cuMemAllocAsync draws from; under the lock */
     _Atomic uint64_t next_reap_ns;
+    /* The graph memory pool (graph_memory.c), under the lock: its blocks, and the figures of
+     * cuDeviceGetGraphMemAttribute. */
+    struct sim_graph_block *graph_blocks;
+    uint64_t graph_used, graph_used_high, graph_reserved, graph_reserved_high;
 };
 
 struct CUctx_st {
@@ -142,20 +149,30 @@ struct sim_launch {
     int cooperative;
 };
 
-/* Captured graphs hold kernel nodes only (a graph launched into a capture is inlined). */
+/* Graphs hold kernel nodes (captured, or a graph launched into a capture, inlined) and memory
+ * nodes (cuGraphAddMemAllocNode, cuGraphAddMemFreeNode). */
 struct CUgraphNode_st {
     uint32_t magic;
-    struct sim_launch launch;
-    struct CUctx_st *ctx;
+    CUgraphNodeType type;          /* KERNEL, MEM_ALLOC or MEM_FREE */
+    struct sim_launch launch;      /* a kernel node's */
+    struct CUctx_st *ctx;          /* a kernel node's */
+    struct sim_graph_block *block; /* an allocation node's memory */
+    CUdeviceptr freed;             /* a free node's address */
 };
 
 struct CUgraph_st {
     size_t count, capacity;
     struct CUgraphNode_st **nodes;
+    int memory_nodes;            /* it holds allocation or free nodes */
+    struct CUgraphExec_st *exec; /* then its one executable, or NULL */
 };
 
 struct CUgraphExec_st {
-    size_t count;
+    size_t count; /* kernels */
+    size_t allocations, frees;
+    struct sim_graph_block **blocks; /* what its allocation nodes allocate, in node order */
+    CUdeviceptr *freed;              /* what its free nodes free */
+    struct CUgraph_st *graph;        /* the graph it was made from while both live, if it has memory nodes */
     struct sim_launch launches[];
 };
 
@@ -201,6 +218,8 @@ struct sim_vmm_handle {
     int fd;
     int mappings;
     int released;
+    CUmemAllocationHandleType shareable; /* handle types it may be exported as */
+    int imported; /* cuMemImportFromShareableHandle: another process's memory, not charged here */
 };
 
 enum sim_allocation_kind { SIM_ALLOCATION_LINEAR, SIM_ALLOCATION_MAPPING };
@@ -221,8 +240,23 @@ struct sim_allocation {
     /* Linear: which SIM_POISON_CHUNK-sized pieces hold the poison byte yet (NULL: none); a piece
      * is poisoned when a copy first touches it, so untouched memory costs nothing. */
     uint64_t *poisoned;
-    int managed; /* cuMemAllocManaged */
+    int managed;                   /* cuMemAllocManaged */
+    struct sim_graph_block *graph; /* linear memory of a graph allocation node (graph_memory.c) */
+    struct sim_ipc_share *share;   /* linear memory shared between processes (ipc.c), or NULL */
 };
+
+/* Linear memory another process can open (ipc.c): once exported, its pages are a memfd's, mapped
+ * shared at the same address; an importer maps the same memfd, found through the exporter's
+ * /proc/PID/fd, at an address of its own. */
+struct sim_ipc_share {
+    int fd;
+    uint64_t serial;   /* names the memfd: a handle never opens another export that reused the fd */
+    int imported;      /* this process opened it (cuIpcOpenMemHandle) rather than exported it */
+    int opens;         /* imported: cuIpcOpenMemHandle calls not closed yet */
+    uint64_t exporter; /* imported: the exporter's identity (with the serial, finds an open one again) */
+};
+/* Gives back what sharing added to linear memory being released (the lock is held). */
+void sim_ipc_share_drop(struct sim_allocation *allocation);
 
 /* Address space for linear allocations: one PROT_NONE reservation handed out first-fit, so
  * an allocation costs no system call until a copy touches it. */
@@ -362,6 +396,45 @@ void sim_uncharge(struct sim_cuda_device *device, uint64_t bytes);
 
 /* Frees what a context owns (its linear allocations and arrays); the lock is held. */
 void sim_free_context_memory(struct CUctx_st *ctx);
+/* Address space for linear memory: `span` bytes (a multiple of the host page) kept PROT_NONE,
+ * from the arena or a mapping of their own (*in_arena says which); 0 when none is left. The lock
+ * is held. */
+uintptr_t sim_address_take(uint64_t span, int *in_arena);
+void sim_address_give(uintptr_t address, uint64_t span, int in_arena);
+/* Gives back the pages of linear memory (its bytes are gone; the addresses stay reserved) and
+ * forgets its poison marks; the lock is held. */
+void sim_linear_pages_drop(struct sim_allocation *allocation);
+/* Gives back linear memory already taken out of the allocations map; the lock is held. */
+void sim_release_linear(struct sim_allocation *allocation);
+/* VMM handles (cuMemCreate's memfds): the memfd's name says the device (so an imported
+ * descriptor can be told from any other file); a handle registered, and destroyed (closed, and
+ * uncharged unless imported). */
+#define SIM_VMM_MEMFD_PREFIX "jupyter-vgpu-sim-vmm-"
+void sim_vmm_memfd_name(char *name, size_t size, const struct sim_cuda_device *device);
+int sim_vmm_register(struct sim_vmm_handle *handle);
+void sim_vmm_destroy(struct sim_vmm_handle *handle);
+
+/* ---- graph_memory.c --------------------------------------------------------------------- */
+
+/* The memory of one graph allocation node: its address is fixed when the node is made; a launch
+ * backs it (charged to this process's slot as the device's graph pool reserve) and makes it
+ * live; a free node, cuMemFree or cuMemFreeAsync ends its life, the pool keeps the memory
+ * reserved until cuDeviceGraphMemTrim. Freed once no node or executable owns it, nothing is
+ * reserved for it and it is not live. All under the lock. */
+struct sim_graph_block {
+    struct sim_allocation allocation; /* in sim_cuda.allocations while live */
+    int live, backed;
+    int owners;                   /* its node, and the executable made from the node's graph */
+    struct sim_graph_block *next; /* in its device's graph_blocks */
+};
+CUresult sim_graph_block_new(struct sim_cuda_device *device, uint64_t size, struct sim_graph_block **block);
+void sim_graph_block_release(struct sim_graph_block *block); /* one owner fewer */
+/* An executable's launch: its allocations made live (backing what is not backed yet), then its
+ * frees. Refused whole (INVALID_VALUE: an allocation still live, a free of nothing live;
+ * OUT_OF_MEMORY: the device cannot back it) before anything changes. */
+CUresult sim_graph_memory_launch(struct CUgraphExec_st *exec);
+/* A free of live graph memory outside its graph (cuMemFree, cuMemFreeAsync). */
+void sim_graph_block_free(struct sim_graph_block *block);
 
 /* ---- pool.c ----------------------------------------------------------------------------- */
 

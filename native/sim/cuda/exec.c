@@ -31,16 +31,38 @@ struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags)
     return stream;
 }
 
-/* Frees a graph (lock held): its registration, nodes and memory. */
+/* Frees a graph (lock held): its registration, nodes and memory. Its allocation nodes' memory
+ * lives on while an executable or the graph memory pool holds it (graph_memory.c). */
 static void free_graph(struct CUgraph_st *graph)
 {
     sim_map_take(&sim_cuda.handles, (uintptr_t)graph, NULL);
+    if (graph->exec)
+        graph->exec->graph = NULL;
     for (size_t i = 0; i < graph->count; i++) {
+        if (graph->nodes[i]->block)
+            sim_graph_block_release(graph->nodes[i]->block);
         graph->nodes[i]->magic = SIM_DEAD_MAGIC;
         free(graph->nodes[i]);
     }
     free(graph->nodes);
     free(graph);
+}
+
+/* Appends a node to a graph (lock held); 0 when out of memory. */
+static int add_node(struct CUgraph_st *graph, struct CUgraphNode_st *node)
+{
+    if (graph->count == graph->capacity) {
+        size_t capacity = graph->capacity ? graph->capacity * 2 : 16;
+        struct CUgraphNode_st **nodes = realloc(graph->nodes, capacity * sizeof *nodes);
+        if (nodes) {
+            graph->nodes = nodes;
+            graph->capacity = capacity;
+        }
+    }
+    int stored = graph->count < graph->capacity;
+    if (stored)
+        graph->nodes[graph->count++] = node;
+    return stored;
 }
 
 /* Streams are recycled, never freed: a handle used after destroy finds a dead magic (or a
@@ -533,18 +555,7 @@ static CUresult capture(struct CUstream_st *stream, const struct sim_launch *lau
         return CUDA_ERROR_OUT_OF_MEMORY;
     *node = (struct CUgraphNode_st){.magic = SIM_GRAPH_NODE_MAGIC, .launch = *launch, .ctx = stream->ctx};
     pthread_mutex_lock(&sim_cuda.lock);
-    struct CUgraph_st *graph = stream->capture;
-    if (graph->count == graph->capacity) {
-        size_t capacity = graph->capacity ? graph->capacity * 2 : 16;
-        struct CUgraphNode_st **nodes = realloc(graph->nodes, capacity * sizeof *nodes);
-        if (nodes) {
-            graph->nodes = nodes;
-            graph->capacity = capacity;
-        }
-    }
-    int stored = graph->count < graph->capacity;
-    if (stored)
-        graph->nodes[graph->count++] = node;
+    int stored = add_node(stream->capture, node);
     pthread_mutex_unlock(&sim_cuda.lock);
     if (!stored)
         free(node);
@@ -666,28 +677,172 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     return CUDA_SUCCESS;
 }
 
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    CUresult result = sim_check(phGraph && flags == 0);
+    if (result != CUDA_SUCCESS)
+        return result;
+    struct CUgraph_st *graph = calloc(1, sizeof *graph);
+    if (!graph)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!sim_register_handle(graph, SIM_HANDLE_GRAPH)) {
+        free(graph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *phGraph = graph;
+    return CUDA_SUCCESS;
+}
+
+/* Whether a node list is one the driver takes: none, or that many live nodes. */
+static int dependencies_valid(const CUgraphNode *dependencies, size_t count)
+{
+    if (count && !dependencies)
+        return 0;
+    for (size_t i = 0; i < count; i++)
+        if (!dependencies[i] || dependencies[i]->magic != SIM_GRAPH_NODE_MAGIC)
+            return 0;
+    return 1;
+}
+
+/* Adds a memory node to a graph whose lock sim_lock_handle took; releases the lock. Nodes and
+ * edges of a graph with memory nodes cannot change once it has an executable: refused. */
+static CUresult add_memory_node(CUgraphNode *phGraphNode, CUgraph graph, struct CUgraphNode_st *node)
+{
+    CUresult result = CUDA_ERROR_OUT_OF_MEMORY;
+    if (graph->exec)
+        result = CUDA_ERROR_NOT_SUPPORTED;
+    else if (node && add_node(graph, node))
+        result = CUDA_SUCCESS;
+    if (result == CUDA_SUCCESS) {
+        graph->memory_nodes = 1;
+        *phGraphNode = node;
+    } else if (node) {
+        if (node->block)
+            sim_graph_block_release(node->block);
+        free(node);
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return result;
+}
+
+/* An allocation node: device memory on the pool's device, pinned, readable and writable there;
+ * its address is fixed now and written to nodeParams->dptr (graph_memory.c). */
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    CUresult result = sim_lock_handle(hGraph, SIM_HANDLE_GRAPH,
+                                      phGraphNode && nodeParams && dependencies_valid(dependencies, numDependencies));
+    if (result != CUDA_SUCCESS)
+        return result;
+    const CUmemPoolProps *props = &nodeParams->poolProps;
+    struct sim_cuda_device *device = props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED && nodeParams->bytesize
+                                         ? sim_device_at(&props->location)
+                                         : NULL;
+    if (!device || props->handleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+        pthread_mutex_unlock(&sim_cuda.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct CUgraphNode_st *node = calloc(1, sizeof *node);
+    if (node) {
+        *node = (struct CUgraphNode_st){.magic = SIM_GRAPH_NODE_MAGIC, .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC};
+        result = sim_graph_block_new(device, nodeParams->bytesize, &node->block);
+        if (result != CUDA_SUCCESS) {
+            free(node);
+            pthread_mutex_unlock(&sim_cuda.lock);
+            return result;
+        }
+    }
+    result = add_memory_node(phGraphNode, hGraph, node);
+    if (result == CUDA_SUCCESS)
+        nodeParams->dptr = node->block->allocation.base;
+    return result;
+}
+
+/* Whether `dptr` is the address of a graph allocation of this process (the lock is held). */
+static int graph_allocation(CUdeviceptr dptr)
+{
+    for (int d = 0; d < sim_cuda.device_count; d++)
+        for (const struct sim_graph_block *block = sim_cuda.devices[d].graph_blocks; block; block = block->next)
+            if (block->allocation.base == dptr)
+                return 1;
+    return 0;
+}
+
+/* A free node: frees a graph allocation (of this graph or another) when a launch reaches it. */
+CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                               size_t numDependencies, CUdeviceptr dptr)
+{
+    CUresult result =
+        sim_lock_handle(hGraph, SIM_HANDLE_GRAPH, phGraphNode && dependencies_valid(dependencies, numDependencies));
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (!graph_allocation(dptr)) {
+        pthread_mutex_unlock(&sim_cuda.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct CUgraphNode_st *node = malloc(sizeof *node);
+    if (node)
+        *node =
+            (struct CUgraphNode_st){.magic = SIM_GRAPH_NODE_MAGIC, .type = CU_GRAPH_NODE_TYPE_MEM_FREE, .freed = dptr};
+    return add_memory_node(phGraphNode, hGraph, node);
+}
+
+static void free_exec(struct CUgraphExec_st *exec)
+{
+    for (size_t i = 0; i < exec->allocations; i++)
+        sim_graph_block_release(exec->blocks[i]);
+    if (exec->graph)
+        exec->graph->exec = NULL;
+    free(exec->blocks);
+    free(exec->freed);
+    free(exec);
+}
+
 /* Validates like the driver (no graph, or nowhere to put the executable: INVALID_VALUE), then
- * copies the graph's kernels into a new executable. Flags, an upload stream and the other
+ * copies the graph's kernels and memory nodes into a new executable. A graph with memory nodes
+ * has one executable at a time, as with the driver. Flags, an upload stream and the other
  * instantiation options change nothing in the simulator. */
 static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
 {
     CUresult result = sim_lock_handle(hGraph, SIM_HANDLE_GRAPH, phGraphExec != NULL);
     if (result != CUDA_SUCCESS)
         return result;
-    struct CUgraphExec_st *exec = malloc(sizeof *exec + hGraph->count * sizeof exec->launches[0]);
+    if (hGraph->exec) {
+        pthread_mutex_unlock(&sim_cuda.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    size_t kernels = 0, allocations = 0, frees = 0;
+    for (size_t i = 0; i < hGraph->count; i++) {
+        CUgraphNodeType type = hGraph->nodes[i]->type;
+        kernels += type == CU_GRAPH_NODE_TYPE_KERNEL;
+        allocations += type == CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        frees += type == CU_GRAPH_NODE_TYPE_MEM_FREE;
+    }
+    struct CUgraphExec_st *exec = calloc(1, sizeof *exec + kernels * sizeof exec->launches[0]);
     result = CUDA_ERROR_OUT_OF_MEMORY;
-    if (exec) {
-        exec->count = hGraph->count;
-        for (size_t i = 0; i < hGraph->count; i++)
-            exec->launches[i] = hGraph->nodes[i]->launch;
+    if (exec && (!allocations || (exec->blocks = calloc(allocations, sizeof *exec->blocks))) &&
+        (!frees || (exec->freed = calloc(frees, sizeof *exec->freed)))) {
+        for (size_t i = 0; i < hGraph->count; i++) {
+            struct CUgraphNode_st *node = hGraph->nodes[i];
+            if (node->type == CU_GRAPH_NODE_TYPE_KERNEL)
+                exec->launches[exec->count++] = node->launch;
+            else if (node->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+                (exec->blocks[exec->allocations++] = node->block)->owners++;
+            else
+                exec->freed[exec->frees++] = node->freed;
+        }
         if (sim_map_put(&sim_cuda.handles, (uintptr_t)exec, SIM_HANDLE_GRAPH_EXEC) == 0)
             result = CUDA_SUCCESS;
     }
-    pthread_mutex_unlock(&sim_cuda.lock);
-    if (result != CUDA_SUCCESS) {
-        free(exec);
-        return result;
+    if (result == CUDA_SUCCESS && hGraph->memory_nodes) {
+        exec->graph = hGraph;
+        hGraph->exec = exec;
     }
+    if (result != CUDA_SUCCESS && exec)
+        free_exec(exec);
+    pthread_mutex_unlock(&sim_cuda.lock);
+    if (result != CUDA_SUCCESS)
+        return result;
     *phGraphExec = exec;
     return CUDA_SUCCESS;
 }
@@ -732,7 +887,7 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraph
 
 /* Gives an executable the kernels of another graph of the same topology, as the driver updates
  * one in place: launches already queued keep the kernels they were queued with, later ones run
- * the new. Every node here is a kernel node on one chain, so the topology is the node count; an
+ * the new. Kernel nodes here lie on one chain, so the topology is the node count; an
  * update that would change it is refused and the executable left as it was. No node or edge is
  * singled out in `info`. */
 static CUresult update(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *info)
@@ -744,7 +899,9 @@ static CUresult update(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdate
     pthread_mutex_lock(&sim_cuda.lock);
     result = CUDA_ERROR_INVALID_VALUE;
     if (sim_handle_is(hGraphExec, SIM_HANDLE_GRAPH_EXEC) && sim_handle_is(hGraph, SIM_HANDLE_GRAPH)) {
-        if (hGraph->count != hGraphExec->count) {
+        /* Memory nodes cannot be updated here: an executable that has them, or a graph, is refused. */
+        if (hGraph->count != hGraphExec->count || hGraph->memory_nodes || hGraphExec->allocations ||
+            hGraphExec->frees) {
             result = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
             info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
         } else {
@@ -793,6 +950,13 @@ CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
         return CUDA_ERROR_INVALID_VALUE;
     if (sim_cuda.fail_launches && !stream->capture)
         return CUDA_ERROR_LAUNCH_FAILED;
+    if (hGraphExec->allocations || hGraphExec->frees) {
+        if (stream->capture)
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* memory nodes are not inlined into a capture */
+        result = sim_graph_memory_launch(hGraphExec);
+        if (result != CUDA_SUCCESS)
+            return result;
+    }
     for (size_t i = 0; i < hGraphExec->count && result == CUDA_SUCCESS; i++) {
         struct sim_kernel_cost cost;
         result = price(&hGraphExec->launches[i], stream->ctx->device->view->spec, &cost);
@@ -816,11 +980,10 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
     int known = sim_map_take(&sim_cuda.handles, (uintptr_t)hGraphExec, NULL) == 0;
+    if (known)
+        free_exec(hGraphExec); /* its allocations' memory stays in the graph pool until trimmed */
     pthread_mutex_unlock(&sim_cuda.lock);
-    if (!known)
-        return CUDA_ERROR_INVALID_VALUE;
-    free(hGraphExec);
-    return CUDA_SUCCESS;
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuGraphDestroy(CUgraph hGraph)
@@ -866,7 +1029,34 @@ CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
 {
     CUresult result = check_node(hNode, type);
     if (result == CUDA_SUCCESS)
-        *type = CU_GRAPH_NODE_TYPE_KERNEL;
+        *type = hNode->type;
+    return result;
+}
+
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
+{
+    CUresult result = check_node(hNode, params_out);
+    if (result != CUDA_SUCCESS)
+        return result;
+    if (hNode->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sim_allocation *memory = &hNode->block->allocation;
+    *params_out = (CUDA_MEM_ALLOC_NODE_PARAMS){
+        .poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = memory->device->ordinal}},
+        .bytesize = memory->size,
+        .dptr = memory->base,
+    };
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
+{
+    CUresult result = check_node(hNode, dptr_out);
+    if (result == CUDA_SUCCESS && hNode->type != CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (result == CUDA_SUCCESS)
+        *dptr_out = hNode->freed;
     return result;
 }
 
@@ -875,6 +1065,8 @@ CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAM
     CUresult result = check_node(hNode, nodeParams);
     if (result != CUDA_SUCCESS)
         return result;
+    if (hNode->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
     const struct sim_launch *launch = &hNode->launch;
     *nodeParams = (CUDA_KERNEL_NODE_PARAMS){
         .func = launch->function,
@@ -890,7 +1082,7 @@ CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAM
     return CUDA_SUCCESS;
 }
 
-/* Every node here is a kernel node: none is a child graph. */
+/* No node here is a child graph (a graph launched into a capture is inlined). */
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
 {
     CUresult result = check_node(hNode, phGraph);

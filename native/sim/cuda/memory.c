@@ -91,12 +91,8 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
     }
     uint64_t span = round_up(size, SIM_HOST_PAGE);
     pthread_mutex_lock(&sim_cuda.lock);
-    uintptr_t address = arena_take(span);
-    int in_arena = address != 0;
-    if (!in_arena) {
-        void *mapping = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        address = mapping == MAP_FAILED ? 0 : (uintptr_t)mapping;
-    }
+    int in_arena;
+    uintptr_t address = sim_address_take(span, &in_arena);
     *allocation = (struct sim_allocation){
         .base = address,
         .size = size,
@@ -114,32 +110,58 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
         *dptr = address;
         return CUDA_SUCCESS;
     }
-    if (address && in_arena)
-        arena_give(address, span);
-    else if (address)
-        munmap((void *)address, span);
+    if (address)
+        sim_address_give(address, span, in_arena);
     pthread_mutex_unlock(&sim_cuda.lock);
     sim_uncharge(device, size);
     free(allocation);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* Gives back an allocation already taken out of the map; the lock is held. */
-static void release_linear(struct sim_allocation *allocation)
+uintptr_t sim_address_take(uint64_t span, int *in_arena)
 {
-    void *base = (void *)allocation->base;
-    if (!allocation->in_arena) {
-        munmap(base, allocation->span);
-    } else {
-        if (allocation->host_access) {
-            madvise(base, allocation->span, MADV_DONTNEED);
-            mprotect(base, allocation->span, PROT_NONE);
-        }
-        arena_give(allocation->base, allocation->span);
+    uintptr_t address = arena_take(span);
+    *in_arena = address != 0;
+    if (!*in_arena) {
+        void *mapping = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        address = mapping == MAP_FAILED ? 0 : (uintptr_t)mapping;
     }
+    return address;
+}
+
+void sim_address_give(uintptr_t address, uint64_t span, int in_arena)
+{
+    if (in_arena)
+        arena_give(address, span);
+    else
+        munmap((void *)address, span);
+}
+
+void sim_linear_pages_drop(struct sim_allocation *allocation)
+{
+    if (allocation->host_access) {
+        madvise((void *)allocation->base, allocation->span, MADV_DONTNEED);
+        mprotect((void *)allocation->base, allocation->span, PROT_NONE);
+        allocation->host_access = 0;
+    }
+    free(allocation->poisoned);
+    allocation->poisoned = NULL;
+}
+
+/* Gives back an allocation already taken out of the map; the lock is held. Memory opened from
+ * another process (ipc.c) was never charged here. */
+void sim_release_linear(struct sim_allocation *allocation)
+{
+    int imported = allocation->share && allocation->share->imported;
+    if (allocation->share)
+        sim_ipc_share_drop(allocation);
+    if (allocation->in_arena)
+        sim_linear_pages_drop(allocation);
+    sim_address_give(allocation->base, allocation->span, allocation->in_arena);
     if (allocation->pool)
         sim_pool_gave(allocation->pool, allocation->size);
-    sim_uncharge(allocation->device, allocation->size);
+    if (!imported)
+        sim_uncharge(allocation->device, allocation->size);
     free(allocation->poisoned);
     free(allocation);
 }
@@ -151,11 +173,19 @@ static CUresult free_linear(CUdeviceptr dptr)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
     uintptr_t value;
-    result = CUDA_ERROR_INVALID_VALUE; /* not the start of a live allocation: refused, never a crash */
-    if (sim_map_get(&sim_cuda.allocations, dptr, &value) == 0 &&
-        ((struct sim_allocation *)value)->kind == SIM_ALLOCATION_LINEAR) {
+    /* Not the start of a live allocation, or memory opened from another process (closed with
+     * cuIpcCloseMemHandle): refused, never a crash. */
+    result = CUDA_ERROR_INVALID_VALUE;
+    struct sim_allocation *allocation = NULL;
+    if (sim_map_get(&sim_cuda.allocations, dptr, &value) == 0)
+        allocation = (struct sim_allocation *)value;
+    if (allocation && allocation->kind == SIM_ALLOCATION_LINEAR &&
+        !(allocation->share && allocation->share->imported)) {
         sim_map_take(&sim_cuda.allocations, dptr, NULL);
-        release_linear((struct sim_allocation *)value);
+        if (allocation->graph)
+            sim_graph_block_free(allocation->graph); /* back to the graph pool, still reserved */
+        else
+            sim_release_linear(allocation);
         result = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.lock);
@@ -171,9 +201,9 @@ void sim_free_context_memory(struct CUctx_st *ctx)
 {
     for (size_t i = sim_cuda.allocations.count; i-- > 0;) {
         struct sim_allocation *allocation = (struct sim_allocation *)sim_cuda.allocations.entries[i].value;
-        if (allocation->kind == SIM_ALLOCATION_LINEAR && allocation->ctx == ctx) {
+        if (allocation->kind == SIM_ALLOCATION_LINEAR && allocation->ctx == ctx && !allocation->graph) {
             sim_map_take(&sim_cuda.allocations, allocation->base, NULL);
-            release_linear(allocation);
+            sim_release_linear(allocation);
         }
     }
     for (size_t i = sim_cuda.handles.count; i-- > 0;) {
@@ -301,15 +331,26 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
     return result;
 }
 
+void sim_vmm_memfd_name(char *name, size_t size, const struct sim_cuda_device *device)
+{
+    snprintf(name, size, "%s%d", SIM_VMM_MEMFD_PREFIX, device->view->index);
+}
+
+int sim_vmm_register(struct sim_vmm_handle *handle)
+{
+    return sim_register_handle(handle, SIM_HANDLE_VMM);
+}
+
 static struct sim_vmm_handle *vmm_handle(CUmemGenericAllocationHandle handle)
 {
     return sim_handle_is((void *)(uintptr_t)handle, SIM_HANDLE_VMM) ? (struct sim_vmm_handle *)(uintptr_t)handle : NULL;
 }
 
-static void destroy_vmm_handle(struct sim_vmm_handle *handle)
+void sim_vmm_destroy(struct sim_vmm_handle *handle)
 {
     close(handle->fd);
-    sim_uncharge(handle->device, handle->size);
+    if (!handle->imported)
+        sim_uncharge(handle->device, handle->size);
     free(handle);
 }
 
@@ -330,8 +371,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         free(created);
         return result;
     }
-    *created =
-        (struct sim_vmm_handle){.device = device, .size = size, .fd = memfd_create("jupyter-vgpu-sim", MFD_CLOEXEC)};
+    char name[64];
+    sim_vmm_memfd_name(name, sizeof name, device);
+    *created = (struct sim_vmm_handle){
+        .device = device, .size = size, .fd = memfd_create(name, MFD_CLOEXEC), .shareable = prop->requestedHandleTypes};
     if (created->fd < 0 || ftruncate(created->fd, (off_t)size) != 0) {
         if (created->fd >= 0)
             close(created->fd);
@@ -340,7 +383,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (!sim_register_handle(created, SIM_HANDLE_VMM)) {
-        destroy_vmm_handle(created);
+        sim_vmm_destroy(created);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *handle = (uintptr_t)created;
@@ -357,7 +400,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     /* Mapped memory lives on until its last mapping goes, as with the driver. */
     released->released = 1;
     if (released->mappings == 0)
-        destroy_vmm_handle(released);
+        sim_vmm_destroy(released);
     pthread_mutex_unlock(&sim_cuda.lock);
     return CUDA_SUCCESS;
 }
@@ -416,7 +459,7 @@ static void unmap_mappings(size_t first, int count)
         sim_map_take(&sim_cuda.allocations, mapping->base, NULL);
         struct sim_vmm_handle *handle = mapping->handle;
         if (--handle->mappings == 0 && handle->released)
-            destroy_vmm_handle(handle);
+            sim_vmm_destroy(handle);
         free(mapping);
     }
 }
@@ -705,7 +748,8 @@ static CUresult host_view(uint64_t address, uint64_t bytes, int access)
                     return CUDA_ERROR_OUT_OF_MEMORY;
                 allocation->host_access = PROT_READ | PROT_WRITE;
             }
-            CUresult poisoned = poison_untouched(allocation, cursor, end);
+            /* Shared memory is another process's too: its bytes are never poisoned behind it. */
+            CUresult poisoned = allocation->share ? CUDA_SUCCESS : poison_untouched(allocation, cursor, end);
             if (poisoned != CUDA_SUCCESS)
                 return poisoned;
         } else if ((allocation->host_access & access) != access) {
