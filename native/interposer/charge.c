@@ -190,3 +190,36 @@ uint64_t vgpu_release_context(CUcontext context)
     slot_subtract(vgpu_claimed_slot(), bytes);
     return bytes;
 }
+
+/* ---- graph memory ---------------------------------------------------------------------- */
+
+/* What the driver's graph memory pool on `device` reserves now, or -1 when it cannot say. */
+static int64_t graph_pool_reserved(CUdevice device)
+{
+    vgpu_pfn_cuDeviceGetGraphMemAttribute get = VGPU_CALLED(cuDeviceGetGraphMemAttribute);
+    cuuint64_t reserved = 0;
+    if (!get || get(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+        return -1;
+    return (int64_t)reserved;
+}
+
+void vgpu_graph_memory_settle(const struct vgpu_charge *c, int launched, CUdevice device)
+{
+    struct vgpu_charge_state *state = &vgpu_state.charge;
+    struct vgpu_proc_slot *slot = c ? c->slot : vgpu_claimed_slot();
+    uint64_t pending = c && c->slot ? c->bytes : 0;
+    if (!slot)
+        return;
+    pthread_mutex_lock(&state->graph_lock);
+    int64_t reserved = graph_pool_reserved(device);
+    uint64_t held = state->graph_charged + pending;
+    uint64_t target = reserved >= 0 ? (uint64_t)reserved : state->graph_charged + (launched ? pending : 0);
+    /* The pool holds that memory already: counted whatever the cap says. */
+    if (target > held)
+        slot_add(slot, target - held);
+    else
+        slot_subtract(slot, held - target);
+    state->graph_charged = target;
+    pthread_mutex_unlock(&state->graph_lock);
+    VGPU_LOG(VGPU_LOG_DEBUG, "graph memory pool: %llu bytes charged", (unsigned long long)target);
+}

@@ -1,8 +1,9 @@
 /*
- * What a launch of each graph executable costs, in launch.c's units (warps): set when an
- * executable is made or updated from a graph, read by every launch of it, forgotten when it is
- * destroyed. A lock-free open-addressing table keyed by the executable; an executable that
- * finds no room near its home, or was never priced, costs the nominal price.
+ * What a launch of each graph executable costs, in launch.c's units (warps), and the graph memory
+ * its allocation nodes take: set when an executable is made or updated from a graph, read by
+ * every launch of it, forgotten when it is destroyed. Whether its memory is in the driver's graph
+ * pool already is an epoch: launched since the last trim. A lock-free open-addressing table keyed by the executable; an
+ * executable that finds no room near its home, or was never priced, costs the nominal price.
  */
 #include "internal.h"
 
@@ -37,7 +38,7 @@ static struct vgpu_graph_price *graph_entry(uintptr_t key)
     return NULL;
 }
 
-void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
+void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost, uint64_t memory, int has_memory)
 {
     uintptr_t key = (uintptr_t)exec;
     if (key <= GRAPH_SLOT_FREED)
@@ -55,16 +56,38 @@ void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost)
             atomic_compare_exchange_strong(&candidate->exec, &seen, key))
             entry = candidate;
     }
-    /* No room near its home: this executable is charged the nominal price. */
-    if (entry)
+    /* No room near its home: this executable is charged the nominal price, and its graph memory
+     * counts as driver memory once measured (driver_memory.c), not before its launch. */
+    if (entry) {
+        atomic_store(&entry->memory_plus_one, has_memory ? memory + 1 : 0);
+        atomic_store(&entry->backed_epoch, 0);
         atomic_store(&entry->cost_plus_one, cost + 1);
+    }
 }
 
-uint64_t vgpu_graph_exec_cost(CUgraphExec exec)
+void vgpu_graph_exec_launch(CUgraphExec exec, struct vgpu_graph_launch *launch)
 {
     struct vgpu_graph_price *entry = graph_entry((uintptr_t)exec);
     uint64_t cost_plus_one = entry ? atomic_load_explicit(&entry->cost_plus_one, memory_order_relaxed) : 0;
-    return cost_plus_one ? cost_plus_one - 1 : GRAPH_NOMINAL_COST;
+    uint64_t memory_plus_one = entry ? atomic_load_explicit(&entry->memory_plus_one, memory_order_relaxed) : 0;
+    launch->cost = cost_plus_one ? cost_plus_one - 1 : GRAPH_NOMINAL_COST;
+    launch->has_memory = memory_plus_one != 0;
+    launch->to_back = 0;
+    if (__builtin_expect(memory_plus_one != 0, 0) &&
+        atomic_load(&entry->backed_epoch) != atomic_load(&G.pool_epoch) + 1)
+        launch->to_back = memory_plus_one - 1;
+}
+
+void vgpu_graph_exec_backed(CUgraphExec exec)
+{
+    struct vgpu_graph_price *entry = graph_entry((uintptr_t)exec);
+    if (entry)
+        atomic_store(&entry->backed_epoch, atomic_load(&G.pool_epoch) + 1);
+}
+
+void vgpu_graph_pool_trimmed(void)
+{
+    atomic_fetch_add(&G.pool_epoch, 1);
 }
 
 void vgpu_graph_exec_forget(CUgraphExec exec)
@@ -72,6 +95,7 @@ void vgpu_graph_exec_forget(CUgraphExec exec)
     struct vgpu_graph_price *entry = graph_entry((uintptr_t)exec);
     if (entry) {
         atomic_store(&entry->cost_plus_one, 0);
+        atomic_store(&entry->memory_plus_one, 0);
         atomic_store(&entry->exec, GRAPH_SLOT_FREED);
     }
 }

@@ -13,7 +13,7 @@
  *   alloc_table.c    the table of live allocations and what each was charged
  *   driver_memory.c  driver memory beyond allocations (contexts), from NVML's per-process
  *                    figures, and the pid NVML lists this process under (PID namespaces)
- *   graph_prices.c   what a launch of each graph executable costs
+ *   graph_prices.c   what a launch of each graph executable costs, and the graph memory it backs
  *   pacing.c         the SM-share limiter: per-thread token caches, the shared pool, the controller
  *   monitor.c        the monitor thread of a process that uses the GPU: reaper, driver memory
  *                    refresh, and a controller for the slice it launches in
@@ -132,6 +132,7 @@ void *vgpu_real_symbol(enum vgpu_library library, const char *symbol);
     X(VGPU_LIB_CUDA, cuDeviceGetCount)                                                                                 \
     X(VGPU_LIB_CUDA, cuDeviceGetUuid)                                                                                  \
     X(VGPU_LIB_CUDA, cuDeviceGetUuid_v2)                                                                               \
+    X(VGPU_LIB_CUDA, cuDeviceGetGraphMemAttribute)                                                                     \
     X(VGPU_LIB_NVML, nvmlInit_v2)                                                                                      \
     X(VGPU_LIB_NVML, nvmlDeviceGetHandleByUUID)                                                                        \
     X(VGPU_LIB_NVML, nvmlDeviceGetHandleByIndex_v2)                                                                    \
@@ -383,17 +384,31 @@ struct vgpu_driver_memory_state {
  * controller's measured cost per token turns that into the right rate all the same. */
 #define VGPU_GRAPH_PRICE_UNKNOWN UINT64_MAX
 #define VGPU_MAX_LAUNCH_COST (UINT64_C(1) << 48)
-void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost);
-uint64_t vgpu_graph_exec_cost(CUgraphExec exec);
+/* Graph memory: `memory` is what the executable's allocation nodes take (child graphs included),
+ * `has_memory` whether it has any (its size may be unknown: 0). The driver backs it in its graph
+ * memory pool on launch and keeps it there until cuDeviceGraphMemTrim, so a launch needs new
+ * memory only when the executable was not launched since the pool last gave memory back. */
+void vgpu_graph_exec_priced(CUgraphExec exec, uint64_t cost, uint64_t memory, int has_memory);
+struct vgpu_graph_launch {
+    uint64_t cost;
+    uint64_t to_back; /* bytes this launch may newly take into the graph pool */
+    int has_memory;
+};
+void vgpu_graph_exec_launch(CUgraphExec exec, struct vgpu_graph_launch *launch);
+void vgpu_graph_exec_backed(CUgraphExec exec); /* launched: its memory is in the pool now */
+void vgpu_graph_pool_trimmed(void);            /* every executable's memory may be gone */
 void vgpu_graph_exec_forget(CUgraphExec exec);
 
 #define VGPU_GRAPH_TABLE_SIZE 1024 /* power of two */
 struct vgpu_graph_price {
     _Atomic uintptr_t exec;
-    _Atomic uint64_t cost_plus_one; /* 0 while the entry is being filled */
+    _Atomic uint64_t cost_plus_one;   /* 0 while the entry is being filled */
+    _Atomic uint64_t memory_plus_one; /* 0: no allocation node */
+    _Atomic uint64_t backed_epoch;    /* the pool's epoch at its last launch, plus one; 0: none */
 };
 struct vgpu_graph_prices_state {
     struct vgpu_graph_price entries[VGPU_GRAPH_TABLE_SIZE];
+    _Atomic uint64_t pool_epoch; /* trims so far */
 };
 
 /* ---- pacing.c ----------------------------------------------------------------------- */
@@ -511,6 +526,8 @@ struct vgpu_charge_state {
     _Atomic uint64_t refused_bytes; /* the last refusal: its request, */
     _Atomic uint64_t refused_ns;    /* when, */
     _Atomic uint64_t refused_usage; /* and what the slice held then */
+    pthread_mutex_t graph_lock;     /* serialises settling graph memory: */
+    uint64_t graph_charged;         /* bytes of the slot's `allocated` that are the graph pool's */
 };
 
 /* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
@@ -537,6 +554,13 @@ void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresu
 
 /* A context that went took its allocations with it: they stop counting. Returns their bytes. */
 uint64_t vgpu_release_context(CUcontext context);
+
+/* Graph memory. A graph launch that may take new memory into the driver's graph pool is charged
+ * its allocations first (vgpu_charge, refused like any allocation over the cap); after the launch,
+ * or a trim, the slot's graph memory is set to what the driver's pool of the slice's device
+ * reserves (cuDeviceGetGraphMemAttribute), the launch's charge included. `charge` NULL: nothing
+ * was charged. Without the attribute, a launch's charge is kept until the process ends. */
+void vgpu_graph_memory_settle(const struct vgpu_charge *charge, int launched, CUdevice device);
 
 /* ---- context.c ---------------------------------------------------------------------- */
 

@@ -77,11 +77,16 @@ struct graph_inspector {
     vgpu_pfn_cuGraphNodeGetType node_type;
     vgpu_pfn_cuGraphKernelNodeGetParams_v2 kernel_params;
     vgpu_pfn_cuGraphChildGraphNodeGetGraph child_graph;
+    vgpu_pfn_cuGraphMemAllocNodeGetParams alloc_params; /* NULL: sizes unknown until launched */
+    /* What the walk found of graph memory: the bytes of the allocation nodes whose size it knows,
+     * and whether there is any. */
+    uint64_t memory;
+    int has_memory;
 };
 
-static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, int depth);
+static uint64_t node_price(struct graph_inspector *api, CUgraphNode node, int depth);
 
-static uint64_t graph_price(const struct graph_inspector *api, CUgraph graph, int depth)
+static uint64_t graph_price(struct graph_inspector *api, CUgraph graph, int depth)
 {
     size_t count = 0;
     if (depth > GRAPH_NESTING_LIMIT || api->get_nodes(graph, NULL, &count) != CUDA_SUCCESS)
@@ -103,7 +108,7 @@ static uint64_t graph_price(const struct graph_inspector *api, CUgraph graph, in
     return total;
 }
 
-static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, int depth)
+static uint64_t node_price(struct graph_inspector *api, CUgraphNode node, int depth)
 {
     CUgraphNodeType type;
     if (api->node_type(node, &type) != CUDA_SUCCESS)
@@ -121,6 +126,14 @@ static uint64_t node_price(const struct graph_inspector *api, CUgraphNode node, 
             return VGPU_GRAPH_PRICE_UNKNOWN;
         return graph_price(api, child, depth + 1);
     }
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        api->has_memory = 1;
+        if (api->alloc_params && api->alloc_params(node, &p) == CUDA_SUCCESS &&
+            p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+            api->memory = api->memory > UINT64_MAX - p.bytesize ? UINT64_MAX : api->memory + p.bytesize;
+        return 0;
+    }
     case CU_GRAPH_NODE_TYPE_CONDITIONAL: return VGPU_GRAPH_PRICE_UNKNOWN;
     default: return 0; /* copies, memsets, host calls, events: no SM work worth pacing */
     }
@@ -135,10 +148,14 @@ static void price_graph_exec(const CUgraphExec *exec, CUgraph graph)
         (vgpu_pfn_cuGraphNodeGetType)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphNodeGetType"),
         (vgpu_pfn_cuGraphKernelNodeGetParams_v2)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphKernelNodeGetParams_v2"),
         (vgpu_pfn_cuGraphChildGraphNodeGetGraph)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphChildGraphNodeGetGraph"),
+        (vgpu_pfn_cuGraphMemAllocNodeGetParams)vgpu_real_symbol(VGPU_LIB_CUDA, "cuGraphMemAllocNodeGetParams"),
+        0,
+        0,
     };
     if (!exec || !api.get_nodes || !api.node_type || !api.kernel_params || !api.child_graph)
         return;
-    vgpu_graph_exec_priced(*exec, graph_price(&api, graph, 0));
+    uint64_t cost = graph_price(&api, graph, 0);
+    vgpu_graph_exec_priced(*exec, cost, api.memory, api.has_memory);
 }
 
 /* Every entry point that makes an executable from a graph (CUDA 11's and 12's instantiations)
@@ -172,11 +189,41 @@ GRAPH_EXEC_HOOK(cuGraphExecUpdate, &exec,
                 error_node, outcome)
 /* clang-format on */
 
+/* A launch of an executable with allocation nodes, on the slice's device: the slice of the
+ * process that launches pays for the memory the driver's graph pool takes for it. What it may
+ * newly take is charged before the launch (a launch past the cap is refused with the driver's
+ * OUT_OF_MEMORY, and the out-of-memory line once per burst, before it runs or is paced); after it,
+ * the charge follows what the pool reserves (charge.c). */
+static CUresult launch_with_graph_memory(CUresult (*real)(CUgraphExec, CUstream), CUgraphExec exec, CUstream stream,
+                                         const struct vgpu_graph_launch *graph)
+{
+    vgpu_pfn_cuCtxGetDevice get_device = VGPU_CALLED(cuCtxGetDevice);
+    CUdevice device;
+    if (!get_device || get_device(&device) != CUDA_SUCCESS || !vgpu_cuda_device_is_slice(device)) {
+        admit(graph->cost);
+        return real(exec, stream);
+    }
+    struct vgpu_charge c = {vgpu_claimed_slot(), 0};
+    CUresult result = graph->to_back ? vgpu_charge(&c, "cuGraphLaunch", graph->to_back) : CUDA_SUCCESS;
+    if (result != CUDA_SUCCESS)
+        return result;
+    admit(graph->cost);
+    result = real(exec, stream);
+    vgpu_graph_memory_settle(&c, result == CUDA_SUCCESS, device);
+    if (result == CUDA_SUCCESS)
+        vgpu_graph_exec_backed(exec);
+    return result;
+}
+
 #define GRAPH_LAUNCH_HOOK(name)                                                                                        \
     VGPU_EXPORT CUresult name(CUgraphExec exec, CUstream stream)                                                       \
     {                                                                                                                  \
         VGPU_HOOK_REAL(name);                                                                                          \
-        admit(vgpu_graph_exec_cost(exec));                                                                             \
+        struct vgpu_graph_launch graph;                                                                                \
+        vgpu_graph_exec_launch(exec, &graph);                                                                          \
+        if (__builtin_expect(graph.has_memory, 0))                                                                     \
+            return launch_with_graph_memory(real, exec, stream, &graph);                                               \
+        admit(graph.cost);                                                                                             \
         return real(exec, stream);                                                                                     \
     }
 GRAPH_LAUNCH_HOOK(cuGraphLaunch)

@@ -269,3 +269,16 @@ VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
     RELEASE(cuMipmappedArrayDestroy, VGPU_KIND_MIPMAPPED_ARRAY, (uintptr_t)hMipmappedArray, hMipmappedArray);
 }
+
+/* Graph memory stays in the driver's graph pool from a launch until a trim gives back what no
+ * live allocation uses: the slice's charge follows what the pool still reserves (charge.c). */
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    VGPU_HOOK_REAL(cuDeviceGraphMemTrim);
+    CUresult result = real(device);
+    if (result == CUDA_SUCCESS && vgpu_cuda_device_is_slice(device)) {
+        vgpu_graph_pool_trimmed();
+        vgpu_graph_memory_settle(NULL, 0, device);
+    }
+    return result;
+}

@@ -165,3 +165,71 @@ print("exiting", 1, flush=True)
     )
     # Exits while four threads are inside cuMemAlloc/cuMemFree/cuMemGetInfo; a hang is a timeout.
     assert values(in_slice(code, "--memory", "1GiB", timeout=60))["exiting"] == "1"
+
+
+# A graph with one allocation node of `size` bytes: `graph_with_allocation(size) -> (graph, dptr)`.
+GRAPH_MEMORY = (
+    IN_PRIMARY_CONTEXT
+    + """stream = ok(cu.cuStreamCreate(0))
+
+def graph_with_allocation(size):
+    graph = ok(cu.cuGraphCreate(0))
+    params = cu.CUDA_MEM_ALLOC_NODE_PARAMS()
+    params.poolProps.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    params.poolProps.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    params.poolProps.location.id = 0
+    params.bytesize = size
+    ok(cu.cuGraphAddMemAllocNode(graph, None, 0, params))
+    return graph, params.dptr
+
+def used():
+    free, total = ok(cu.cuMemGetInfo())
+    return (total - free) >> 20
+
+def pool(attribute):
+    return int(ok(cu.cuDeviceGetGraphMemAttribute(device, attribute))) >> 20
+"""
+)
+
+
+def test_graph_memory_nodes_are_paid_by_the_slice_that_launches_them(in_slice):
+    # The address is fixed when the node is made; the memory is backed on launch and stays in the
+    # driver's graph pool (freed or not) until trimmed: the slice pays from the launch to the trim.
+    code = (
+        GRAPH_MEMORY
+        + """
+first, first_dptr = graph_with_allocation(600 << 20)
+second, second_dptr = graph_with_allocation(600 << 20)
+first_exec = ok(cu.cuGraphInstantiate(first, 0))
+second_exec = ok(cu.cuGraphInstantiate(second, 0))
+before = used()
+print("instantiated", used() - before)
+ok(cu.cuGraphLaunch(first_exec, stream))
+print("launched", used() - before, pool(cu.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT))
+print("written", cu.cuMemcpyHtoD(first_dptr, b"graph", 5)[0].name)
+# Twice, as frameworks retry: one refusal burst, one line.
+print("second", [cu.cuGraphLaunch(second_exec, stream)[0].name for _ in range(2)])
+ok(cu.cuMemFreeAsync(first_dptr, stream))
+print("freed", used() - before, pool(cu.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT))
+print("relaunched", cu.cuGraphLaunch(first_exec, stream)[0].name, used() - before)
+ok(cu.cuMemFree(first_dptr))
+ok(cu.cuGraphExecDestroy(first_exec))
+print("destroyed", used() - before)
+ok(cu.cuDeviceGraphMemTrim(device))
+print("trimmed", used() - before, pool(cu.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT))
+print("second_after_trim", cu.cuGraphLaunch(second_exec, stream)[0].name, used() - before)
+"""
+    )
+    ran = in_slice(code, "--memory", "1GiB")
+    seen = values(ran)
+    assert seen["instantiated"] == "0"
+    assert seen["launched"] == "600 600"
+    assert seen["written"] == "CUDA_SUCCESS"
+    assert seen["second"] == "['CUDA_ERROR_OUT_OF_MEMORY', 'CUDA_ERROR_OUT_OF_MEMORY']"
+    assert ran.stderr.count(OOM_LINE) == 1, ran.stderr
+    # Freed, the memory stays reserved by the pool (and charged); a relaunch reuses it.
+    assert seen["freed"] == "600 600"
+    assert seen["relaunched"] == "CUDA_SUCCESS 600"
+    assert seen["destroyed"] == "600"
+    assert seen["trimmed"] == "0 0"
+    assert seen["second_after_trim"] == "CUDA_SUCCESS 600"
