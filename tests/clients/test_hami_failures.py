@@ -1,11 +1,16 @@
 """The failures HAMi-core's users report (../shared/FIELD-NOTES.md), each tried with NVIDIA's
-cuda-bindings in a 1 GiB slice of the simulated GPU: allocation paths an accounting can miss,
+cuda-bindings in a 1 GiB slice of the simulated GPU: allocation paths an accounting can miss
+(pools, VMM from worker threads, graph memory nodes, memory imported from another process),
 lookups through cuGetProcAddress with the per-thread-default-stream flag, CUDA 13's
 cuCtxCreate, NVML before CUDA, and exit with threads still inside hooked calls."""
 
 from __future__ import annotations
 
-from conftest import OOM_LINE, values
+import subprocess
+import sys
+import textwrap
+
+from conftest import JUPYTER, OOM_LINE, values
 from support import CUDA_BINDINGS_PRELUDE
 
 GIB = 1 << 30
@@ -233,3 +238,123 @@ print("second_after_trim", cu.cuGraphLaunch(second_exec, stream)[0].name, used()
     assert seen["destroyed"] == "600"
     assert seen["trimmed"] == "0 0"
     assert seen["second_after_trim"] == "CUDA_SUCCESS 600"
+
+
+# Sharing memory between two processes: the 64 bytes of a legacy IPC handle travel in a file, a
+# VMM handle's descriptor over a Unix socket (SCM_RIGHTS), as programs pass them.
+SHARING = (
+    IN_PRIMARY_CONTEXT
+    + """import ctypes, os, socket, sys, time
+folder = sys.argv[1]
+handle_file, socket_path = os.path.join(folder, "handle"), os.path.join(folder, "socket")
+POSIX_FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+location = cu.CUmemLocation()
+location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+location.id = 0
+
+def used():
+    free, total = ok(cu.cuMemGetInfo())
+    return (total - free) >> 20
+
+def map_vmm(handle, size):
+    address = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+    ok(cu.cuMemMap(address, size, 0, handle, 0))
+    access = cu.CUmemAccessDesc()
+    access.location = location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ok(cu.cuMemSetAccess(address, size, [access], 1))
+    return address
+
+def read(address, size):
+    buffer = bytearray(size)
+    ok(cu.cuMemcpyDtoH(buffer, address, size))
+    return bytes(buffer).decode()
+"""
+)
+
+EXPORTER = (
+    SHARING
+    + """
+legacy = ok(cu.cuMemAlloc(600 << 20))
+ok(cu.cuMemcpyHtoD(legacy, b"from the exporter", 17))
+ipc_handle = ok(cu.cuIpcGetMemHandle(legacy))
+prop = cu.CUmemAllocationProp()
+prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location = location
+prop.requestedHandleTypes = POSIX_FD
+physical = ok(cu.cuMemCreate(200 << 20, prop, 0))
+ok(cu.cuMemcpyHtoD(map_vmm(physical, 200 << 20), b"vmm bytes", 9))
+descriptor = ok(cu.cuMemExportToShareableHandle(physical, POSIX_FD, 0))
+server = socket.socket(socket.AF_UNIX)
+server.bind(socket_path)
+server.listen(1)
+with open(handle_file + ".part", "wb") as out:
+    out.write(ctypes.string_at(ipc_handle.getPtr(), 64))
+os.rename(handle_file + ".part", handle_file)
+connection, _ = server.accept()
+socket.send_fds(connection, [b"fd"], [descriptor])
+assert connection.recv(4) == b"done"  # the importer closed and released what it opened
+print("exporter_used", used())
+print("exporter_reads", read(legacy, 17))
+"""
+)
+
+IMPORTER = (
+    SHARING
+    + """
+deadline = time.monotonic() + 60
+while not os.path.exists(handle_file):
+    assert time.monotonic() < deadline, "the exporter wrote no handle"
+    time.sleep(0.02)
+before = used()
+ipc_handle = cu.CUipcMemHandle()
+ctypes.memmove(ipc_handle.getPtr(), open(handle_file, "rb").read(), 64)
+opened = ok(cu.cuIpcOpenMemHandle(ipc_handle, cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+print("legacy_reads", read(opened, 17))
+ok(cu.cuMemcpyHtoD(opened, b"FROM THE IMPORTER", 17))
+print("legacy_used", used() - before)
+room = cu.cuMemAlloc(900 << 20)  # fits only if the 600 MiB opened are not counted here
+print("room", room[0].name)
+ok(cu.cuMemFree(room[1]))
+ok(cu.cuIpcCloseMemHandle(opened))
+connection = socket.socket(socket.AF_UNIX)
+connection.connect(socket_path)
+_, descriptors, _, _ = socket.recv_fds(connection, 16, 1)
+imported = ok(cu.cuMemImportFromShareableHandle(descriptors[0], POSIX_FD))
+mapped = map_vmm(imported, 200 << 20)
+print("vmm_reads", read(mapped, 9))
+print("vmm_used", used() - before)
+ok(cu.cuMemUnmap(mapped, 200 << 20))
+ok(cu.cuMemRelease(imported))
+connection.send(b"done")
+"""
+)
+
+
+def test_imported_ipc_memory_is_paid_by_the_exporters_slice_only(user_env, tmp_path):
+    # Two processes in two 1 GiB slices. A real driver maps the exporter's memory into the
+    # importer: no new device memory, so the importer's slice is not charged again (its free
+    # memory does not drop) and its close gives the exporter's slice nothing back.
+    def start(code: str, name: str) -> subprocess.Popen:
+        script = tmp_path / f"{name}.py"
+        script.write_text(textwrap.dedent(code))
+        command = [JUPYTER, "vgpu", "run", "--simulate", "--memory", "1GiB", "--", sys.executable, str(script)]
+        return subprocess.Popen(
+            [*command, str(tmp_path)], env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+        out, err = process.communicate(timeout=180)
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+    exporter, importer = start(EXPORTER, "exporter"), start(IMPORTER, "importer")
+    imported, exported = finish(importer), finish(exporter)
+    seen, exporter_seen = values(imported), values(exported)
+    assert seen["legacy_reads"] == "from the exporter"
+    assert seen["legacy_used"] == "0"
+    assert seen["room"] == "CUDA_SUCCESS"
+    assert seen["vmm_reads"] == "vmm bytes"
+    assert seen["vmm_used"] == "0"
+    assert exporter_seen["exporter_reads"] == "FROM THE IMPORTER"
+    assert int(exporter_seen["exporter_used"]) >= 800  # 600 + 200 MiB, still charged after the close
+    assert OOM_LINE not in imported.stderr + exported.stderr
