@@ -86,3 +86,56 @@ def test_library_link_memory_and_stream_paths_as_cuda_bindings_calls_them(env):
 
 def test_launches_fail_when_told_to(env):
     assert run({**env, "VGPU_SIM_FAIL_LAUNCHES": "1"})["launch"] == "CUDA_ERROR_LAUNCH_FAILED"
+
+
+GRAPH_POOL = (
+    CUDA_BINDINGS_PRELUDE
+    + """
+ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(device))))
+stream = ok(cu.cuStreamCreate(0))
+graph = ok(cu.cuGraphCreate(0))
+params = cu.CUDA_MEM_ALLOC_NODE_PARAMS()
+params.poolProps.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+params.poolProps.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+params.poolProps.location.id = 0
+params.bytesize = 64 << 20
+allocation = ok(cu.cuGraphAddMemAllocNode(graph, None, 0, params))
+freeing = ok(cu.cuGraphAddMemFreeNode(graph, [allocation], 1, params.dptr))
+print("types", ok(cu.cuGraphNodeGetType(allocation)).name, ok(cu.cuGraphNodeGetType(freeing)).name)
+print("node_size", ok(cu.cuGraphMemAllocNodeGetParams(allocation)).bytesize >> 20)
+print("freed_address", int(ok(cu.cuGraphMemFreeNodeGetParams(freeing))) == int(params.dptr))
+
+def pool():
+    return [int(ok(cu.cuDeviceGetGraphMemAttribute(device, a))) >> 20 for a in cu.CUgraphMem_attribute]
+
+def held():
+    free, total = ok(cu.cuMemGetInfo())
+    return (total - free) >> 20
+
+before = held()
+executable = ok(cu.cuGraphInstantiate(graph, 0))
+print("second_instantiation", cu.cuGraphInstantiate(graph, 0)[0].name)
+print("instantiated", held() - before, pool())
+ok(cu.cuGraphLaunch(executable, stream))
+print("launched", held() - before, pool())
+ok(cu.cuGraphLaunch(executable, stream))  # freed in the graph: launched again at will
+ok(cu.cuDeviceSetGraphMemAttribute(device, cu.CUgraphMem_attribute.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, cu.cuuint64_t(0)))
+ok(cu.cuDeviceGraphMemTrim(device))
+print("trimmed", held() - before, pool())
+print("access_after_free", cu.cuMemcpyHtoD(params.dptr, b"x", 1)[0].name)
+"""
+)
+
+
+def test_graph_memory_nodes_are_backed_on_launch_and_kept_by_the_pool_until_trimmed(env):
+    result = run_checked([sys.executable, "-c", textwrap.dedent(GRAPH_POOL)], env, timeout=120)
+    seen = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert seen["types"] == "CU_GRAPH_NODE_TYPE_MEM_ALLOC CU_GRAPH_NODE_TYPE_MEM_FREE"
+    assert seen["node_size"] == "64"
+    assert seen["freed_address"] == "True"
+    assert seen["second_instantiation"] != "CUDA_SUCCESS"  # one executable at a time
+    assert seen["instantiated"] == "0 [0, 0, 0, 0]"
+    # used, used high, reserved, reserved high (MiB): freed within the graph, kept reserved.
+    assert seen["launched"] == "64 [0, 64, 64, 64]"
+    assert seen["trimmed"] == "0 [0, 0, 0, 64]"
+    assert seen["access_after_free"] == "CUDA_ERROR_INVALID_VALUE"
