@@ -281,9 +281,7 @@ class Lending:
     # One check-then-mark at a time, so two suspends cannot both fit under the cap.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def suspend(
-        self, ledger: Ledger, kernel_id: str, host_memory: int, details: dict[str, Any] | None
-    ) -> Allocation:
+    def suspend(self, ledger: Ledger, kernel_id: str, host_memory: int, details: dict[str, Any] | None) -> Allocation:
         """Check, then mark the slice suspended (blocks: NVML and the ledger file)."""
         with self._lock:
             current = ledger.get(kernel_id)
@@ -515,7 +513,9 @@ class SuspendHandler(LedgerHandler):
         if body["host_memory"] < 0:
             raise _bad(f"host_memory must be zero or more bytes, not {body['host_memory']}")
         await self.owned(kernel_id)
-        suspended = await self.decide(self.lending.suspend, self.ledger, kernel_id, body["host_memory"], body["details"])
+        suspended = await self.decide(
+            self.lending.suspend, self.ledger, kernel_id, body["host_memory"], body["details"]
+        )
         self.reply(asdict(suspended))
 
 
