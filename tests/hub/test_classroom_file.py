@@ -271,8 +271,10 @@ REFUSALS = [
     (setting("idle.suspend", "20m"), "idle.suspend: unknown key (did you mean 'suspend_after'?)"),
     (
         setting("idle", {"suspend_after": "2h", "cull_after": "1h"}),
-        "idle.suspend_after: 7200 s is not less than idle.cull_after (3600 s): a kernel is suspended before it is "
-        "stopped",
+        (
+            "idle.suspend_after: 7200 s is not less than idle.cull_after (3600 s): a kernel is suspended before it is "
+            "stopped"
+        ),
     ),
     (
         setting("idle", {"suspend_after": "20m", "suspend_host_memory": "lots"}),
@@ -280,8 +282,10 @@ REFUSALS = [
     ),
     (
         setting("idle", {"suspend_host_memory": "64GiB"}),
-        "idle.suspend_host_memory: caps the host memory of suspended kernels, but no kernel is suspended without "
-        "idle.suspend_after",
+        (
+            "idle.suspend_host_memory: caps the host memory of suspended kernels, but no kernel is suspended without "
+            "idle.suspend_after"
+        ),
     ),
 ]
 
