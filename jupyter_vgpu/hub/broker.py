@@ -265,6 +265,8 @@ class Broker:
         self.lending = Lending(
             still_held=lambda allocation: still_held(allocation, kernel_pid),
             host_memory_cap=classroom.idle.suspend_host_memory or half_the_ram(),
+            # The pages are the broker's (a user's server cannot write them under its own account).
+            on_change=self.pages.set_suspended,
         )
         auth = HubAuth(api_url=api_url, api_token=api_token, cache_max_age=60)
         self.users = HubUsers(api_url, api_token)

@@ -278,6 +278,9 @@ class Lending:
 
     still_held: StillHeld | None = None
     host_memory_cap: int | None = None
+    # Told of each slice lent (True) and taken back (False), after the ledger's decision (the
+    # broker raises its limits page's suspended flag).
+    on_change: Callable[[Allocation, bool], None] | None = None
     # One check-then-mark at a time, so two suspends cannot both fit under the cap.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -310,7 +313,19 @@ class Lending:
                         f"together (idle.suspend_host_memory); its {format_size(host_memory)} would not fit, so "
                         "it keeps running and is stopped when idle longer instead"
                     )
-            return ledger.suspend(kernel_id, host_memory=host_memory, details=details)
+            suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
+            if self.on_change is not None:
+                self.on_change(suspended, True)
+            return suspended
+
+    def resume(self, ledger: Ledger, kernel_id: str) -> Allocation:
+        """Admit a suspended slice again (see Ledger.resume), then tell ``on_change``."""
+        with self._lock:
+            was = ledger.get(kernel_id)
+            resumed = ledger.resume(kernel_id)
+            if self.on_change is not None and was is not None and was.suspended:
+                self.on_change(resumed, False)
+            return resumed
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -523,7 +538,7 @@ class ResumeHandler(LedgerHandler):
     async def post(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
         await self.owned(kernel_id)
-        self.reply(asdict(await self.decide(self.ledger.resume, kernel_id)))
+        self.reply(asdict(await self.decide(self.lending.resume, self.ledger, kernel_id)))
 
 
 class ReconcileHandler(LedgerHandler):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from support import JUPYTER, checkpoint_controller, free_port, json_stand_in, wait_for
 
+from jupyter_vgpu.holders.region import LimitsPage
 from jupyter_vgpu.hub.broker import USE_SCOPE
 from jupyter_vgpu.ledger import CapacityError, NotSupported
 from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
@@ -93,7 +94,7 @@ def broker(tmp_path, sim_env):
                 return True
 
             wait_for(answers, 60, "the broker to answer", interval=0.1)
-            yield url, env
+            yield url, env, tmp_path / "broker-state"
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
@@ -101,7 +102,7 @@ def broker(tmp_path, sim_env):
 
 
 def test_the_broker_lends_a_suspended_kernels_memory_only_once_nvml_shows_it_holds_none(broker, checkpoint_targets):
-    url, env = broker
+    url, env, broker_dir = broker
     alice, bob = RemoteLedger(url, "alice-token", timeout=30), RemoteLedger(url, "bob-token", timeout=30)
     alice.admit("alice-kernel", SLICE)
     kernel = checkpoint_targets(env, "700M")  # alice's kernel, with a pattern in 700 MiB of the GPU
@@ -128,6 +129,10 @@ def test_the_broker_lends_a_suspended_kernels_memory_only_once_nvml_shows_it_hol
         bob.suspend("alice-kernel", host_memory=700 * MIB)  # not his to lend
     suspended = alice.suspend("alice-kernel", host_memory=700 * MIB, details={"processes": suspension["processes"]})
     assert suspended.suspended and suspended.host_memory == 700 * MIB
+    # The broker raises its limits page's flag (the kernel's CUDA calls then ask for a resume):
+    # the page is the broker's to write, not the user's server's.
+    page = LimitsPage.open(broker_dir / "limits" / "alice-kernel.limits", writable=False)
+    assert page.suspended
     # The lent memory is bob's now; alice's size still counts her suspended kernel.
     bob.admit("bob-kernel", SLICE)
     with pytest.raises(CapacityError) as over_budget:
@@ -143,6 +148,8 @@ def test_the_broker_lends_a_suspended_kernels_memory_only_once_nvml_shows_it_hol
     assert alice.get("alice-kernel").suspended
     bob.release("bob-kernel")
     assert not alice.resume("alice-kernel").suspended
+    assert not page.suspended
+    page.close()
     checkpoint_controller(env, "resume", processes=suspension["processes"])
     assert kernel.ask("verify", "intact") == "1"
     with pytest.raises(CapacityError):
