@@ -186,8 +186,14 @@ class MetricsHandler(LedgerHandler):
     Prometheus' text format, for a token with ``custom:vgpu:admin`` (authenticated, refused and
     read as every ledger route is)."""
 
-    def initialize(self, ledger: Ledger, gate: Gate, groups: Mapping[str, tuple[str, ...]] = NO_GROUPS) -> None:
-        super().initialize(ledger, gate)
+    def initialize(
+        self,
+        ledger: Ledger,
+        gate: Gate,
+        lending: Lending | None = None,
+        groups: Mapping[str, tuple[str, ...]] = NO_GROUPS,
+    ) -> None:
+        super().initialize(ledger, gate, lending)
         self.groups = groups  # the owners' groups, as the gate last read them from the hub
 
     async def get(self) -> None:
