@@ -2,7 +2,7 @@
 within one minute for slices of 2 simulated GPUs (2 x 16 GiB), through the broker's real HTTP
 application.
 
-    python benchmarks/classroom_load.py            # about 70 seconds
+    python benchmarks/classroom_load.py            # about 70 seconds, then the suspend comparison
     python benchmarks/classroom_load.py --smoke    # a few seconds, as CI runs it
 
 The broker is jupyter_vgpu.hub.broker.Broker, the one `jupyter vgpu broker` runs: its tornado
@@ -22,6 +22,21 @@ kernels a user, on GPUs whose burst shares may add up to 200 % each (`gpus.burst
 some by the devices. After the minute, every slice is given back and all 90 kernels ask again at
 the same moment (the "burst" row: the broker's decisions at full load). After each phase the
 ledger's allocations are checked: no device over capacity, no user over budget.
+
+Then suspend against cull-only (issue 18): a class whose kernels are mostly idle (students read
+between cells) on the same node, each student one 4 GiB kernel, played out on a virtual clock
+of one-minute ticks (nothing waits for real minutes) against a fresh broker for each policy. Every
+tick each student who has arrived runs a cell with a small probability (seeded, the same for both
+policies). Cull-only: a kernel idle for ``--cull-after`` minutes is stopped (its student's state
+is lost; their next cell starts a kernel again). Suspend: a kernel idle for ``--suspend-after``
+minutes is suspended through the broker (POST .../suspend; the node's ``idle.suspend_host_memory``
+bounds the host memory), and the next cell resumes it; culling after ``--cull-after`` as before.
+A start or resume that does not fit first makes room by suspending idle kernels on the node,
+longest idle first, never one running a cell (here the harness does it through each owner's own
+token, standing in for the owners' servers). The kernels are slices only, no processes: NVML
+shows nothing of them, so the broker's check before lending passes at once. After every tick:
+no device holds more than its memory (suspended slices left out, as the ledger counts them), and
+suspended slices hold no more host memory than the cap.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ from tornado.netutil import bind_sockets  # noqa: E402
 
 from jupyter_vgpu.hub.broker import USE_SCOPE, Broker  # noqa: E402
 from jupyter_vgpu.hub.classroom import load_classroom  # noqa: E402
-from jupyter_vgpu.ledger import CapacityError, LedgerError  # noqa: E402
+from jupyter_vgpu.ledger import CapacityError, LedgerError, NotSupported  # noqa: E402
 from jupyter_vgpu.ledger.remote import RemoteLedger  # noqa: E402
 from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError  # noqa: E402
 
@@ -226,12 +241,13 @@ def run_phase(
     return outcomes, time.perf_counter() - began - min(arrivals)
 
 
-def check_capacity(broker: Broker) -> list[str]:
-    """What the ledger holds beyond a device's capacity or a user's budget (nothing, if it works)."""
+def check_capacity(broker: Broker, sizes: dict[str, str]) -> list[str]:
+    """What the ledger holds beyond a device's capacity or a user's budget (nothing, if it works);
+    a suspended slice takes no room on its device (it holds host memory instead)."""
     problems = []
     allocations = broker.ledger.allocations()
     for usage in broker.ledger.devices_usage():
-        on_it = [a for a in allocations if a.device_uuid == usage.device.uuid]
+        on_it = [a for a in allocations if a.device_uuid == usage.device.uuid and not a.suspended]
         memory = sum(a.memory_limit for a in on_it)
         hard = sum(a.sm_share for a in on_it if a.policy == "hard")
         total = sum(a.sm_share for a in on_it)
@@ -240,7 +256,7 @@ def check_capacity(broker: Broker) -> list[str]:
     classroom = broker.classroom
     for owner in sorted({a.owner for a in allocations}):
         mine = [a for a in allocations if a.owner == owner]
-        budget = classroom.budget_for({"profile": SIZES_BY_USER[owner]}, ["students"])
+        budget = classroom.budget_for({"profile": sizes[owner]}, ["students"])
         if (
             sum(a.memory_limit for a in mine) > budget.memory
             or sum(a.sm_share for a in mine) > budget.cores
@@ -271,6 +287,208 @@ def row(phase: str, outcomes: list[Outcome], seconds: float, problems: list[str]
     )
 
 
+# -- suspend against cull-only (issue 18) ----------------------------------------------------------
+
+IDLE_CLASSROOM = """\
+gpus: {{count: 2, memory: 16GiB, burst_oversubscription: 2}}
+simulate: true
+broker: {{state_dir: broker-state}}
+sizes:
+  - {{name: notebook, memory: 4GiB, cores: 10, policy: burst, default: true, kernel: {{memory: 4GiB, cores: 10}}}}
+limits: {{kernels: 1}}
+oversubscribe: true
+idle: {{suspend_after: {suspend_after}m, suspend_host_memory: {host_memory}, cull_after: {cull_after}m}}
+"""
+NOTEBOOK = SliceLimits(4 * GIB, 10, "burst")
+
+
+@dataclass
+class Student:
+    name: str
+    arrives: int  # tick
+    client: RemoteLedger
+    kernel: str | None = None  # kernel id while it has one
+    suspended: bool = False
+    last_cell: int = 0
+    starts: int = 0
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    held_peak: int = 0  # kernels alive at once (running + suspended)
+    running_peak: int = 0
+    held_at_arrival_end: int = 0
+    culled: int = 0  # kernels stopped idle: their students' state lost
+    suspends: int = 0
+    resumes: int = 0
+    made_room: int = 0  # kernels suspended to make room for a start or resume
+    refused_cells: int = 0  # cells that could not run that minute (no room)
+    students_refused: set[str] = field(default_factory=set)
+    host_peak: int = 0
+    decisions: int = 0
+    decision_seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def play_classroom(
+    policy: str, args: argparse.Namespace, students: int, ticks: int, arrival_ticks: int
+) -> PolicyResult:
+    """One class on a fresh broker under ``policy`` (``suspend`` or ``cull-only``)."""
+    result = PolicyResult(policy)
+    names = [f"student-{number:02d}" for number in range(students)]
+    state = HubState(tokens={f"token-{name}": name for name in names}, sizes=dict.fromkeys(names, "notebook"))
+    generator = random.Random(args.seed)
+    arrivals = sorted(generator.randrange(arrival_ticks) for _ in names)
+    cells = [[generator.random() < args.activity for _ in range(ticks)] for _ in names]
+    with tempfile.TemporaryDirectory(prefix="vgpu-classroom-suspend-") as tmp:
+        path = Path(tmp) / "classroom.yaml"
+        path.write_text(
+            IDLE_CLASSROOM.format(
+                suspend_after=args.suspend_after, cull_after=args.cull_after, host_memory=args.host_memory
+            )
+        )
+        classroom = load_classroom(path, hub_groups=None)
+        cap = classroom.idle.suspend_host_memory or 0
+        hub_loop = LoopThread("stand-in-hub")
+        hub_url, hub_server = hub_loop.serve(
+            lambda: web.Application(
+                [
+                    (r"/hub/api/user", WhoAmIHandler, {"state": state}),
+                    (r"/hub/api/users/([^/]+)", UserHandler, {"state": state}),
+                ]
+            )
+        )
+        broker_loop = LoopThread("broker")
+
+        async def make_broker() -> Broker:
+            return Broker(classroom, api_url=f"{hub_url}/hub/api", api_token=BROKER_TOKEN, prefix=PREFIX)
+
+        broker = broker_loop.run(make_broker())
+        broker_url, broker_server = broker_loop.serve(broker.application)
+        ledger_url = f"{broker_url}{PREFIX}ledger"
+        people = [
+            Student(name, arrives, RemoteLedger(ledger_url, f"token-{name}", timeout=60))
+            for name, arrives in zip(names, arrivals, strict=True)
+        ]
+
+        def decide(call: Callable, *arguments, **keywords):
+            began = time.perf_counter()
+            try:
+                return call(*arguments, **keywords)
+            finally:
+                result.decisions += 1
+                result.decision_seconds += time.perf_counter() - began
+
+        def suspend(student: Student) -> bool:
+            try:
+                decide(student.client.suspend, student.kernel, host_memory=NOTEBOOK.memory_limit)
+            except NotSupported:
+                return False  # the host memory cap: it keeps running, culled later
+            student.suspended = True
+            result.suspends += 1
+            return True
+
+        def make_room(now: int, busy: set[str]) -> bool:
+            """Suspend the longest-idle running kernel that runs no cell now; whether one was."""
+            if policy != "suspend":
+                return False
+            idle = [s for s in people if s.kernel and not s.suspended and s.name not in busy]
+            for candidate in sorted(idle, key=lambda s: s.last_cell):
+                if suspend(candidate):
+                    result.made_room += 1
+                    return True
+            return False
+
+        try:
+            for now in range(ticks):
+                busy = {
+                    s.name for s in people if s.arrives <= now and (now == s.arrives or cells[names.index(s.name)][now])
+                }
+                for student in people:
+                    if student.arrives > now:
+                        continue
+                    if student.name in busy:
+                        ran = False
+                        while True:
+                            try:
+                                if student.kernel is None:
+                                    kernel_id = f"{student.name}-kernel-{student.starts}"
+                                    decide(student.client.admit, kernel_id, NOTEBOOK)
+                                    student.kernel, student.starts = kernel_id, student.starts + 1
+                                elif student.suspended:
+                                    decide(student.client.resume, student.kernel)
+                                    student.suspended = False
+                                    result.resumes += 1
+                                ran = True
+                                break
+                            except CapacityError:
+                                if not make_room(now, busy):
+                                    break
+                        if ran:
+                            student.last_cell = now
+                        else:
+                            result.refused_cells += 1
+                            result.students_refused.add(student.name)
+                        continue
+                    if student.kernel is None:
+                        continue
+                    idle_for = now - student.last_cell
+                    if idle_for >= args.cull_after:
+                        decide(student.client.release, student.kernel)
+                        student.kernel, student.suspended = None, False
+                        result.culled += 1
+                    elif policy == "suspend" and not student.suspended and idle_for >= args.suspend_after:
+                        suspend(student)
+                held = [s for s in people if s.kernel]
+                result.held_peak = max(result.held_peak, len(held))
+                result.running_peak = max(result.running_peak, sum(1 for s in held if not s.suspended))
+                if now == arrival_ticks - 1:
+                    result.held_at_arrival_end = len(held)
+                in_host = sum(a.host_memory for a in broker.ledger.allocations())
+                result.host_peak = max(result.host_peak, in_host)
+                problems = check_capacity(broker, state.sizes) + (
+                    [f"host memory {in_host} over the cap {cap}"] if cap and in_host > cap else []
+                )
+                result.problems.extend(f"minute {now}: {problem}" for problem in problems)
+        finally:
+            for student in people:
+                student.client.close()
+            broker_loop.stop(broker_server)
+            broker.close()
+            hub_loop.stop(hub_server)
+    return result
+
+
+def suspend_comparison(args: argparse.Namespace) -> bool:
+    """Print the suspend against cull-only table; False where something went over capacity."""
+    students, ticks, arrival_ticks = (12, 40, 10) if args.smoke else (args.students, args.minutes, args.arrival_minutes)
+    results = [play_classroom(policy, args, students, ticks, arrival_ticks) for policy in ("cull-only", "suspend")]
+    print()
+    print(
+        f"Suspend against cull-only: {students} students, one 4GiB kernel each (8 fit in the node's 2 x 16 GiB at "
+        f"once), arriving within {arrival_ticks} min, {ticks} min in all; a student runs a cell in a given minute "
+        f"with probability {args.activity:g}; suspend after {args.suspend_after} min idle, stop after "
+        f"{args.cull_after} min idle; host memory cap {args.host_memory}."
+    )
+    print()
+    print(
+        "| policy | kernels held, peak | running, peak | held when all have arrived | students ever refused | "
+        "cells refused | kernels stopped (state lost) | suspends (to make room) | resumes | host memory peak | "
+        "over capacity? | broker decisions (mean ms) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|")
+    for r in results:
+        mean = r.decision_seconds / r.decisions * 1e3 if r.decisions else 0.0
+        print(
+            f"| {r.policy} | {r.held_peak} | {r.running_peak} | {r.held_at_arrival_end} | {len(r.students_refused)} | "
+            f"{r.refused_cells} | {r.culled} | {r.suspends} ({r.made_room}) | {r.resumes} | "
+            f"{r.host_peak / GIB:.0f} GiB | {'yes: ' + '; '.join(r.problems[:3]) if r.problems else 'no'} | "
+            f"{r.decisions} ({mean:.1f}) |"
+        )
+    return not any(r.problems for r in results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="4 users over 2 seconds: proves the benchmark runs")
@@ -278,6 +496,14 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=3, help="kernel starts per user")
     parser.add_argument("--seconds", type=float, default=60.0, help="the window the starts arrive in")
     parser.add_argument("--seed", type=int, default=10)
+    comparison = parser.add_argument_group("suspend against cull-only")
+    comparison.add_argument("--students", type=int, default=40, help="students, one kernel each")
+    comparison.add_argument("--minutes", type=int, default=180, help="the class's length, in one-minute ticks")
+    comparison.add_argument("--arrival-minutes", type=int, default=30, help="the window students arrive in")
+    comparison.add_argument("--activity", type=float, default=0.05, help="chance a student runs a cell in a minute")
+    comparison.add_argument("--suspend-after", type=int, default=10, help="minutes idle before a kernel is suspended")
+    comparison.add_argument("--cull-after", type=int, default=45, help="minutes idle before a kernel is stopped")
+    comparison.add_argument("--host-memory", default="96GiB", help="idle.suspend_host_memory of the node")
     args = parser.parse_args()
     # Refusals are answers: tornado logs each 409 as a warning, which would bury the table.
     logging.getLogger("tornado.access").setLevel(logging.ERROR)
@@ -316,14 +542,14 @@ def main() -> None:
             arrivals = sorted(random.uniform(0, window) for _ in range(users * kernels))
             random.shuffle(arrivals)
             spread, spread_s = run_phase(clients, SIZES_BY_USER, kernels, arrivals, "minute")
-            spread_problems = check_capacity(broker)
+            spread_problems = check_capacity(broker, SIZES_BY_USER)
             held = len(broker.ledger.allocations())
             for name, client in clients.items():
                 for allocation in client.allocations():
                     assert allocation.owner == name
                     client.release(allocation.kernel_id)
             burst, burst_s = run_phase(clients, SIZES_BY_USER, kernels, [0.0] * (users * kernels), "burst")
-            burst_problems = check_capacity(broker)
+            burst_problems = check_capacity(broker, SIZES_BY_USER)
         finally:
             for client in clients.values():
                 client.close()
@@ -362,7 +588,8 @@ def main() -> None:
             f"{statistics.median(first):.1f} ms, max {max(first):.1f} ms; later starts (token cached, the "
             f"user's size still asked at each) p50 {statistics.median(later):.1f} ms, max {max(later):.1f} ms."
         )
-    if errors or spread_problems or burst_problems:
+    within_capacity = suspend_comparison(args)
+    if errors or spread_problems or burst_problems or not within_capacity:
         for error in sorted(set(errors)):
             print(error, file=sys.stderr)
         sys.exit(1)

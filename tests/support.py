@@ -152,6 +152,50 @@ def wait_for(condition, timeout: float, message: str = "condition", interval: fl
     return value
 
 
+# Runs one command of the checkpoint controller (holders/checkpoint.py) in a child process.
+CHECKPOINT_CONTROLLER = r"""
+import dataclasses, json, sys
+from jupyter_vgpu.model.devices import use_simulator
+use_simulator()
+from jupyter_vgpu.holders.checkpoint import (
+    CheckpointController, NoRoomToRestore, SuspendRefused, SuspendedProcess, Suspension,
+)
+command, arguments = sys.argv[1], json.loads(sys.argv[2])
+controller = CheckpointController()
+try:
+    if command == "suspend":
+        suspension = controller.suspend(arguments["pids"], lock_timeout=arguments["lock_timeout"])
+        answer = {"processes": [dataclasses.asdict(p) for p in suspension.processes], "seconds": suspension.seconds}
+    elif command == "resume":
+        processes = tuple(SuspendedProcess(**process) for process in arguments["processes"])
+        answer = {"seconds": controller.resume(Suspension(processes))}
+    elif command == "states":
+        answer = {str(pid): None if state is None else state.name for pid, state in controller.states(arguments["pids"]).items()}
+    elif command == "probe":
+        answer = {"reasons": list(controller.probe(arguments["pids"], managed_memory=arguments["managed"]).reasons)}
+except SuspendRefused as refused:
+    answer = {"refused": str(refused), "busy": list(refused.busy)}
+except NoRoomToRestore as no_room:
+    answer = {"no_room": str(no_room), "needed": no_room.needed, "free": no_room.free}
+print(json.dumps(answer))
+"""
+
+
+def checkpoint_controller(env: dict[str, str], command: str, **arguments) -> dict:
+    """What CheckpointController answers to ``command`` (suspend, resume, states, probe), run in a child
+    process of its own on ``env``'s simulated machine, as a server runs it (cuInit once a process)."""
+    finished = subprocess.run(
+        [sys.executable, "-c", CHECKPOINT_CONTROLLER, command, json.dumps(arguments)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    return json.loads(finished.stdout)
+
+
 class CheckpointTarget:
     """`checkpoint_probe target BYTES` (tests/programs/checkpoint_probe.c): a process that has
     written a pattern into BYTES of device memory and obeys commands on stdin."""

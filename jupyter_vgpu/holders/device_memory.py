@@ -144,6 +144,21 @@ class DeviceMemoryReader:
         return unpromised(allocations, self.read(), self.known)
 
 
+def still_held(
+    allocation: Allocation, known: KnownProcesses, read: Callable[[], Mapping[str, DeviceHolding]] = read_devices
+) -> dict[int, int | None]:
+    """The processes of ``allocation`` (its known pids and their descendants) that any device's
+    NVML process list still shows, with the bytes each holds there (None: NVML does not say). A
+    checkpointed process is off every list: the driver released its memory, context included."""
+    held: dict[int, int | None] = {}
+    for holding in read().values():
+        owners, _ = slice_processes([allocation], holding.processes, known)
+        for pid in owners:
+            used = holding.processes[pid]
+            held[pid] = used if used is None or pid not in held else (held[pid] or 0) + used
+    return held
+
+
 def kernel_pid(allocation: Allocation) -> dict[int, int]:
     """The kernel's own pid, where its provisioner recorded it and that process still runs (what
     the broker knows of a user's slice: the regions are the user's)."""

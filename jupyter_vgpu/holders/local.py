@@ -255,6 +255,8 @@ class LocalHolder:
         """Raise or clear the limits page's suspended flag, which makes the slice's processes
         count their CUDA calls as resume requests (see :meth:`resume_requests`)."""
         with self._region_of(allocation) as region:
+            if not region.page.writable:
+                return  # the node's broker publishes the page: it raises the flag when it lends the room
             region.set_suspended(suspended)
 
     def resume_requests(self, allocation: Allocation) -> int:

@@ -56,6 +56,15 @@ class PagePublisher:
         elif after.holder == "local":
             self._guarded(after, self._create if before is None else self._update)
 
+    def set_suspended(self, allocation: Allocation, suspended: bool) -> None:
+        """Raise or clear the page's suspended flag (the slice's CUDA calls then count resume
+        requests): the broker's pages are its own to write, so it follows the ledger's lending."""
+        self._guarded(allocation, lambda allocation: self._flag(allocation, suspended))
+
+    def _flag(self, allocation: Allocation, suspended: bool) -> None:
+        with LimitsPage.open(page_path(self.folder, allocation.kernel_id)) as page:
+            page.set_suspended(suspended)
+
     def sync(self, allocations: Iterable[Allocation]) -> None:
         """Make the folder hold exactly the pages of ``allocations`` (at start, after a crash):
         each page updated in place to the ledger's limits (its kernel may have it mapped), pages
@@ -65,6 +74,7 @@ class PagePublisher:
             if allocation.holder == "local":
                 kept.add(allocation.kernel_id)
                 self._guarded(allocation, self._update)
+                self.set_suspended(allocation, allocation.suspended)
         for path in self.folder.glob(f"*{PAGE_SUFFIX}"):
             if path.name[: -len(PAGE_SUFFIX)] not in kept:
                 path.unlink(missing_ok=True)

@@ -6,7 +6,8 @@ Suspend: the slice's processes (the region's slots, the kernel, and what NVML li
 from them) are probed (see :meth:`CheckpointController.probe`), the page's suspended flag is
 raised (from then on a CUDA call of theirs counts a resume request before it blocks), they are
 locked within a timeout and checkpointed, and only then, once they hold nothing on the device,
-does the ledger lend the slice's room. Resume: the ledger admits the slice on its device again
+does the ledger lend the slice's room (a broker checks NVML first; where it refuses, the processes
+are restored into the room that is still theirs). Resume: the ledger admits the slice on its device again
 FIRST, then the processes are restored and unlocked and the flag cleared, because on current
 drivers a restore that fails for lack of memory can leave a process unrecoverable.
 
@@ -90,7 +91,14 @@ class Suspender:
             # Resume requests counted before this point were made while it was running.
             "resume_requests": self.holder.resume_requests(allocation),
         }
-        suspended = self.ledger.suspend(allocation.kernel_id, host_memory=suspension.memory, details=details)
+        try:
+            suspended = self.ledger.suspend(allocation.kernel_id, host_memory=suspension.memory, details=details)
+        except BaseException:
+            # Not lent (a broker refused it, or could not be asked): the room is still the slice's,
+            # so its processes are restored into it and run on.
+            self.controller.resume(suspension)
+            self.holder.set_suspended(allocation, False)
+            raise
         return self._timed(suspended, suspend=suspension.seconds)
 
     def resume(self, allocation: Allocation) -> Allocation:

@@ -40,12 +40,12 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from jupyter_vgpu._version import __version__
-from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid
+from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid, still_held
 from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
 from jupyter_vgpu.ledger.metrics import add_device_gauges
-from jupyter_vgpu.ledger.service import Caller, Gate, LedgerHandler, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import Caller, Gate, LedgerHandler, Lending, Refusal, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
 NO_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
@@ -59,6 +59,11 @@ HUB_TIMEOUT_S = 10.0
 # The broker's state folder: others pass through it to the limits pages, without listing it.
 TRAVERSE_ONLY = 0o711
 log = logging.getLogger("jupyter_vgpu.broker")
+
+
+def half_the_ram() -> int:
+    """The node's cap on suspended slices' host memory where the classroom sets none: half its RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 class BrokerError(RuntimeError):
@@ -181,8 +186,14 @@ class MetricsHandler(LedgerHandler):
     Prometheus' text format, for a token with ``custom:vgpu:admin`` (authenticated, refused and
     read as every ledger route is)."""
 
-    def initialize(self, ledger: Ledger, gate: Gate, groups: Mapping[str, tuple[str, ...]] = NO_GROUPS) -> None:
-        super().initialize(ledger, gate)
+    def initialize(
+        self,
+        ledger: Ledger,
+        gate: Gate,
+        lending: Lending | None = None,
+        groups: Mapping[str, tuple[str, ...]] = NO_GROUPS,
+    ) -> None:
+        super().initialize(ledger, gate, lending)
         self.groups = groups  # the owners' groups, as the gate last read them from the hub
 
     async def get(self) -> None:
@@ -255,6 +266,14 @@ class Broker:
         )
         # Pages survive a crash of the broker; make them the ledger's again, drop released ones.
         self.pages.sync(self.ledger.allocations())
+        # A suspended slice's room is lent only once NVML lists none of its processes (the user's
+        # server checkpoints them; its word is not enough), and within the node's host memory cap.
+        self.lending = Lending(
+            still_held=lambda allocation: still_held(allocation, kernel_pid),
+            host_memory_cap=classroom.idle.suspend_host_memory or half_the_ram(),
+            # The pages are the broker's (a user's server cannot write them under its own account).
+            on_change=self.pages.set_suspended,
+        )
         auth = HubAuth(api_url=api_url, api_token=api_token, cache_max_age=60)
         self.users = HubUsers(api_url, api_token)
         self.gate = HubGate(classroom, auth, self.users)
@@ -267,7 +286,7 @@ class Broker:
                 MetricsHandler,
                 {"ledger": self.ledger, "gate": self.gate, "groups": self.gate.groups},
             ),
-            *ledger_handlers(f"{self.prefix}ledger", self.ledger, self.gate),
+            *ledger_handlers(f"{self.prefix}ledger", self.ledger, self.gate, lending=self.lending),
         ]
         return web.Application(handlers)
 

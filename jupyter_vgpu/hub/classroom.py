@@ -57,7 +57,7 @@ _SIZE_KEYS = ("name", "display_name", "description", "memory", "cores", "policy"
 _KERNEL_KEYS = ("memory", "cores")
 _LIMIT_KEYS = ("kernels", "memory", "groups")
 _GROUP_LIMIT_KEYS = ("kernels", "memory")
-_IDLE_KEYS = ("lower_after", "floor_cores", "cull_after")
+_IDLE_KEYS = ("lower_after", "floor_cores", "suspend_after", "suspend_host_memory", "cull_after")
 
 
 _T = TypeVar("_T")
@@ -175,12 +175,18 @@ class Budget:
 @dataclass(frozen=True)
 class IdlePolicy:
     """What each user's server does with its idle kernels (jupyter_vgpu/server/idle.py): lower
-    their SM share to ``floor_cores`` after ``lower_after`` seconds, stop them after
-    ``cull_after`` seconds (``None``: never). The spawner passes it in the server's environment."""
+    their SM share to ``floor_cores`` after ``lower_after`` seconds, suspend them to host memory
+    after ``suspend_after`` seconds (their GPU memory lent to others through the broker, issue
+    18), stop them after ``cull_after`` seconds (``None``: never). ``suspend_host_memory`` (bytes;
+    ``None``: half the node's RAM) is what all suspended kernels of the node may hold in host
+    memory together: the broker refuses a suspend past it, and the kernel is culled instead. The
+    spawner passes the policy in the server's environment."""
 
     lower_after: float | None = None
     floor_cores: int = DEFAULT_FLOOR_CORES
     cull_after: float | None = None
+    suspend_after: float | None = None
+    suspend_host_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -704,11 +710,35 @@ def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
         return None if idle.get(key) is None else reader.parsed(parse_duration, idle[key], f"idle.{key}")
 
     floor = idle.get("floor_cores")
-    return IdlePolicy(
+    policy = IdlePolicy(
         lower_after=duration("lower_after"),
         floor_cores=DEFAULT_FLOOR_CORES if floor is None else reader.parsed(parse_sm_share, floor, "idle.floor_cores"),
         cull_after=duration("cull_after"),
+        suspend_after=duration("suspend_after"),
+        suspend_host_memory=(
+            None
+            if idle.get("suspend_host_memory") is None
+            else reader.parsed(parse_size, idle["suspend_host_memory"], "idle.suspend_host_memory")
+        ),
     )
+    suspend_after, cull_after = policy.suspend_after, policy.cull_after
+    if suspend_after is not None and cull_after is not None and suspend_after >= cull_after:
+        raise reader.error(
+            "idle.suspend_after",
+            f"{_seconds(suspend_after)} is not less than idle.cull_after ({_seconds(cull_after)}): a kernel is "
+            "suspended before it is stopped; make suspend_after shorter, or leave it out to keep lower-then-cull",
+        )
+    if policy.suspend_host_memory is not None and suspend_after is None:
+        raise reader.error(
+            "idle.suspend_host_memory",
+            "caps the host memory of suspended kernels, but no kernel is suspended without idle.suspend_after; "
+            "set idle.suspend_after too, or leave suspend_host_memory out",
+        )
+    return policy
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
 
 
 def _check_limits_cover_sizes(reader: _Reader, classroom: Classroom) -> None:
@@ -787,6 +817,8 @@ ENV_SIMULATE = "JUPYTER_VGPU_SIMULATE"
 ENV_IDLE_LOWER_AFTER = "JUPYTER_VGPU_IDLE_LOWER_AFTER"
 ENV_IDLE_FLOOR_CORES = "JUPYTER_VGPU_IDLE_FLOOR_CORES"
 ENV_IDLE_CULL_AFTER = "JUPYTER_VGPU_IDLE_CULL_AFTER"
+ENV_IDLE_SUSPEND_AFTER = "JUPYTER_VGPU_IDLE_SUSPEND_AFTER"
+ENV_SUSPEND_HOST_MEMORY = "JUPYTER_VGPU_SUSPEND_HOST_MEMORY"
 ENV_SIM_DEVICES = "VGPU_SIM_DEVICES"
 SERVER_ENVIRONMENT = (
     ENV_BROKER_URL,
@@ -802,6 +834,8 @@ SERVER_ENVIRONMENT = (
     ENV_IDLE_LOWER_AFTER,
     ENV_IDLE_FLOOR_CORES,
     ENV_IDLE_CULL_AFTER,
+    ENV_IDLE_SUSPEND_AFTER,
+    ENV_SUSPEND_HOST_MEMORY,
 )
 
 
@@ -859,4 +893,10 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
         environment[ENV_IDLE_FLOOR_CORES] = str(classroom.idle.floor_cores)
     if classroom.idle.cull_after is not None:
         environment[ENV_IDLE_CULL_AFTER] = repr(classroom.idle.cull_after)
+    if classroom.idle.suspend_after is not None:
+        environment[ENV_IDLE_SUSPEND_AFTER] = repr(classroom.idle.suspend_after)
+        # The node's cap, which the broker enforces over every user's suspended kernels; the
+        # server checks its own against it too (without it, it would take half the node's RAM).
+        if classroom.idle.suspend_host_memory is not None:
+            environment[ENV_SUSPEND_HOST_MEMORY] = exact_size(classroom.idle.suspend_host_memory)
     return environment

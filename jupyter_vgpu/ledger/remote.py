@@ -275,10 +275,16 @@ class RemoteLedger(Ledger):
         return self._call("PATCH", f"{_slice_path(kernel_id)}/metadata", fields, read=_allocation)
 
     def suspend(self, kernel_id: str, *, host_memory: int, details: dict[str, Any] | None = None) -> Allocation:
-        raise NotSupported(_NO_SUSPEND)
+        """Ask the service to lend a slice's room once its processes are checkpointed. Raises
+        NotSupported where it does not (the broker: NVML still lists a process of the slice, or
+        suspended slices hold all the host memory they may), UnknownSlice."""
+        body = {"host_memory": host_memory, "details": details or {}}
+        return self._call("POST", f"{_slice_path(kernel_id)}/suspend", body, read=_allocation)
 
     def resume(self, kernel_id: str) -> Allocation:
-        raise NotSupported(_NO_SUSPEND)
+        """Admit a suspended slice on its device again, before its processes are restored; raises
+        CapacityError where it no longer fits (it stays suspended), UnknownSlice."""
+        return self._call("POST", f"{_slice_path(kernel_id)}/resume", {}, read=_allocation)
 
     def reconcile(self, is_alive: Callable[[Allocation], bool]) -> list[Allocation]:
         """Release every allocation whose kernel is gone; returns the released.
@@ -329,6 +335,8 @@ class RemoteLedger(Ledger):
                 return CapacityError(message, resource=resource, requested=numbers[0], available=numbers[1])
         elif status == 409 and error == "SliceExists":
             return SliceExists(message)
+        elif status == 409 and error == "NotLent":
+            return NotSupported(message)
         elif status == 404 and error == "UnknownSlice":
             return UnknownSlice(message)
         elif status == 403 and error == "NotYourSlice":
@@ -397,14 +405,6 @@ class RemoteLedger(Ledger):
                 self._idle.append(connection)
                 return
         connection.close()
-
-
-# The broker would have to decide whose idle kernel makes room and check NVML before lending
-# (issue 18): not built yet, so a classroom's kernels keep the lower-then-cull policy.
-_NO_SUSPEND = (
-    "kernels whose slices the node's GPU broker holds cannot be suspended yet; the idle policy lowers "
-    "and then stops them instead"
-)
 
 
 def _no_budget(budget: OwnerBudget | None) -> None:

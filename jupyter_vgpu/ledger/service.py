@@ -15,6 +15,9 @@ GET      ``allocations/<kernel id>``         the allocation
 PATCH    ``allocations/<kernel id>``         resize: the allocation
 DELETE   ``allocations/<kernel id>``         release: the allocation it held
 PATCH    ``allocations/<kernel id>/metadata`` merge the body's fields: the allocation
+POST     ``allocations/<kernel id>/suspend`` lend a checkpointed slice's room
+                                             ``{"host_memory", "details"}``: the allocation
+POST     ``allocations/<kernel id>/resume``  admit a suspended slice again: the allocation
 POST     ``reconcile``                       release ``{"dead": [{"kernel_id", "created_at"}]}``
                                              where still the same: ``{"released": [...]}``
 =======  ==================================  ==================================================
@@ -27,8 +30,9 @@ to, and such a caller sees and changes only the slices it owns (403 for another'
 slices in its own name whatever the body says, and within the budget the gate gives it. Every refusal is
 JSON, ``{"message": ..., "error": <kind>}``, with ``resource``, ``requested`` and ``available``
 for a CapacityError: 400 a body or value not accepted, 401 no token, 403 a wrong token, 404 no
-slice for that kernel (or no such route), 409 no room or a slice that exists, 503 the ledger
-itself failed (its file). Bodies are checked here, at the edge (types, sizes, unknown fields),
+slice for that kernel (or no such route), 409 no room, a slice that exists, or a suspend whose
+room is not lent (``NotLent``: its processes still hold device memory, or suspended slices hold
+all the host memory they may), 503 the ledger itself failed (its file). Bodies are checked here, at the edge (types, sizes, unknown fields),
 so nothing a client sends reaches the ledger in a shape it does not take or becomes a 500.
 """
 
@@ -39,14 +43,16 @@ import hmac
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from tornado import httputil, web
 from tornado.ioloop import IOLoop
 
 from jupyter_vgpu.ledger.base import (
+    SUSPENDED_KEY,
     Allocation,
     CapacityError,
     Ledger,
@@ -55,7 +61,7 @@ from jupyter_vgpu.ledger.base import (
     SliceExists,
     UnknownSlice,
 )
-from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError
+from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError, format_size
 
 # Far more than any decision needs (a reconcile of a few thousand dead kernels fits), small
 # enough that a client cannot make the service parse megabytes.
@@ -194,6 +200,7 @@ RESIZE_FIELDS = {
     "policy": (_optional(_text), None),
 }
 RECONCILE_FIELDS = {"dead": (_dead, _REQUIRED)}
+SUSPEND_FIELDS = {"host_memory": (_whole, _REQUIRED), "details": (_optional(_metadata), None)}
 
 
 def _finite(text: str) -> float:
@@ -248,6 +255,79 @@ class TokenGate:
         return None
 
 
+# -- lending a suspended slice's room -----------------------------------------------------------
+
+# The pids of a slice's processes that a device still lists (any device), each with the bytes
+# NVML says it holds there (None: NVML does not say). Read afresh at each call.
+StillHeld = Callable[[Allocation], Mapping[int, int | None]]
+
+
+class NotLent(Exception):
+    """A suspend whose room is not lent; the slice stays as it was (running)."""
+
+
+@dataclass
+class Lending:
+    """What a served ledger checks before it lends a suspended slice's room (the broker's rules).
+
+    ``still_held``: where given, a suspend is refused while NVML lists any process of the slice on
+    a device (the user's server checkpoints its kernel's processes; the service does not lend on
+    its word). ``host_memory_cap``: where given, the bytes all suspended slices of the ledger may
+    hold in host memory together; a suspend past it is refused. Without a Lending (the one-token
+    service of trusted servers), a suspend is recorded as its client says."""
+
+    still_held: StillHeld | None = None
+    host_memory_cap: int | None = None
+    # Told of each slice lent (True) and taken back (False), after the ledger's decision (the
+    # broker raises its limits page's suspended flag).
+    on_change: Callable[[Allocation, bool], None] | None = None
+    # One check-then-mark at a time, so two suspends cannot both fit under the cap.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def suspend(self, ledger: Ledger, kernel_id: str, host_memory: int, details: dict[str, Any] | None) -> Allocation:
+        """Check, then mark the slice suspended (blocks: NVML and the ledger file)."""
+        with self._lock:
+            current = ledger.get(kernel_id)
+            if current is None:
+                raise UnknownSlice(f"no slice is held for kernel {kernel_id!r}; it was released or never admitted")
+            if current.suspended:
+                return current
+            if self.still_held is not None:
+                held = self.still_held(current)
+                if held:
+                    shown = ", ".join(
+                        f"pid {pid} ({'an amount NVML does not say' if used is None else format_size(used)})"
+                        for pid, used in sorted(held.items())
+                    )
+                    raise NotLent(
+                        f"kernel {kernel_id!r} is not suspended: NVML lists its processes on the GPU still ({shown}); "
+                        "the broker lends a slice's memory only once its processes hold none (checkpointed to "
+                        "host memory by the user's server), so the slice keeps running"
+                    )
+            if self.host_memory_cap is not None:
+                in_host = sum(allocation.host_memory for allocation in ledger.allocations())
+                if in_host + host_memory > self.host_memory_cap:
+                    raise NotLent(
+                        f"kernel {kernel_id!r} is not suspended: suspended kernels of this node hold "
+                        f"{format_size(in_host)} of host memory and may hold {format_size(self.host_memory_cap)} "
+                        f"together (idle.suspend_host_memory); its {format_size(host_memory)} would not fit, so "
+                        "it keeps running and is stopped when idle longer instead"
+                    )
+            suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
+            if self.on_change is not None:
+                self.on_change(suspended, True)
+            return suspended
+
+    def resume(self, ledger: Ledger, kernel_id: str) -> Allocation:
+        """Admit a suspended slice again (see Ledger.resume), then tell ``on_change``."""
+        with self._lock:
+            was = ledger.get(kernel_id)
+            resumed = ledger.resume(kernel_id)
+            if self.on_change is not None and was is not None and was.suspended:
+                self.on_change(resumed, False)
+            return resumed
+
+
 # -- handlers ----------------------------------------------------------------------------------
 
 
@@ -255,9 +335,10 @@ class LedgerHandler(web.RequestHandler):
     """What every route shares: token authentication, JSON bodies and replies, refusals as JSON,
     and ledger calls off the event loop."""
 
-    def initialize(self, ledger: Ledger, gate: Gate) -> None:
+    def initialize(self, ledger: Ledger, gate: Gate, lending: Lending | None = None) -> None:
         self.ledger = ledger
         self.gate = gate
+        self.lending = lending or Lending()
 
     def set_default_headers(self) -> None:
         # Decisions and usage change from one moment to the next; nothing on the way may keep them.
@@ -354,6 +435,8 @@ class LedgerHandler(web.RequestHandler):
             ) from None
         except SliceExists as error:
             raise Refusal(409, str(error), "SliceExists") from None
+        except NotLent as error:
+            raise Refusal(409, str(error), "NotLent") from None
         except UnknownSlice as error:
             raise Refusal(404, str(error), "UnknownSlice") from None
         except SliceValueError as error:
@@ -428,8 +511,34 @@ class MetadataHandler(LedgerHandler):
         reserved = [name for name in RESERVED_METADATA if name in fields]
         if reserved:
             raise _bad(f"metadata fields may not be named {' or '.join(map(repr, reserved))}")
+        if SUSPENDED_KEY in fields:
+            # Lending a slice's room is a decision, checked against the device: never a claim.
+            raise _bad(
+                f"the metadata field {SUSPENDED_KEY!r} is set by POST .../suspend (after the service checks that "
+                "the slice's processes hold no device memory) and cleared by POST .../resume, not by a metadata update"
+            )
         await self.owned(kernel_id)
         self.reply(asdict(await self.decide(self.ledger.update_metadata, kernel_id, **fields)))
+
+
+class SuspendHandler(LedgerHandler):
+    async def post(self, kernel_id: str) -> None:
+        kernel_id = self.kernel_id(kernel_id)
+        body = self.body(SUSPEND_FIELDS)
+        if body["host_memory"] < 0:
+            raise _bad(f"host_memory must be zero or more bytes, not {body['host_memory']}")
+        await self.owned(kernel_id)
+        suspended = await self.decide(
+            self.lending.suspend, self.ledger, kernel_id, body["host_memory"], body["details"]
+        )
+        self.reply(asdict(suspended))
+
+
+class ResumeHandler(LedgerHandler):
+    async def post(self, kernel_id: str) -> None:
+        kernel_id = self.kernel_id(kernel_id)
+        await self.owned(kernel_id)
+        self.reply(asdict(await self.decide(self.lending.resume, self.ledger, kernel_id)))
 
 
 class ReconcileHandler(LedgerHandler):
@@ -455,16 +564,17 @@ class NotFoundHandler(LedgerHandler):
 
 
 def ledger_handlers(
-    prefix: str, ledger: Ledger, access: str | Gate
+    prefix: str, ledger: Ledger, access: str | Gate, *, lending: Lending | None = None
 ) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:
     """The routes that serve ``ledger`` under ``prefix`` (``/services/vgpu/ledger``), for a tornado
     ``Application`` (or ``add_handlers``), to clients that present ``access`` (one token whose
-    holder may do everything) or that ``access`` (a :class:`Gate`) accepts."""
+    holder may do everything) or that ``access`` (a :class:`Gate`) accepts; a suspend is checked
+    as ``lending`` says (none: recorded as asked)."""
     gate = TokenGate(access) if isinstance(access, str) else access
     if prefix and not prefix.startswith("/"):
         raise ValueError(f"the ledger service's prefix must start with '/', not {prefix!r}")
     base = re.escape(prefix.rstrip("/"))
-    options = {"ledger": ledger, "gate": gate}
+    options = {"ledger": ledger, "gate": gate, "lending": lending or Lending()}
     segment = "([^/]+)"
     return [
         (rf"{base}/devices", DevicesHandler, options),
@@ -472,6 +582,8 @@ def ledger_handlers(
         (rf"{base}/allocations", AllocationsHandler, options),
         (rf"{base}/allocations/{segment}", SliceHandler, options),
         (rf"{base}/allocations/{segment}/metadata", MetadataHandler, options),
+        (rf"{base}/allocations/{segment}/suspend", SuspendHandler, options),
+        (rf"{base}/allocations/{segment}/resume", ResumeHandler, options),
         (rf"{base}/reconcile", ReconcileHandler, options),
         (rf"{base}/.*", NotFoundHandler, options),
     ]

@@ -142,6 +142,17 @@ def test_durations(tmp_path):
     assert load(tmp_path, lambda d: d.update(idle={"cull_after": "2 m"})).idle.cull_after == 120.0
 
 
+def test_suspend_settings(tmp_path):
+    idle = {"lower_after": "5m", "suspend_after": "20m", "suspend_host_memory": "64GiB", "cull_after": "2h"}
+    classroom = load(tmp_path, lambda d: d.update(idle=idle))
+    assert classroom.idle == IdlePolicy(
+        lower_after=300.0, floor_cores=5, cull_after=7200.0, suspend_after=1200.0, suspend_host_memory=64 * GIB
+    )
+    # Without a cap: the broker takes half the node's RAM; without cull_after: never culled.
+    only = load(tmp_path, lambda d: d.update(idle={"suspend_after": 600})).idle
+    assert (only.suspend_after, only.suspend_host_memory, only.cull_after) == (600.0, None, None)
+
+
 def setting(path: str, value):
     """A change that sets one dotted key (``sizes.1.memory``) of the base file."""
 
@@ -256,6 +267,26 @@ REFUSALS = [
     (setting("idle.lower_after", "soon"), "idle.lower_after: 'soon' is not a duration like 90s, 20m, 2h"),
     (setting("idle.cull_after", 0), "idle.cull_after: '0' must be more than zero"),
     (setting("idle.floor_cores", 200), "idle.floor_cores: SM share '200' is not a whole percentage from 1 to 100"),
+    (setting("idle.suspend_after", "later"), "idle.suspend_after: 'later' is not a duration like 90s, 20m, 2h"),
+    (setting("idle.suspend", "20m"), "idle.suspend: unknown key (did you mean 'suspend_after'?)"),
+    (
+        setting("idle", {"suspend_after": "2h", "cull_after": "1h"}),
+        (
+            "idle.suspend_after: 7200 s is not less than idle.cull_after (3600 s): a kernel is suspended before it is "
+            "stopped"
+        ),
+    ),
+    (
+        setting("idle", {"suspend_after": "20m", "suspend_host_memory": "lots"}),
+        "idle.suspend_host_memory: memory size 'lots' is not a size like 512MiB, 4GiB",
+    ),
+    (
+        setting("idle", {"suspend_host_memory": "64GiB"}),
+        (
+            "idle.suspend_host_memory: caps the host memory of suspended kernels, but no kernel is suspended without "
+            "idle.suspend_after"
+        ),
+    ),
 ]
 
 
@@ -629,11 +660,25 @@ def test_server_environment_carries_the_idle_policy(tmp_path):
         assert traits[trait].from_string(environment[environment_variable(trait)]) == expected
     only_cull = server_environment(load(tmp_path, lambda d: d.update(idle={"cull_after": 90})), None, ["students"])
     assert {name for name in only_cull if "IDLE" in name} == {"JUPYTER_VGPU_IDLE_CULL_AFTER"}
-    # No idle policy: none of them; a later start takes away those an earlier one set.
-    assert not {name for name in server_environment(load(tmp_path), None, ["students"]) if "IDLE" in name}
-    assert {"JUPYTER_VGPU_IDLE_LOWER_AFTER", "JUPYTER_VGPU_IDLE_FLOOR_CORES", "JUPYTER_VGPU_IDLE_CULL_AFTER"} <= set(
-        SERVER_ENVIRONMENT
+    suspending = {"suspend_after": "20m", "suspend_host_memory": "48GiB", "cull_after": "2h"}
+    environment = server_environment(load(tmp_path, lambda d: d.update(idle=suspending)), None, ["students"])
+    assert (environment["JUPYTER_VGPU_IDLE_SUSPEND_AFTER"], environment["JUPYTER_VGPU_SUSPEND_HOST_MEMORY"]) == (
+        "1200.0",
+        "48GiB",
     )
+    for trait, expected in (("idle_suspend_after", 1200.0), ("suspend_host_memory", "48GiB")):
+        assert traits[trait].from_string(environment[environment_variable(trait)]) == expected
+    # No idle policy: none of them; a later start takes away those an earlier one set.
+    assert not {
+        name for name in server_environment(load(tmp_path), None, ["students"]) if "IDLE" in name or "SUSPEND" in name
+    }
+    assert {
+        "JUPYTER_VGPU_IDLE_LOWER_AFTER",
+        "JUPYTER_VGPU_IDLE_FLOOR_CORES",
+        "JUPYTER_VGPU_IDLE_CULL_AFTER",
+        "JUPYTER_VGPU_IDLE_SUSPEND_AFTER",
+        "JUPYTER_VGPU_SUSPEND_HOST_MEMORY",
+    } <= set(SERVER_ENVIRONMENT)
 
 
 @pytest.mark.parametrize("size", [GIB, 1536 * MIB, 682 * MIB, int(1.25 * GIB), 1342177281, 5 * GIB // 3])

@@ -1,0 +1,115 @@
+"""Suspending a slice through the ledger service (issue 18): RemoteLedger.suspend and .resume
+call the service's routes, which lend a suspended slice's room as the embedded ledger does and
+admit it again on resume; a service with a Lending (the broker's) refuses a suspend past its host
+memory cap, or while its check says the slice's processes still hold device memory, and the
+suspended state is never set by a metadata update. Real handlers, real HTTP on 127.0.0.1, a real
+EmbeddedLedger; the broker's own NVML check runs in tests/hub/test_broker_suspend.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import http_request
+
+from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, NotSupported
+from jupyter_vgpu.ledger.remote import RemoteLedger
+from jupyter_vgpu.ledger.service import Lending, ledger_handlers
+from jupyter_vgpu.model import SliceLimits
+
+GIB = 1 << 30
+PREFIX = "/services/vgpu/ledger"
+TOKEN = "suspend-test-token"
+
+
+@pytest.fixture
+def served(service_loop, ledger_path, gpu):
+    """serve(lending) -> (a RemoteLedger of a service on one 16 GiB GPU, the EmbeddedLedger behind it)."""
+    opened = []
+
+    def serve(lending: Lending | None = None):
+        ledger = EmbeddedLedger(ledger_path, [gpu(0, 16)])
+        server = service_loop.serve(ledger_handlers(PREFIX, ledger, TOKEN, lending=lending))
+        client = RemoteLedger(server.url + PREFIX, TOKEN, timeout=30)
+        opened.append((client, server, ledger))
+        return client, ledger
+
+    yield serve
+    for client, server, ledger in opened:
+        client.close()
+        server.stop()
+        ledger.close()
+
+
+def test_a_slice_suspended_through_the_service_lends_its_room_until_it_resumes(served):
+    client, _ = served()
+    client.admit("a", SliceLimits(12 * GIB, 30))
+    suspended = client.suspend("a", host_memory=12 * GIB, details={"processes": [{"pid": 7, "memory": 12 * GIB}]})
+    assert suspended.suspended and suspended.host_memory == 12 * GIB
+    assert suspended.metadata["suspended"]["processes"] == [{"pid": 7, "memory": 12 * GIB}]
+    assert client.devices_usage()[0].memory_free == 16 * GIB
+    client.admit("b", SliceLimits(8 * GIB, 30))
+    with pytest.raises(CapacityError, match="cannot resume yet") as refused:
+        client.resume("a")
+    assert (refused.value.resource, refused.value.available) == ("memory", 8 * GIB)
+    assert client.get("a").suspended
+    client.release("b")
+    assert not client.resume("a").suspended
+    assert client.devices_usage()[0].memory_free == 4 * GIB
+
+
+def test_a_suspend_past_the_host_memory_cap_is_refused_and_the_slice_keeps_its_room(served):
+    client, _ = served(Lending(host_memory_cap=4 * GIB))
+    client.admit("a", SliceLimits(3 * GIB, 10))
+    client.admit("b", SliceLimits(3 * GIB, 10))
+    client.suspend("a", host_memory=3 * GIB)
+    with pytest.raises(NotSupported, match=r"hold 3GiB of host memory and may hold 4GiB together"):
+        client.suspend("b", host_memory=3 * GIB)
+    assert not client.get("b").suspended
+    assert client.devices_usage()[0].memory_allocated == 3 * GIB  # b's, not lent
+    client.resume("a")
+    assert client.suspend("b", host_memory=3 * GIB).suspended
+
+
+def test_a_suspend_is_refused_while_the_check_sees_the_slices_processes_on_the_gpu(served):
+    held = {4242: GIB}
+    checked = []
+
+    def still_held(allocation):
+        checked.append(allocation.kernel_id)
+        return dict(held)
+
+    client, _ = served(Lending(still_held=still_held))
+    client.admit("a", SliceLimits(2 * GIB, 10))
+    with pytest.raises(NotSupported, match=r"still \(pid 4242 \(1GiB\)\)"):
+        client.suspend("a", host_memory=GIB)
+    assert not client.get("a").suspended and checked == ["a"]
+    held.clear()
+    assert client.suspend("a", host_memory=GIB).suspended
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        ("/allocations/a/suspend", {}, 400, "the request body lacks 'host_memory'"),
+        ("/allocations/a/suspend", {"host_memory": -1}, 400, "host_memory must be zero or more bytes, not -1"),
+        ("/allocations/a/suspend", {"host_memory": "1GiB"}, 400, "host_memory must be a whole number"),
+        ("/allocations/a/suspend", {"host_memory": 1, "when": 2}, 400, "unknown field 'when'; it takes host_memory"),
+        ("/allocations/nobody/suspend", {"host_memory": 1}, 404, "no slice is held for kernel 'nobody'"),
+        ("/allocations/nobody/resume", {}, 404, "no slice is held for kernel 'nobody'"),
+        ("/allocations/a/metadata", {"suspended": {"host_memory": 0}}, 400, "'suspended' is set by POST .../suspend"),
+    ],
+)
+def test_bad_suspend_requests_get_a_clear_refusal(served, path, body, status, message):
+    client, ledger = served()
+    client.admit("a", SliceLimits(2 * GIB, 10))
+    got, _headers, data = http_request(
+        client.url.removesuffix(PREFIX),
+        "POST" if "metadata" not in path else "PATCH",
+        PREFIX + path,
+        body,
+        {"Authorization": f"token {TOKEN}"},
+    )
+    assert got == status, data
+    assert message in json.loads(data)["message"]
+    assert not ledger.get("a").suspended
