@@ -73,7 +73,9 @@ def test_the_example_file_loads(tmp_path):
     assert (small.memory, small.cores, small.policy, small.default) == (2 * GIB, 20, "burst", True)
     assert (small.kernel_memory, small.kernel_cores) == (GIB, 10)
     assert classroom.admins == ("teacher",)
-    assert classroom.idle == IdlePolicy(lower_after=1200.0, floor_cores=5, cull_after=7200.0)
+    assert classroom.idle == IdlePolicy(
+        lower_after=1200.0, floor_cores=5, cull_after=7200.0, suspend_after=3600.0, suspend_host_memory=64 * GIB
+    )
     assert classroom.oversubscribe is False
     assert (classroom.gpus.reserve, classroom.gpus.burst_oversubscription, classroom.gpus.placement) == (
         512 * MIB,
