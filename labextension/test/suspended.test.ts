@@ -30,7 +30,7 @@ function suspended(): ISliceModel {
       ]
     },
     notice:
-      'suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs'
+      'suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs, about 4 s'
   });
 }
 
@@ -69,7 +69,7 @@ describe('a suspended kernel', () => {
     expect(sliceTooltip(suspended(), trans).split('\n')).toEqual([
       'GPU slice on device 1: memory cap 12GiB, SM share 30 % (hard)',
       'Suspended: 12GiB in host memory, none of it on the GPU; its next cell resumes it',
-      'Idle kernel: suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs'
+      'Idle kernel: suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs, about 4 s'
     ]);
   });
 });
