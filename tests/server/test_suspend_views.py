@@ -6,7 +6,11 @@ processes allocated) and show the notice that says what it waits for."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from pathlib import Path
 
+from support import dashboard_misreads
 from test_idle_policy import eventually
 from test_suspend import HOLD_12_GIB_WITH_A_PATTERN, LARGE, _state_is, post, slice_of, start_sliced
 
@@ -70,3 +74,31 @@ async def test_vgpu_and_its_panel_say_a_waiting_suspended_kernels_memory_is_in_h
     assert (await asyncio.wait_for(run_in_kernel(a, "print(intact())"), 60)).strip() == "True"
     resumed = await slice_of(jp_fetch, a)
     assert (gpu_memory_used(resumed), in_host_memory(resumed)) == (12 << 30, None)
+
+
+async def test_the_server_grafana_dashboard_reads_only_metrics_and_labels_the_server_exports(
+    jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    """docs/grafana/jupyter-vgpu-server.json against GET /api/vgpu/metrics with a kernel suspended,
+    resumed and suspended again (so every suspend series is there), and its panels for suspended
+    kernels, their host memory and the suspend and resume seconds."""
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana" / "jupyter-vgpu-server.json").read_text())
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(1 << 30))")).strip() == "0"
+    for action in ("suspend", "resume", "suspend"):
+        await post(jp_fetch, kernel, action)
+    metrics = (await jp_fetch("api", "vgpu", "metrics")).body.decode()
+
+    assert not dashboard_misreads(dashboard, metrics)
+    asked = {
+        metric
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for metric in re.findall(r"\b(vgpu_\w+)", target["expr"])
+    }
+    assert {
+        "vgpu_device_suspended_slices",
+        "vgpu_device_suspended_host_memory_bytes",
+        "vgpu_slice_last_suspend_seconds",
+        "vgpu_slice_last_resume_seconds",
+    } <= asked
