@@ -23,7 +23,7 @@ from traitlets import Bool, Float, List, TraitError, Unicode
 from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
-from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable
+from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, gpu_memory_used, in_host_memory
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
 from jupyter_vgpu.holders.local import (
     REGION_PATH_KEY,
@@ -610,11 +610,12 @@ class StatusApp(_ServerCommand):
         )
         for item in slices:
             limits, usage = item["limits"], item["usage"]
-            memory = f"{format_size(usage['memory_bytes']) if usage['memory_bytes'] else '0'} / {format_size(limits['memory_bytes'])}"
+            used = gpu_memory_used(item)  # none on the GPU while suspended: the state says where it is
+            memory = f"{format_size(used) if used else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
                 f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{item['device']['index']:>4}"
-                f"{memory:>22}{sm:>15}{limits['policy']:>8}  {item['state']}"
+                f"{memory:>22}{sm:>15}{limits['policy']:>8}  {in_host_memory(item) or item['state']}"
             )
             for warning in item.get("warnings", ()):
                 print(f"{'':<10}warning: {warning}")

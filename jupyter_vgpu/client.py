@@ -179,6 +179,20 @@ def describe_limits(model: dict[str, Any]) -> str:
     return f"memory cap {format_size(limits['memory_bytes'])}, SM share {limits['cores']}%, policy {limits['policy']}"
 
 
+def gpu_memory_used(model: dict[str, Any]) -> int:
+    """Bytes a slice's processes hold on the GPU: none while it is suspended (``usage.memory_bytes``
+    then still counts what they allocated, which is in host memory)."""
+    return 0 if model.get("state") == "suspended" else int(model["usage"]["memory_bytes"])
+
+
+def in_host_memory(model: dict[str, Any]) -> str | None:
+    """Where a suspended slice's memory is, ``12GiB in host memory (suspended)``; None for a slice
+    that is not suspended."""
+    if model.get("state") != "suspended":
+        return None
+    return f"{format_size(model.get('host_memory_bytes') or 0)} in host memory (suspended)"
+
+
 def slice_name(model: dict[str, Any]) -> str:
     """What people call a slice: its notebook's file name, else its kernel's short id."""
     path = model.get("path") or ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -436,3 +437,24 @@ def hold_outside(env: dict[str, str], size: int) -> subprocess.Popen:
     )
     assert program.stdout is not None and program.stdout.readline() == "held\n"
     return program
+
+
+def dashboard_misreads(dashboard: dict, metrics: str) -> list[str]:
+    """What a Grafana dashboard (docs/grafana) asks of a Prometheus text export that the export
+    lacks: per panel, a query that names no vgpu_ metric, metrics it does not export, and labels
+    grouped by or shown in a legend that none of its series carries. Empty when the dashboard reads
+    only what is there."""
+    exported = set(re.findall(r"^# TYPE (\w+) ", metrics, re.MULTILINE))
+    labels = set(re.findall(r"[{,](\w+)=", metrics))
+    misreads = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            asked = set(re.findall(r"\b(vgpu_\w+)", target["expr"]))
+            grouped = set(re.findall(r"by \((\w+)\)", target["expr"])) | set(
+                re.findall(r"{{(\w+)}}", target["legendFormat"])
+            )
+            if not asked or asked - exported or grouped - labels:
+                misreads.append(
+                    f"{panel['title']}: metrics {sorted(asked - exported)}, labels {sorted(grouped - labels)}"
+                )
+    return misreads

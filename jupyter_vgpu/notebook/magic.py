@@ -28,6 +28,7 @@ from jupyter_vgpu.client import (
     ServerUnavailable,
     describe_limits,
     device_label,
+    in_host_memory,
     slice_name,
 )
 from jupyter_vgpu.model.sizes import (
@@ -72,9 +73,13 @@ PANEL_NEEDS_SERVER = (
 )
 
 
-def _memory_line(usage: dict[str, Any], limits: dict[str, Any]) -> str:
+def _memory_line(model: dict[str, Any]) -> str:
+    limits = model["limits"]
     cap = f"{format_size(limits['memory_bytes'])} cap" if limits["memory_bytes"] else "no cap"
-    return f"  memory  {format_size(usage['memory_bytes'])} used of {cap}"
+    suspended = in_host_memory(model)
+    if suspended:
+        return f"  memory  {suspended}, none on the GPU; {cap}"
+    return f"  memory  {format_size(model['usage']['memory_bytes'])} used of {cap}"
 
 
 def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
@@ -84,12 +89,12 @@ def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
         [
             f"GPU slice of {slice_name(model)} ({model['kernel_id']}), {model['state']}",
             f"  device  {device_label(model, devices)}",
-            _memory_line(usage, limits),
+            _memory_line(model),
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
             f"  policy  {limits['policy']}",
             *(f"  warning {warning}" for warning in model.get("warnings", ())),
             *(f"  note    {note}" for note in model.get("notes", ())),
-            # What the server's idle policy did to this kernel (lowered, not given back).
+            # What the server's idle policy did to this kernel (lowered, suspended, not given back).
             *([f"  idle    {model['notice']}"] if model.get("notice") else []),
         ]
     )
@@ -187,7 +192,8 @@ class VGPUMagics(Magics):
 
         ``%vgpu`` prints the slice: its device, memory used and cap, SM utilisation measured and
         the share, and the policy; and, when the server's idle policy lowered this kernel's SM
-        share (or could not give it back), why.
+        share or suspended it (or could not give it back, or waits for room to resume it), why. A
+        suspended kernel's memory is in host memory: the memory line says how much.
 
         ``%vgpu resize --memory 6GiB --cores 40 --policy burst`` asks the server for new limits
         (any of the three) and prints the outcome: the limits granted, or the reason the server

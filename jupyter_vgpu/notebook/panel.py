@@ -19,6 +19,8 @@ from jupyter_vgpu.client import (
     ServerUnavailable,
     describe_limits,
     device_label,
+    gpu_memory_used,
+    in_host_memory,
     slice_name,
 )
 from jupyter_vgpu.model.sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
@@ -88,19 +90,29 @@ class SliceRow:
         own = " (this kernel)" if self.kernel_id == self.panel.client.kernel_id else ""
         self.name.value = slice_name(model) + own
         self.device.value = device_label(model, devices)
+        on_gpu = gpu_memory_used(model)  # none while suspended: the bar's GPU part stays empty
         self.memory_bar.max = float(limits["memory_bytes"])
-        self.memory_bar.value = float(min(usage["memory_bytes"], limits["memory_bytes"]))
-        self.memory_bar.bar_style = "danger" if usage["memory_bytes"] >= limits["memory_bytes"] else ""
-        self.memory_label.value = f"{format_size(usage['memory_bytes'])} / {format_size(limits['memory_bytes'])}"
+        self.memory_bar.value = float(min(on_gpu, limits["memory_bytes"]))
+        self.memory_bar.bar_style = "danger" if on_gpu >= limits["memory_bytes"] else ""
+        self.memory_label.value = in_host_memory(model) or (
+            f"{format_size(on_gpu)} / {format_size(limits['memory_bytes'])}"
+        )
         self.sm_bar.max = float(limits["cores"])
         self.sm_bar.value = float(min(usage["sm_util"], limits["cores"]))
         self.sm_label.value = f"{usage['sm_util']:.0f} / {limits['cores']} %"
         self.policy.value = limits["policy"]
         # What the server noticed about the slice (limits rewritten from inside the kernel and
         # restored, ...): said where its numbers are, in JupyterLab's warning colour.
+        # Then what the idle policy did to it (lowered, suspended, waiting for room), in the info colour.
+        notice = model.get("notice")
         self.warnings.value = "<br>".join(
-            f'<span style="color: var(--jp-warn-color1, #f57c00)">{_escape(warning)}</span>'
-            for warning in model.get("warnings", ())
+            [
+                *(
+                    f'<span style="color: var(--jp-warn-color1, #f57c00)">{_escape(warning)}</span>'
+                    for warning in model.get("warnings", ())
+                ),
+                *([f'<span style="color: var(--jp-info-color1, #0288d1)">{_escape(notice)}</span>'] if notice else []),
+            ]
         )
         self._follow_limits(limits)
 

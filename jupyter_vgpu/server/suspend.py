@@ -136,11 +136,7 @@ class SuspendedKernels:
         except (NotSupported, CheckpointError, UnknownSlice) as why:
             self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
             return None
-        self._notice(
-            suspended,
-            f"suspended to make room for {for_whom}: {format_size(suspended.host_memory)} moved to host memory; "
-            "resumes when a cell runs",
-        )
+        self._notice(suspended, suspended_notice(f"suspended to make room for {for_whom}", suspended))
         return suspended
 
     def _idle_on_device(
@@ -193,10 +189,7 @@ class SuspendedKernels:
         except CheckpointError as busy:
             self.log.info("jupyter_vgpu: idle kernel %s not suspended this time: %s", kernel_id, busy)
             return False  # tried again at the next tick
-        notice = (
-            f"suspended after {format_duration(self.suspend_after)} idle: {format_size(suspended.host_memory)} moved to "
-            "host memory; resumes when a cell runs"
-        )
+        notice = suspended_notice(f"suspended after {format_duration(self.suspend_after)} idle", suspended)
         self._notice(suspended, notice)
         self.log.info("jupyter_vgpu: kernel %s %s", kernel_id, notice)
         return True
@@ -215,6 +208,17 @@ class SuspendedKernels:
             self.slices.ledger.update_metadata(allocation.kernel_id, **{SUSPEND_NOTICE_KEY: {"refused": why}})
         except UnknownSlice:
             pass
+
+
+def suspended_notice(why: str, suspended: Allocation) -> str:
+    """A suspended kernel's notice: why, how much moved to host memory, and about how long its
+    resume will take: its memory copied back over the same link, so about the seconds the
+    suspend took (1 s at the least), where they are known. "suspended after 20 min idle: 3.2GiB
+    moved to host memory; resumes when a cell runs, about 1 s"."""
+    timings = suspended.metadata.get(TIMINGS_KEY)
+    took = timings.get("suspend") if isinstance(timings, dict) else None
+    about = f", about {format_duration(max(1.0, float(took)))}" if isinstance(took, (int, float)) else ""
+    return f"{why}: {format_size(suspended.host_memory)} moved to host memory; resumes when a cell runs{about}"
 
 
 def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation]) -> None:

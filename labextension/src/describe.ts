@@ -132,11 +132,27 @@ export function sliceTitle(
     : trans.__('%1 · %2', title, stateLabel(slice.state, trans));
 }
 
+/**
+ * Bytes the slice's processes hold on the GPU: none while it is suspended (the server's
+ * usage.memory_bytes then still counts what they allocated, which is in host memory).
+ */
+export function gpuMemoryUsed(slice: ISliceModel): number {
+  return slice.state === 'suspended' ? 0 : slice.usage.memory_bytes;
+}
+
+/** "300MiB in host memory": where a suspended slice's memory is. */
+function inHostMemory(slice: ISliceModel, trans: TranslationBundle): string {
+  return trans.__(
+    '%1 in host memory',
+    formatSize(slice.host_memory_bytes ?? 0)
+  );
+}
+
 /** The status-bar text: "GPU 1.2 / 4.0 GiB · SM 28 / 30 %". */
 export function sliceSummary(slice: ISliceModel): string {
   const { limits, usage } = slice;
   return formatSliceSummary(
-    usage.memory_bytes,
+    gpuMemoryUsed(slice),
     limits.memory_bytes,
     usage.sm_util,
     limits.cores
@@ -145,12 +161,16 @@ export function sliceSummary(slice: ISliceModel): string {
 
 /**
  * The status item's text: the summary, and for a pod that is not running (yet) its state,
- * "GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling". A local slice's text is the summary alone.
+ * "GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling"; for a suspended kernel where its memory is,
+ * "GPU suspended · 300MiB in host memory". A running local slice's text is the summary alone.
  */
 export function sliceStatusText(
   slice: ISliceModel,
   trans: TranslationBundle
 ): string {
+  if (slice.state === 'suspended') {
+    return trans.__('GPU suspended · %1', inHostMemory(slice, trans));
+  }
   const summary = sliceSummary(slice);
   return slice.holder === 'pod' && slice.state !== 'running'
     ? trans.__('%1 · %2', summary, stateLabel(slice.state, trans))
@@ -166,15 +186,20 @@ export function memoryLabel(
   trans: TranslationBundle
 ): string {
   if (slice.state === 'suspended') {
-    return trans.__(
-      'Memory %1 in host memory (suspended)',
-      formatSize(slice.host_memory_bytes ?? 0)
-    );
+    return trans.__('Memory %1 (suspended)', inHostMemory(slice, trans));
   }
   return trans.__(
     'Memory %1',
     formatUsedOfCap(slice.usage.memory_bytes, slice.limits.memory_bytes)
   );
+}
+
+/**
+ * The sidebar's memory bar fill: the fraction of its cap the slice holds on the GPU; empty
+ * while it is suspended (its memory is in host memory, its room lent).
+ */
+export function memoryFill(slice: ISliceModel): number {
+  return gpuMemoryUsed(slice) / slice.limits.memory_bytes;
 }
 
 /** The sidebar's SM bar label: "SM 28 / 30 %". */
@@ -225,6 +250,14 @@ export function sliceTooltip(
         formatSize(limits.memory_bytes),
         limits.cores,
         limits.policy
+      )
+    );
+  }
+  if (slice.state === 'suspended') {
+    lines.push(
+      trans.__(
+        'Suspended: %1, none of it on the GPU; its next cell resumes it',
+        inHostMemory(slice, trans)
       )
     );
   }

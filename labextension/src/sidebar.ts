@@ -9,6 +9,7 @@ import { Widget } from '@lumino/widgets';
 import { changeSuspension, ISliceModel, resizeSlice } from './api';
 import {
   describeDevice,
+  memoryFill,
   memoryLabel,
   podStopped,
   sliceMessage,
@@ -129,9 +130,11 @@ class SliceRow {
     this._showWarnings(slice.warnings);
     this._showNotice(slice);
     this._showState(slice);
-    this._memoryBar.show(
-      memoryLabel(slice, this._trans),
-      usage.memory_bytes / limits.memory_bytes
+    this._memoryBar.show(memoryLabel(slice, this._trans), memoryFill(slice));
+    // A suspended slice's bar: the GPU part empty, its track marked as held in host memory.
+    this._memoryBar.node.classList.toggle(
+      'jp-vgpu-Bar-inHost',
+      slice.state === 'suspended'
     );
     this._smBar.show(
       smLabel(slice, this._trans),

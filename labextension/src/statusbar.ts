@@ -2,7 +2,9 @@
  * Status-bar item: the slice of the active notebook's kernel (and a pod's state while it is not
  * running), hidden when it has none; in the warn colour, with the warnings in its tooltip, while
  * the server has warnings about the slice or its pod failed, exited or is gone; with a marker,
- * and the notice in its tooltip, while the idle policy has a notice about the slice (lowered).
+ * and the notice in its tooltip, while the idle policy has a notice about the slice (lowered,
+ * suspended); "GPU suspended · 300MiB in host memory", in the secondary colour, while the
+ * kernel is suspended.
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -57,6 +59,7 @@ export class SliceStatusItem extends Widget {
       this.node.title = sliceTooltip(slice, this._trans);
       this.toggleClass('jp-vgpu-mod-warned', sliceNeedsAttention(slice));
       this.toggleClass('jp-vgpu-mod-noticed', !!sliceNotice(slice));
+      this.toggleClass('jp-vgpu-mod-suspended', slice.state === 'suspended');
     }
     if (this._hasSlice !== !!slice) {
       this._hasSlice = !!slice;

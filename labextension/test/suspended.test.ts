@@ -2,7 +2,14 @@ import { nullTranslator } from '@jupyterlab/translation';
 import { describe, expect, it } from 'vitest';
 
 import type { ISliceModel } from '../src/api';
-import { memoryLabel, sliceTitle, stateLabel } from '../src/describe';
+import {
+  memoryFill,
+  memoryLabel,
+  sliceStatusText,
+  sliceTitle,
+  sliceTooltip,
+  stateLabel
+} from '../src/describe';
 import { GIB } from '../src/slice-values';
 import { sliceModel } from './models';
 
@@ -14,9 +21,16 @@ function suspended(): ISliceModel {
     state: 'suspended',
     host_memory_bytes: 12 * GIB,
     limits: { memory_bytes: 12 * GIB, cores: 30, policy: 'hard' },
-    usage: { memory_bytes: 0, sm_util: 0, processes: [] },
+    // The server still counts what its processes allocated (now in host memory).
+    usage: {
+      memory_bytes: 12 * GIB,
+      sm_util: 0,
+      processes: [
+        { pid: 4242, memory_bytes: 12 * GIB, sm_util: 0, oom_refusals: 0 }
+      ]
+    },
     notice:
-      'suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs'
+      'suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs, about 4 s'
   });
 }
 
@@ -33,7 +47,29 @@ describe('a suspended kernel', () => {
       'Memory 12GiB in host memory (suspended)'
     );
     expect(memoryLabel({ ...suspended(), state: 'running' }, trans)).toBe(
-      'Memory 0.0 / 12.0 GiB'
+      'Memory 12.0 / 12.0 GiB'
     );
+  });
+
+  it('draws its memory bar with the GPU part empty', () => {
+    expect(memoryFill(suspended())).toBe(0);
+    expect(memoryFill({ ...suspended(), state: 'running' })).toBe(1);
+  });
+
+  it('says in the status bar that it is suspended and where its memory is', () => {
+    expect(sliceStatusText(suspended(), trans)).toBe(
+      'GPU suspended · 12GiB in host memory'
+    );
+    expect(sliceStatusText({ ...suspended(), state: 'running' }, trans)).toBe(
+      'GPU 12.0 / 12.0 GiB · SM 0 / 30 %'
+    );
+  });
+
+  it('tells in the status tooltip how it resumes, then the idle notice', () => {
+    expect(sliceTooltip(suspended(), trans).split('\n')).toEqual([
+      'GPU slice on device 1: memory cap 12GiB, SM share 30 % (hard)',
+      'Suspended: 12GiB in host memory, none of it on the GPU; its next cell resumes it',
+      'Idle kernel: suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs, about 4 s'
+    ]);
   });
 });

@@ -199,12 +199,22 @@ const scenarios = {
 
     const suspended = await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
     await sliceShownIn(page, kernelId, 'suspended');
-    const suspendedBar = await row.locator('[data-bar="memory"] .jp-vgpu-Bar-label').innerText();
+    const memoryBar = row.locator('[data-bar="memory"]');
+    const suspendedBar = await memoryBar.locator('.jp-vgpu-Bar-label').innerText();
+    // The GPU part of the bar: the fill's drawn width, and the track's border (dashed: in host memory).
+    const suspendedFill = await memoryBar.locator('.jp-vgpu-Bar-fill').evaluate(node => node.getBoundingClientRect().width);
+    const suspendedTrack = await memoryBar
+      .locator('.jp-vgpu-Bar-track')
+      .evaluate(node => getComputedStyle(node).borderTopStyle);
+    const suspendedStatus = await statusText(page, 'suspended');
+    const suspendedTooltip = await page.locator('.jp-vgpu-StatusItem').getAttribute('title');
     const suspendedButton = await button.innerText();
     await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-suspended.png` });
 
     const resumedByCell = await runCell(page, 1, 'again 0');
     await sliceShownIn(page, kernelId, 'running');
+    const resumedFill = await memoryBar.locator('.jp-vgpu-Bar-fill').evaluate(node => node.getBoundingClientRect().width);
+    const resumedStatus = await statusText(page, 'GPU 0.3 / 1.0 GiB');
 
     await button.filter({ hasText: 'Suspend' }).click();
     const suspendedByButton = await rowMessage(row, 'Suspended.');
@@ -225,8 +235,14 @@ const scenarios = {
       runningButton,
       suspendedState: suspended.state,
       suspendedBar,
+      suspendedFill,
+      suspendedTrack,
+      suspendedStatus,
+      suspendedTooltip,
       suspendedButton,
       resumedByCell,
+      resumedFill,
+      resumedStatus,
       suspendedByButton,
       refused,
       resumedByButton,

@@ -79,8 +79,16 @@ def test_a_suspended_notebook_shows_in_the_sidebar_and_resumes_by_a_cell_or_the_
 
     assert (seen["runningButton"], seen["suspendedState"]) == ("Suspend", "suspended")
     assert seen["suspendedBar"] == "Memory 300MiB in host memory (suspended)"
+    # Its bar holds nothing on the GPU (the server's usage still counts the 300 MiB it allocated),
+    # and its dashed track says the memory is elsewhere; the status bar says where.
+    assert seen["suspendedFill"] == 0 and seen["suspendedTrack"] == "dashed"
+    assert seen["suspendedStatus"] == "GPU suspended · 300MiB in host memory"
+    assert seen["suspendedTooltip"].splitlines()[1] == (
+        "Suspended: 300MiB in host memory, none of it on the GPU; its next cell resumes it"
+    )
     assert seen["suspendedButton"] == "Resume"
     assert "again 0" in seen["resumedByCell"]  # its next CUDA call resumed it
+    assert seen["resumedFill"] > 0 and seen["resumedStatus"].startswith("GPU 0.3 / 1.0 GiB · SM ")
     assert seen["suspendedByButton"] == {"text": "Suspended.", "refused": False}
     assert seen["refused"]["refused"] and seen["refused"]["text"].startswith(
         f"kernel {seen['kernelId']!r} cannot resume yet: its 1GiB slice needs 1GiB on GPU 0, which has 512MiB free"

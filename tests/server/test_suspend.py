@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 
 import pynvml
 import pytest
@@ -18,6 +19,7 @@ from test_idle_policy import eventually
 from tornado.httpclient import HTTPClientError
 
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
+from jupyter_vgpu.server.idle import format_duration
 
 GIB, MIB = 1 << 30, 1 << 20
 LARGE = 1  # the 16 GiB device of the server tests' simulated machine
@@ -248,7 +250,18 @@ async def test_an_idle_kernel_is_suspended_and_its_next_cell_resumes_it(
 
     model = await eventually(suspended, 30, "the idle kernel suspended, with its notice")
     assert model["host_memory_bytes"] == GIB
-    assert model["notice"] == "suspended after 1 s idle: 1GiB moved to host memory; resumes when a cell runs"
+    # The notice says about how long the resume will take: the seconds the suspend took (the
+    # metric's), 1 s at the least.
+    metrics = (await jp_fetch("api", "vgpu", "metrics")).body.decode()
+    took = float(
+        re.search(
+            rf'^vgpu_slice_last_suspend_seconds{{device="1",kernel_id="{kernel}"}} (\S+)$', metrics, re.MULTILINE
+        )[1]
+    )
+    assert model["notice"] == (
+        "suspended after 1 s idle: 1GiB moved to host memory; resumes when a cell runs, "
+        f"about {format_duration(max(1.0, took))}"
+    )
     assert kernel_pid(jp_serverapp, kernel) not in nvml_device(LARGE)["pids"]
 
     free = "free, total = memory(); print(total - free)"
@@ -326,9 +339,10 @@ async def test_a_kernel_start_that_does_not_fit_makes_room_by_suspending_the_lon
     started = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
     made_room, kept = await slice_of(jp_fetch, older), await slice_of(jp_fetch, newer)
     assert (made_room["state"], made_room["host_memory_bytes"]) == ("suspended", 4 * GIB)
-    assert made_room["notice"] == (
-        "suspended to make room for a new kernel: 4GiB moved to host memory; resumes when a cell runs"
-    )
+    assert re.fullmatch(
+        r"suspended to make room for a new kernel: 4GiB moved to host memory; resumes when a cell runs, about [\d.]+ s",
+        made_room["notice"],
+    ), made_room["notice"]
     assert kept["state"] == "running" and (await slice_of(jp_fetch, started))["limits"]["memory_bytes"] == 8 * GIB
 
 

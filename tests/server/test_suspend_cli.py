@@ -34,6 +34,12 @@ def test_cli_suspends_and_resumes_a_kernel_of_the_running_server(user_env, tmp_p
         )
         (listed,) = server.api("GET", "api/vgpu/slices")
         assert (listed["state"], listed["host_memory_bytes"]) == ("suspended", 1 << 30)
+        # `jupyter vgpu status`: nothing of it on the GPU, and where its memory is.
+        status = vgpu_cli(user_env, "status")
+        assert status.returncode == 0, status.stderr
+        (row,) = [line for line in status.stdout.splitlines() if line.startswith(kernel_id[:8])]
+        assert row.split()[3:6] == ["0", "/", "2GiB"], row
+        assert row.endswith("  1GiB in host memory (suspended)"), row
 
         resumed = vgpu_cli(user_env, "resume", kernel_id[:8])
         assert resumed.returncode == 0, resumed.stderr
