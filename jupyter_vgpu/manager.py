@@ -102,6 +102,12 @@ class SliceStatus:
 
 def start_refusal(error: CapacityError) -> str:
     """The short form of a refused start, read whole in JupyterLab's error dialog."""
+    if error.making_room:  # the broker is suspending idle kernels for it
+        return f"Its GPU slice does not fit yet: {error.making_room}."
+    return _short_refusal(error)
+
+
+def _short_refusal(error: CapacityError) -> str:
     if error.resource == "memory":
         free = format_size(error.available) if error.available else "no memory"
         advice = "stop a kernel to free some" if not error.available else "ask for less or stop a kernel"

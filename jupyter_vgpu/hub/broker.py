@@ -273,6 +273,9 @@ class Broker:
             host_memory_cap=classroom.idle.suspend_host_memory or half_the_ram(),
             # The pages are the broker's (a user's server cannot write them under its own account).
             on_change=self.pages.set_suspended,
+            # A start or resume that does not fit asks the servers of idle kernels (any user's) to
+            # suspend them; each server suspends only its own (server/room.py).
+            make_room=True,
         )
         auth = HubAuth(api_url=api_url, api_token=api_token, cache_max_age=60)
         self.users = HubUsers(api_url, api_token)

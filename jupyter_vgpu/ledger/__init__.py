@@ -7,6 +7,9 @@ the same contract tests (tests/ledger).
 """
 
 from jupyter_vgpu.ledger.base import (
+    ACTIVITY_KEY,
+    SUSPEND_REQUEST_TIMEOUT_S,
+    SUSPEND_REQUESTED_KEY,
     SUSPENDED_KEY,
     Allocation,
     CapacityError,
@@ -22,7 +25,10 @@ from jupyter_vgpu.ledger.base import (
 from jupyter_vgpu.ledger.embedded import EmbeddedLedger
 
 __all__ = [
+    "ACTIVITY_KEY",
     "SUSPENDED_KEY",
+    "SUSPEND_REQUESTED_KEY",
+    "SUSPEND_REQUEST_TIMEOUT_S",
     "Allocation",
     "CapacityError",
     "DeviceUsage",

@@ -20,6 +20,15 @@ from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits
 # but takes no room on its device: its memory and SM share are lent to other slices until
 # Ledger.resume admits it there again.
 SUSPENDED_KEY = "suspended"
+# Making room across a node's users (a broker): a user's server reports each kernel's activity,
+# {"last_activity": epoch seconds, "busy": whether a cell runs}; where a start or a resume does
+# not fit, the broker records {"at": epoch seconds} under SUSPEND_REQUESTED_KEY on the
+# longest-idle kernels that run no cell, and the owning server suspends them at its next check
+# (server/room.py). Only the broker sets or clears a request (never a metadata update); it
+# withdraws one whose kernel ran again, and counts on one for SUSPEND_REQUEST_TIMEOUT_S seconds.
+ACTIVITY_KEY = "activity"
+SUSPEND_REQUESTED_KEY = "suspend_requested"
+SUSPEND_REQUEST_TIMEOUT_S = 60.0
 
 
 class LedgerError(RuntimeError):
@@ -36,14 +45,16 @@ class CapacityError(Exception):
     ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
     ``slices`` (this server's limits), ``user_memory``, ``user_sm_share`` or ``user_slices`` (the
     owner's budget), ``devices`` (none to place on). ``requested`` and ``available`` are in that
-    resource's unit (bytes, percent, slices).
+    resource's unit (bytes, percent, slices). ``making_room``: where a broker is asking idle
+    kernels to suspend so that it fits, a sentence that says so (else empty).
     """
 
-    def __init__(self, message: str, *, resource: str, requested: int, available: int):
+    def __init__(self, message: str, *, resource: str, requested: int, available: int, making_room: str = ""):
         super().__init__(message)
         self.resource = resource
         self.requested = requested
         self.available = available
+        self.making_room = making_room
 
 
 class NotSupported(RuntimeError):

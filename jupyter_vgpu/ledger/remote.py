@@ -332,7 +332,14 @@ class RemoteLedger(Ledger):
             numbers = [reply.get(name) for name in ("requested", "available")]
             resource = reply.get("resource")
             if isinstance(resource, str) and all(type(number) is int for number in numbers):
-                return CapacityError(message, resource=resource, requested=numbers[0], available=numbers[1])
+                making_room = reply.get("making_room")
+                return CapacityError(
+                    message,
+                    resource=resource,
+                    requested=numbers[0],
+                    available=numbers[1],
+                    making_room=making_room if isinstance(making_room, str) else "",
+                )
         elif status == 409 and error == "SliceExists":
             return SliceExists(message)
         elif status == 409 and error == "NotLent":

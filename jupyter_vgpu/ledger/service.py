@@ -34,6 +34,13 @@ slice for that kernel (or no such route), 409 no room, a slice that exists, or a
 room is not lent (``NotLent``: its processes still hold device memory, or suspended slices hold
 all the host memory they may), 503 the ledger itself failed (its file). Bodies are checked here, at the edge (types, sizes, unknown fields),
 so nothing a client sends reaches the ledger in a shape it does not take or becomes a 500.
+
+Making room across users (a :class:`Lending` with ``make_room``, the broker): servers report their
+kernels' activity in their slices' metadata (``activity``); a start or a resume refused for lack
+of room on a device records ``suspend_requested`` on the longest-idle kernels there that run no
+cell, whoever owns them, and its refusal says so. Their servers suspend them at their next check
+(through ``.../suspend``, checked like any other). Only the service sets or clears that field: a
+metadata update naming ``suspended`` or ``suspend_requested`` is refused (400).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import json
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -52,6 +60,9 @@ from tornado import httputil, web
 from tornado.ioloop import IOLoop
 
 from jupyter_vgpu.ledger.base import (
+    ACTIVITY_KEY,
+    SUSPEND_REQUEST_TIMEOUT_S,
+    SUSPEND_REQUESTED_KEY,
     SUSPENDED_KEY,
     Allocation,
     CapacityError,
@@ -61,7 +72,7 @@ from jupyter_vgpu.ledger.base import (
     SliceExists,
     UnknownSlice,
 )
-from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError, format_size
+from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError, format_size, select_device
 
 # Far more than any decision needs (a reconcile of a few thousand dead kernels fits), small
 # enough that a client cannot make the service parse megabytes.
@@ -266,6 +277,53 @@ class NotLent(Exception):
     """A suspend whose room is not lent; the slice stays as it was (running)."""
 
 
+@dataclass(frozen=True)
+class RoomBeingMade:
+    """Idle kernels asked to suspend so that a slice that did not fit fits on a device."""
+
+    device_index: int
+    kernels: int
+
+    def __str__(self) -> str:
+        many = self.kernels > 1
+        return (
+            f"{self.kernels} idle kernel{'s' if many else ''} on GPU {self.device_index} "
+            f"{'are' if many else 'is'} being suspended to make room (their owners' servers do it within seconds, "
+            "and each resumes when a cell runs in it): try again in a few seconds"
+        )
+
+
+def _requested_at(allocation: Allocation) -> float | None:
+    request = allocation.metadata.get(SUSPEND_REQUESTED_KEY)
+    at = request.get("at") if isinstance(request, dict) else None
+    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+
+
+def _idle_since(allocation: Allocation) -> float | None:
+    """When the slice's kernel was last active, as its server reported it, where it runs no cell."""
+    activity = allocation.metadata.get(ACTIVITY_KEY)
+    if not isinstance(activity, dict) or activity.get("busy") is not False:
+        return None
+    last = activity.get("last_activity")
+    return float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None
+
+
+def idle_candidates(allocations: list[Allocation], device_uuid: str, exclude: str, now: float) -> list[Allocation]:
+    """The running local slices on a device whose kernels their servers report idle (not running
+    a cell), longest idle first; not one asked to suspend that did not within the timeout."""
+    idle = []
+    for allocation in allocations:
+        if allocation.suspended or allocation.holder != "local" or allocation.kernel_id == exclude:
+            continue
+        since, asked = _idle_since(allocation), _requested_at(allocation)
+        if allocation.device_uuid != device_uuid or since is None:
+            continue
+        if asked is not None and now - asked > SUSPEND_REQUEST_TIMEOUT_S:
+            continue  # its server did not (cannot) suspend it: others are asked instead
+        idle.append((since, allocation))
+    return [allocation for _, allocation in sorted(idle, key=lambda pair: pair[0])]
+
+
 @dataclass
 class Lending:
     """What a served ledger checks before it lends a suspended slice's room (the broker's rules).
@@ -281,6 +339,10 @@ class Lending:
     # Told of each slice lent (True) and taken back (False), after the ledger's decision (the
     # broker raises its limits page's suspended flag).
     on_change: Callable[[Allocation, bool], None] | None = None
+    # Where True (the broker), a start or resume that does not fit asks the servers of idle
+    # kernels (any user's) to suspend them (request_room).
+    make_room: bool = False
+    clock: Callable[[], float] = time.time
     # One check-then-mark at a time, so two suspends cannot both fit under the cap.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -314,6 +376,8 @@ class Lending:
                         "it keeps running and is stopped when idle longer instead"
                     )
             suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
+            if suspended.metadata.get(SUSPEND_REQUESTED_KEY) is not None:
+                suspended = ledger.update_metadata(kernel_id, **{SUSPEND_REQUESTED_KEY: None})  # carried out
             if self.on_change is not None:
                 self.on_change(suspended, True)
             return suspended
@@ -326,6 +390,51 @@ class Lending:
             if self.on_change is not None and was is not None and was.suspended:
                 self.on_change(resumed, False)
             return resumed
+
+    def request_room(
+        self, ledger: Ledger, limits: SliceLimits, device: int | str | None, exclude: str
+    ) -> RoomBeingMade | None:
+        """Where suspending idle kernels (any owner's, longest idle first, never one running a cell
+        nor one whose server reports no activity) would make room for a slice of ``limits`` on a
+        device (``device`` where one is named), ask their servers to: a suspend request on each
+        slice, which their servers carry out at their next check. What is being made, or None."""
+        if not self.make_room:
+            return None
+        with self._lock:
+            now = self.clock()
+            named = None if device is None else select_device(ledger.devices, device).uuid
+            allocations = ledger.allocations()
+            for usage in ledger.devices_usage():
+                if named not in (None, usage.device.uuid):
+                    continue
+                memory = limits.memory_limit - usage.memory_free
+                share = limits.sm_share - usage.share_free(limits.policy)
+                chosen = []
+                for candidate in idle_candidates(allocations, usage.device.uuid, exclude, now):
+                    if memory <= 0 and share <= 0:
+                        break
+                    chosen.append(candidate)
+                    memory, share = memory - candidate.memory_limit, share - candidate.sm_share
+                if not chosen or memory > 0 or share > 0:
+                    continue
+                for candidate in chosen:
+                    if _requested_at(candidate) is None:
+                        ledger.update_metadata(candidate.kernel_id, **{SUSPEND_REQUESTED_KEY: {"at": now}})
+                return RoomBeingMade(usage.device.index, len(chosen))
+            return None
+
+    def ran_again(self, ledger: Ledger, allocation: Allocation) -> Allocation:
+        """Withdraw the suspend request of a slice whose kernel ran (or runs a cell) since it was
+        asked, as its server's latest activity report says."""
+        with self._lock:
+            asked = _requested_at(allocation)
+            activity = allocation.metadata.get(ACTIVITY_KEY)
+            if asked is None or not isinstance(activity, dict):
+                return allocation
+            since = _idle_since(allocation)
+            if since is not None and since <= asked:
+                return allocation
+            return ledger.update_metadata(allocation.kernel_id, **{SUSPEND_REQUESTED_KEY: None})
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -444,6 +553,18 @@ class LedgerHandler(web.RequestHandler):
         except LedgerError as error:
             raise Refusal(503, str(error), "LedgerError") from None
 
+    async def making_room(
+        self, refusal: Refusal, limits: SliceLimits, device: int | str | None, exclude: str = ""
+    ) -> Refusal:
+        """A refusal for lack of room on a device, telling where idle kernels are being asked to
+        suspend to make it (see Lending.request_room); others as they are."""
+        if refusal.body.get("error") != "CapacityError" or refusal.body.get("resource") not in ("memory", "sm_share"):
+            return refusal
+        room = await self.decide(self.lending.request_room, self.ledger, limits, device, exclude)
+        if room is not None:
+            refusal.body = {**refusal.body, "message": f"{refusal.body['message']}; {room}", "making_room": str(room)}
+        return refusal
+
     def kernel_id(self, segment: str) -> str:
         # tornado has already decoded the path segment (and refused one that is not UTF-8).
         return _kernel_id("the kernel id", segment)
@@ -472,16 +593,19 @@ class AllocationsHandler(LedgerHandler):
             limits = SliceLimits(body["memory_limit"], body["sm_share"], body["policy"])
         except SliceValueError as error:
             raise Refusal(400, str(error), "SliceValueError") from None
-        allocation = await self.decide(
-            self.ledger.admit,
-            body["kernel_id"],
-            limits,
-            owner=self.caller.name or body["owner"],
-            device=body["device"],
-            metadata=body["metadata"],
-            holder=body["holder"],
-            budget=await self.own_budget(),
-        )
+        try:
+            allocation = await self.decide(
+                self.ledger.admit,
+                body["kernel_id"],
+                limits,
+                owner=self.caller.name or body["owner"],
+                device=body["device"],
+                metadata=body["metadata"],
+                holder=body["holder"],
+                budget=await self.own_budget(),
+            )
+        except Refusal as refusal:
+            raise await self.making_room(refusal, limits, body["device"]) from None
         self.reply(asdict(allocation), status=201)
 
 
@@ -517,8 +641,18 @@ class MetadataHandler(LedgerHandler):
                 f"the metadata field {SUSPENDED_KEY!r} is set by POST .../suspend (after the service checks that "
                 "the slice's processes hold no device memory) and cleared by POST .../resume, not by a metadata update"
             )
+        if SUSPEND_REQUESTED_KEY in fields:
+            # Whose kernel makes room is the service's decision: nobody asks another's, nor declines.
+            raise _bad(
+                f"the metadata field {SUSPEND_REQUESTED_KEY!r} is set by the service when a start or resume does not "
+                f"fit (on idle kernels, from their {ACTIVITY_KEY!r} reports) and cleared when the kernel is suspended "
+                "or runs again, not by a metadata update"
+            )
         await self.owned(kernel_id)
-        self.reply(asdict(await self.decide(self.ledger.update_metadata, kernel_id, **fields)))
+        updated = await self.decide(self.ledger.update_metadata, kernel_id, **fields)
+        if ACTIVITY_KEY in fields:
+            updated = await self.decide(self.lending.ran_again, self.ledger, updated)
+        self.reply(asdict(updated))
 
 
 class SuspendHandler(LedgerHandler):
@@ -537,8 +671,13 @@ class SuspendHandler(LedgerHandler):
 class ResumeHandler(LedgerHandler):
     async def post(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
-        await self.owned(kernel_id)
-        self.reply(asdict(await self.decide(self.lending.resume, self.ledger, kernel_id)))
+        allocation = await self.owned(kernel_id)
+        try:
+            resumed = await self.decide(self.lending.resume, self.ledger, kernel_id)
+        except Refusal as refusal:
+            limits = SliceLimits(allocation.memory_limit, allocation.sm_share, allocation.policy)
+            raise await self.making_room(refusal, limits, allocation.device_uuid, exclude=kernel_id) from None
+        self.reply(asdict(resumed))
 
 
 class ReconcileHandler(LedgerHandler):

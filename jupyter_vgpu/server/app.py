@@ -43,6 +43,7 @@ from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvision
 from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
+from jupyter_vgpu.server.room import RoomForOthers
 from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, SUSPEND_SETTING, SuspendedKernels
 
 
@@ -83,6 +84,8 @@ def environment_variable(trait: str) -> str:
 class VGPUApp(ExtensionApp):
     name = "jupyter_vgpu"
     _ledger_unavailable = False
+    # With a broker and idle suspending on: activity reports and the broker's suspend requests.
+    _room_for_others: RoomForOthers | None = None
     _over_cap_since: dict[str, float] = {}  # noqa: RUF012 -- replaced, never mutated: kernel id -> monotonic time first seen over its cap
     description = "GPU slices for Jupyter kernels."
 
@@ -406,6 +409,9 @@ class VGPUApp(ExtensionApp):
         self.settings[SUSPEND_SETTING] = suspended
         if self.idle_suspend_after:
             manager.room_maker = suspended.make_room_for  # a start that does not fit suspends idle kernels
+            if self.broker_url:
+                # The broker picks whose idle kernels make room across users; this server suspends its own.
+                self._room_for_others = RoomForOthers(suspended)
         return suspended
 
     def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:
@@ -489,6 +495,8 @@ class VGPUApp(ExtensionApp):
         allocations = [status.allocation for status in statuses]
         suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
         await suspended.check(allocations)  # before the idle policy: a kernel that runs again resumes first
+        if self._room_for_others is not None:
+            await self._room_for_others.check(allocations)
         idle: IdleKernels = self.settings[IDLE_SETTING]
         await idle.check(allocations)
 

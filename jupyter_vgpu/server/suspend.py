@@ -126,6 +126,11 @@ class SuspendedKernels:
                 return True
         return False
 
+    async def suspend_for_others(self, allocation: Allocation) -> bool:
+        """Suspend an idle kernel the node's broker asked for, to make room for another user's
+        kernel (server/room.py); whether it is suspended."""
+        return await self._suspend_to_make_room(allocation, "another user's kernel") is not None
+
     async def _suspend_to_make_room(self, candidate: Allocation, for_whom: str) -> Allocation | None:
         """Suspend ``candidate`` to make room for ``for_whom``, telling its user so; None (logged)
         where it cannot be suspended."""

@@ -10,10 +10,12 @@ test runs in seconds; tests/hub/test_classroom_hub.py runs the broker under a re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,9 @@ from support import JUPYTER, checkpoint_controller, free_port, json_stand_in, wa
 
 from jupyter_vgpu.holders.region import LimitsPage
 from jupyter_vgpu.hub.broker import USE_SCOPE
-from jupyter_vgpu.ledger import CapacityError, NotSupported
+from jupyter_vgpu.ledger import SUSPEND_REQUESTED_KEY, CapacityError, NotSupported
 from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
+from jupyter_vgpu.manager import start_refusal
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 MIB = 1 << 20
@@ -154,5 +157,133 @@ def test_the_broker_lends_a_suspended_kernels_memory_only_once_nvml_shows_it_hol
     assert kernel.ask("verify", "intact") == "1"
     with pytest.raises(CapacityError):
         bob.admit("bob-kernel", SLICE)
+    alice.close()
+    bob.close()
+
+
+# Alice's server, as far as making room goes, in a process of its own on the broker's simulated
+# GPU: her RemoteLedger, a SliceManager with the local holder reading the broker's limits pages,
+# and the server's SuspendedKernels and RoomForOthers over a kernel manager that knows her one
+# kernel. Each line on stdin, {"busy": bool, "last_activity": epoch seconds}, is that kernel's
+# state for one tick of her slice watcher; it answers her slice as the broker then holds it.
+ALICES_SERVER = r"""
+import asyncio, datetime, json, sys
+from pathlib import Path
+from jupyter_vgpu.model.devices import use_simulator
+use_simulator()
+from jupyter_vgpu.holders.local import LocalHolder
+from jupyter_vgpu.ledger.remote import RemoteLedger
+from jupyter_vgpu.manager import SliceManager
+from jupyter_vgpu.model import SliceLimits
+from jupyter_vgpu.server.room import RoomForOthers
+from jupyter_vgpu.server.suspend import SuspendedKernels
+
+url, regions, limits, kernel_id = sys.argv[1:5]
+ledger = RemoteLedger(url, "alice-token", timeout=30)
+manager = SliceManager(ledger, [LocalHolder(Path(regions), simulate=True, limits_dir=Path(limits))], SliceLimits(1 << 30))
+
+class Kernel:
+    execution_state, last_activity = "idle", None
+
+class Kernels(dict):
+    def get_kernel(self, kernel_id):
+        return self[kernel_id]
+
+kernels = Kernels({kernel_id: Kernel()})
+room = RoomForOthers(SuspendedKernels(manager, kernels, suspend_after=600, lock_timeout=5))
+manager.admit(kernel_id, SliceLimits(768 << 20, 40, "burst"), owner="alice")
+print(json.dumps({"admitted": kernel_id}), flush=True)
+for line in sys.stdin:
+    state = json.loads(line)
+    kernel = kernels[kernel_id]
+    kernel.execution_state = "busy" if state["busy"] else "idle"
+    kernel.last_activity = datetime.datetime.fromtimestamp(state["last_activity"], datetime.timezone.utc)
+    asyncio.run(room.check(ledger.allocations()))
+    print(json.dumps(ledger.get(kernel_id).metadata), flush=True)
+"""
+
+
+class AlicesServer:
+    def __init__(self, url: str, env: dict[str, str], tmp_path: Path, broker_dir: Path):
+        pipe = subprocess.PIPE
+        command = [sys.executable, "-c", ALICES_SERVER, url, str(tmp_path / "alice-regions")]
+        command += [str(broker_dir / "limits"), "alice-kernel"]
+        self.process = subprocess.Popen(command, env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True)
+        assert "admitted" in self._answer()
+
+    def _answer(self) -> dict:
+        line = self.process.stdout.readline()
+        assert line, self.process.stderr.read()
+        return json.loads(line)
+
+    def tick(self, *, busy: bool, last_activity: float) -> dict:
+        """One tick of her slice watcher with her kernel in that state: her slice's metadata after it."""
+        self.process.stdin.write(json.dumps({"busy": busy, "last_activity": last_activity}) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+def test_a_start_that_does_not_fit_gets_another_users_idle_kernel_suspended_by_its_own_server(
+    broker, checkpoint_targets, tmp_path
+):
+    url, env, broker_dir = broker
+    alice, bob = RemoteLedger(url, "alice-token", timeout=30), RemoteLedger(url, "bob-token", timeout=30)
+    server = AlicesServer(url, env, tmp_path, broker_dir)
+    kernel = checkpoint_targets(env, "700M")  # alice's kernel, with a pattern in 700 MiB of the GPU
+    start_time = int(Path(f"/proc/{kernel.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    alice.update_metadata("alice-kernel", provisioner_info={"pid": kernel.pid, "pid_start_time": start_time})
+
+    # Her kernel runs a cell: it is never picked, and bob is told no more than that it does not fit.
+    reported = server.tick(busy=True, last_activity=time.time())
+    assert reported["activity"]["busy"] is True
+    with pytest.raises(CapacityError) as refused:
+        bob.admit("bob-kernel", SLICE)
+    assert not refused.value.making_room and "being suspended" not in str(refused.value)
+    assert alice.get("alice-kernel").metadata.get(SUSPEND_REQUESTED_KEY) is None
+
+    # Idle for ten minutes: bob's start asks her server to suspend it, and says so.
+    idle_since = time.time() - 600
+    server.tick(busy=False, last_activity=idle_since)
+    with pytest.raises(CapacityError) as refused:
+        bob.admit("bob-kernel", SLICE)
+    assert refused.value.making_room.startswith("1 idle kernel on GPU 0 is being suspended to make room")
+    assert "try again in a few seconds" in start_refusal(refused.value)
+    asked = alice.get("alice-kernel").metadata[SUSPEND_REQUESTED_KEY]
+    assert isinstance(asked["at"], float)
+
+    # Nobody sets or clears a request through metadata: not bob on hers, not alice on her own.
+    for who, value in ((bob, {"at": 0}), (alice, None), (alice, {"at": 0})):
+        with pytest.raises(SliceValueError, match="'suspend_requested' is set by the service"):
+            who.update_metadata("alice-kernel", suspend_requested=value)
+    with pytest.raises(SliceForbidden):
+        bob.update_metadata("alice-kernel", activity={"busy": False, "last_activity": 0})
+    assert alice.get("alice-kernel").metadata[SUSPEND_REQUESTED_KEY] == asked
+
+    # She runs a cell before her server's tick: the request is withdrawn, her kernel runs on.
+    reported = server.tick(busy=True, last_activity=time.time())
+    assert reported.get(SUSPEND_REQUESTED_KEY) is None and "suspended" not in reported
+    server.tick(busy=False, last_activity=time.time())
+    assert not alice.get("alice-kernel").suspended
+
+    # Bob tries again: asked again, and her server's next tick suspends it through the broker
+    # (which lends the room only once NVML lists none of her kernel's processes).
+    with pytest.raises(CapacityError, match="is being suspended to make room"):
+        bob.admit("bob-kernel", SLICE)
+    reported = server.tick(busy=False, last_activity=reported["activity"]["last_activity"])
+    assert reported["suspended"]["host_memory"] == 700 * MIB
+    assert reported.get(SUSPEND_REQUESTED_KEY) is None
+    assert reported["suspend_notice"].startswith("suspended to make room for another user's kernel: 700MiB")
+    bob.admit("bob-kernel", SLICE)
+
+    # Her next cell resumes it once bob's kernel is gone, intact.
+    bob.release("bob-kernel")
+    assert not alice.resume("alice-kernel").suspended
+    checkpoint_controller(env, "resume", processes=reported["suspended"]["processes"])
+    assert kernel.ask("verify", "intact") == "1"
+    server.close()
     alice.close()
     bob.close()
