@@ -12,7 +12,13 @@ import json
 import pytest
 from support import http_request
 
-from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, NotSupported
+from jupyter_vgpu.ledger import (
+    SUSPEND_REQUEST_TIMEOUT_S,
+    SUSPEND_REQUESTED_KEY,
+    CapacityError,
+    EmbeddedLedger,
+    NotSupported,
+)
 from jupyter_vgpu.ledger.remote import RemoteLedger
 from jupyter_vgpu.ledger.service import Lending, ledger_handlers
 from jupyter_vgpu.model import SliceLimits
@@ -98,6 +104,11 @@ def test_a_suspend_is_refused_while_the_check_sees_the_slices_processes_on_the_g
         ("/allocations/nobody/suspend", {"host_memory": 1}, 404, "no slice is held for kernel 'nobody'"),
         ("/allocations/nobody/resume", {}, 404, "no slice is held for kernel 'nobody'"),
         ("/allocations/a/metadata", {"suspended": {"host_memory": 0}}, 400, "'suspended' is set by POST .../suspend"),
+        # Whose kernel makes room is the service's decision: never asked, nor declined, by metadata.
+        *(
+            ("/allocations/a/metadata", {"suspend_requested": value}, 400, "'suspend_requested' is set by the service")
+            for value in ({"at": 0}, None, "yes")
+        ),
     ],
 )
 def test_bad_suspend_requests_get_a_clear_refusal(served, path, body, status, message):
@@ -113,3 +124,76 @@ def test_bad_suspend_requests_get_a_clear_refusal(served, path, body, status, me
     assert got == status, data
     assert message in json.loads(data)["message"]
     assert not ledger.get("a").suspended
+
+
+def report(client: RemoteLedger, kernel_id: str, *, busy: bool, last_activity: float):
+    """What a user's server reports of its kernel at a tick (server/room.py)."""
+    return client.update_metadata(kernel_id, activity={"busy": busy, "last_activity": last_activity})
+
+
+def requested(client: RemoteLedger) -> set[str]:
+    return {a.kernel_id for a in client.allocations() if a.metadata.get(SUSPEND_REQUESTED_KEY) is not None}
+
+
+def test_a_start_that_does_not_fit_asks_the_longest_idle_kernels_not_running_a_cell_to_suspend(served):
+    now = [10_000.0]
+    client, _ = served(Lending(make_room=True, clock=lambda: now[0]))
+    for kernel_id in ("busy", "recent", "oldest", "older", "silent"):
+        client.admit(kernel_id, SliceLimits(3 * GIB, 10))
+    report(client, "busy", busy=True, last_activity=0.0)  # idle longest, but a cell runs now
+    report(client, "recent", busy=False, last_activity=9_000.0)
+    report(client, "oldest", busy=False, last_activity=1_000.0)
+    report(client, "older", busy=False, last_activity=2_000.0)
+    # "silent": its server reports nothing (no suspend policy there): never picked.
+
+    # 1 GiB free, 6 GiB asked for: the two kernels idle longest make room.
+    with pytest.raises(CapacityError) as refused:
+        client.admit("new", SliceLimits(6 * GIB, 10))
+    assert refused.value.making_room.startswith("2 idle kernels on GPU 0 are being suspended to make room")
+    assert refused.value.making_room in str(refused.value)
+    assert requested(client) == {"oldest", "older"}
+    assert client.get("oldest").metadata[SUSPEND_REQUESTED_KEY] == {"at": now[0]}
+
+    # Asked again before they are suspended: the same two, not more.
+    with pytest.raises(CapacityError, match="2 idle kernels"):
+        client.admit("new", SliceLimits(6 * GIB, 10))
+    assert requested(client) == {"oldest", "older"}
+
+    # "older" ran a cell since: its server's report withdraws the request, another is asked.
+    assert report(client, "older", busy=True, last_activity=now[0]).metadata[SUSPEND_REQUESTED_KEY] is None
+    with pytest.raises(CapacityError, match="2 idle kernels"):
+        client.admit("new", SliceLimits(6 * GIB, 10))
+    assert requested(client) == {"oldest", "recent"}
+
+    # A suspend carries the request out (and clears it).
+    assert client.suspend("oldest", host_memory=GIB).metadata[SUSPEND_REQUESTED_KEY] is None
+
+    # Not enough idle kernels to make room: a plain refusal, nobody asked.
+    with pytest.raises(CapacityError) as refused:
+        client.admit("huge", SliceLimits(15 * GIB, 10))
+    assert not refused.value.making_room
+
+
+def test_a_request_not_carried_out_in_time_is_not_counted_on_and_a_resume_makes_room_too(served):
+    now = [10_000.0]
+    client, _ = served(Lending(make_room=True, clock=lambda: now[0]))
+    client.admit("stuck", SliceLimits(6 * GIB, 10))
+    client.admit("idle", SliceLimits(6 * GIB, 10))
+    report(client, "stuck", busy=False, last_activity=1_000.0)
+    report(client, "idle", busy=False, last_activity=2_000.0)
+    with pytest.raises(CapacityError, match="1 idle kernel on GPU 0 is being suspended"):
+        client.admit("new", SliceLimits(6 * GIB, 10))
+    assert requested(client) == {"stuck"}
+    now[0] += SUSPEND_REQUEST_TIMEOUT_S + 1  # its server did not (it cannot checkpoint that kernel)
+    with pytest.raises(CapacityError, match="1 idle kernel"):
+        client.admit("new", SliceLimits(6 * GIB, 10))
+    assert requested(client) == {"stuck", "idle"}
+    client.suspend("idle", host_memory=GIB)
+    client.admit("new", SliceLimits(6 * GIB, 10))
+    report(client, "new", busy=False, last_activity=3_000.0)
+
+    # "idle" resumes: its room is taken; the idle "new" is asked to make it.
+    with pytest.raises(CapacityError, match="1 idle kernel on GPU 0 is being suspended") as refused:
+        client.resume("idle")
+    assert refused.value.resource == "memory"
+    assert requested(client) == {"stuck", "new"}
