@@ -31,9 +31,11 @@ policies). Cull-only: a kernel idle for ``--cull-after`` minutes is stopped (its
 is lost; their next cell starts a kernel again). Suspend: a kernel idle for ``--suspend-after``
 minutes is suspended through the broker (POST .../suspend; the node's ``idle.suspend_host_memory``
 bounds the host memory), and the next cell resumes it; culling after ``--cull-after`` as before.
-A start or resume that does not fit first makes room by suspending idle kernels on the node,
-longest idle first, never one running a cell (here the harness does it through each owner's own
-token, standing in for the owners' servers). The kernels are slices only, no processes: NVML
+A start or resume that does not fit makes room as in a real classroom: each owner's server
+reports its kernel's activity every tick (``activity`` in the slice's metadata), the broker picks
+the longest-idle kernels that run no cell and records ``suspend_requested`` on them, and each
+owner's server (here the harness, with that owner's token) suspends its requested kernel; then
+the start or resume is tried again. The kernels are slices only, no processes: NVML
 shows nothing of them, so the broker's check before lending passes at once. After every tick:
 no device holds more than its memory (suspended slices left out, as the ledger counts them), and
 suspended slices hold no more host memory than the cap.
@@ -64,7 +66,13 @@ from tornado.netutil import bind_sockets  # noqa: E402
 
 from jupyter_vgpu.hub.broker import USE_SCOPE, Broker  # noqa: E402
 from jupyter_vgpu.hub.classroom import load_classroom  # noqa: E402
-from jupyter_vgpu.ledger import CapacityError, LedgerError, NotSupported  # noqa: E402
+from jupyter_vgpu.ledger import (  # noqa: E402
+    ACTIVITY_KEY,
+    SUSPEND_REQUESTED_KEY,
+    CapacityError,
+    LedgerError,
+    NotSupported,
+)
 from jupyter_vgpu.ledger.remote import RemoteLedger  # noqa: E402
 from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError  # noqa: E402
 
@@ -311,6 +319,7 @@ class Student:
     suspended: bool = False
     last_cell: int = 0
     starts: int = 0
+    reported: tuple[str, bool, int] | None = None  # (kernel, busy, last cell) its server last reported
 
 
 @dataclass
@@ -389,22 +398,39 @@ def play_classroom(
             result.suspends += 1
             return True
 
-        def make_room(now: int, busy: set[str]) -> bool:
-            """Suspend the longest-idle running kernel that runs no cell now; whether one was."""
-            if policy != "suspend":
+        def report(busy: set[str]) -> None:
+            """Each running kernel's server reports its activity, where it changed (server/room.py)."""
+            for student in people:
+                if student.kernel and not student.suspended:
+                    now_reported = (student.kernel, student.name in busy, student.last_cell)
+                    if now_reported != student.reported:
+                        activity = {"busy": now_reported[1], "last_activity": float(student.last_cell)}
+                        decide(student.client.update_metadata, student.kernel, **{ACTIVITY_KEY: activity})
+                        student.reported = now_reported
+
+        def make_room(refused: CapacityError) -> bool:
+            """The owners' servers suspend the kernels the broker asked them to; whether one was."""
+            if policy != "suspend" or not refused.making_room:
                 return False
-            idle = [s for s in people if s.kernel and not s.suspended and s.name not in busy]
-            for candidate in sorted(idle, key=lambda s: s.last_cell):
-                if suspend(candidate):
+            made = False
+            for student in people:
+                if (
+                    not student.kernel
+                    or student.suspended
+                    or student.reported != (student.kernel, False, student.last_cell)
+                ):
+                    continue
+                if decide(student.client.get, student.kernel).metadata.get(SUSPEND_REQUESTED_KEY) and suspend(student):
                     result.made_room += 1
-                    return True
-            return False
+                    made = True
+            return made
 
         try:
             for now in range(ticks):
                 busy = {
                     s.name for s in people if s.arrives <= now and (now == s.arrives or cells[names.index(s.name)][now])
                 }
+                report(busy)
                 for student in people:
                     if student.arrives > now:
                         continue
@@ -422,8 +448,8 @@ def play_classroom(
                                     result.resumes += 1
                                 ran = True
                                 break
-                            except CapacityError:
-                                if not make_room(now, busy):
+                            except CapacityError as refused:
+                                if not make_room(refused):
                                     break
                         if ran:
                             student.last_cell = now

@@ -397,22 +397,29 @@ class Lending:
         """Where suspending idle kernels (any owner's, longest idle first, never one running a cell
         nor one whose server reports no activity) would make room for a slice of ``limits`` on a
         device (``device`` where one is named), ask their servers to: a suspend request on each
-        slice, which their servers carry out at their next check. What is being made, or None."""
+        slice, which their servers carry out at their next check. Within the host memory cap,
+        counting each kernel at its memory limit (the most it can move there). What is being
+        made, or None."""
         if not self.make_room:
             return None
         with self._lock:
             now = self.clock()
             named = None if device is None else select_device(ledger.devices, device).uuid
             allocations = ledger.allocations()
+            in_host = sum(allocation.host_memory for allocation in allocations)
             for usage in ledger.devices_usage():
                 if named not in (None, usage.device.uuid):
                     continue
                 memory = limits.memory_limit - usage.memory_free
                 share = limits.sm_share - usage.share_free(limits.policy)
                 chosen = []
+                host = math.inf if self.host_memory_cap is None else self.host_memory_cap - in_host
                 for candidate in idle_candidates(allocations, usage.device.uuid, exclude, now):
                     if memory <= 0 and share <= 0:
                         break
+                    if candidate.memory_limit > host:
+                        continue  # its suspend would be refused
+                    host -= candidate.memory_limit
                     chosen.append(candidate)
                     memory, share = memory - candidate.memory_limit, share - candidate.sm_share
                 if not chosen or memory > 0 or share > 0:

@@ -197,3 +197,17 @@ def test_a_request_not_carried_out_in_time_is_not_counted_on_and_a_resume_makes_
         client.resume("idle")
     assert refused.value.resource == "memory"
     assert requested(client) == {"stuck", "new"}
+
+
+def test_kernels_whose_suspend_the_host_memory_cap_would_refuse_are_not_asked(served):
+    client, _ = served(Lending(make_room=True, host_memory_cap=5 * GIB))
+    for kernel_id, idle_since in (("big", 1_000.0), ("small", 2_000.0), ("held", 3_000.0)):
+        client.admit(kernel_id, SliceLimits({"big": 6, "small": 4, "held": 3}[kernel_id] * GIB, 10))
+        report(client, kernel_id, busy=False, last_activity=idle_since)
+    client.suspend("held", host_memory=GIB)  # 1 GiB of the 5 in host memory; 6 GiB free on the GPU
+    with pytest.raises(CapacityError, match="1 idle kernel on GPU 0"):
+        client.admit("new", SliceLimits(10 * GIB, 10))  # "big", idle longer, would not fit in host memory
+    assert requested(client) == {"small"}
+    with pytest.raises(CapacityError) as refused:
+        client.admit("new", SliceLimits(14 * GIB, 10))
+    assert not refused.value.making_room
