@@ -310,3 +310,49 @@ def test_an_idle_kernel_is_lowered_restored_when_it_runs_and_stopped_later_with_
         assert status == 200 and "stopped after 10 s idle to free its 1GiB of GPU memory" in notices[kernel], notices
     finally:
         hub.stop()
+
+
+# One 4 GiB GPU, a 3 GiB kernel each: two students' kernels do not fit on it together. Servers
+# suspend a kernel after an hour idle (so that they report activity and carry out the broker's
+# requests), which this test never reaches.
+ROOM_CLASSROOM = """
+gpus: {count: 1, memory: 4GiB}
+simulate: true
+broker: {port: BROKER_PORT, state_dir: broker-state}
+groups:
+  students: [jo, kim]
+sizes:
+  - {name: small, memory: 3GiB, cores: 40, policy: burst, default: true, kernel: {memory: 3GiB, cores: 40}}
+limits: {kernels: 1}
+oversubscribe: true
+idle: {suspend_after: 1h, suspend_host_memory: 8GiB}
+"""
+HOLD_512_MIB = CUDA_PRELUDE + "\nheld = allocate(512 << 20)\nprint(held)\n"
+
+
+def test_a_start_that_does_not_fit_gets_another_students_idle_kernel_suspended_by_her_own_server(tmp_path):
+    """Kim's start asks the broker for room that jo's idle kernel holds: the broker asks jo's
+    server (from its activity reports) and her server suspends it; kim's next start is admitted."""
+    hub = Hub(tmp_path, ROOM_CLASSROOM, extra_config=FAST_RECONCILE)
+    try:
+        jo, kim = hub.user_token("jo"), hub.user_token("kim")
+        hub.start_server("jo", {})
+        hub.start_server("kim", {})
+        kernel = started_kernel(hub, "jo", jo)
+        assert run_in_hub_kernel(hub, "jo", kernel, HOLD_512_MIB).strip() == "0"  # CUDA_SUCCESS
+
+        def her_slice() -> dict:
+            return allocations(hub, jo)[kernel]
+
+        wait_for(lambda: her_slice()["metadata"].get("activity", {}).get("busy") is False, 60, "jo's server's report")
+        status, refused = hub.start_kernel("kim", kim)
+        assert status != 201, refused
+        assert "1 idle kernel on GPU 0 is being suspended to make room" in refused["message"], refused
+        assert "try again in a few seconds" in refused["message"], refused
+
+        suspended = wait_for(lambda: (item := her_slice())["metadata"].get("suspended") and item, 60, "jo's suspend")
+        assert suspended["metadata"]["suspend_notice"].startswith("suspended to make room for another user's kernel")
+        assert suspended["metadata"].get("suspend_requested") is None
+        assert started_kernel(hub, "kim", kim)
+    finally:
+        hub.stop()
