@@ -2,6 +2,9 @@
 (`jupyter vgpu broker --classroom FILE`) on a simulated GPU, its kernels real processes on that
 GPU (tests/programs/checkpoint_probe.c), checkpointed by the real controller in a process of its
 own as a user's server does, and two users asking through RemoteLedger with their own tokens.
+Making room across users: alice's server (RemoteLedger, SliceManager, SuspendedKernels and
+RoomForOthers in a process of its own) reports her kernel's activity and suspends it when bob's
+start makes the broker ask it to.
 
 JupyterHub is a stand-in here (support.json_stand_in): it answers the two questions the broker
 asks a hub (whose token is this; which size did this user's server start with), so that this
