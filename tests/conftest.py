@@ -3,6 +3,7 @@ linked against the simulated GPU, and slices (a region plus the environment of a
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import runpy
@@ -198,8 +199,30 @@ def in_process_sim_state(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("in-process-sim") / "sim.state")
 
 
+@pytest.fixture(scope="session")
+def in_process_driver(native_libs, in_process_sim_state) -> None:
+    """This process's simulated CUDA driver, initialised on the session's in-process machine.
+    The driver binds to a machine at its first cuInit, for good (NVML reads its environment
+    again at each nvmlInit): a test that reads a private machine's NVML in this process
+    (tests/ledger's property test) must not be the first to initialise it, or every later
+    in-process server's checkpoint calls go to that private machine."""
+    from jupyter_vgpu.model import use_simulator
+
+    saved = {name: os.environ.get(name) for name in ("VGPU_SIM_STATE", "VGPU_SIM_DEVICES")}
+    os.environ.update(VGPU_SIM_STATE=in_process_sim_state, VGPU_SIM_DEVICES=IN_PROCESS_SIM_DEVICES)
+    try:
+        use_simulator()
+        assert ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @pytest.fixture
-def in_process_sim(native_libs, in_process_sim_state, monkeypatch) -> None:
+def in_process_sim(in_process_driver, in_process_sim_state, monkeypatch) -> None:
     """The session's one simulated machine for a server in the test process."""
     monkeypatch.setenv("VGPU_SIM_STATE", in_process_sim_state)
     monkeypatch.setenv("VGPU_SIM_DEVICES", IN_PROCESS_SIM_DEVICES)

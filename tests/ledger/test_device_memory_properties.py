@@ -106,8 +106,9 @@ steps = st.lists(
 
 
 @pytest.fixture
-def simulated_gpu(sim_env, monkeypatch):
-    """This process's NVML on the private simulated machine of sim_env (one 16 GiB GPU)."""
+def simulated_gpu(in_process_driver, sim_env, monkeypatch):
+    """This process's NVML on the private simulated machine of sim_env (one 16 GiB GPU); the
+    process's CUDA driver stays on the session's in-process machine (in_process_driver)."""
     for name in ("VGPU_SIM_STATE", "VGPU_SIM_DEVICES"):
         monkeypatch.setenv(name, sim_env[name])
     use_simulator()
