@@ -12,10 +12,20 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext jupyter_vgpu``: the %vgpu magic (sliced kernels load it by themselves)."""
+    """``%load_ext jupyter_vgpu``: the %vgpu magic (sliced kernels load it by themselves, before
+    ipykernel starts; a sliced kernel then also outlives its server while it is suspended:
+    notebook/survive.py)."""
     from jupyter_vgpu.notebook.magic import VGPUMagics
 
     ipython.register_magics(VGPUMagics)
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+    except ImportError:  # IPython without ipykernel (a terminal)
+        return
+    if IPKernelApp.initialized():
+        from jupyter_vgpu.notebook.survive import outlive_server_while_suspended
+
+        outlive_server_while_suspended(IPKernelApp.instance())
 
 
 __all__ = ["__version__", "load_ipython_extension"]

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,28 @@ KEPT_KEY = "kept_because"
 # or nbclient, started by the provisioner outside any server): the pid and start time of the
 # process that started the kernel, which releases the slice when the kernel ends.
 BATCH_KEY = "batch"
+# Metadata of a sliced kernel: the path of its connection file (how a client reaches it).
+CONNECTION_FILE_KEY = "connection_file"
+# Metadata of a suspended slice whose kernel outlived its server (SIGKILL, a crash): kept,
+# suspended, by the restarted server, which cannot show the kernel in Jupyter again (issue 18):
+# when that server found it (time.time()).
+ORPHANED_KEY = "orphaned"
+# The capacity a device lacks that suspending idle kernels there can give back.
+DEVICE_ROOM = ("memory", "sm_share")
+
+
+def orphan_notice(allocation: Allocation) -> str | None:
+    """What to tell about a kernel that outlived a server restart while suspended, or None."""
+    if not isinstance(allocation.metadata.get(ORPHANED_KEY), dict):
+        return None
+    reach = f"`jupyter console --existing {allocation.metadata.get(CONNECTION_FILE_KEY, '')}`"
+    if allocation.suspended:
+        return (
+            f"suspended when its server stopped; Jupyter does not list it again: its "
+            f"{format_size(allocation.host_memory)} stay in host memory until it is resumed (`jupyter vgpu resume "
+            f"{allocation.kernel_id}`, or a CUDA call of its own) and reached with {reach}, where `exit` stops it"
+        )
+    return f"resumed after its server stopped; Jupyter does not list it again: reach it with {reach}, where `exit` stops it"
 
 
 def held_by_batch_run(allocation: Allocation) -> bool:
@@ -282,10 +305,14 @@ class SliceManager(LoggingConfigurable):
         record(allocation, report)
         return allocation
 
-    def record_kernel(self, kernel_id: str, provisioner_info: dict[str, Any]) -> None:
+    def record_kernel(self, kernel_id: str, provisioner_info: dict[str, Any], connection_file: str = "") -> None:
         """Remember what identifies the kernel's process (its provisioner's
-        ``get_provisioner_info()``), so a restarted server can tell whether it still runs."""
-        self.ledger.update_metadata(kernel_id, provisioner_info=provisioner_info)
+        ``get_provisioner_info()``), so a restarted server can tell whether it still runs, and
+        its connection file, through which a client reaches it without this server."""
+        fields: dict[str, Any] = {"provisioner_info": provisioner_info}
+        if connection_file:
+            fields[CONNECTION_FILE_KEY] = connection_file
+        self.ledger.update_metadata(kernel_id, **fields)
 
     def issue_kernel_credential(self, kernel_id: str) -> str:
         """A fresh secret for the kernel's process to call the REST API with (see handlers.py for
@@ -339,12 +366,18 @@ class SliceManager(LoggingConfigurable):
         that outlived its server would hold GPU memory no one can reach: it is stopped and its
         slice released, and whatever a holder has left of slices the ledger no longer knows is
         removed. Returns what was released. A slice a batch run admitted (see
-        :func:`held_by_batch_run`) stays while the process that started its kernel runs.
+        :func:`held_by_batch_run`) stays while the process that started its kernel runs. A
+        suspended kernel whose connection file is still there holds no GPU memory and has its
+        user's state: it is kept, suspended and marked orphaned (see
+        :meth:`_keep_suspended_orphan`).
         """
         kept = set()
         for allocation in self.ledger.allocations():
             if held_by_batch_run(allocation):
                 continue  # a batch run's kernel: its own process releases the slice
+            if self._keep_suspended_orphan(allocation):
+                kept.add(allocation.kernel_id)
+                continue
             if self.holder(allocation).is_alive(allocation):
                 self.log.warning("stopping orphaned kernel %s left by a previous server", allocation.kernel_id)
             if self.stop_processes(allocation):
@@ -360,9 +393,42 @@ class SliceManager(LoggingConfigurable):
                 self.log.info("removed what slice %s left behind", kernel_id)
         return released
 
+    def _keep_suspended_orphan(self, allocation: Allocation) -> bool:
+        """Whether a kernel the last server left is kept: one that is suspended (it holds nothing
+        on the GPU; its memory and its user's variables are in its processes' host memory), still
+        runs and can be reached through its connection file. Its slice stays suspended and is
+        marked orphaned; its user resumes it when they want and reaches it with a client of the
+        connection file (its notice says how), and the idle policy stops it after
+        ``idle_cull_after`` suspended, as any suspended kernel."""
+        if not allocation.suspended or not self.holder(allocation).is_alive(allocation):
+            return False
+        kernel_id = allocation.kernel_id
+        connection_file = allocation.metadata.get(CONNECTION_FILE_KEY)
+        if not isinstance(connection_file, str) or not os.path.isfile(connection_file):
+            self.log.warning(
+                "stopping suspended kernel %s left by a previous server: no connection file reaches it", kernel_id
+            )
+            return False
+        with contextlib.suppress(UnknownSlice):
+            previous = allocation.metadata.get(ORPHANED_KEY)
+            found = previous if isinstance(previous, dict) else {"at": time.time()}
+            allocation = self.ledger.update_metadata(kernel_id, **{ORPHANED_KEY: found})
+        self.log.warning("kernel %s left by a previous server is kept: %s", kernel_id, orphan_notice(allocation))
+        return True
+
 
 def _digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
 
-__all__ = ["BATCH_KEY", "SliceManager", "SliceRefused", "SliceStatus", "held_by_batch_run", "start_refusal"]
+__all__ = [
+    "BATCH_KEY",
+    "CONNECTION_FILE_KEY",
+    "ORPHANED_KEY",
+    "SliceManager",
+    "SliceRefused",
+    "SliceStatus",
+    "held_by_batch_run",
+    "orphan_notice",
+    "start_refusal",
+]

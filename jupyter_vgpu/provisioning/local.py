@@ -289,7 +289,9 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         connection_info = await super().launch_kernel(cmd, **kwargs)
         manager = self.slice_manager() or (self._batch.manager if self._batch else None)
         if manager is not None:
-            manager.record_kernel(self.kernel_id, await self._process_identity())
+            connection_file = getattr(self.parent, "connection_file", "")
+            where = os.path.abspath(connection_file) if connection_file else ""
+            manager.record_kernel(self.kernel_id, await self._process_identity(), where)
         return connection_info
 
     async def get_provisioner_info(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.ledger.metrics import add_device_gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
-from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus
+from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus, orphan_notice
 from jupyter_vgpu.model import SliceValueError, parse_device
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
@@ -117,8 +117,9 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
             ],
         },
         "warnings": status.warnings,
-        # What the idle policy did to the kernel's slice (lowered, not restored), else null.
-        "notice": idle_notice(allocation),
+        # What the idle policy did to the kernel's slice (lowered, suspended, not restored), or
+        # that the kernel outlived a server restart while suspended; else null.
+        "notice": orphan_notice(allocation) or idle_notice(allocation),
     }
 
 

@@ -20,8 +20,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, UnknownSlice
-from jupyter_vgpu.manager import SliceManager
+from jupyter_vgpu.ledger import SUSPENDED_KEY, Allocation, CapacityError, LedgerError, UnknownSlice
+from jupyter_vgpu.manager import ORPHANED_KEY, SliceManager
 from jupyter_vgpu.model import format_size
 
 # The slice metadata the policy keeps: {"share": percent before lowering, "lowered_at": epoch
@@ -135,6 +135,31 @@ class IdleKernels:
                 continue  # stopped or released meanwhile
             except (LedgerError, CapacityError, ValueError) as error:
                 self.log.warning("jupyter_vgpu: idle kernel %s not handled: %s", kernel_id, error)
+        for allocation in allocations:
+            if allocation.kernel_id in self.kernels:
+                continue
+            try:
+                self._check_orphan(allocation)
+            except LedgerError as error:
+                self.log.warning("jupyter_vgpu: kernel %s not handled: %s", allocation.kernel_id, error)
+
+    def _check_orphan(self, allocation: Allocation) -> None:
+        """Stop a kernel that outlived a server restart while suspended (manager.py's
+        ``ORPHANED_KEY``) once it has been suspended for ``cull_after`` seconds: nobody resumed
+        it, and only its processes hold its host memory. Its processes first, then its slice."""
+        state = allocation.metadata.get(SUSPENDED_KEY)
+        if not self.cull_after or not isinstance(allocation.metadata.get(ORPHANED_KEY), dict):
+            return
+        if not isinstance(state, dict) or self.clock() - float(state.get("at", 0)) <= self.cull_after:
+            return
+        kernel_id = allocation.kernel_id
+        notice = (
+            f"stopped after {format_duration(self.cull_after)} suspended, not resumed since its server "
+            f"restarted, to free {format_size(allocation.host_memory)} of host memory"
+        )
+        if self.slices.release_gone(allocation) is not None:
+            self._remember(kernel_id, notice)
+            self.log.info("jupyter_vgpu: kernel %s %s", kernel_id, notice)
 
     async def _check_kernel(self, kernel: Any, allocation: Allocation) -> None:
         state = getattr(kernel, "execution_state", "")

@@ -64,9 +64,12 @@ class SuspendedKernels:
     async def check(self, allocations: list[Allocation]) -> None:
         """Resume the suspended kernels that asked for it (one pass of the slice watcher)."""
         for allocation in allocations:
-            if not allocation.suspended or allocation.kernel_id not in self.kernels:
+            if not allocation.suspended or allocation.holder != "local":
                 continue
-            if self._busy(allocation.kernel_id) or self.slices.suspender.resume_requested(allocation):
+            # A kernel this server does not run (one that outlived the last server, reached
+            # through its connection file) resumes on its CUDA calls alone.
+            busy = allocation.kernel_id in self.kernels and self._busy(allocation.kernel_id)
+            if busy or self.slices.suspender.resume_requested(allocation):
                 try:
                     await self.resume(allocation, allocations)
                 except (UnknownSlice, KeyError):

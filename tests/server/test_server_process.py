@@ -18,7 +18,7 @@ TOKEN = "vgpu-test-token"
 
 
 class Server(JupyterProcess):
-    def __init__(self, tmp_path: Path, env: dict[str, str]):
+    def __init__(self, tmp_path: Path, env: dict[str, str], *options: str):
         super().__init__(
             env,
             tmp_path / "server.log",
@@ -27,6 +27,7 @@ class Server(JupyterProcess):
             f"--VGPUApp.ledger_path={tmp_path / 'ledger.sqlite'}",
             f"--VGPUApp.region_dir={tmp_path / 'regions'}",
             f"--ServerApp.root_dir={tmp_path}",
+            *options,
         )
 
 

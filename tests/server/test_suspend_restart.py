@@ -1,0 +1,119 @@
+"""A server killed with SIGKILL while a kernel is suspended (issue 18): the restarted server finds
+the slice suspended (the ledger and the pids persisted) and keeps it, since the kernel holds
+nothing on the GPU and its user's state is in its host memory; it resumes it when asked (its
+room first, then its memory), and the kernel is reached through its connection file, as Jupyter
+does not list it again. Where nobody can reach it, or nobody resumes it within
+``idle_cull_after``, it is stopped as any orphan (tests/server/test_orphans.py). A real server
+process, real kernels, on one simulated 16 GiB GPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import test_server_process
+from jupyter_client import BlockingKernelClient
+from support import wait_for
+from test_orphans import reaper, running
+from test_server_process import KERNEL_NAME, Server, run_code, vgpu_cli
+from test_suspend_cli import PATTERN
+
+GIB = 1 << 30
+user_env = test_server_process.user_env
+vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
+patient_heartbeat = test_server_process.patient_heartbeat
+pytestmark = pytest.mark.usefixtures("patient_heartbeat")
+__all__ = ["reaper", "user_env", "vgpu_kernelspec_dir"]  # the fixtures this module takes from elsewhere
+
+
+def suspended_kernel(server: Server, env: dict[str, str], cuda_prelude: str) -> tuple[str, int]:
+    """A 2 GiB kernel holding 1 GiB with a pattern, suspended; its id and pid."""
+    started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "2GiB"})
+    kernel_id = started["kernel"]["id"]
+    run_code(env, kernel_id, cuda_prelude + PATTERN)
+    suspended = server.api("POST", f"api/vgpu/slices/{kernel_id}/suspend", {})
+    assert (suspended["state"], suspended["host_memory_bytes"]) == ("suspended", GIB)
+    return kernel_id, suspended["pid"]
+
+
+def connection_file(env: dict[str, str], kernel_id: str) -> Path:
+    return Path(env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"
+
+
+def all_free(server: Server) -> bool:
+    (device,) = server.api("GET", "api/vgpu/devices")
+    return device["memory_free_bytes"] == device["memory_capacity_bytes"] == 16 * GIB
+
+
+def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_restart_with_its_memory_intact(
+    user_env, tmp_path, cuda_prelude, reaper
+):
+    server = Server(tmp_path, user_env)
+    kept, pid = suspended_kernel(server, user_env, cuda_prelude)
+    # A second suspended kernel whose connection file is gone: nobody can reach it any more.
+    unreachable, unreachable_pid = suspended_kernel(server, user_env, cuda_prelude)
+    server.kill()
+    connection_file(user_env, unreachable).unlink()
+
+    restarted = Server(tmp_path, user_env)
+    try:
+        # Found suspended, its processes kept; the unreachable one stopped and released as any orphan.
+        (listed,) = restarted.api("GET", "api/vgpu/slices")
+        assert (listed["kernel_id"], listed["state"], listed["host_memory_bytes"]) == (kept, "suspended", GIB)
+        assert listed["notice"] == (
+            f"suspended when its server stopped; Jupyter does not list it again: its 1GiB stay in host memory "
+            f"until it is resumed (`jupyter vgpu resume {kept}`, or a CUDA call of its own) and reached with "
+            f"`jupyter console --existing {connection_file(user_env, kept)}`, where `exit` stops it"
+        )
+        assert running(pid) and not running(unreachable_pid)
+        assert restarted.api("GET", "api/kernels") == []  # jupyter_server does not list it
+        assert all_free(restarted)  # it holds nothing on the GPU: its room is lent
+
+        resumed = vgpu_cli(user_env, "resume", kept[:8])
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout.strip() == f"resumed {kept[:8]}: its 2GiB slice runs again"
+        (listed,) = restarted.api("GET", "api/vgpu/slices")
+        assert (listed["state"], listed["host_memory_bytes"]) == ("running", 0)
+        assert [process["pid"] for process in listed["usage"]["processes"]] == [pid]
+        assert listed["notice"].startswith("resumed after its server stopped; Jupyter does not list it again")
+        (device,) = restarted.api("GET", "api/vgpu/devices")
+        assert device["memory_free_bytes"] == 14 * GIB  # its 2 GiB promised again
+
+        # Its user reaches it through its connection file: the pattern is intact.
+        assert run_code(user_env, kept, "print(intact())").strip() == "True"
+        # ... and stops it there: its slice is released once its process has exited.
+        client = BlockingKernelClient(connection_file=str(connection_file(user_env, kept)))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            assert client.shutdown(reply=True, timeout=30)["content"]["status"] == "ok"
+        finally:
+            client.stop_channels()
+        wait_for(lambda: restarted.api("GET", "api/vgpu/slices") == [], 30, "its slice released")
+        assert all_free(restarted)
+        wait_for(lambda: reaper([pid, unreachable_pid]), 10, "the kernels' processes reaped")
+    finally:
+        restarted.stop()
+
+
+def test_a_suspended_kernel_nobody_resumes_after_the_restart_is_stopped_after_idle_cull_after(
+    user_env, tmp_path, cuda_prelude, reaper
+):
+    server = Server(tmp_path, user_env)
+    kernel_id, pid = suspended_kernel(server, user_env, cuda_prelude)
+    server.kill()
+
+    restarted = Server(tmp_path, user_env, "--VGPUApp.idle_cull_after=2")
+    try:
+        notices = wait_for(lambda: restarted.api("GET", "api/vgpu/notices"), 30, "the orphan stopped")
+        assert notices == {
+            kernel_id: "stopped after 2 s suspended, not resumed since its server restarted, to free 1GiB of host "
+            "memory"
+        }
+        assert restarted.api("GET", "api/vgpu/slices") == []
+        assert not running(pid)
+        wait_for(lambda: reaper([pid]), 10, "the kernel's process reaped")
+        assert not os.listdir(tmp_path / "regions")
+    finally:
+        restarted.stop()
