@@ -26,7 +26,7 @@ from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
 from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.model import SliceLimits, decide_limits, format_size
+from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
 
 WARNINGS_KEY = "warnings"
 # Metadata of a slice whose kernel changed its own limits (the holder put them back): the last
@@ -82,6 +82,24 @@ class SliceRefused(Exception):
     def __init__(self, message: str, *, kind: str):
         super().__init__(message)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class RoomWanted:
+    """Room a kernel start or a resize needs on a device, which suspending idle kernels there may
+    make (issue 18; ``SliceManager.room_maker`` carries it out)."""
+
+    # Tries the start or resize again: True once it fits (and was done).
+    fits: Callable[[], bool]
+    # The device (a UUID); None: any.
+    device_uuid: str | None
+    # Who wants it, for the notices of the kernels suspended for it.
+    for_whom: str
+    # The kernel that wants it, never suspended for it ("" for a start).
+    exclude: str = ""
+    # What the refusal said is missing on the device, if it did: room is made only where
+    # suspending every idle kernel there could be enough.
+    short: CapacityError | None = None
 
 
 @dataclass(frozen=True)
@@ -268,9 +286,73 @@ class SliceManager(LoggingConfigurable):
 
     # -- suspending idle kernels (issue 18) ---------------------------------------------------
 
-    # Makes room for a slice that does not fit (limits, device asked for) by suspending idle
-    # kernels, where the server's suspend policy is on; True where it may fit now.
-    room_maker: Callable[[SliceLimits, Any], Awaitable[bool]] | None = None
+    # Makes room for a start or a resize that does not fit by suspending idle kernels on the
+    # device (server/suspend.py), where the server's suspend policy is on; whether it fits now.
+    room_maker: Callable[[RoomWanted], Awaitable[bool]] | None = None
+
+    async def admit_making_room(
+        self, kernel_id: str, limits: SliceLimits, *, owner: str = "", device=None, metadata=None
+    ) -> Allocation:
+        """:meth:`admit`, except that a start that does not fit first makes room by suspending
+        idle kernels (on the asked device, if any) where a room maker is set."""
+        try:
+            return self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata)
+        except SliceRefused as refusal:
+            if refusal.kind != "capacity" or self.room_maker is None:
+                raise
+            short = refusal.__cause__ if isinstance(refusal.__cause__, CapacityError) else None
+            last = refusal
+        admitted: list[Allocation] = []
+
+        def fits() -> bool:
+            nonlocal last
+            try:
+                admitted.append(self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata))
+                return True
+            except SliceRefused as refused:
+                if refused.kind != "capacity":
+                    raise
+                last = refused
+                return False
+
+        wanted = RoomWanted(fits, self._device_uuid(device), "a new kernel", short=_device_room(short))
+        if await self.room_maker(wanted) and admitted:
+            return admitted[0]
+        raise last
+
+    async def resize_making_room(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
+        """:meth:`resize`, except that a growth that does not fit on the slice's device first
+        makes room by suspending idle kernels there (never this one) where a room maker is set."""
+        try:
+            return self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
+        except CapacityError as refusal:
+            if self.room_maker is None or _device_room(refusal) is None:
+                raise
+            first = last = refusal
+        resized: list[Allocation] = []
+
+        def fits() -> bool:
+            nonlocal last
+            try:
+                resized.append(self.resize(kernel_id, memory=memory, cores=cores, policy=policy))
+                return True
+            except CapacityError as refused:
+                last = refused
+                return False
+
+        device_uuid = self.get(kernel_id).device_uuid
+        wanted = RoomWanted(fits, device_uuid, "a kernel that grows", exclude=kernel_id, short=first)
+        if await self.room_maker(wanted) and resized:
+            return resized[0]
+        raise last
+
+    def _device_uuid(self, device) -> str | None:
+        """The UUID of the device a start asks for (an index or a UUID), None for any."""
+        if device is None or device == "":
+            return None
+        with contextlib.suppress(ValueError):
+            return select_device(self.ledger.devices, device).uuid
+        return None
 
     @functools.cached_property
     def suspender(self) -> Suspender:
@@ -417,6 +499,11 @@ class SliceManager(LoggingConfigurable):
         return True
 
 
+def _device_room(short: CapacityError | None) -> CapacityError | None:
+    """``short`` where what it lacks is room on a device (which suspending gives back), else None."""
+    return short if short is not None and short.resource in DEVICE_ROOM else None
+
+
 def _digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
@@ -425,6 +512,7 @@ __all__ = [
     "BATCH_KEY",
     "CONNECTION_FILE_KEY",
     "ORPHANED_KEY",
+    "RoomWanted",
     "SliceManager",
     "SliceRefused",
     "SliceStatus",

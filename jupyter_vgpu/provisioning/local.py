@@ -185,19 +185,10 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
                 limits = manager.decide_limits(size, _size_of(chosen))
                 device = requested.get("device") or chosen.get("device") or None
                 metadata = {"kernelspec": getattr(self.kernel_spec, "display_name", "")}
-
-                def admit() -> None:
-                    manager.admit(self.kernel_id, limits, owner=slice_owner(), device=device, metadata=metadata)
-
-                try:
-                    admit()
-                except SliceRefused as refusal:
-                    # A start that does not fit first makes room by suspending idle kernels (issue 18).
-                    if refusal.kind != "capacity" or manager.room_maker is None:
-                        raise
-                    if not await manager.room_maker(limits, device):
-                        raise
-                    admit()
+                # A start that does not fit first makes room by suspending idle kernels (issue 18).
+                await manager.admit_making_room(
+                    self.kernel_id, limits, owner=slice_owner(), device=device, metadata=metadata
+                )
         except SliceRefused as refusal:
             forget_refused_start(self)
             raise (manager.start_error(refusal) if manager else refusal) from None

@@ -408,7 +408,7 @@ class VGPUApp(ExtensionApp):
         )
         self.settings[SUSPEND_SETTING] = suspended
         if self.idle_suspend_after:
-            manager.room_maker = suspended.make_room_for  # a start that does not fit suspends idle kernels
+            manager.room_maker = suspended.make_room  # a start or resize that does not fit suspends idle kernels
             if self.broker_url:
                 # The broker picks whose idle kernels make room across users; this server suspends its own.
                 self._room_for_others = RoomForOthers(suspended)

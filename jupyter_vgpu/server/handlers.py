@@ -254,7 +254,10 @@ class SliceHandler(VGPUHandler):
         if not body:
             raise VGPUHTTPError(400, "nothing to change; send memory, cores and/or policy")
         try:
-            self.slices.resize(kernel_id, memory=body.get("memory"), cores=body.get("cores"), policy=body.get("policy"))
+            # A growth that does not fit first makes room by suspending idle kernels (issue 18).
+            await self.slices.resize_making_room(
+                kernel_id, memory=body.get("memory"), cores=body.get("cores"), policy=body.get("policy")
+            )
         except UnknownSlice as error:
             raise VGPUHTTPError(404, str(error)) from None
         except ValueError as error:

@@ -19,7 +19,6 @@ The blocking parts (lock, checkpoint, restore) run in worker threads, never the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -28,8 +27,8 @@ from prometheus_client import CollectorRegistry, Gauge
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.suspender import TIMINGS_KEY
 from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.manager import SliceManager
-from jupyter_vgpu.model import SliceLimits, format_size, select_device
+from jupyter_vgpu.manager import DEVICE_ROOM, RoomWanted, SliceManager
+from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 
 # Where the handlers find VGPUApp.suspend_lock_timeout (seconds a process may take to finish its
@@ -84,7 +83,7 @@ class SuspendedKernels:
         try:
             await asyncio.to_thread(self.slices.resume, kernel_id)
         except CapacityError as short:
-            if short.resource != "memory" or not await self._make_room(allocation, short, allocations):
+            if short.resource not in DEVICE_ROOM or not await self._make_room(allocation, short, allocations):
                 self._notice(allocation, _waiting(allocation, short))
                 return False
             try:
@@ -99,33 +98,31 @@ class SuspendedKernels:
     async def _make_room(
         self, allocation: Allocation, short: CapacityError, allocations: list[Allocation] | None
     ) -> bool:
-        """Suspend idle kernels on the device of ``allocation`` (least recently active first, never
-        one running a cell) until ``short.requested`` bytes are free there; whether they are."""
-        needed = short.requested - short.available
+        """Suspend idle kernels on the device of ``allocation`` until it could resume there;
+        whether it could."""
+
+        def fits() -> bool:
+            usages = self.slices.ledger.devices_usage()
+            usage = next((usage for usage in usages if usage.device.uuid == allocation.device_uuid), None)
+            return usage is not None and usage.fits(allocation.limits)
+
+        wanted = RoomWanted(
+            fits, allocation.device_uuid, "a kernel that ran again", exclude=allocation.kernel_id, short=short
+        )
+        return await self.make_room(wanted, allocations)
+
+    async def make_room(self, wanted: RoomWanted, allocations: list[Allocation] | None = None) -> bool:
+        """Suspend this server's idle kernels on ``wanted``'s device (longest idle first, never one
+        running a cell, never the kernel that wants the room) until ``wanted.fits()``; whether it
+        does. Nothing is suspended where all of them together would not make up what
+        ``wanted.short`` says is missing. One loop for kernel starts, resizes and resumes."""
         if allocations is None:
             allocations = self.slices.ledger.allocations()
-        freed = 0
-        for candidate in self._idle_on_device(allocation.device_uuid, allocations, exclude=allocation.kernel_id):
-            if freed >= needed:
-                break
-            suspended = await self._suspend_to_make_room(candidate, "a kernel that ran again")
-            if suspended is not None:
-                freed += suspended.memory_limit
-        return freed >= needed
-
-    async def make_room_for(self, limits: SliceLimits, device: Any = None) -> bool:
-        """Suspend idle kernels (longest idle first, never one running a cell; on ``device`` where
-        one is asked for) until a slice of ``limits`` fits on some device; whether it does."""
-        allocations = self.slices.ledger.allocations()
-        named = None
-        if device is not None:
-            with contextlib.suppress(ValueError):
-                named = select_device(self.slices.ledger.devices, device).uuid
-        for candidate in self._idle_on_device(named, allocations, exclude=""):
-            if await self._suspend_to_make_room(candidate, "a new kernel") is None:
-                continue
-            usages = self.slices.ledger.devices_usage()
-            if any(usage.fits(limits) for usage in usages if named in (None, usage.device.uuid)):
+        candidates = self._idle_on_device(wanted.device_uuid, allocations, exclude=wanted.exclude)
+        if wanted.short is not None and not _could_make_up(wanted.short, candidates):
+            return False
+        for candidate in candidates:
+            if await self._suspend_to_make_room(candidate, wanted.for_whom) is not None and wanted.fits():
                 return True
         return False
 
@@ -259,6 +256,17 @@ def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation
         for step, gauge in seconds.items():
             if isinstance(timings, dict) and isinstance(timings.get(step), (int, float)):
                 gauge.labels(allocation.kernel_id, str(allocation.device_index)).set(timings[step])
+
+
+def _could_make_up(short: CapacityError, candidates: list[Allocation]) -> bool:
+    """Whether suspending all ``candidates`` could give back what ``short`` says is missing
+    (memory in bytes, or an SM share in percent)."""
+    missing = short.requested - short.available
+    if short.resource == "memory":
+        return sum(candidate.memory_limit for candidate in candidates) >= missing
+    if short.resource == "sm_share":
+        return sum(candidate.sm_share for candidate in candidates) >= missing
+    return bool(candidates)
 
 
 def _waiting(allocation: Allocation, short: CapacityError) -> str:

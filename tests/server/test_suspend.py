@@ -361,3 +361,74 @@ async def test_memory_a_suspended_slices_processes_still_hold_is_not_lent(
     assert refused.value.code == 409
     assert "12GiB is free" in json.loads(refused.value.response.body)["message"]
     assert await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+
+
+async def patch(jp_fetch, kernel_id: str, **changes) -> dict:
+    body = json.dumps(changes)
+    return json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id, method="PATCH", body=body)).body)
+
+
+async def running_a_long_cell(jp_serverapp, run_in_kernel, kernel_id: str) -> asyncio.Future:
+    """The kernel runs a cell until it is shut down (the cell's own wait, ended by the shutdown)."""
+    cell = asyncio.ensure_future(run_in_kernel(kernel_id, "import time; time.sleep(600)"))
+    await eventually(lambda: _state_is(jp_serverapp, kernel_id, "busy"), 30, f"kernel {kernel_id} running its cell")
+    return cell
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 3600.0}])
+async def test_a_resize_that_does_not_fit_makes_room_by_suspending_an_idle_kernel_never_a_busy_one_nor_itself(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    grown, busy, idle = [
+        await start_sliced(jp_fetch, vgpu_kernelspec, memory="4GiB", cores=20, device=LARGE) for _ in range(3)
+    ]
+    # Last active in this order: the one that grows, then the busy one (its cell starts), then the idle one.
+    for kernel in (grown, busy, idle):
+        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(2 << 30))")).strip() == "0"
+    busy_cell = await running_a_long_cell(jp_serverapp, run_in_kernel, busy)
+    await run_in_kernel(idle, "print('active later')")
+
+    # 12 of 16 GiB promised: 16 GiB would need 8 more, and the idle kernel's 4 GiB are not enough,
+    # so it is refused without suspending anything.
+    with pytest.raises(HTTPClientError) as refused:
+        await patch(jp_fetch, grown, memory="16GiB")
+    assert refused.value.code == 409
+    assert json.loads(refused.value.response.body)["message"].startswith(
+        f"kernel {grown!r} cannot grow to 16GiB of GPU memory: GPU 1"
+    )
+    assert [(await slice_of(jp_fetch, kernel))["state"] for kernel in (grown, busy, idle)] == ["running"] * 3
+
+    # 10 GiB needs 2 more: the idle kernel is suspended for it, not the busy one, nor the one that grows.
+    resized = await patch(jp_fetch, grown, memory="10GiB")
+    assert (resized["state"], resized["limits"]["memory_bytes"]) == ("running", 10 * GIB)
+    made_room = await slice_of(jp_fetch, idle)
+    assert (made_room["state"], made_room["host_memory_bytes"]) == ("suspended", 2 * GIB)
+    assert made_room["notice"] == (
+        "suspended to make room for a kernel that grows: 2GiB moved to host memory; resumes when a cell runs"
+    )
+    assert (await slice_of(jp_fetch, busy))["state"] == "running"
+    assert (await run_in_kernel(grown, "print(allocate(8 << 30))")).strip() == "0"  # really there
+
+    await jp_fetch("api", "kernels", busy, method="DELETE")
+    busy_cell.cancel()
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 3600.0}])
+async def test_a_kernel_start_that_does_not_fit_never_suspends_a_kernel_running_a_cell(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    idle = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
+    for kernel in (busy, idle):
+        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    # The busy kernel was last active before the idle one: idle longest, were it not running a cell.
+    busy_cell = await running_a_long_cell(jp_serverapp, run_in_kernel, busy)
+    await run_in_kernel(idle, "print('active later')")
+
+    started = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
+    assert (await slice_of(jp_fetch, idle))["state"] == "suspended"
+    assert (await slice_of(jp_fetch, busy))["state"] == "running"
+    assert (await slice_of(jp_fetch, started))["limits"]["memory_bytes"] == 8 * GIB
+
+    await jp_fetch("api", "kernels", busy, method="DELETE")
+    busy_cell.cancel()
