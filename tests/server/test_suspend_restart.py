@@ -46,34 +46,48 @@ def all_free(server: Server) -> bool:
     return device["memory_free_bytes"] == device["memory_capacity_bytes"] == 16 * GIB
 
 
+def shut_down(env: dict[str, str], kernel_id: str) -> None:
+    """What `exit` in `jupyter console --existing` does: a shutdown request through the connection file."""
+    client = BlockingKernelClient(connection_file=str(connection_file(env, kernel_id)))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        assert client.shutdown(reply=True, timeout=30)["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+
+
 def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_restart_with_its_memory_intact(
     user_env, tmp_path, cuda_prelude, reaper
 ):
     server = Server(tmp_path, user_env)
     kept, pid = suspended_kernel(server, user_env, cuda_prelude)
-    # A second suspended kernel whose connection file is gone: nobody can reach it any more.
+    # One resumed by a cell run through its connection file, not by a request to the server.
+    by_cell, by_cell_pid = suspended_kernel(server, user_env, cuda_prelude)
+    # One whose connection file is gone: nobody can reach it any more.
     unreachable, unreachable_pid = suspended_kernel(server, user_env, cuda_prelude)
     server.kill()
     connection_file(user_env, unreachable).unlink()
 
     restarted = Server(tmp_path, user_env)
     try:
-        # Found suspended, its processes kept; the unreachable one stopped and released as any orphan.
-        (listed,) = restarted.api("GET", "api/vgpu/slices")
-        assert (listed["kernel_id"], listed["state"], listed["host_memory_bytes"]) == (kept, "suspended", GIB)
-        assert listed["notice"] == (
+        # Found suspended, their processes kept; the unreachable one stopped and released as any orphan.
+        listed = {item["kernel_id"]: item for item in restarted.api("GET", "api/vgpu/slices")}
+        assert sorted(listed) == sorted([kept, by_cell])
+        assert {(item["state"], item["host_memory_bytes"]) for item in listed.values()} == {("suspended", GIB)}
+        assert listed[kept]["notice"] == (
             f"suspended when its server stopped; Jupyter does not list it again: its 1GiB stay in host memory "
             f"until it is resumed (`jupyter vgpu resume {kept}`, or a CUDA call of its own) and reached with "
             f"`jupyter console --existing {connection_file(user_env, kept)}`, where `exit` stops it"
         )
-        assert running(pid) and not running(unreachable_pid)
-        assert restarted.api("GET", "api/kernels") == []  # jupyter_server does not list it
-        assert all_free(restarted)  # it holds nothing on the GPU: its room is lent
+        assert running(pid) and running(by_cell_pid) and not running(unreachable_pid)
+        assert restarted.api("GET", "api/kernels") == []  # jupyter_server does not list them
+        assert all_free(restarted)  # they hold nothing on the GPU: their room is lent
 
         resumed = vgpu_cli(user_env, "resume", kept[:8])
         assert resumed.returncode == 0, resumed.stderr
         assert resumed.stdout.strip() == f"resumed {kept[:8]}: its 2GiB slice runs again"
-        (listed,) = restarted.api("GET", "api/vgpu/slices")
+        (listed,) = [item for item in restarted.api("GET", "api/vgpu/slices") if item["kernel_id"] == kept]
         assert (listed["state"], listed["host_memory_bytes"]) == ("running", 0)
         assert [process["pid"] for process in listed["usage"]["processes"]] == [pid]
         assert listed["notice"].startswith("resumed after its server stopped; Jupyter does not list it again")
@@ -82,17 +96,18 @@ def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_resta
 
         # Its user reaches it through its connection file: the pattern is intact.
         assert run_code(user_env, kept, "print(intact())").strip() == "True"
-        # ... and stops it there: its slice is released once its process has exited.
-        client = BlockingKernelClient(connection_file=str(connection_file(user_env, kept)))
-        client.load_connection_file()
-        client.start_channels()
-        try:
-            assert client.shutdown(reply=True, timeout=30)["content"]["status"] == "ok"
-        finally:
-            client.stop_channels()
-        wait_for(lambda: restarted.api("GET", "api/vgpu/slices") == [], 30, "its slice released")
+        # The other one's cell waits in the driver until the server resumes it (the hooked
+        # cuMemGetInfo of memory() asks for the resume).
+        assert run_code(user_env, by_cell, "memory(); print(intact())").strip() == "True"
+        (listed,) = [item for item in restarted.api("GET", "api/vgpu/slices") if item["kernel_id"] == by_cell]
+        assert (listed["state"], listed["host_memory_bytes"]) == ("running", 0)
+
+        # Stopped there, their slices are released once their processes have exited.
+        shut_down(user_env, kept)
+        shut_down(user_env, by_cell)
+        wait_for(lambda: restarted.api("GET", "api/vgpu/slices") == [], 30, "their slices released")
         assert all_free(restarted)
-        wait_for(lambda: reaper([pid, unreachable_pid]), 10, "the kernels' processes reaped")
+        wait_for(lambda: reaper([pid, by_cell_pid, unreachable_pid]), 10, "the kernels' processes reaped")
     finally:
         restarted.stop()
 
