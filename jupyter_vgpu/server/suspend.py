@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.suspender import TIMINGS_KEY
 from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.manager import DEVICE_ROOM, RoomWanted, SliceManager
+from jupyter_vgpu.manager import DEVICE_ROOM, ORPHANED_KEY, RoomWanted, SliceManager
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 
@@ -63,12 +63,12 @@ class SuspendedKernels:
     async def check(self, allocations: list[Allocation]) -> None:
         """Resume the suspended kernels that asked for it (one pass of the slice watcher)."""
         for allocation in allocations:
-            if not allocation.suspended or allocation.holder != "local":
+            ours = allocation.kernel_id in self.kernels
+            # A kernel kept after it outlived the last server (manager.py's ORPHANED_KEY) is not
+            # this server's, and is reached through its connection file: its CUDA calls resume it.
+            if not allocation.suspended or not (ours or isinstance(allocation.metadata.get(ORPHANED_KEY), dict)):
                 continue
-            # A kernel this server does not run (one that outlived the last server, reached
-            # through its connection file) resumes on its CUDA calls alone.
-            busy = allocation.kernel_id in self.kernels and self._busy(allocation.kernel_id)
-            if busy or self.slices.suspender.resume_requested(allocation):
+            if (ours and self._busy(allocation.kernel_id)) or self.slices.suspender.resume_requested(allocation):
                 try:
                     await self.resume(allocation, allocations)
                 except (UnknownSlice, KeyError):
