@@ -295,55 +295,50 @@ class SliceManager(LoggingConfigurable):
     ) -> Allocation:
         """:meth:`admit`, except that a start that does not fit first makes room by suspending
         idle kernels (on the asked device, if any) where a room maker is set."""
-        try:
-            return self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata)
-        except SliceRefused as refusal:
-            if refusal.kind != "capacity" or self.room_maker is None:
-                raise
-            short = refusal.__cause__ if isinstance(refusal.__cause__, CapacityError) else None
-            last = refusal
-        admitted: list[Allocation] = []
-
-        def fits() -> bool:
-            nonlocal last
-            try:
-                admitted.append(self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata))
-                return True
-            except SliceRefused as refused:
-                if refused.kind != "capacity":
-                    raise
-                last = refused
-                return False
-
-        wanted = RoomWanted(fits, self._device_uuid(device), "a new kernel", short=_device_room(short))
-        if await self.room_maker(wanted) and admitted:
-            return admitted[0]
-        raise last
+        return await self._making_room(
+            lambda: self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata),
+            self._device_uuid(device),
+            "a new kernel",
+        )
 
     async def resize_making_room(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
         """:meth:`resize`, except that a growth that does not fit on the slice's device first
         makes room by suspending idle kernels there (never this one) where a room maker is set."""
+        return await self._making_room(
+            lambda: self.resize(kernel_id, memory=memory, cores=cores, policy=policy),
+            self.get(kernel_id).device_uuid,
+            "a kernel that grows",
+            exclude=kernel_id,
+        )
+
+    async def _making_room(
+        self, attempt: Callable[[], Allocation], device_uuid: str | None, for_whom: str, *, exclude: str = ""
+    ) -> Allocation:
+        """``attempt()`` (a start or a resize); where it is refused for lack of room and a room
+        maker is set, the room maker suspends idle kernels on the device (see :class:`RoomWanted`)
+        and tries it again after each until it fits. Raises the last refusal where it never does."""
         try:
-            return self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
-        except CapacityError as refusal:
-            if self.room_maker is None or _device_room(refusal) is None:
+            return attempt()
+        except (SliceRefused, CapacityError) as refusal:
+            lacks_room, short = _room_shortfall(refusal)
+            if not lacks_room or self.room_maker is None:
                 raise
-            first = last = refusal
-        resized: list[Allocation] = []
+            last: Exception = refusal
+        done: list[Allocation] = []
 
         def fits() -> bool:
             nonlocal last
             try:
-                resized.append(self.resize(kernel_id, memory=memory, cores=cores, policy=policy))
+                done.append(attempt())
                 return True
-            except CapacityError as refused:
+            except (SliceRefused, CapacityError) as refused:
+                if not _room_shortfall(refused)[0]:
+                    raise
                 last = refused
                 return False
 
-        device_uuid = self.get(kernel_id).device_uuid
-        wanted = RoomWanted(fits, device_uuid, "a kernel that grows", exclude=kernel_id, short=first)
-        if await self.room_maker(wanted) and resized:
-            return resized[0]
+        if await self.room_maker(RoomWanted(fits, device_uuid, for_whom, exclude=exclude, short=short)) and done:
+            return done[0]
         raise last
 
     def _device_uuid(self, device) -> str | None:
@@ -499,9 +494,17 @@ class SliceManager(LoggingConfigurable):
         return True
 
 
-def _device_room(short: CapacityError | None) -> CapacityError | None:
-    """``short`` where what it lacks is room on a device (which suspending gives back), else None."""
-    return short if short is not None and short.resource in DEVICE_ROOM else None
+def _room_shortfall(refusal: Exception) -> tuple[bool, CapacityError | None]:
+    """Whether a refused start (SliceRefused) or resize (CapacityError) lacked room that
+    suspending kernels may give back, and what it said is missing on a device, if it did (a start
+    also lacks room past the server's own limits, which do not count suspended slices)."""
+    if isinstance(refusal, SliceRefused):
+        cause = refusal.__cause__
+        short = cause if isinstance(cause, CapacityError) and cause.resource in DEVICE_ROOM else None
+        return refusal.kind == "capacity", short
+    if isinstance(refusal, CapacityError) and refusal.resource in DEVICE_ROOM:
+        return True, refusal
+    return False, None
 
 
 def _digest(credential: str) -> str:
