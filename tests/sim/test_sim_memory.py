@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 from sim_helpers import GIB, MIB, nvml_snapshot, probe, run_program, wait_until, with_devices
 
@@ -197,12 +198,28 @@ def test_memory_of_a_sigkilled_process_returns_within_two_seconds(programs, env,
     holder.wait_for("ready")
     assert nvml_snapshot(env)["used"] == 600 * MIB
     holder.process.send_signal(signal.SIGKILL)
-    holder.process.wait()  # a zombie still holds its memory, as with the real driver
+    holder.process.wait()  # reaped: the pid is gone for good
     _, took = wait_until(lambda: nvml_snapshot(env)["used"] == 0, timeout=2.0)
     assert took < 2.0
     taker = workloads(env, "hold", str(1 * GIB))
     taker.wait_for("ready")
     assert taker.lines["alloc"] == f"{GIB} {CUDA_SUCCESS}"
+
+
+def test_a_killed_process_nobody_has_reaped_yet_holds_no_memory(programs, env, workloads):
+    # A process closes its files, the driver's among them, before it becomes a zombie: a real
+    # driver frees its memory then, whether or when its parent reaps it (a kernel whose server
+    # was killed is reparented to a PID 1 that may never reap it).
+    env = with_devices(env, "memory=1GiB")
+    holder = workloads(env, "hold", str(600 * MIB))
+    holder.wait_for("ready")
+    holder.process.send_signal(signal.SIGKILL)
+    stat = Path(f"/proc/{holder.process.pid}/stat")
+    wait_until(lambda: stat.read_text().rpartition(")")[2].split()[0] == "Z", timeout=5.0)
+    _, took = wait_until(lambda: nvml_snapshot(env)["used"] == 0, timeout=2.0)
+    assert stat.read_text().rpartition(")")[2].split()[0] == "Z"  # still not reaped
+    assert took < 2.0
+    holder.process.wait()
 
 
 def test_processes_killed_mid_call_never_wedge_the_others(programs, env, workloads):

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 /* Start time of a process in clock ticks since boot (field 22 of <proc_root>/<pid>/stat), or 0
- * when the process does not exist. Parsed after the last ')' since the command name may hold any
- * byte. */
-static inline uint64_t vgpu_proc_start_time_at(const char *proc_root, pid_t pid)
+ * when the process does not exist; its state letter (field 3) in *state when state is not NULL.
+ * Parsed after the last ')' since the command name may hold any byte. */
+static inline uint64_t vgpu_proc_stat_at(const char *proc_root, pid_t pid, char *state)
 {
     char path[4096 + 32], buf[1024];
     snprintf(path, sizeof path, "%s/%d/stat", proc_root, (int)pid);
@@ -30,8 +30,10 @@ static inline uint64_t vgpu_proc_start_time_at(const char *proc_root, pid_t pid)
         return 0;
     buf[n] = '\0';
     char *p = strrchr(buf, ')');
-    if (!p)
+    if (!p || p[1] != ' ' || !p[2])
         return 0;
+    if (state)
+        *state = p[2];
     /* After ") " come fields 3.. ; the start time is field 22, i.e. the 20th after ')'. */
     p++;
     for (int field = 3; field < 22 && p; field++)
@@ -39,16 +41,23 @@ static inline uint64_t vgpu_proc_start_time_at(const char *proc_root, pid_t pid)
     return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
+static inline uint64_t vgpu_proc_start_time_at(const char *proc_root, pid_t pid)
+{
+    return vgpu_proc_stat_at(proc_root, pid, NULL);
+}
+
 /* Whether the process that owned a slot (pid + start time) still runs, as a /proc tells it (not
  * kill(): the simulated driver keeps pids of a /proc that need not be this process's PID
- * namespace). A zombie still counts as alive until reaped by its parent, as the driver only
- * frees its memory then. */
+ * namespace). A zombie (or a dying process) does not: a process has closed its files, the GPU
+ * driver's among them, before its parent reaps it, and a real driver frees its memory and drops
+ * it from NVML's process list then, whenever (and whether) its parent reaps it. */
 static inline int vgpu_proc_alive_at(const char *proc_root, pid_t pid, uint64_t start_time)
 {
     if (pid <= 0)
         return 0;
-    uint64_t now_start = vgpu_proc_start_time_at(proc_root, pid);
-    return now_start != 0 && now_start == start_time;
+    char state = 0;
+    uint64_t now_start = vgpu_proc_stat_at(proc_root, pid, &state);
+    return now_start != 0 && now_start == start_time && state != 'Z' && state != 'X';
 }
 
 /* The same, in this process's own /proc. */
