@@ -30,11 +30,8 @@ from jupyter_vgpu.holders.checkpoint import (
     Suspension,
 )
 from jupyter_vgpu.holders.local import LocalHolder
-from jupyter_vgpu.ledger import SUSPENDED_KEY, Allocation, CapacityError, Ledger, NotSupported
+from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, SUSPENDED_KEY, Allocation, CapacityError, Ledger, NotSupported
 from jupyter_vgpu.model import format_size
-
-# An allocation's metadata key: the seconds the last suspend and resume took (for the metrics).
-TIMINGS_KEY = "suspend_timings"
 
 
 class Suspender:
@@ -134,11 +131,11 @@ class Suspender:
         return self.holder.resume_requests(allocation) > int(state.get("resume_requests", 0))
 
     def _timed(self, allocation: Allocation, **seconds: float) -> Allocation:
-        timings = allocation.metadata.get(TIMINGS_KEY)
+        timings = allocation.metadata.get(SUSPEND_TIMINGS_KEY)
         timings = {**(timings if isinstance(timings, dict) else {}), **seconds, "at": time.time()}
         with contextlib.suppress(KeyError):
-            return self.ledger.update_metadata(allocation.kernel_id, **{TIMINGS_KEY: timings})
+            return self.ledger.update_metadata(allocation.kernel_id, **{SUSPEND_TIMINGS_KEY: timings})
         return allocation
 
 
-__all__ = ["TIMINGS_KEY", "SuspendRefused", "Suspender"]
+__all__ = ["SuspendRefused", "Suspender"]

@@ -44,7 +44,7 @@ from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid, s
 from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
-from jupyter_vgpu.ledger.metrics import add_device_gauges
+from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
 from jupyter_vgpu.ledger.service import Caller, Gate, LedgerHandler, Lending, Refusal, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
@@ -210,6 +210,7 @@ def broker_metrics(
 ) -> bytes:
     registry = CollectorRegistry()
     add_device_gauges(registry, usages)
+    add_suspend_gauges(registry, allocations)
     slice_labels = ["kernel_id", "device", "policy", "user", "groups"]
     limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
     share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)

@@ -20,6 +20,9 @@ from jupyter_vgpu.model import FULL_SHARE, Device, SliceLimits
 # but takes no room on its device: its memory and SM share are lent to other slices until
 # Ledger.resume admits it there again.
 SUSPENDED_KEY = "suspended"
+# An allocation's metadata key: {"suspend": seconds, "resume": seconds} the slice's last suspend
+# and resume took, written by the suspender, exported as metrics by a server and a broker.
+SUSPEND_TIMINGS_KEY = "suspend_timings"
 # Making room across a node's users (a broker): a user's server reports each kernel's activity,
 # {"last_activity": epoch seconds, "busy": whether a cell runs}; where a start or a resume does
 # not fit, the broker records {"at": epoch seconds} under SUSPEND_REQUESTED_KEY on the

@@ -1,6 +1,6 @@
-"""What a ledger holds, as Prometheus gauges: the one definition of the device metrics that the
-server's ``GET /api/vgpu/metrics`` and the broker's ``metrics`` both export, so a dashboard reads
-either the same way."""
+"""What a ledger holds, as Prometheus gauges: the one definition of the device and suspend
+metrics that the server's ``GET /api/vgpu/metrics`` and the broker's ``metrics`` both export, so
+a dashboard reads either the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from jupyter_vgpu.ledger.base import DeviceUsage
+from jupyter_vgpu.ledger.base import SUSPEND_TIMINGS_KEY, Allocation, DeviceUsage
 
 
 def add_device_gauges(registry: CollectorRegistry, usages: Iterable[DeviceUsage]) -> None:
@@ -24,3 +24,35 @@ def add_device_gauges(registry: CollectorRegistry, usages: Iterable[DeviceUsage]
         capacity.labels(*device).set(usage.memory_capacity)
         allocated.labels(*device).set(usage.memory_allocated)
         shares.labels(*device).set(usage.total_share)
+
+
+def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation]) -> None:
+    """Suspended slices and the host memory they hold, per device; each slice's last suspend and
+    resume durations (seconds), where it has been suspended."""
+    device_labels, slice_labels = ["device", "uuid"], ["kernel_id", "device"]
+    count = Gauge("vgpu_device_suspended_slices", "Suspended slices", device_labels, registry=registry)
+    host = Gauge(
+        "vgpu_device_suspended_host_memory_bytes",
+        "Host memory holding suspended slices' device memory",
+        device_labels,
+        registry=registry,
+    )
+    seconds = {
+        step: Gauge(
+            f"vgpu_slice_last_{step}_seconds",
+            f"Seconds the slice's last {step} took (lock, copy and release; or room, copy back and unlock)",
+            slice_labels,
+            registry=registry,
+        )
+        for step in ("suspend", "resume")
+    }
+    for allocation in allocations:
+        if allocation.holder != "local":
+            continue
+        device = (str(allocation.device_index), allocation.device_uuid)
+        count.labels(*device).inc(1 if allocation.suspended else 0)
+        host.labels(*device).inc(allocation.host_memory)
+        timings = allocation.metadata.get(SUSPEND_TIMINGS_KEY)
+        for step, gauge in seconds.items():
+            if isinstance(timings, dict) and isinstance(timings.get(step), (int, float)):
+                gauge.labels(allocation.kernel_id, str(allocation.device_index)).set(timings[step])

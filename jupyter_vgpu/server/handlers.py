@@ -29,7 +29,7 @@ from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.ledger.metrics import add_device_gauges
+from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus, orphan_notice
 from jupyter_vgpu.model import SliceValueError, parse_device
@@ -38,7 +38,7 @@ from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
-from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, add_suspend_gauges
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}

@@ -22,11 +22,8 @@ import asyncio
 import logging
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
-
 from jupyter_vgpu.holders.checkpoint import CheckpointError
-from jupyter_vgpu.holders.suspender import TIMINGS_KEY
-from jupyter_vgpu.ledger import Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
+from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.manager import DEVICE_ROOM, ORPHANED_KEY, RoomWanted, SliceManager
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
@@ -220,42 +217,10 @@ def suspended_notice(why: str, suspended: Allocation) -> str:
     resume will take: its memory copied back over the same link, so about the seconds the
     suspend took (1 s at the least), where they are known. "suspended after 20 min idle: 3.2GiB
     moved to host memory; resumes when a cell runs, about 1 s"."""
-    timings = suspended.metadata.get(TIMINGS_KEY)
+    timings = suspended.metadata.get(SUSPEND_TIMINGS_KEY)
     took = timings.get("suspend") if isinstance(timings, dict) else None
     about = f", about {format_duration(max(1.0, float(took)))}" if isinstance(took, (int, float)) else ""
     return f"{why}: {format_size(suspended.host_memory)} moved to host memory; resumes when a cell runs{about}"
-
-
-def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation]) -> None:
-    """Suspended slices and the host memory they hold, per device; each slice's last suspend and
-    resume durations (seconds), where it has been suspended."""
-    device_labels, slice_labels = ["device", "uuid"], ["kernel_id", "device"]
-    count = Gauge("vgpu_device_suspended_slices", "Suspended slices", device_labels, registry=registry)
-    host = Gauge(
-        "vgpu_device_suspended_host_memory_bytes",
-        "Host memory holding suspended slices' device memory",
-        device_labels,
-        registry=registry,
-    )
-    seconds = {
-        step: Gauge(
-            f"vgpu_slice_last_{step}_seconds",
-            f"Seconds the slice's last {step} took (lock, copy and release; or room, copy back and unlock)",
-            slice_labels,
-            registry=registry,
-        )
-        for step in ("suspend", "resume")
-    }
-    for allocation in allocations:
-        if allocation.holder != "local":
-            continue
-        device = (str(allocation.device_index), allocation.device_uuid)
-        count.labels(*device).inc(1 if allocation.suspended else 0)
-        host.labels(*device).inc(allocation.host_memory)
-        timings = allocation.metadata.get(TIMINGS_KEY)
-        for step, gauge in seconds.items():
-            if isinstance(timings, dict) and isinstance(timings.get(step), (int, float)):
-                gauge.labels(allocation.kernel_id, str(allocation.device_index)).set(timings[step])
 
 
 def _could_make_up(short: CapacityError, candidates: list[Allocation]) -> bool:
@@ -280,4 +245,4 @@ def _waiting(allocation: Allocation, short: CapacityError) -> str:
     return f"waiting for room on {gpu}: {short}; this kernel resumes when it is free"
 
 
-__all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels", "add_suspend_gauges"]
+__all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels"]

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from support import JUPYTER, checkpoint_controller, free_port, json_stand_in, wait_for
 
 from jupyter_vgpu.holders.region import LimitsPage
-from jupyter_vgpu.hub.broker import USE_SCOPE
+from jupyter_vgpu.hub.broker import ADMIN_SCOPE, USE_SCOPE
 from jupyter_vgpu.ledger import SUSPEND_REQUESTED_KEY, CapacityError, NotSupported
 from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
 from jupyter_vgpu.manager import start_refusal
@@ -34,6 +36,7 @@ from jupyter_vgpu.model import SliceLimits, SliceValueError
 MIB = 1 << 20
 BROKER_TOKEN = "the-brokers-own-token"
 TOKENS = {"alice-token": "alice", "bob-token": "bob"}
+TEACHER_TOKEN = "teachers-token"  # reads the broker's metrics
 # One 1 GiB GPU (the simulator's device memory holds data: small, so the test is quick); each
 # user's size is 768 MiB, so two kernels do not fit on it together.
 CLASSROOM = """
@@ -51,6 +54,8 @@ SLICE = SliceLimits(768 * MIB, 40, "burst")
 def stand_in_hub(method, path, body, headers):
     """What the broker asks the hub: GET /hub/api/user (a user's token) and /hub/api/users/<name>."""
     token = headers.get("Authorization", "").partition(" ")[2].strip()
+    if path.split("?")[0] == "/hub/api/user" and token == TEACHER_TOKEN:
+        return 200, {"kind": "user", "name": "teacher", "groups": [], "scopes": [ADMIN_SCOPE]}
     if path.split("?")[0] == "/hub/api/user" and token in TOKENS:
         name = TOKENS[token]
         return 200, {"kind": "user", "name": name, "groups": [], "scopes": [f"{USE_SCOPE}!user={name}"]}
@@ -107,6 +112,14 @@ def broker(tmp_path, sim_env):
             log.close()
 
 
+def broker_metrics_text(ledger_url: str) -> str:
+    request = urllib.request.Request(
+        ledger_url.rpartition("/")[0] + "/metrics", headers={"Authorization": f"token {TEACHER_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.read().decode()
+
+
 def test_the_broker_lends_a_suspended_kernels_memory_only_once_nvml_shows_it_holds_none(broker, checkpoint_targets):
     url, env, broker_dir = broker
     alice, bob = RemoteLedger(url, "alice-token", timeout=30), RemoteLedger(url, "bob-token", timeout=30)
@@ -139,6 +152,13 @@ def test_the_broker_lends_a_suspended_kernels_memory_only_once_nvml_shows_it_hol
     # the page is the broker's to write, not the user's server's.
     page = LimitsPage.open(broker_dir / "limits" / "alice-kernel.limits", writable=False)
     assert page.suspended
+    # The teacher's board (docs/grafana/jupyter-vgpu-classroom.json) sees it suspended.
+    metrics = broker_metrics_text(url)
+    assert re.search(r'^vgpu_device_suspended_slices\{device="0",uuid="GPU-[^"]+"\} 1\.0$', metrics, re.MULTILINE)
+    host = re.search(
+        r'^vgpu_device_suspended_host_memory_bytes\{device="0",uuid="GPU-[^"]+"\} (\S+)$', metrics, re.MULTILINE
+    )
+    assert host and float(host.group(1)) == 700 * MIB, metrics
     # The lent memory is bob's now; alice's size still counts her suspended kernel.
     bob.admit("bob-kernel", SLICE)
     with pytest.raises(CapacityError) as over_budget:
