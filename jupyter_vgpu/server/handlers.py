@@ -444,7 +444,12 @@ class MetricsHandler(VGPUHandler):
         add_device_gauges(registry, self.slices.ledger.devices_usage())
         slice_labels = ["kernel_id", "device", "policy"]
         limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
-        used = Gauge("vgpu_slice_memory_used_bytes", "Memory a slice's processes hold", slice_labels, registry=registry)
+        used = Gauge(
+            "vgpu_slice_memory_used_bytes",
+            "GPU memory a slice's processes hold (none while it is suspended: its memory is in host memory)",
+            slice_labels,
+            registry=registry,
+        )
         share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
         util = Gauge(
             "vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry
@@ -455,7 +460,7 @@ class MetricsHandler(VGPUHandler):
             allocation = status.allocation
             labels = (allocation.kernel_id, str(allocation.device_index), allocation.policy)
             limit.labels(*labels).set(allocation.memory_limit)
-            used.labels(*labels).set(status.usage.memory_used)
+            used.labels(*labels).set(0 if allocation.suspended else status.usage.memory_used)
             share.labels(*labels).set(allocation.sm_share)
             util.labels(*labels).set(status.usage.sm_util_percent)
         self.finish(generate_latest(registry), set_content_type=CONTENT_TYPE_LATEST)

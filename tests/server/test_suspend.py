@@ -120,6 +120,8 @@ async def test_a_suspended_kernels_memory_is_lent_and_comes_back_intact_when_res
     assert f'vgpu_device_suspended_slices{{device="1",uuid="{uuid}"}} 1.0' in metrics
     assert f'vgpu_device_suspended_host_memory_bytes{{device="1",uuid="{uuid}"}} 1.2884901888e+10' in metrics
     assert f'vgpu_slice_last_suspend_seconds{{device="1",kernel_id="{a}"}}' in metrics
+    # Its memory is in host memory: the GPU-memory gauge of the slice says none (the server's board).
+    assert f'vgpu_slice_memory_used_bytes{{device="1",kernel_id="{a}",policy="hard"}} 0.0' in metrics
 
     # Its room is lent: another kernel gets 12 GiB of the 16, and A cannot come back meanwhile.
     b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
