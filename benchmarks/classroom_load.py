@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import random
 import statistics
@@ -53,7 +54,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,7 +66,7 @@ from tornado.httpserver import HTTPServer  # noqa: E402
 from tornado.netutil import bind_sockets  # noqa: E402
 
 from jupyter_vgpu.hub.broker import USE_SCOPE, Broker  # noqa: E402
-from jupyter_vgpu.hub.classroom import load_classroom  # noqa: E402
+from jupyter_vgpu.hub.classroom import Classroom, load_classroom  # noqa: E402
 from jupyter_vgpu.ledger import (  # noqa: E402
     ACTIVITY_KEY,
     SUSPEND_REQUESTED_KEY,
@@ -192,6 +193,35 @@ class LoopThread:
 
 
 # -- the classroom -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running_broker(classroom: Classroom, state: HubState) -> Iterator[tuple[Broker, str]]:
+    """The real broker of `classroom` behind a stand-in hub that knows `state`, each on a loop
+    thread of its own: (the broker, its ledger URL), stopped on exit."""
+    hub_loop = LoopThread("stand-in-hub")
+    hub_url, hub_server = hub_loop.serve(
+        lambda: web.Application(
+            [
+                (r"/hub/api/user", WhoAmIHandler, {"state": state}),
+                (r"/hub/api/users/([^/]+)", UserHandler, {"state": state}),
+            ]
+        )
+    )
+    broker_loop = LoopThread("broker")
+
+    async def make_broker() -> Broker:
+        # On the broker's loop: its hub clients belong to the loop they are made on.
+        return Broker(classroom, api_url=f"{hub_url}/hub/api", api_token=BROKER_TOKEN, prefix=PREFIX)
+
+    broker = broker_loop.run(make_broker())
+    broker_url, broker_server = broker_loop.serve(broker.application)
+    try:
+        yield broker, f"{broker_url}{PREFIX}ledger"
+    finally:
+        broker_loop.stop(broker_server)
+        broker.close()
+        hub_loop.stop(hub_server)
 
 
 @dataclass
@@ -359,130 +389,115 @@ def play_classroom(
         )
         classroom = load_classroom(path, hub_groups=None)
         cap = classroom.idle.suspend_host_memory or 0
-        hub_loop = LoopThread("stand-in-hub")
-        hub_url, hub_server = hub_loop.serve(
-            lambda: web.Application(
-                [
-                    (r"/hub/api/user", WhoAmIHandler, {"state": state}),
-                    (r"/hub/api/users/([^/]+)", UserHandler, {"state": state}),
-                ]
-            )
-        )
-        broker_loop = LoopThread("broker")
+        with running_broker(classroom, state) as (broker, ledger_url):
+            people = [
+                Student(name, arrives, RemoteLedger(ledger_url, f"token-{name}", timeout=60))
+                for name, arrives in zip(names, arrivals, strict=True)
+            ]
 
-        async def make_broker() -> Broker:
-            return Broker(classroom, api_url=f"{hub_url}/hub/api", api_token=BROKER_TOKEN, prefix=PREFIX)
+            def decide(call: Callable, *arguments, **keywords):
+                began = time.perf_counter()
+                try:
+                    return call(*arguments, **keywords)
+                finally:
+                    result.decisions += 1
+                    result.decision_seconds += time.perf_counter() - began
 
-        broker = broker_loop.run(make_broker())
-        broker_url, broker_server = broker_loop.serve(broker.application)
-        ledger_url = f"{broker_url}{PREFIX}ledger"
-        people = [
-            Student(name, arrives, RemoteLedger(ledger_url, f"token-{name}", timeout=60))
-            for name, arrives in zip(names, arrivals, strict=True)
-        ]
+            def suspend(student: Student) -> bool:
+                try:
+                    decide(student.client.suspend, student.kernel, host_memory=NOTEBOOK.memory_limit)
+                except NotSupported:
+                    return False  # the host memory cap: it keeps running, culled later
+                student.suspended = True
+                result.suspends += 1
+                return True
 
-        def decide(call: Callable, *arguments, **keywords):
-            began = time.perf_counter()
-            try:
-                return call(*arguments, **keywords)
-            finally:
-                result.decisions += 1
-                result.decision_seconds += time.perf_counter() - began
-
-        def suspend(student: Student) -> bool:
-            try:
-                decide(student.client.suspend, student.kernel, host_memory=NOTEBOOK.memory_limit)
-            except NotSupported:
-                return False  # the host memory cap: it keeps running, culled later
-            student.suspended = True
-            result.suspends += 1
-            return True
-
-        def report(busy: set[str]) -> None:
-            """Each running kernel's server reports its activity, where it changed (server/room.py)."""
-            for student in people:
-                if student.kernel and not student.suspended:
-                    now_reported = (student.kernel, student.name in busy, student.last_cell)
-                    if now_reported != student.reported:
-                        activity = {"busy": now_reported[1], "last_activity": float(student.last_cell)}
-                        decide(student.client.update_metadata, student.kernel, **{ACTIVITY_KEY: activity})
-                        student.reported = now_reported
-
-        def make_room(refused: CapacityError) -> bool:
-            """The owners' servers suspend the kernels the broker asked them to; whether one was."""
-            if policy != "suspend" or not refused.making_room:
-                return False
-            made = False
-            for student in people:
-                if (
-                    not student.kernel
-                    or student.suspended
-                    or student.reported != (student.kernel, False, student.last_cell)
-                ):
-                    continue
-                if decide(student.client.get, student.kernel).metadata.get(SUSPEND_REQUESTED_KEY) and suspend(student):
-                    result.made_room += 1
-                    made = True
-            return made
-
-        try:
-            for now in range(ticks):
-                busy = {
-                    s.name for s in people if s.arrives <= now and (now == s.arrives or cells[names.index(s.name)][now])
-                }
-                report(busy)
+            def report(busy: set[str]) -> None:
+                """Each running kernel's server reports its activity, where it changed (server/room.py)."""
                 for student in people:
-                    if student.arrives > now:
+                    if student.kernel and not student.suspended:
+                        now_reported = (student.kernel, student.name in busy, student.last_cell)
+                        if now_reported != student.reported:
+                            activity = {"busy": now_reported[1], "last_activity": float(student.last_cell)}
+                            decide(student.client.update_metadata, student.kernel, **{ACTIVITY_KEY: activity})
+                            student.reported = now_reported
+
+            def make_room(refused: CapacityError) -> bool:
+                """The owners' servers suspend the kernels the broker asked them to; whether one was."""
+                if policy != "suspend" or not refused.making_room:
+                    return False
+                made = False
+                for student in people:
+                    if (
+                        not student.kernel
+                        or student.suspended
+                        or student.reported != (student.kernel, False, student.last_cell)
+                    ):
                         continue
-                    if student.name in busy:
-                        ran = False
-                        while True:
-                            try:
-                                if student.kernel is None:
-                                    kernel_id = f"{student.name}-kernel-{student.starts}"
-                                    decide(student.client.admit, kernel_id, NOTEBOOK)
-                                    student.kernel, student.starts = kernel_id, student.starts + 1
-                                elif student.suspended:
-                                    decide(student.client.resume, student.kernel)
-                                    student.suspended = False
-                                    result.resumes += 1
-                                ran = True
-                                break
-                            except CapacityError as refused:
-                                if not make_room(refused):
+                    if decide(student.client.get, student.kernel).metadata.get(SUSPEND_REQUESTED_KEY) and suspend(
+                        student
+                    ):
+                        result.made_room += 1
+                        made = True
+                return made
+
+            try:
+                for now in range(ticks):
+                    busy = {
+                        s.name
+                        for s in people
+                        if s.arrives <= now and (now == s.arrives or cells[names.index(s.name)][now])
+                    }
+                    report(busy)
+                    for student in people:
+                        if student.arrives > now:
+                            continue
+                        if student.name in busy:
+                            ran = False
+                            while True:
+                                try:
+                                    if student.kernel is None:
+                                        kernel_id = f"{student.name}-kernel-{student.starts}"
+                                        decide(student.client.admit, kernel_id, NOTEBOOK)
+                                        student.kernel, student.starts = kernel_id, student.starts + 1
+                                    elif student.suspended:
+                                        decide(student.client.resume, student.kernel)
+                                        student.suspended = False
+                                        result.resumes += 1
+                                    ran = True
                                     break
-                        if ran:
-                            student.last_cell = now
-                        else:
-                            result.refused_cells += 1
-                            result.students_refused.add(student.name)
-                        continue
-                    if student.kernel is None:
-                        continue
-                    idle_for = now - student.last_cell
-                    if idle_for >= args.cull_after:
-                        decide(student.client.release, student.kernel)
-                        student.kernel, student.suspended = None, False
-                        result.culled += 1
-                    elif policy == "suspend" and not student.suspended and idle_for >= args.suspend_after:
-                        suspend(student)
-                held = [s for s in people if s.kernel]
-                result.held_peak = max(result.held_peak, len(held))
-                result.running_peak = max(result.running_peak, sum(1 for s in held if not s.suspended))
-                if now == arrival_ticks - 1:
-                    result.held_at_arrival_end = len(held)
-                in_host = sum(a.host_memory for a in broker.ledger.allocations())
-                result.host_peak = max(result.host_peak, in_host)
-                problems = check_capacity(broker, state.sizes) + (
-                    [f"host memory {in_host} over the cap {cap}"] if cap and in_host > cap else []
-                )
-                result.problems.extend(f"minute {now}: {problem}" for problem in problems)
-        finally:
-            for student in people:
-                student.client.close()
-            broker_loop.stop(broker_server)
-            broker.close()
-            hub_loop.stop(hub_server)
+                                except CapacityError as refused:
+                                    if not make_room(refused):
+                                        break
+                            if ran:
+                                student.last_cell = now
+                            else:
+                                result.refused_cells += 1
+                                result.students_refused.add(student.name)
+                            continue
+                        if student.kernel is None:
+                            continue
+                        idle_for = now - student.last_cell
+                        if idle_for >= args.cull_after:
+                            decide(student.client.release, student.kernel)
+                            student.kernel, student.suspended = None, False
+                            result.culled += 1
+                        elif policy == "suspend" and not student.suspended and idle_for >= args.suspend_after:
+                            suspend(student)
+                    held = [s for s in people if s.kernel]
+                    result.held_peak = max(result.held_peak, len(held))
+                    result.running_peak = max(result.running_peak, sum(1 for s in held if not s.suspended))
+                    if now == arrival_ticks - 1:
+                        result.held_at_arrival_end = len(held)
+                    in_host = sum(a.host_memory for a in broker.ledger.allocations())
+                    result.host_peak = max(result.host_peak, in_host)
+                    problems = check_capacity(broker, state.sizes) + (
+                        [f"host memory {in_host} over the cap {cap}"] if cap and in_host > cap else []
+                    )
+                    result.problems.extend(f"minute {now}: {problem}" for problem in problems)
+            finally:
+                for student in people:
+                    student.client.close()
     return result
 
 
@@ -544,44 +559,24 @@ def main() -> None:
         path.write_text(CLASSROOM)
         classroom = load_classroom(path, hub_groups=None)
 
-        hub_loop = LoopThread("stand-in-hub")
-        hub_url, hub_server = hub_loop.serve(
-            lambda: web.Application(
-                [
-                    (r"/hub/api/user", WhoAmIHandler, {"state": state}),
-                    (r"/hub/api/users/([^/]+)", UserHandler, {"state": state}),
-                ]
-            )
-        )
-        broker_loop = LoopThread("broker")
-
-        async def make_broker() -> Broker:
-            # On the broker's loop: its hub clients belong to the loop they are made on.
-            return Broker(classroom, api_url=f"{hub_url}/hub/api", api_token=BROKER_TOKEN, prefix=PREFIX)
-
-        broker = broker_loop.run(make_broker())
-        broker_url, broker_server = broker_loop.serve(broker.application)
-        ledger_url = f"{broker_url}{PREFIX}ledger"
-        clients = {name: RemoteLedger(ledger_url, f"token-{name}", timeout=60) for name in names}
-        try:
-            random.seed(args.seed)
-            arrivals = sorted(random.uniform(0, window) for _ in range(users * kernels))
-            random.shuffle(arrivals)
-            spread, spread_s = run_phase(clients, SIZES_BY_USER, kernels, arrivals, "minute")
-            spread_problems = check_capacity(broker, SIZES_BY_USER)
-            held = len(broker.ledger.allocations())
-            for name, client in clients.items():
-                for allocation in client.allocations():
-                    assert allocation.owner == name
-                    client.release(allocation.kernel_id)
-            burst, burst_s = run_phase(clients, SIZES_BY_USER, kernels, [0.0] * (users * kernels), "burst")
-            burst_problems = check_capacity(broker, SIZES_BY_USER)
-        finally:
-            for client in clients.values():
-                client.close()
-            broker_loop.stop(broker_server)
-            broker.close()
-            hub_loop.stop(hub_server)
+        with running_broker(classroom, state) as (broker, ledger_url):
+            clients = {name: RemoteLedger(ledger_url, f"token-{name}", timeout=60) for name in names}
+            try:
+                random.seed(args.seed)
+                arrivals = sorted(random.uniform(0, window) for _ in range(users * kernels))
+                random.shuffle(arrivals)
+                spread, spread_s = run_phase(clients, SIZES_BY_USER, kernels, arrivals, "minute")
+                spread_problems = check_capacity(broker, SIZES_BY_USER)
+                held = len(broker.ledger.allocations())
+                for name, client in clients.items():
+                    for allocation in client.allocations():
+                        assert allocation.owner == name
+                        client.release(allocation.kernel_id)
+                burst, burst_s = run_phase(clients, SIZES_BY_USER, kernels, [0.0] * (users * kernels), "burst")
+                burst_problems = check_capacity(broker, SIZES_BY_USER)
+            finally:
+                for client in clients.values():
+                    client.close()
 
     errors = [outcome.result for outcome in spread + burst if outcome.result.startswith("error")]
     sizes = Counter(SIZES_BY_USER.values())
