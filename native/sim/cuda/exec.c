@@ -1008,6 +1008,13 @@ static CUresult check_node(CUgraphNode node, const void *out)
     return result;
 }
 
+/* check_node, and the node is of `type` (a query of another type's parameters is invalid). */
+static CUresult check_node_of_type(CUgraphNode node, const void *out, CUgraphNodeType type)
+{
+    CUresult result = check_node(node, out);
+    return result == CUDA_SUCCESS && node->type != type ? CUDA_ERROR_INVALID_VALUE : result;
+}
+
 CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 {
     CUresult result = sim_lock_handle(hGraph, SIM_HANDLE_GRAPH, numNodes != NULL);
@@ -1035,11 +1042,9 @@ CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
 
 CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
 {
-    CUresult result = check_node(hNode, params_out);
+    CUresult result = check_node_of_type(hNode, params_out, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
     if (result != CUDA_SUCCESS)
         return result;
-    if (hNode->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-        return CUDA_ERROR_INVALID_VALUE;
     const struct sim_allocation *memory = &hNode->block->allocation;
     *params_out = (CUDA_MEM_ALLOC_NODE_PARAMS){
         .poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -1052,9 +1057,7 @@ CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PAR
 
 CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
 {
-    CUresult result = check_node(hNode, dptr_out);
-    if (result == CUDA_SUCCESS && hNode->type != CU_GRAPH_NODE_TYPE_MEM_FREE)
-        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = check_node_of_type(hNode, dptr_out, CU_GRAPH_NODE_TYPE_MEM_FREE);
     if (result == CUDA_SUCCESS)
         *dptr_out = hNode->freed;
     return result;
@@ -1062,11 +1065,9 @@ CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
 
 CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)
 {
-    CUresult result = check_node(hNode, nodeParams);
+    CUresult result = check_node_of_type(hNode, nodeParams, CU_GRAPH_NODE_TYPE_KERNEL);
     if (result != CUDA_SUCCESS)
         return result;
-    if (hNode->type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return CUDA_ERROR_INVALID_VALUE;
     const struct sim_launch *launch = &hNode->launch;
     *nodeParams = (CUDA_KERNEL_NODE_PARAMS){
         .func = launch->function,
