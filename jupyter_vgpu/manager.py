@@ -8,6 +8,7 @@ Imports go one way: handlers and provisioners -> manager -> ledger, holders.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
@@ -82,6 +83,10 @@ class SliceRefused(Exception):
     def __init__(self, message: str, *, kind: str):
         super().__init__(message)
         self.kind = kind
+
+
+# How often a start or resize waiting for other users' kernels to be suspended tries again.
+ROOM_RETRY_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,10 @@ class SliceManager(LoggingConfigurable):
     # Makes room for a start or a resize that does not fit by suspending idle kernels on the
     # device (server/suspend.py), where the server's suspend policy is on; whether it fits now.
     room_maker: Callable[[RoomWanted], Awaitable[bool]] | None = None
+    # Seconds a start or a resize waits, trying again, while a node's broker has other users'
+    # idle kernels suspended to make room for it (their servers do it at their next tick); 0:
+    # refused at once with the broker's "being suspended to make room" message.
+    others_room_wait: float = 0.0
 
     async def admit_making_room(
         self, kernel_id: str, limits: SliceLimits, *, owner: str = "", device=None, metadata=None
@@ -321,8 +330,10 @@ class SliceManager(LoggingConfigurable):
             return attempt()
         except (SliceRefused, CapacityError) as refusal:
             lacks_room, short = _room_shortfall(refusal)
-            if not lacks_room or self.room_maker is None:
+            if not lacks_room:
                 raise
+            if self.room_maker is None:
+                return await self._waiting_for_others(attempt, refusal)
             last: Exception = refusal
         done: list[Allocation] = []
 
@@ -339,7 +350,22 @@ class SliceManager(LoggingConfigurable):
 
         if await self.room_maker(RoomWanted(fits, device_uuid, for_whom, exclude=exclude, short=short)) and done:
             return done[0]
-        raise last
+        return await self._waiting_for_others(attempt, last)
+
+    async def _waiting_for_others(self, attempt: Callable[[], Allocation], refusal: Exception) -> Allocation:
+        """Where ``refusal`` says the broker is having other users' idle kernels suspended for this
+        start or resize, ``attempt()`` again every ROOM_RETRY_INTERVAL_S until it fits, for at most
+        ``others_room_wait`` seconds; raises the last refusal where it never does."""
+        deadline = time.monotonic() + self.others_room_wait
+        while _room_being_made_elsewhere(refusal) and time.monotonic() < deadline:
+            await asyncio.sleep(ROOM_RETRY_INTERVAL_S)
+            try:
+                return attempt()
+            except (SliceRefused, CapacityError) as refused:
+                if not _room_shortfall(refused)[0]:
+                    raise
+                refusal = refused
+        raise refusal
 
     def _device_uuid(self, device) -> str | None:
         """The UUID of the device a start asks for (an index or a UUID), None for any."""
@@ -492,6 +518,13 @@ class SliceManager(LoggingConfigurable):
             allocation = self.ledger.update_metadata(kernel_id, **{ORPHANED_KEY: found})
         self.log.warning("kernel %s left by a previous server is kept: %s", kernel_id, orphan_notice(allocation))
         return True
+
+
+def _room_being_made_elsewhere(refusal: Exception) -> bool:
+    """Whether a refused start (SliceRefused) or resize (CapacityError) was answered by a broker
+    that is having other users' idle kernels suspended to make room for it."""
+    cause = refusal.__cause__ if isinstance(refusal, SliceRefused) else refusal
+    return isinstance(cause, CapacityError) and bool(cause.making_room)
 
 
 def _room_shortfall(refusal: Exception) -> tuple[bool, CapacityError | None]:

@@ -232,8 +232,15 @@ class VGPUApp(ExtensionApp):
         "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
         "refused (409), saying which process.",
     )
+    room_wait = Float(
+        30.0,
+        config=True,
+        help="With a broker (a classroom): seconds a kernel start or a resize that does not fit waits, trying "
+        "again, while the broker has other users' idle kernels suspended to make room for it (their servers do "
+        "it at their next check); past it, or with 0, it is refused with the broker's message.",
+    )
 
-    @validate("idle_lower_after", "idle_cull_after", "idle_suspend_after", "suspend_lock_timeout")
+    @validate("idle_lower_after", "idle_cull_after", "idle_suspend_after", "suspend_lock_timeout", "room_wait")
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -407,6 +414,7 @@ class VGPUApp(ExtensionApp):
             log=self.log,
         )
         self.settings[SUSPEND_SETTING] = suspended
+        manager.others_room_wait = self.room_wait if self.broker_url else 0.0
         if self.idle_suspend_after:
             manager.room_maker = suspended.make_room  # a start or resize that does not fit suspends idle kernels
             if self.broker_url:

@@ -13,6 +13,7 @@ test runs in seconds; tests/hub/test_classroom_hub.py runs the broker under a re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from jupyter_vgpu.holders.region import LimitsPage
 from jupyter_vgpu.hub.broker import ADMIN_SCOPE, USE_SCOPE
 from jupyter_vgpu.ledger import SUSPEND_REQUESTED_KEY, CapacityError, NotSupported
 from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
-from jupyter_vgpu.manager import start_refusal
+from jupyter_vgpu.manager import SliceManager, SliceRefused, start_refusal
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 MIB = 1 << 20
@@ -277,6 +278,16 @@ def test_a_start_that_does_not_fit_gets_another_users_idle_kernel_suspended_by_i
     assert "try again in a few seconds" in start_refusal(refused.value)
     asked = alice.get("alice-kernel").metadata[SUSPEND_REQUESTED_KEY]
     assert isinstance(asked["at"], float)
+
+    # Bob's server waits for that room (VGPUApp.room_wait), trying again; her server does not
+    # tick meanwhile, so once the wait is over the start is refused with the broker's message.
+    bobs_server = SliceManager(bob, [], SliceLimits(MIB))
+    bobs_server.others_room_wait = 1.0
+    began = time.monotonic()
+    with pytest.raises(SliceRefused, match="being suspended to make room"):
+        asyncio.run(bobs_server.admit_making_room("bob-kernel", SLICE, owner="bob"))
+    assert time.monotonic() - began >= 1.0
+    asked = alice.get("alice-kernel").metadata[SUSPEND_REQUESTED_KEY]
 
     # Nobody sets or clears a request through metadata: not bob on hers, not alice on her own.
     for who, value in ((bob, {"at": 0}), (alice, None), (alice, {"at": 0})):
