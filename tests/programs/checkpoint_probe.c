@@ -39,13 +39,15 @@ static unsigned char pattern_byte(size_t i)
 }
 
 /* A thread with the target's context current, making one cuMemGetInfo_v2 (a hooked call) per
- * "call" command. */
-static sem_t call_wanted;
+ * "call" command. It makes the context current before the target says "ready" (caller_ready):
+ * made later, that call itself could come after a test locked the process, and block there. */
+static sem_t call_wanted, caller_ready;
 
 static void *caller(void *argument)
 {
     (void)argument;
     CHECK(cuCtxSetCurrent(target_context));
+    sem_post(&caller_ready);
     for (;;) {
         while (sem_wait(&call_wanted) != 0) {
         }
@@ -71,7 +73,10 @@ static int command_target(const char *size)
     CHECK(cuMemcpyHtoD_v2(target_memory, host, target_bytes));
     pthread_t thread;
     sem_init(&call_wanted, 0, 0);
+    sem_init(&caller_ready, 0, 0);
     pthread_create(&thread, NULL, caller, NULL);
+    while (sem_wait(&caller_ready) != 0) {
+    }
     printf("ready %llu\n", (unsigned long long)target_memory);
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
