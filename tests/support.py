@@ -140,6 +140,15 @@ def compile_sim_program(name: str, folder: Path) -> Path:
     return program
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and is not a zombie (ended, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from support import wait_for
+from support import running, wait_for
 
 from jupyter_vgpu.holders.local import LIMITS_VARIABLE, REGION_VARIABLE
 from jupyter_vgpu.holders.region import LimitsPage
@@ -32,14 +32,6 @@ INTERMEDIATE = f"""
 import os, subprocess, sys
 child = subprocess.Popen([sys.executable, "-c", {TARGET!r}, str(os.getpid())], stdout=sys.stdout)
 """
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize("suspended", [True, False])

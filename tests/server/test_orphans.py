@@ -11,7 +11,7 @@ import os
 
 import pytest
 import test_server_process
-from support import CUDA_PRELUDE, wait_for
+from support import CUDA_PRELUDE, running, wait_for
 from test_server_process import KERNEL_NAME, Server, run_code
 
 GIB = 1 << 30
@@ -69,14 +69,6 @@ def reaper():
 
     yield reap
     libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_killed_servers_restart_stops_a_gone_kernels_children_before_releasing_its_slice(user_env, tmp_path, reaper):
