@@ -63,7 +63,8 @@ class Suspender:
         return self.controller.probe(self.pids(allocation), managed_memory=managed).reasons
 
     def suspend(self, allocation: Allocation, *, lock_timeout: float) -> Allocation:
-        """Suspend the slice's processes and lend its room; returns the suspended allocation.
+        """Suspend the slice's processes and lend its room; returns the suspended allocation. A
+        slice whose processes have not used the GPU yet is lent as it is (``Allocation.lent``).
         Raises NotSupported (with every reason) where it cannot be, SuspendRefused (its
         processes left running) where one did not stop its GPU work within ``lock_timeout``."""
         if allocation.suspended:
@@ -77,16 +78,13 @@ class Suspender:
         except BaseException:
             self.holder.set_suspended(allocation, False)
             raise
-        if not suspension.processes:
-            self.holder.set_suspended(allocation, False)
-            raise NotSupported(
-                f"kernel {allocation.kernel_id} cannot be suspended: no process of it has used the GPU yet, so "
-                "it holds nothing to move to host memory"
-            )
         details = {
             "processes": [asdict(process) for process in suspension.processes],
             # Resume requests counted before this point were made while it was running.
             "resume_requests": self.holder.resume_requests(allocation),
+            # No process of it has used the GPU yet: nothing moved, its room is only lent, and its
+            # first CUDA call waits (in libvgpu.so, the page's flag stays raised) until it is back.
+            "lent": not suspension.processes,
         }
         try:
             suspended = self.ledger.suspend(allocation.kernel_id, host_memory=suspension.memory, details=details)

@@ -358,11 +358,12 @@ async def test_memory_a_suspended_slices_processes_still_hold_is_not_lent(
     assert (await run_in_kernel(a, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
     jp_serverapp.web_app.settings[MANAGER_SETTING].ledger.suspend(a, host_memory=4 * GIB)
 
-    with pytest.raises(HTTPClientError) as refused:
-        await start_sliced(jp_fetch, vgpu_kernelspec, memory="13GiB", device=LARGE)
-    assert refused.value.code == 409
-    assert "12GiB is free" in json.loads(refused.value.response.body)["message"]
-    assert await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="13GiB", device=LARGE)
+    queued = await slice_of(jp_fetch, waiting)
+    assert queued["state"] == "queued" and queued["queue"]["waiting_for"] == "1GiB more GPU memory (12GiB free)"
+    await jp_fetch("api", "kernels", waiting, method="DELETE")  # it leaves the line
+    fits = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await slice_of(jp_fetch, fits))["state"] == "unused"
 
 
 async def patch(jp_fetch, kernel_id: str, **changes) -> dict:
