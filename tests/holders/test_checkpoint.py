@@ -159,7 +159,9 @@ def test_a_call_of_a_checkpointed_process_waits_in_libvgpu_and_the_process_comes
     assert kernel.ask("verify", "intact") == "1"
 
 
-def test_leaving_the_line_leaves_a_checkpointed_process_suspended_and_loses_nothing(env, make_slice, checkpoint_targets):
+def test_leaving_the_line_leaves_a_checkpointed_process_suspended_and_loses_nothing(
+    env, make_slice, checkpoint_targets
+):
     slice_env, region = make_slice(env)
     kernel = checkpoint_targets(slice_env, "64M")
     region.set_suspended(True)
