@@ -4,9 +4,9 @@ steps between the ledger, the limits page and the driver's checkpoint API, which
 
 Suspend: the slice's processes (the region's slots, the kernel, and what NVML lists descending
 from them) are probed (see :meth:`CheckpointController.probe`), the page's suspended flag is
-raised (from then on a CUDA call of theirs counts a resume request before it blocks), they are
-locked within a timeout and checkpointed, and only then, once they hold nothing on the device,
-does the ledger lend the slice's room (a broker checks NVML first; where it refuses, the processes
+raised (from then on a CUDA call of theirs counts a resume request, then waits in libvgpu.so
+until the flag is cleared), they are locked within a timeout and checkpointed, and only then,
+once they hold nothing on the device, does the ledger lend the slice's room (a broker checks NVML first; where it refuses, the processes
 are restored into the room that is still theirs). Resume: the ledger admits the slice on its device again
 FIRST, then the processes are restored and unlocked and the flag cleared, because on current
 drivers a restore that fails for lack of memory can leave a process unrecoverable.
@@ -72,6 +72,9 @@ class Suspender:
         reasons = self.why_not(allocation)
         if reasons:
             raise NotSupported(f"kernel {allocation.kernel_id} cannot be suspended: {'; '.join(reasons)}")
+        # Resume requests counted before the flag goes up were made while it ran; every call from
+        # then on waits for the flag to clear (in libvgpu.so), so each one asks for the resume.
+        requests_before = self.holder.resume_requests(allocation)
         self.holder.set_suspended(allocation, True)
         try:
             suspension = self.controller.suspend(self.pids(allocation), lock_timeout=lock_timeout)
@@ -80,8 +83,7 @@ class Suspender:
             raise
         details = {
             "processes": [asdict(process) for process in suspension.processes],
-            # Resume requests counted before this point were made while it was running.
-            "resume_requests": self.holder.resume_requests(allocation),
+            "resume_requests": requests_before,
             # No process of it has used the GPU yet: nothing moved, its room is only lent, and its
             # first CUDA call waits (in libvgpu.so, the page's flag stays raised) until it is back.
             "lent": not suspension.processes,
