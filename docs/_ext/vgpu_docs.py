@@ -79,7 +79,11 @@ class CliReference(SphinxDirective):
             command = " ".join(["jupyter", "vgpu", *words])
             if result.returncode != 0 or not result.stdout.strip():
                 log.warning(
-                    "%s --help exited %s: %s", command, result.returncode, result.stderr.strip()[-500:], location=self
+                    "%s --help exited %s: %s",
+                    command,
+                    result.returncode,
+                    result.stderr.strip()[-500:],
+                    location=self.get_location(),
                 )
             section = nodes.section(ids=[nodes.make_id(command)], names=[nodes.fully_normalize_name(command)])
             section += nodes.title(command, "", nodes.literal(command, command))
@@ -104,7 +108,9 @@ class ClassroomKeys(SphinxDirective):
         covered = {name for name in tables if any(getattr(classroom, name) is keys for keys in sections.values())}
         for name in sorted(tables - covered):
             log.warning(
-                "classroom.py's %s is in no KEY_SECTIONS entry: its keys are not documented", name, location=self
+                "classroom.py's %s is in no KEY_SECTIONS entry: its keys are not documented",
+                name,
+                location=self.get_location(),
             )
         documented = set()
         parts: list[nodes.Node] = []
@@ -116,7 +122,11 @@ class ClassroomKeys(SphinxDirective):
                 documented.add(path)
                 help_text = helps.get(path)
                 if not help_text:
-                    log.warning("classroom file key %s has no help in classroom.py's KEY_HELP", path, location=self)
+                    log.warning(
+                        "classroom file key %s has no help in classroom.py's KEY_HELP",
+                        path,
+                        location=self.get_location(),
+                    )
                     help_text = ""
                 lines.append(f"| `{key}` | {' '.join(help_text.split()).replace('|', '&#124;')} |")
             name = f"classroom-{section or 'top'}"
@@ -126,7 +136,9 @@ class ClassroomKeys(SphinxDirective):
             self.state.document.note_implicit_target(part, part)
             parts.append(part)
         for path in sorted(set(helps) - documented):
-            log.warning("KEY_HELP documents %s, which the classroom file does not accept", path, location=self)
+            log.warning(
+                "KEY_HELP documents %s, which the classroom file does not accept", path, location=self.get_location()
+            )
         return parts
 
 
