@@ -57,7 +57,8 @@ CONNECTION_FILE_KEY = "connection_file"
 # when that server found it (time.time()).
 ORPHANED_KEY = "orphaned"
 # Metadata of a suspended slice waiting in the line to take its room back: {"since": epoch
-# seconds it first asked}, its place in line across server restarts.
+# seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
+# once its user interrupted the wait.
 IN_LINE_KEY = "in_line"
 # The capacity a device lacks that suspending idle kernels there can give back.
 DEVICE_ROOM = ("memory", "sm_share")
@@ -506,7 +507,9 @@ class SliceManager(LoggingConfigurable):
             return left
         answered = {**allocation.metadata[SUSPENDED_KEY], "resume_requests": holder.resume_requests(allocation)}
         with contextlib.suppress(UnknownSlice):
-            self.ledger.update_metadata(kernel_id, **{SUSPENDED_KEY: answered, IN_LINE_KEY: None})
+            # "left": the cell that was interrupted is not a reason to line up again (see
+            # SuspendedKernels.check); its next one is.
+            self.ledger.update_metadata(kernel_id, **{SUSPENDED_KEY: answered, IN_LINE_KEY: {"left": time.time()}})
         holder.leave_line(allocation)
         return True
 

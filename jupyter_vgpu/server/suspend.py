@@ -72,7 +72,16 @@ class SuspendedKernels:
                 continue
             if allocation.kernel_id in self.slices.line:
                 continue
-            if (ours and self._busy(allocation.kernel_id)) or self.slices.suspender.resume_requested(allocation):
+            busy = ours and self._busy(allocation.kernel_id)
+            in_line = allocation.metadata.get(IN_LINE_KEY)
+            if isinstance(in_line, dict) and "left" in in_line:
+                # Its user interrupted the wait: the cell that still ends is no reason to line up
+                # again; once the kernel is idle its next cell (or CUDA call) is.
+                if not busy:
+                    with contextlib.suppress(UnknownSlice):
+                        self.slices.ledger.update_metadata(allocation.kernel_id, **{IN_LINE_KEY: None})
+                busy = False
+            if busy or self.slices.suspender.resume_requested(allocation):
                 self.join_line(allocation)
 
     def join_line(self, allocation: Allocation) -> Request:
@@ -84,7 +93,7 @@ class SuspendedKernels:
             return existing
         in_line = allocation.metadata.get(IN_LINE_KEY)
         since = float(in_line["since"]) if isinstance(in_line, dict) and "since" in in_line else time.time()
-        if not isinstance(in_line, dict):
+        if not (isinstance(in_line, dict) and "since" in in_line):
             with contextlib.suppress(UnknownSlice):
                 self.slices.ledger.update_metadata(kernel_id, **{IN_LINE_KEY: {"since": since}})
 
