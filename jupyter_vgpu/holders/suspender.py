@@ -24,6 +24,7 @@ from typing import Any
 
 from jupyter_vgpu.holders.checkpoint import (
     CheckpointController,
+    CheckpointError,
     NoRoomToRestore,
     SuspendedProcess,
     SuspendRefused,
@@ -120,6 +121,15 @@ class Suspender:
                 requested=no_room.needed,
                 available=no_room.free,
             ) from None
+        except CheckpointError as failed:
+            # The driver did not restore every process (a restore refused for memory that vanished
+            # after the check): the slice goes back to suspended, its room lent again and its flag
+            # still raised, so nothing runs half-restored; the line tries again later.
+            self.ledger.suspend(allocation.kernel_id, host_memory=allocation.host_memory, details=state)
+            raise CheckpointError(
+                f"kernel {allocation.kernel_id!r} was not resumed and stays suspended, its memory in host "
+                f"memory ({failed}); it is tried again"
+            ) from failed
         self.holder.set_suspended(resumed, False)
         return self._timed(resumed, resume=seconds)
 

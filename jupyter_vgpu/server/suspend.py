@@ -110,6 +110,12 @@ class SuspendedKernels:
                 request.waiting_for = _waiting(allocation, short)
                 self._notice(allocation, request.waiting_for)
                 return False
+            except CheckpointError as failed:
+                # Rolled back to suspended (holders/suspender.py): it keeps its place and is tried again.
+                self.log.warning("jupyter_vgpu: %s", failed)
+                request.waiting_for = "its last restore failed; trying again"
+                self._notice(allocation, f"not resumed yet: its last restore failed ({failed.__cause__}); trying again")
+                return False
             self._resumed(kernel_id)
             return True
 

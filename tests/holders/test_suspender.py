@@ -5,7 +5,9 @@ tests/server/test_suspend.py's."""
 
 from __future__ import annotations
 
-from jupyter_vgpu.holders.checkpoint import Suspendability, SuspendedProcess, Suspension
+import pytest
+
+from jupyter_vgpu.holders.checkpoint import CheckpointError, Suspendability, SuspendedProcess, Suspension
 from jupyter_vgpu.holders.suspender import Suspender
 from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.model import Device, SliceLimits
@@ -73,3 +75,38 @@ def test_calls_made_while_the_slice_ran_do_not_ask_for_a_resume(tmp_path):
         suspender = Suspender(ledger, holder, controller=Controller(lambda: None))
         suspended = suspender.suspend(ledger.admit("k", SliceLimits(2 * GIB, 30)), lock_timeout=5)
         assert not suspender.resume_requested(suspended)
+
+
+class FailingRestore(Controller):
+    """A driver whose restore fails (as a restore refused for memory that vanished after the
+    check does), until ``works`` is set."""
+
+    def __init__(self):
+        super().__init__(lambda: None)
+        self.works = False
+        self.restores = 0
+
+    def resume(self, suspension: Suspension) -> float:
+        self.restores += 1
+        if not self.works:
+            raise CheckpointError("resume incomplete: process 4242 could not be restored: CUDA_ERROR_OUT_OF_MEMORY")
+        return 0.2
+
+
+def test_a_restore_that_fails_rolls_back_to_suspended_and_can_be_tried_again(tmp_path):
+    holder, controller = Holder(), FailingRestore()
+    with EmbeddedLedger(tmp_path / "ledger.sqlite", [GPU]) as ledger:
+        suspender = Suspender(ledger, holder, controller=controller)
+        suspended = suspender.suspend(ledger.admit("k", SliceLimits(2 * GIB, 30)), lock_timeout=5)
+        with pytest.raises(CheckpointError, match="was not resumed and stays suspended"):
+            suspender.resume(suspended)
+        # Nothing half-done: still suspended in the ledger (its room lent), its page still says so.
+        again = ledger.get("k")
+        assert again.suspended and again.host_memory == GIB and holder.suspended
+        (usage,) = ledger.devices_usage()
+        assert usage.memory_free == 16 * GIB
+        controller.works = True
+        resumed = suspender.resume(again)
+        assert not resumed.suspended and not holder.suspended and controller.restores == 2
+        (usage,) = ledger.devices_usage()
+        assert usage.memory_free == 14 * GIB
