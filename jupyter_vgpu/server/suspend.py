@@ -188,6 +188,8 @@ class SuspendedKernels:
         running a cell, never the kernel that wants the room) until ``wanted.fits()``; whether it
         does. Nothing is suspended where all of them together would not make up what
         ``wanted.short`` says is missing. One loop for kernel starts, resizes and resumes."""
+        if wanted.fits():
+            return True  # the room is there: what holds it back is not room (nothing to suspend)
         if allocations is None:
             allocations = self.slices.ledger.allocations()
         candidates = self._idle_on_device(wanted.device_uuid, allocations, exclude=wanted.exclude)
