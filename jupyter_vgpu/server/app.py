@@ -246,9 +246,10 @@ class VGPUApp(ExtensionApp):
     room_wait = Float(
         30.0,
         config=True,
-        help="With a broker (a classroom): seconds a kernel start or a resize that does not fit waits, trying "
-        "again, while the broker has other users' idle kernels suspended to make room for it (their servers do "
-        "it at their next check); past it, or with 0, it is refused with the broker's message.",
+        help="With a broker (a classroom): seconds a resize that does not fit waits, trying again, while the "
+        "broker has other users' idle kernels suspended to make room for it (their servers do it at their next "
+        "check); past it, or with 0, it is refused with the broker's message. A kernel start or a resume waits "
+        "in the line instead, as long as it takes.",
     )
 
     @validate("idle_lower_after", "idle_cull_after", "idle_suspend_after", "suspend_lock_timeout", "room_wait")
