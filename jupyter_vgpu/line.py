@@ -113,9 +113,8 @@ class Line:
 
     def place(self, kernel_id: str) -> Place | None:
         """Where the kernel's request stands, or None where it is not in line."""
-        if kernel_id not in self._requests:
-            return None
-        return self._places.get(kernel_id) or self._place_of(self._requests[kernel_id])
+        request = self._requests.get(kernel_id)
+        return None if request is None else self._place_of(request)
 
     def waiting_for(self, request: Request) -> list[Request]:
         """The requests in line that compete with ``request`` for a device (any, where it names none)."""
