@@ -39,7 +39,7 @@ from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
-from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, SUSPEND_SETTING, SuspendedKernels
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
@@ -352,6 +352,26 @@ class ResumeHandler(SuspendHandler):
         await self._change(kernel_id, lambda: self.slices.resume(kernel_id))
 
 
+class WakeHandler(VGPUHandler):
+    """POST: the user turned to this kernel (opened or focused its notebook, edited or ran a
+    cell): resume it ahead of its next cell, through the line, without waiting for it here."""
+
+    kernel_actions = frozenset({"write"})
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
+        try:
+            allocation = suspended.wake(kernel_id)
+        except UnknownSlice as error:
+            raise VGPUHTTPError(404, str(error)) from None
+        await asyncio.sleep(0)  # the line's pass, kicked by the wake, takes the request first
+        status = self.slices.status(self.slices.get(kernel_id))
+        self.set_status(202 if allocation.suspended else 200)
+        self.finish(json.dumps(self.model(status, await self.session_paths())))
+
+
 def _whole(value: Any, name: str, lowest: int = 0, highest: int = 1 << 62) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
         raise VGPUHTTPError(
@@ -580,6 +600,7 @@ HANDLERS = [
     (rf"/api/vgpu/slices/{_KERNEL_ID}/usage", UsageReportHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/suspend", SuspendHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/resume", ResumeHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/wake", WakeHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
     (r"/api/vgpu/notices", NoticesHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
