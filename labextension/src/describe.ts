@@ -97,6 +97,16 @@ export function sliceNotice(slice: ISliceModel): string {
 }
 
 /**
+ * The idle policy's notice as the sidebar and the tooltip show it: '' where it only says what
+ * the slice waits for in the line, which queueText says with its place (as client.py's
+ * slice_notice does for %vgpu).
+ */
+export function shownNotice(slice: ISliceModel): string {
+  const notice = sliceNotice(slice);
+  return notice && notice === slice.queue?.waiting_for ? '' : notice;
+}
+
+/**
  * Where the slice is: "GPU 1" (local; "any GPU" for a queued start that takes any), "pod",
  * "pod on node-a", "pod on node-a · GPU-8f2c1d (...)".
  */
@@ -437,7 +447,7 @@ export function sliceTooltip(
   } else if (slice.holder === 'pod' && slice.state !== 'running') {
     lines.push(stateLabel(slice.state, trans));
   }
-  const notice = sliceNotice(slice);
+  const notice = shownNotice(slice);
   const last = notice ? [trans.__('Idle kernel: %1', notice)] : [];
   return [...lines, ...slice.warnings, ...last].join('\n');
 }

@@ -13,8 +13,8 @@ import {
   memoryLabel,
   podStopped,
   queueText,
+  shownNotice,
   sliceMessage,
-  sliceNotice,
   sliceTitle,
   smLabel,
   stateExplained
@@ -227,7 +227,7 @@ class SliceRow {
 
   /** The idle policy's notice, whole, in the info colour; hidden when there is none. */
   private _showNotice(slice: ISliceModel): void {
-    const notice = sliceNotice(slice);
+    const notice = shownNotice(slice);
     if (this._notice.textContent !== notice) {
       this._notice.textContent = notice;
     }

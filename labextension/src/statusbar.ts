@@ -16,8 +16,8 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import {
+  shownNotice,
   sliceNeedsAttention,
-  sliceNotice,
   sliceStatusText,
   sliceTooltip,
   sliceWaits
@@ -61,7 +61,7 @@ export class SliceStatusItem extends Widget {
       this.node.textContent = sliceStatusText(slice, this._trans);
       this.node.title = sliceTooltip(slice, this._trans);
       this.toggleClass('jp-vgpu-mod-warned', sliceNeedsAttention(slice));
-      this.toggleClass('jp-vgpu-mod-noticed', !!sliceNotice(slice));
+      this.toggleClass('jp-vgpu-mod-noticed', !!shownNotice(slice));
       this.toggleClass('jp-vgpu-mod-suspended', slice.state === 'suspended');
       this.toggleClass('jp-vgpu-mod-lent', slice.state === 'lent');
       this.toggleClass('jp-vgpu-mod-queued', slice.state === 'queued');

@@ -10,6 +10,7 @@ import {
   ordinal,
   queuePlace,
   queueText,
+  shownNotice,
   sliceMessage,
   sliceStatusText,
   sliceTitle,
@@ -244,5 +245,24 @@ describe('a suspended kernel whose cell waits for its room', () => {
       'Suspended: 300MiB in host memory, none of it on the GPU; its next cell resumes it',
       `3rd in line for GPU 1 · about 2 min · ${RESUME_WAITING}`
     ]);
+  });
+});
+
+describe("the idle policy's notice of a waiting kernel", () => {
+  it('is not said twice where it only says what the kernel waits for in line', () => {
+    const waiting = sliceModel({
+      state: 'suspended',
+      host_memory_bytes: 300 * MIB,
+      notice: RESUME_WAITING,
+      queue: { position: 1, eta_seconds: null, waiting_for: RESUME_WAITING }
+    });
+    expect(shownNotice(waiting)).toBe('');
+    expect(
+      sliceTooltip(waiting, trans)
+        .split('\n')
+        .filter(line => line.includes(RESUME_WAITING))
+    ).toEqual([`1st in line for GPU 1 · ${RESUME_WAITING}`]);
+    const other = 'suspended after 20 min idle: 300MiB moved to host memory';
+    expect(shownNotice({ ...waiting, notice: other })).toBe(other);
   });
 });
