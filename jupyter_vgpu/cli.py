@@ -23,7 +23,14 @@ from traitlets import Bool, Float, List, TraitError, Unicode
 from traitlets.config import Application, Configurable
 
 from jupyter_vgpu._version import __version__
-from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, gpu_memory_used, in_host_memory
+from jupyter_vgpu.client import (
+    RequestRefused,
+    ServerClient,
+    ServerUnavailable,
+    describe_queue,
+    gpu_memory_used,
+    in_host_memory,
+)
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
 from jupyter_vgpu.holders.local import (
     REGION_PATH_KEY,
@@ -578,6 +585,15 @@ def _where(item: dict[str, Any]) -> str:
     return item["path"] or " ".join(item.get("command", "").split()) or "-"
 
 
+def _gpu_column(item: dict[str, Any]) -> str:
+    """The slice's GPU index; ``any`` for a start waiting for whichever GPU has room first, ``-``
+    for a pod's slice (on no GPU of this machine)."""
+    device = item.get("device")
+    if device:
+        return str(device["index"])
+    return "any" if item.get("state") == "queued" else "-"
+
+
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
@@ -614,9 +630,13 @@ class StatusApp(_ServerCommand):
             memory = f"{format_size(used) if used else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
-                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{item['device']['index']:>4}"
+                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{_gpu_column(item):>4}"
                 f"{memory:>22}{sm:>15}{limits['policy']:>8}  {in_host_memory(item) or item['state']}"
             )
+            # A start waiting in line, or a suspended or lent kernel's cell waiting for its room.
+            place = describe_queue(item)
+            if place:
+                print(f"{'':<10}{place}")
             for warning in item.get("warnings", ()):
                 print(f"{'':<10}warning: {warning}")
         if not slices:

@@ -7,6 +7,8 @@ against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from jupyter_client import BlockingKernelClient
 from support import hold_outside, wait_for
@@ -274,3 +276,59 @@ def test_an_idle_kernel_is_told_lowered_in_the_status_bar_then_stopped_in_a_noti
     assert seen["stoppedToasts"] == [f"The kernel of idle.ipynb: {stopped}"]
     assert lab.api("GET", "api/vgpu/notices") == {seen["kernelId"]: stopped}
     assert lab.api("GET", "api/vgpu/slices") == []
+
+
+# What the waiting scenario prints once it has seen the kernel waiting: the test then frees the GPU.
+ROOM_MARKER = "vgpu-test: free the GPU now"
+
+
+def test_a_new_notebook_on_a_full_gpu_waits_in_line_in_view_then_its_kernel_starts_by_itself(
+    lab, drive, browser_gpu_env
+):
+    outside = hold_outside(browser_gpu_env, 8 * GIB)  # a program outside any slice holds the whole GPU
+
+    def free_the_gpu():
+        outside.stdin.close()
+        outside.wait(30)
+
+    try:
+        seen = drive(
+            "waitingNotebook",
+            when={ROOM_MARKER: free_the_gpu},
+            roomMarker=ROOM_MARKER,
+            kernel=TEST_CARD,
+            code="print('ran', 6 * 7)",
+            expected="ran 42",
+        )
+    finally:
+        if outside.poll() is None:
+            free_the_gpu()
+
+    print(json.dumps(seen, indent=1))  # what the page said, for a failure's report
+    waiting, started = seen["waiting"], seen["started"]
+    place = "1st in line for any GPU · waiting for 1GiB more GPU memory (0B free)"
+    # While it waits: JupyterLab opened the notebook, no dialog; the status bar and the sidebar
+    # say where its kernel stands, in the info colour; the tooltips say what queued means.
+    assert waiting["dialogs"] == seen["dialogs"] == 0
+    assert waiting["status"] == f"GPU queued · {place}"
+    assert waiting["statusColour"]["text"] == waiting["statusColour"]["info"]
+    assert waiting["statusTooltip"].splitlines() == [
+        "GPU slice asked for on any GPU: memory cap 1GiB, SM share 50 % (hard)",
+        (
+            "Queued: the kernel waits in line for room on the GPU and starts by itself when there is room; "
+            "shutting it down leaves the line"
+        ),
+        place,
+    ]
+    assert waiting["sidebarQueue"] == place
+    assert waiting["sidebarTitle"] == f"{seen['path']} · any GPU · hard · queued"
+    assert waiting["sidebarTitleTooltip"].splitlines()[2].startswith("Queued: the kernel waits in line")
+    assert waiting["sidebarMemory"] == "Memory 1GiB asked for, not held yet (queued)"
+    assert waiting["resizeFormShown"] is False
+    assert waiting["kernelStatus"] != "idle", waiting  # JupyterLab's word for a kernel not started yet
+    # Room came: the kernel started by itself, left the line, and ran a cell.
+    assert started["status"] == "GPU 0.0 / 1.0 GiB · SM 0 / 50 %"
+    assert started["sidebarState"] != "queued" and started["queueLineShown"] is False
+    assert "ran 42" in started["output"]
+    (slice_,) = lab.api("GET", "api/vgpu/slices")
+    assert (slice_["kernel_id"], slice_["path"], slice_["queue"]) == (seen["kernelId"], seen["path"], None)
