@@ -257,10 +257,4 @@ class Line:
                     self.published(request, place)
 
 
-def ordinal(position: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 21st."""
-    suffix = "th" if 10 <= position % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(position % 10, "th")
-    return f"{position}{suffix}"
-
-
-__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request", "ordinal"]
+__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request"]

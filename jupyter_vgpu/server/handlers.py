@@ -456,13 +456,11 @@ class KernelsHandler(VGPUHandler):
         requested: dict[str, Any] = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         kernel_id = str(uuid.uuid4())
         try:
+            # Answers once the kernel runs, waits in line, or was refused (server/app.py's _line_aware).
             await self.kernel_manager.start_kernel(
                 kernel_id=kernel_id, kernel_name=name, path=body.get("path"), vgpu_slice=requested
             )
-            await self._started_or_queued(kernel_id)
         except SliceRefused as refusal:
-            if kernel_id in self.kernel_manager:
-                self.kernel_manager.remove_kernel(kernel_id)  # a pending start that was refused
             if isinstance(refusal, VGPUHTTPError):
                 raise
             raise VGPUHTTPError(409 if refusal.kind == "capacity" else 400, str(refusal)) from None
@@ -476,19 +474,6 @@ class KernelsHandler(VGPUHandler):
         self.set_status(201)
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
         self.finish(json.dumps({"kernel": model, "slice": slice_}, default=str))
-
-    async def _started_or_queued(self, kernel_id: str) -> None:
-        """With pending kernels the start goes on after start_kernel returns: wait until the
-        kernel is ready or its start waits in the line; raise its refusal where it was refused."""
-        ready = self.kernel_manager.get_kernel(kernel_id).ready
-        ready = ready if isinstance(ready, asyncio.Future) else asyncio.wrap_future(ready)
-        joined = self.slices.line.joined(kernel_id)
-        try:
-            await asyncio.wait([ready, joined], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            joined.cancel()
-        if ready.done() and ready.exception() is not None:
-            raise ready.exception()  # type: ignore[misc]
 
     def default_vgpu_kernelspec(self) -> str:
         """The kernelspec of a start that names none: the server's default kernelspec if it

@@ -191,9 +191,11 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
         client.stop_channels()
 
 
-def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
-    # 6 of the device's 8 GiB go to another kernel; "Python 3 (GPU slice)" asks for 4 GiB.
-    filler = lab.api("POST", "api/vgpu/kernels", {"name": lab.kernel_name, "memory": "6GiB"})
+@pytest.mark.parametrize("lab_options", [("--VGPUApp.default_memory=9GiB",)])
+def test_a_notebook_that_can_never_fit_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
+    # A full GPU is a line, not a refusal (test_a_new_notebook_on_a_full_gpu_waits_in_line...);
+    # "Python 3 (GPU slice)" asks the server's default, here 9 GiB of the device's 8: never.
+    filler = lab.api("POST", "api/vgpu/kernels", {"name": lab.kernel_name, "memory": "1GiB"})
 
     seen = drive("refusedStart", kernel="Python 3 (GPU slice)")
     slices = [s["kernel_id"] for s in lab.api("GET", "api/vgpu/slices")]
@@ -204,8 +206,8 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
     problems = [
         problem
         for problem, found in [
-            ("it does not say what the device has free (2GiB)", "2GiB" not in message),
-            ("it does not say what to do (stop a kernel)", "stop a kernel" not in message),
+            ("it does not say what the device has (8GiB)", "more than GPU 0 has: 8GiB" not in message),
+            ("it does not say what to do (ask for less)", "Ask for less" not in message),
             ("it doubles '%'", "%%" in message),
             (f"the dialog must scroll to show it all: {seen['extent']}", not seen["inView"]),
             (f"the refused start holds a slice: {slices}", slices != [filler["kernel"]["id"]]),
@@ -227,7 +229,6 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
 SHIPPED_CARD, TEST_CARD = "Python 3 (GPU slice)", "GPU slice (browser test)"
 REFUSALS = {
     "largest slice": (SHIPPED_CARD, [], "a slice may have at most 2GiB of GPU memory on this server"),
-    "SM share": (TEST_CARD, [("512MiB", 60, "hard")], "percent of the SMs does not fit"),
     "server memory": (TEST_CARD, [("2GiB", 10, "burst"), ("1GiB", 10, "burst")], "may hold 3GiB of GPU memory"),
     "server slices": (TEST_CARD, [("512MiB", 10, "burst")] * 3, "allows at most 3 GPU slices"),
 }
