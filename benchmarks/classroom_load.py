@@ -1087,32 +1087,52 @@ def class_comparison(args: argparse.Namespace) -> bool:
         f"runs a cell in a given minute with probability {args.activity:g}; seed {args.seed}. Suspend after "
         f"{args.suspend_after} min idle (suspend, fair pool; fair pool, on demand: never), stop after {args.cull_after} "
         f"min idle; host memory cap {args.host_memory}. Waits in minutes of the class's clock (0: within the "
-        "minute it was asked)."
+        "minute it was asked); a start or cell still waiting at the end counts with its wait so far. GPU memory: "
+        "memory-minutes reserved by running (not suspended or lent) kernels over the node's."
     )
     print()
-    print(
-        "| mode | starts + cells asked | students ever refused (refusals) | waited: starts + cells (ran before an earlier one) | "
-        "wait p50 / p95 / max, min | starts: wait p95 / max | still waiting at the end | GPU memory reserved by "
-        "running kernels | of it by kernels that used the GPU | kernels stopped (had run a cell) | "
-        "suspended / lent / resumed | host memory peak | kernels held, peak | over capacity in any minute? | "
-        "broker requests (mean ms) | wall s |"
-    )
-    print("|---|---|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---|---|---:|")
-    for r in results:
-        waits = r.waits + r.still_waiting
-        minute_capacity = r.capacity / GIB * r.minutes
-        mean = r.request_seconds / r.requests * 1e3 if r.requests else 0.0
-        print(
-            f"| {r.mode} | {r.asked['start']} + {r.asked['cell']} | {len(r.students_refused)} ({r.refusals}) | "
-            f"{r.waited['start']} + {r.waited['cell']} ({r.overtook}) | {_minutes(waits, 0.5)} / "
-            f"{_minutes(waits, 0.95)} / {_minutes(waits)} | {_minutes(r.start_waits, 0.95)} / "
-            f"{_minutes(r.start_waits)} | {len(r.still_waiting)} | {100 * r.reserved / minute_capacity:.0f} % | "
-            f"{100 * r.in_use / minute_capacity:.0f} % | {r.culled} ({r.culled_with_state}) | "
-            f"{r.suspends} / {r.lent} / {r.resumes} | {r.host_peak / GIB:.0f} GiB | {r.held_peak} | "
-            f"{'yes: ' + '; '.join(r.problems[:3]) if r.problems else 'no'} | {r.requests} ({mean:.1f}) | "
-            f"{r.wall_seconds:.1f} |"
-        )
+    rows: list[tuple[str, Callable[[ModeResult], str]]] = [
+        ("starts + cells asked", lambda r: f"{r.asked['start']} + {r.asked['cell']}"),
+        ("students ever refused (refusals)", lambda r: f"{len(r.students_refused)} ({r.refusals})"),
+        ("waited: starts + cells", lambda r: f"{r.waited['start']} + {r.waited['cell']}"),
+        ("&nbsp;&nbsp;of them ran while one asked earlier still waited", lambda r: f"{r.overtook}"),
+        (
+            "wait p50 / p95 / max, min",
+            lambda r: " / ".join(_minutes(r.waits + r.still_waiting, f) for f in (0.5, 0.95, None)),
+        ),
+        (
+            "&nbsp;&nbsp;starts: p95 / max, min",
+            lambda r: f"{_minutes(r.start_waits, 0.95)} / {_minutes(r.start_waits)}",
+        ),
+        ("still waiting at the end", lambda r: f"{len(r.still_waiting)}"),
+        (
+            "GPU memory reserved by running kernels",
+            lambda r: f"{100 * r.reserved / (r.capacity / GIB * r.minutes):.0f} %",
+        ),
+        (
+            "&nbsp;&nbsp;by kernels that had used the GPU",
+            lambda r: f"{100 * r.in_use / (r.capacity / GIB * r.minutes):.0f} %",
+        ),
+        ("kernels stopped (of them had run a cell)", lambda r: f"{r.culled} ({r.culled_with_state})"),
+        ("suspended / lent / resumed", lambda r: f"{r.suspends} / {r.lent} / {r.resumes}"),
+        ("host memory peak", lambda r: f"{r.host_peak / GIB:.0f} GiB"),
+        ("kernels held, peak", lambda r: f"{r.held_peak}"),
+        (
+            "over capacity in any minute?",
+            lambda r: "yes: " + "; ".join(r.problems[:3]) if r.problems else "no",
+        ),
+        (
+            "broker requests (mean ms)",
+            lambda r: f"{r.requests} ({r.request_seconds / r.requests * 1e3 if r.requests else 0.0:.1f})",
+        ),
+        ("wall seconds", lambda r: f"{r.wall_seconds:.0f}"),
+    ]
+    print("| | " + " | ".join(r.mode for r in results) + " |")
+    print("|---|" + "---:|" * len(results))
+    for name, cell in rows:
+        print(f"| {name} | " + " | ".join(cell(r) for r in results) + " |")
     fair = [r for r in results if r.mode.startswith("fair pool")]
+    print()
     for r in results:
         if r.mode.startswith("fair pool"):
             print(
