@@ -643,6 +643,27 @@ class ClassRun:
             [f"host memory {in_host} over the cap {self.cap}"] if self.cap and in_host > self.cap else []
         )
         result.problems.extend(f"minute {now}: {problem}" for problem in problems)
+        if self.args.trace and now % self.args.trace == self.args.trace - 1:
+            self.trace(now, allocations, in_host)
+
+    def trace(self, now: int, allocations: list[Allocation], in_host: int) -> None:
+        """One line of what the GPUs and the host memory hold at the end of minute ``now`` (--trace)."""
+        waiting = {s.kernel for s in self.people if s.waiting is not None and s.kernel is not None}
+        running = [a for a in allocations if not a.suspended]
+        idle = sum(
+            1
+            for a in running
+            if a.kernel_id not in waiting and not getattr(self.by_kernel.get(a.kernel_id), "ran_this_minute", True)
+        )
+        suspended = [a for a in allocations if a.suspended and not a.lent]
+        print(
+            f"{self.mode}, minute {now}: running {len(running)} (idle {idle}); suspended {len(suspended)} (a cell "
+            f"waits in {sum(1 for a in suspended if a.kernel_id in waiting)}); lent "
+            f"{sum(1 for a in allocations if a.lent)}; starts waiting "
+            f"{sum(1 for s in self.people if s.waiting is not None and s.kernel is None)}; host memory "
+            f"{in_host / GIB:.0f} GiB; stopped so far {self.result.culled}",
+            file=sys.stderr,
+        )
 
 
 class RefusingClass(ClassRun):
@@ -1077,8 +1098,14 @@ def class_comparison(args: argparse.Namespace) -> bool:
     """Print the class table; False where something went over capacity or the fair pool refused."""
     students, minutes, arrival = (12, 40, 10) if args.smoke else (args.students, args.minutes, args.arrival_minutes)
     plan = ClassPlan.draw(args.seed, students, minutes, arrival, args.activity)
+    chosen = args.mode or [mode for mode, _ in MODES]
+    unknown = set(chosen) - {mode for mode, _ in MODES}
+    if unknown:
+        sys.exit(f"--mode: no mode {', '.join(sorted(unknown))}; the modes: {'; '.join(mode for mode, _ in MODES)}")
     results = [
-        play_class(mode, args.suspend_after if after is None else after, args, plan, minutes) for mode, after in MODES
+        play_class(mode, args.suspend_after if after is None else after, args, plan, minutes)
+        for mode, after in MODES
+        if mode in chosen
     ]
     print()
     print(
@@ -1248,6 +1275,14 @@ def main() -> None:
     comparison.add_argument("--suspend-after", type=int, default=10, help="minutes idle before a kernel is suspended")
     comparison.add_argument("--cull-after", type=int, default=45, help="minutes idle before a kernel is stopped")
     comparison.add_argument("--host-memory", default="96GiB", help="idle.suspend_host_memory of the node")
+    comparison.add_argument(
+        "--mode",
+        action="append",
+        help="play only this mode (again for more): " + "; ".join(mode for mode, _ in MODES) + " (default: all)",
+    )
+    comparison.add_argument(
+        "--trace", type=int, default=0, metavar="N", help="every N minutes, what the GPUs and host memory hold (stderr)"
+    )
     args = parser.parse_args()
     # Refusals are answers: tornado logs each 409 as a warning, which would bury the table.
     logging.getLogger("tornado.access").setLevel(logging.ERROR)
