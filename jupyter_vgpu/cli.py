@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import shutil
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -22,21 +21,11 @@ from jupyter_core.application import JupyterApp
 from traitlets import Bool, Float, List, TraitError, Unicode
 from traitlets.config import Application, Configurable
 
+# Only what every command needs is imported here: a command imports the rest of jupyter_vgpu
+# (holders, ledger, slice manager) and of Jupyter (jupyter_client, jupyter_server) when it runs,
+# so `jupyter vgpu status` answers in a fraction of a second (tests/cli/test_cli_imports.py).
 from jupyter_vgpu._version import __version__
 from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, gpu_memory_used, in_host_memory
-from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
-from jupyter_vgpu.holders.local import (
-    REGION_PATH_KEY,
-    REGION_SUFFIX,
-    LocalHolder,
-    default_region_dir,
-    run_command,
-    run_in_slice,
-    slice_environment,
-)
-from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
-from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
 from jupyter_vgpu.model import (
     FULL_SHARE,
     NOTEBOOK_DEFAULTS,
@@ -190,6 +179,8 @@ class RunApp(_VGPUSubcommand):
                 f"({format_size(device.memory_total)}); ask for at most that, or leave --memory out for the whole GPU"
             )
         if ledger_path is None:
+            from jupyter_vgpu.holders.local import run_in_slice
+
             return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
         if not (self.memory and self.cores and self.policy):
             print(
@@ -225,6 +216,14 @@ class RunApp(_VGPUSubcommand):
         own kernels, can resize it; released when the command ends. Marked with this process, so
         a server restarting meanwhile leaves it alone; if this process is killed, the server
         releases the slice once the command has ended too."""
+        import sqlite3
+
+        from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
+        from jupyter_vgpu.holders.local import REGION_PATH_KEY, LocalHolder, default_region_dir, run_command
+        from jupyter_vgpu.holders.region import process_start_time
+        from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
+        from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
+
         holder = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
         try:
             ledger = EmbeddedLedger(path, self.devices(), reader=DeviceMemoryReader(holder.known_processes))
@@ -356,6 +355,7 @@ class DoctorApp(_VGPUSubcommand):
     def _paths(self) -> tuple[Path, list[Path]]:
         """(the ledger file, the region folders) to check; a path given that is not there is a
         usage error, a default one may not exist yet."""
+        from jupyter_vgpu.holders.local import default_region_dir
         from jupyter_vgpu.provisioning.local import default_ledger_path
 
         ledger = Path(self.ledger_path).expanduser() if self.ledger_path else default_ledger_path()
@@ -367,6 +367,8 @@ class DoctorApp(_VGPUSubcommand):
         return ledger, list(dict.fromkeys([regions, default_region_dir(), default_region_dir(standalone=True)]))
 
     def run(self) -> int:
+        from jupyter_vgpu.holders.local import LocalHolder, default_region_dir, slice_environment
+
         problems = 0
 
         def report(ok: bool, what: str, detail: str) -> None:
@@ -477,6 +479,8 @@ class DoctorApp(_VGPUSubcommand):
     def check_file_modes(report, ledger: Path, region_folders: list[Path]) -> None:
         """Region folders 0700 and region files 0600, the user's own; the ledger not writable by
         others. One line for each problem, one ok line when there is none."""
+        from jupyter_vgpu.holders.local import REGION_SUFFIX
+
         found, checked = [], []
         for folder in region_folders:
             if not folder.is_dir():
@@ -499,6 +503,9 @@ class DoctorApp(_VGPUSubcommand):
     def check_ledger(report, path: Path, devices) -> None:
         """Whether a batch kernel here (nbconvert, papermill, nbclient) finds the server's ledger
         and can take its slice from it."""
+        import sqlite3
+
+        from jupyter_vgpu.holders.local import LocalHolder, default_region_dir
         from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
         from jupyter_vgpu.manager import BATCH_KEY, held_by_batch_run
 
