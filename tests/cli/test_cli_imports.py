@@ -6,6 +6,7 @@ timing that a busy machine would make flaky."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -77,11 +78,11 @@ def test_rest_commands_and_help_import_neither_jupyter_server_nor_the_slice_mach
 def test_running_servers_are_the_runtime_files_of_live_servers(tmp_path):
     """What `status` reads instead of jupyter_server's list_running_servers: a live server's file,
     not a dead one's, one being written, or another kind of file."""
-    import os
-
     from jupyter_vgpu.client import running_servers
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True
+    )
     live = {"url": "http://127.0.0.1:8888/", "token": "t", "pid": os.getpid()}
     (tmp_path / "jpserver-1.json").write_text(json.dumps(live))
     (tmp_path / "jpserver-2.json").write_text(json.dumps({**live, "pid": int(dead.stdout)}))
