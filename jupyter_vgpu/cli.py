@@ -845,6 +845,7 @@ class KernelspecInstallApp(_VGPUSubcommand):
     }
 
     def run(self) -> int:
+        from ipykernel.kernelspec import get_kernel_dict
         from jupyter_client.kernelspec import KernelSpecManager
 
         from jupyter_vgpu.manager import SliceRefused
@@ -867,17 +868,24 @@ class KernelspecInstallApp(_VGPUSubcommand):
         name = self.kernel_name or f"python3-vgpu-{memory.lower()}-{cores}"
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
             raise UsageError(f"kernelspec name {name!r} may hold only letters, digits, '-', '_' and '.'")
+        # What the installed ipykernel declares of itself (debugger, supported_encryption: a server
+        # with transport_encryption="required" starts only kernels that say "curve"; the
+        # protocol version), as its own `python -m ipykernel install` writes it.
+        ipykernel_spec = get_kernel_dict()
         spec = {
             "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": self.display_name or f"Python 3 (GPU {memory}, {cores}% SM)",
             "language": "python",
             "metadata": {
+                **ipykernel_spec.get("metadata", {}),
                 "kernel_provisioner": {
                     "provisioner_name": "vgpu-provisioner",
                     "config": config,
-                }
+                },
             },
         }
+        if "kernel_protocol_version" in ipykernel_spec:
+            spec["kernel_protocol_version"] = ipykernel_spec["kernel_protocol_version"]
         kernelspecs = KernelSpecManager()
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "kernel.json"), "w") as file:
