@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import getpass
 import json
+import logging
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ from typing import Any
 from jupyter_core.application import JupyterApp
 from traitlets import Bool, Float, List, TraitError, Unicode
 from traitlets.config import Application, Configurable
+from traitlets.config.loader import KVArgParseConfigLoader
 
 # Only what every command needs is imported here: a command imports the rest of jupyter_vgpu
 # (holders, ledger, slice manager) and of Jupyter (jupyter_client, jupyter_server) when it runs,
@@ -64,9 +66,33 @@ class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2, nothing started."""
 
 
+class _StrictLoader(KVArgParseConfigLoader):
+    """Command-line options where one the command does not have is refused (one line, exit 2),
+    not warned about and ignored: `--prefix DIR` to a command without it must not install
+    somewhere else."""
+
+    command = "jupyter vgpu"
+
+    def _handle_unrecognized_alias(self, arg: str) -> None:
+        print(
+            f"{self.command}: unknown option --{arg}; `{self.command} --help` lists the options it takes",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+class _StrictOptions(JupyterApp):
+    """A command whose unknown options are refused (see _StrictLoader)."""
+
+    def _create_loader(self, argv, aliases, flags, classes) -> KVArgParseConfigLoader:
+        loader = _StrictLoader(argv, aliases, flags, classes=classes, log=self.log, subcommands=self.subcommands)
+        loader.command = self.name.replace("-", " ")
+        return loader
+
+
 # flags, aliases and subcommands are traitlets' class-level tables, which Application annotates
 # as instance attributes (a ClassVar here is a mypy error) and only reads: RUF012 does not apply.
-class _VGPUSubcommand(JupyterApp):
+class _VGPUSubcommand(_StrictOptions):
     version = __version__
     simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
     flags = {"simulate": ({"_VGPUSubcommand": {"simulate": True}}, simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
@@ -827,8 +853,15 @@ class KernelspecInstallApp(_VGPUSubcommand):
         config=True,
         help="GPU index or UUID of every kernel's slice. Empty: the ledger places it (GPU 0 in a batch run without one).",
     )
-    user = Bool(False, config=True, help="Install for this user only.")
+    user = Bool(False, config=True, help="Install for this user only (in ~/.local/share/jupyter/kernels).")
+    prefix = Unicode(
+        "",
+        config=True,
+        help="Install in PREFIX/share/jupyter/kernels, e.g. a virtual or conda environment's folder, as "
+        "`jupyter kernelspec install --prefix` does. Empty: system-wide, or this user's with --user.",
+    )
     aliases = {  # noqa: RUF012 -- traitlets' class-level table
+        "prefix": "KernelspecInstallApp.prefix",
         "memory": "KernelspecInstallApp.memory",
         "cores": "KernelspecInstallApp.cores",
         "policy": "KernelspecInstallApp.policy",
@@ -838,6 +871,10 @@ class KernelspecInstallApp(_VGPUSubcommand):
     }
     flags = {  # noqa: RUF012 -- traitlets' class-level table
         "user": ({"KernelspecInstallApp": {"user": True}}, user.help),
+        "sys-prefix": (
+            {"KernelspecInstallApp": {"prefix": sys.prefix}},
+            f"Install in this Python's environment ({sys.prefix}/share/jupyter/kernels): --prefix sys.prefix.",
+        ),
         "simulate": (
             {"KernelspecInstallApp": {"simulate": True}},
             "Kernels started without a vGPU server (papermill, nbconvert) use the simulated GPU.",
@@ -868,6 +905,9 @@ class KernelspecInstallApp(_VGPUSubcommand):
         name = self.kernel_name or f"python3-vgpu-{memory.lower()}-{cores}"
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
             raise UsageError(f"kernelspec name {name!r} may hold only letters, digits, '-', '_' and '.'")
+        if self.user and self.prefix:
+            raise UsageError("--user and --prefix (or --sys-prefix) name two places; give one of them")
+        self.warn_where_it_cannot_start(parse_size(memory), device)
         # What the installed ipykernel declares of itself (debugger, supported_encryption: a server
         # with transport_encryption="required" starts only kernels that say "curve"; the
         # protocol version), as its own `python -m ipykernel install` writes it.
@@ -886,15 +926,53 @@ class KernelspecInstallApp(_VGPUSubcommand):
         }
         if "kernel_protocol_version" in ipykernel_spec:
             spec["kernel_protocol_version"] = ipykernel_spec["kernel_protocol_version"]
-        kernelspecs = KernelSpecManager()
+        # Its own logger, which shows warnings only: the manager's "Installed kernelspec" line
+        # would repeat the one below.
+        kernelspecs = KernelSpecManager(log=logging.getLogger("jupyter_vgpu.kernelspec"))
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "kernel.json"), "w") as file:
                 json.dump(spec, file, indent=2)
             for logo in shipped_kernel_logos(kernelspecs):  # the launcher shows them, not a letter
                 shutil.copy(logo, folder)
-            path = kernelspecs.install_kernel_spec(folder, name, user=self.user, replace=True)
-        print(f"installed kernelspec {name} in {path}")
+            path = kernelspecs.install_kernel_spec(folder, name, user=self.user, prefix=self.prefix or None)
+        print(f"installed kernelspec {Path(path).name} in {path}")  # Jupyter lower-cases the name
         return 0
+
+    def warn_where_it_cannot_start(self, memory: int, device: str) -> None:
+        """A warning on stderr where no GPU here (the one --device names) has the slice's memory:
+        its kernels would be refused on this machine. The GPUs are this machine's, or with
+        --simulate, or where it has no NVIDIA driver, the simulated ones."""
+        try:
+            devices, kind = self.devices(), "simulated GPU" if self.simulate else "GPU"
+        except (DeviceError, NativeLibraryMissing):
+            if self.simulate:
+                return
+            try:  # no driver: the GPU of a server started with --VGPUApp.simulate=True
+                use_simulator()
+                devices, kind = list_devices(), "simulated GPU"
+            except (DeviceError, NativeLibraryMissing, OSError):
+                return
+        if device:
+            try:
+                devices = [select_device(devices, device)]
+            except SliceValueError as error:
+                print(f"jupyter vgpu kernelspec install: warning: --device: {error}", file=sys.stderr)
+                return
+        if not devices:
+            return
+        largest = max(devices, key=lambda each: each.memory_total)
+        if memory > largest.memory_total:
+            has = format_size(largest.memory_total)
+            which = (
+                f"{kind} {largest.index} has ({has})"
+                if device
+                else f"any {kind} here has (the largest, {kind} {largest.index}, has {has})"
+            )
+            print(
+                f"jupyter vgpu kernelspec install: warning: a {format_size(memory)} slice is more than {which}; its "
+                "kernels will be refused on this machine (installed anyway, for a machine with a larger GPU)",
+                file=sys.stderr,
+            )
 
 
 class _CommandGroup(JupyterApp):
@@ -930,7 +1008,7 @@ def own_options_help(cls: type[Configurable]) -> str:
     return "\n".join(cls.class_get_trait_help(traits[name]) for name in sorted(traits))
 
 
-class ConfigApp(JupyterApp):
+class ConfigApp(_StrictOptions):
     name = "jupyter-vgpu-config"
     version = __version__
     description = "Print the options of the server extension (VGPUApp) and of the kernel provisioner, with their help."
@@ -958,7 +1036,7 @@ class ConfigApp(JupyterApp):
         print(own_options_help(VGPUPodProvisioner))
 
 
-class PodManifestApp(JupyterApp):
+class PodManifestApp(_StrictOptions):
     name = "jupyter-vgpu-pod-manifest"
     version = __version__
     description = (
@@ -1030,7 +1108,7 @@ class PodManifestApp(JupyterApp):
         self.exit(2)
 
 
-class BrokerApp(JupyterApp):
+class BrokerApp(_StrictOptions):
     name = "jupyter-vgpu-broker"
     version = __version__
     description = (
@@ -1059,7 +1137,7 @@ class BrokerApp(JupyterApp):
         self.exit(run(self.classroom, reconcile_interval=self.reconcile_interval))
 
 
-class HubProfilesApp(JupyterApp):
+class HubProfilesApp(_StrictOptions):
     name = "jupyter-vgpu-hub-profiles"
     version = __version__
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
