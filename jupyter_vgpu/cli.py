@@ -128,9 +128,9 @@ class RunApp(_VGPUSubcommand):
     gets CUDA_ERROR_OUT_OF_MEMORY (frameworks raise their own out-of-memory error) and one line
     on stderr naming the cap."""
     examples = """
-    jupyter vgpu run --memory 4GiB --cores 30 -- python train.py
-    jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
-    """
+jupyter vgpu run --memory 4GiB --cores 30 -- python train.py
+jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
+"""
 
     memory = Unicode(
         "",
@@ -1041,7 +1041,22 @@ class PodManifestApp(_StrictOptions):
     version = __version__
     description = (
         "Print, as YAML, the Pod and Secret (key and credential redacted) that a pod kernel start would "
-        "create with the current configuration (jupyter_server_config, the kernelspec), without a cluster."
+        "create with the current configuration (jupyter_server_config, the kernelspec), without a cluster. "
+        "The kernel image: --image IMAGE here, or VGPUPodProvisioner.image in the kernelspec's config or "
+        "jupyter_server_config.py. Any other pod option is set on the command line by its full name, "
+        "--VGPUPodProvisioner.NAME=VALUE (`jupyter vgpu config` lists them)."
+    )
+    # traitlets strips, then dedents: every line starts at the margin
+    examples = """
+jupyter vgpu pod-manifest --image registry.example.org/kernels/torch:2.5 --memory 8GiB --cores 30
+jupyter vgpu pod-manifest --kernel python3-vgpu-pod
+jupyter vgpu pod-manifest --image IMAGE --VGPUPodProvisioner.namespace=students
+"""
+    image = Unicode(
+        "",
+        config=True,
+        help="The kernel image (VGPUPodProvisioner.image): Python with ipykernel, and jupyter-vgpu for in-pod "
+        "slices. Empty: the kernelspec's, else the server's config.",
     )
     kernel = Unicode(
         "",
@@ -1057,6 +1072,7 @@ class PodManifestApp(_StrictOptions):
     policy = Unicode("", config=True, help="hard or burst. Empty: the kernelspec's, else the server's default.")
     aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "kernel": "PodManifestApp.kernel",
+        "image": "PodManifestApp.image",
         "memory": "PodManifestApp.memory",
         "cores": "PodManifestApp.cores",
         "policy": "PodManifestApp.policy",
@@ -1088,6 +1104,8 @@ class PodManifestApp(_StrictOptions):
                     f"kernelspec {self.kernel!r} does not start pod kernels (its provisioner is {provisioner.get('provisioner_name') or 'the default'})"
                 )
             configured = dict(provisioner.get("config", {}))
+        if self.image.strip():  # the command line wins over the kernelspec and the files
+            configured["image"] = self.image.strip()
         try:
             provisioner = VGPUPodProvisioner(config=self.config, kernel_id=str(uuid.uuid4()), **configured)
             server = VGPUApp(config=self.config)

@@ -79,7 +79,10 @@ def test_sys_prefix_installs_in_this_pythons_environment(cli_env, tmp_path):
     "flags, said",
     [
         (["--user", "--prefix", "/tmp/somewhere"], "--user and --prefix (or --sys-prefix) name two places"),
-        (["--user", "--prefx", "/tmp/somewhere"], "unknown option --prefx; `jupyter vgpu kernelspec install --help` lists"),
+        (
+            ["--user", "--prefx", "/tmp/somewhere"],
+            "unknown option --prefx; `jupyter vgpu kernelspec install --help` lists",
+        ),
     ],
 )
 def test_options_that_cannot_be_followed_are_refused_before_installing(vgpu, cli_env, flags, said):
