@@ -798,11 +798,22 @@ class SuspendApp(_ServerCommand):
         if len(self.extra_args) != 1:
             raise UsageError(f"usage: jupyter vgpu {self.verb} KERNEL_ID")
         client = self.client()
-        kernel_id = ResizeApp.find_kernel(self.extra_args[0], client.slices())
+        slices = client.slices()
+        kernel_id = ResizeApp.find_kernel(self.extra_args[0], slices)
+        # The server answers a kernel already in the state asked for as it is (200): what this
+        # says comes from the state the kernel was in before.
+        was_suspended = next(item for item in slices if item["kernel_id"] == kernel_id)["state"] == "suspended"
         model = client.resume(kernel_id) if self.verb == "resume" else client.suspend(kernel_id)
         short = kernel_id[:8]
-        if self.verb == "resume":
+        if self.verb == "resume" and not was_suspended:
+            print(f"{short} was not suspended (it is {model['state']}): nothing to resume")
+        elif self.verb == "resume":
             print(f"resumed {short}: its {format_size(model['limits']['memory_bytes'])} slice runs again")
+        elif was_suspended:
+            print(
+                f"{short} was already suspended: its {format_size(model['host_memory_bytes'] or 0)} is in host "
+                f"memory; `jupyter vgpu resume {short}` resumes it"
+            )
         else:
             print(
                 f"suspended {short}: {format_size(model['host_memory_bytes'])} moved to host memory; it resumes on "
