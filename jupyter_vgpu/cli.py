@@ -16,10 +16,10 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jupyter_core.application import JupyterApp
-from traitlets import Bool, Float, List, TraitError, Unicode
+from traitlets import Bool, Float, List, TraitError, Unicode, default
 from traitlets.config import Application, Configurable
 from traitlets.config.loader import KVArgParseConfigLoader
 
@@ -74,28 +74,54 @@ class _StrictLoader(KVArgParseConfigLoader):
     command = "jupyter vgpu"
 
     def _handle_unrecognized_alias(self, arg: str) -> None:
-        print(
-            f"{self.command}: unknown option --{arg}; `{self.command} --help` lists the options it takes",
-            file=sys.stderr,
-        )
+        self._refuse(f"unknown option --{arg}")
+
+    def _create_parser(self) -> None:
+        super()._create_parser()
+        # argparse's own errors (an unknown --flag without a value: "expected one argument")
+        # read the same: one line, exit 2.
+        self.parser.error = self._refuse  # type: ignore[method-assign]
+
+    def _refuse(self, message: str) -> NoReturn:
+        if message.startswith("argument --") and message.endswith("expected one argument"):
+            option = message.split()[1].rstrip(":").split("/")[0].removeprefix("--")
+            # argparse names an alias by its trait: --RunApp.memory for --memory
+            alias = next((name for name, trait in self.aliases.items() if option in (name, trait)), None)
+            message = f"--{alias} needs a value" if alias else f"unknown option --{option}"
+        print(f"{self.command}: {message}; `{self.command} --help` lists the options it takes", file=sys.stderr)
         sys.exit(2)
 
 
 class _StrictOptions(JupyterApp):
-    """A command whose unknown options are refused (see _StrictLoader)."""
+    """A `jupyter vgpu` command: its unknown options are refused (see _StrictLoader), and its
+    help names no private class of this module (the bases below)."""
+
+    # One line for the table of `jupyter vgpu --help`: a whole sentence, never cut.
+    summary = ""
 
     def _create_loader(self, argv, aliases, flags, classes) -> KVArgParseConfigLoader:
         loader = _StrictLoader(argv, aliases, flags, classes=classes, log=self.log, subcommands=self.subcommands)
         loader.command = self.name.replace("-", " ")
         return loader
 
+    @classmethod
+    def class_get_help(cls, inst=None) -> str:
+        # traitlets heads the section "RunApp(_GPUCommand) options", naming a private base
+        first, _, rest = super().class_get_help(inst).partition("\n")
+        return f"{cls.__name__} options\n{rest}" if first.endswith(" options") else f"{first}\n{rest}"
+
+    def _classes_inc_parents(self, classes=None):
+        # --help-all lists a section for every configurable class; the private bases here are
+        # not for users to configure.
+        for cls in super()._classes_inc_parents(classes):
+            if not cls.__name__.startswith("_"):
+                yield cls
+
 
 # flags, aliases and subcommands are traitlets' class-level tables, which Application annotates
 # as instance attributes (a ClassVar here is a mypy error) and only reads: RUF012 does not apply.
 class _VGPUSubcommand(_StrictOptions):
     version = __version__
-    simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
-    flags = {"simulate": ({"_VGPUSubcommand": {"simulate": True}}, simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         command = self.name.replace("-", " ")  # jupyter vgpu kernelspec install
@@ -114,13 +140,19 @@ class _VGPUSubcommand(_StrictOptions):
     def run(self) -> int:
         raise NotImplementedError
 
+
+class _GPUCommand(_VGPUSubcommand):
+    """A subcommand that uses this machine's GPUs, or the simulated ones (--simulate)."""
+
+    simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
+
     def devices(self):
         if self.simulate:
             use_simulator()
         return list_devices()
 
 
-class RunApp(_VGPUSubcommand):
+class RunApp(_GPUCommand):
     name = "jupyter-vgpu-run"
     description = """Run COMMAND inside a fresh GPU slice and return its exit status.
 
@@ -168,7 +200,7 @@ jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
         "ledger": "RunApp.ledger",
     }
     flags = {  # noqa: RUF012 -- traitlets' class-level table
-        "simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help),
+        "simulate": ({"RunApp": {"simulate": True}}, _GPUCommand.simulate.help),
         "no-server": ({"RunApp": {"ledger": "none"}}, "Run in a slice no server's ledger counts (RunApp.ledger=none)."),
     }
 
@@ -289,10 +321,10 @@ jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
             ledger.close()
 
 
-class DevicesApp(_VGPUSubcommand):
+class DevicesApp(_GPUCommand):
     name = "jupyter-vgpu-devices"
     description = "List the GPUs NVML reports (or the simulated ones with --simulate)."
-    flags = {"simulate": ({"DevicesApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"simulate": ({"DevicesApp": {"simulate": True}}, _GPUCommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         devices = self.devices()
@@ -364,7 +396,7 @@ def ledger_problems(path: Path) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
-class DoctorApp(_VGPUSubcommand):
+class DoctorApp(_GPUCommand):
     name = "jupyter-vgpu-doctor"
     description = "Check what a slice needs on this machine and say what would stop one from working."
     ledger_path = Unicode(
@@ -376,7 +408,7 @@ class DoctorApp(_VGPUSubcommand):
         "", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions."
     )
     aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}  # noqa: RUF012 -- traitlets' class-level table
-    flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _GPUCommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def _paths(self) -> tuple[Path, list[Path]]:
         """(the ledger file, the region folders) to check; a path given that is not there is a
@@ -582,7 +614,10 @@ class DoctorApp(_VGPUSubcommand):
 
 
 class _ServerCommand(_VGPUSubcommand):
-    """A subcommand that talks to the running Jupyter server's /api/vgpu as its user."""
+    """A subcommand that talks to the running Jupyter server's /api/vgpu as its user (the
+    server's GPU, real or simulated, is the server's business: no --simulate)."""
+
+    flags = {}  # noqa: RUF012 -- traitlets' class-level table
 
     server = Unicode(
         "",
@@ -631,7 +666,7 @@ class StatusApp(_ServerCommand):
         "vgpu", config=True, help="For --all: the broker's service name in the hub (the classroom file's broker.name)."
     )
     aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker", "service": "StatusApp.service"}  # noqa: RUF012 -- traitlets' class-level table
-    flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         if self.show_all:
@@ -845,7 +880,7 @@ def shipped_kernel_logos(kernelspecs: Any) -> list[Path]:
     return sorted(folder.glob("logo-*"))
 
 
-class KernelspecInstallApp(_VGPUSubcommand):
+class KernelspecInstallApp(_GPUCommand):
     name = "jupyter-vgpu-kernelspec-install"
     description = "Install a kernelspec whose kernels start in GPU slices of a given size."
     memory = Unicode("4GiB", config=True, help="Memory cap of each kernel's slice.")
@@ -986,11 +1021,18 @@ class KernelspecInstallApp(_VGPUSubcommand):
             )
 
 
-class _CommandGroup(JupyterApp):
+class _CommandGroup(_StrictOptions):
     """A command of subcommands (``jupyter vgpu``, ``jupyter vgpu kernelspec``, ...): without one
     it prints its usage and exits 2."""
 
     version = __version__
+
+    @default("subcommand_description")
+    def _subcommand_description_default(self) -> str:
+        # traitlets' own names the command by its name here (jupyter-vgpu-kernelspec), which is
+        # no program; its text is then format()ted, so braces are doubled.
+        command = self.name.replace("-", " ")
+        return f"Run a command as `{command} COMMAND [options]`; `{command} COMMAND --help` lists its options."
 
     def usage(self) -> str:
         raise NotImplementedError
@@ -1004,7 +1046,7 @@ class _CommandGroup(JupyterApp):
 
 class KernelspecApp(_CommandGroup):
     name = "jupyter-vgpu-kernelspec"
-    description = "Manage vGPU kernelspecs."
+    description = "Install kernelspecs whose kernels start in GPU slices of a given size."
     subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}  # noqa: RUF012 -- traitlets' class-level table
 
     def usage(self) -> str:
@@ -1201,18 +1243,22 @@ class HubApp(_CommandGroup):
 class VGPUCommand(_CommandGroup):
     name = "jupyter-vgpu"
     description = "GPU slices for Jupyter kernels and any program."
+    # Each command in one whole sentence (its --help has the rest).
     subcommands = {  # noqa: RUF012 -- traitlets' class-level table
-        "run": (RunApp, RunApp.description.splitlines()[0]),
+        "run": (RunApp, "Run a command in a fresh GPU slice and return its exit status."),
         "devices": (DevicesApp, DevicesApp.description),
         "doctor": (DoctorApp, DoctorApp.description),
         "status": (StatusApp, StatusApp.description),
-        "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
-        "suspend": (SuspendApp, SuspendApp.description.split(":")[0]),
-        "resume": (ResumeApp, ResumeApp.description.split(":")[0]),
-        "kernelspec": (KernelspecApp, KernelspecApp.description),
+        "resize": (ResizeApp, "Resize a running kernel's slice: its memory cap, SM share or policy."),
+        "suspend": (SuspendApp, "Suspend a kernel: its GPU memory moves to host memory and its room is lent."),
+        "resume": (ResumeApp, "Resume a suspended kernel: its room on the GPU first, then its memory."),
+        "kernelspec": (KernelspecApp, "Install kernelspecs whose kernels start in GPU slices of a given size."),
         "config": (ConfigApp, ConfigApp.description),
-        "pod-manifest": (PodManifestApp, PodManifestApp.description.split(" (")[0]),
-        "broker": (BrokerApp, BrokerApp.description.split(" (")[0]),
+        "pod-manifest": (
+            PodManifestApp,
+            "Print the Pod and Secret a pod kernel's start would create, without a cluster.",
+        ),
+        "broker": (BrokerApp, "The node's GPU ledger for a JupyterHub's users, which the hub runs as a service."),
         "hub": (HubApp, HubApp.description),
     }
 
