@@ -286,6 +286,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         connection_info = await super().launch_kernel(cmd, **kwargs)
+        if self._batch is not None and self.pid:
+            self._batch.holder.mark_owners(self.kernel_id, self.pid)  # ... and while its kernel does
         manager = self.slice_manager() or (self._batch.manager if self._batch else None)
         if manager is not None:
             connection_file = getattr(self.parent, "connection_file", "")
@@ -366,11 +368,13 @@ class BatchSlice:
                 kind="invalid",
             ) from None
         holder = LocalHolder(default_region_dir(standalone=True), simulate=provisioner.simulate)
+        holder.sweep_stale()  # what earlier batch kernels, never shut down, left there
         batch = cls(provisioner, limits, device, holder)
         if ledger_path is None:
             batch._make_region(devices)
         else:
             batch._admit_to_ledger(ledger_path, devices, parent=provisioner)
+        holder.mark_owners(batch.kernel_id, os.getpid())  # in use while this program runs ...
         return batch
 
     def _make_region(self, devices) -> None:
