@@ -51,7 +51,7 @@ FIELD_TYPES = {
     "cores": (str, int, float),
     "policy": (str,),
     "name": (str,),
-    "device": (str, int),
+    "device": (str, int, float),
     "path": (str,),
     "processes": (list,),
     "sm_util": (int, float),
@@ -213,6 +213,11 @@ class VGPUHandler(APIHandler):
                 names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
                 kinds = " or ".join(dict.fromkeys(names[kind] for kind in FIELD_TYPES[key]))
                 raise VGPUHTTPError(400, f"field {key!r} must be {kinds}, not {json.dumps(value)[:40]}")
+        for key in ("cores", "device"):
+            # A whole float is an integer to JSON Schema (api.yaml's): 10.0 is 10, 1.5 is refused
+            # by the field's own parser, which says what is accepted.
+            if isinstance(body.get(key), float) and body[key].is_integer():
+                body[key] = int(body[key])
         if "policy" in body:  # api.yaml's Policy is an enum: "HARD" and " hard" are not in it
             try:
                 parse_policy(body["policy"], exact=True)

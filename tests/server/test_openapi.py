@@ -277,8 +277,16 @@ async def test_a_resize_is_taken_exactly_when_the_spec_takes_it(api, vgpu_kernel
         assert reply["limits"]["cores"] == int(body["cores"])
 
 
-@pytest.mark.parametrize("body, valid", [edge for edge in RESIZE_EDGES if "memory" not in edge[0]])
+@pytest.mark.parametrize(
+    "body, valid",
+    [
+        *[edge for edge in RESIZE_EDGES if "memory" not in edge[0]],
+        ({"device": 1.0}, True),  # an integer to JSON Schema, as cores 10.0
+        ({"device": 1.5}, False),
+    ],
+)
 async def test_a_kernel_start_is_taken_exactly_when_the_spec_takes_it(api, vgpu_kernelspec, body, valid):
+    assert (not request_problems("POST", "/api/vgpu/kernels", {"name": vgpu_kernelspec, **body})) == valid
     await api("POST", "kernels", {"name": vgpu_kernelspec, **body}, status=201 if valid else 400)
 
 
