@@ -26,7 +26,17 @@ from jupyter_vgpu.holders import Holder, SliceUsage
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
-from jupyter_vgpu.ledger import Allocation, CapacityError, Ledger, LedgerError, NotSupported, UnknownSlice
+from jupyter_vgpu.ledger import (
+    SUSPENDED_KEY,
+    Allocation,
+    CapacityError,
+    DeviceUsage,
+    Ledger,
+    LedgerError,
+    NotSupported,
+    UnknownSlice,
+)
+from jupyter_vgpu.line import LeftLine, Line, Request
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
 
 WARNINGS_KEY = "warnings"
@@ -46,6 +56,10 @@ CONNECTION_FILE_KEY = "connection_file"
 # suspended, by the restarted server, which cannot show the kernel in Jupyter again (issue 18):
 # when that server found it (time.time()).
 ORPHANED_KEY = "orphaned"
+# Metadata of a suspended slice waiting in the line to take its room back: {"since": epoch
+# seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
+# once its user interrupted the wait.
+IN_LINE_KEY = "in_line"
 # The capacity a device lacks that suspending idle kernels there can give back.
 DEVICE_ROOM = ("memory", "sm_share")
 
@@ -190,6 +204,8 @@ class SliceManager(LoggingConfigurable):
         self.ledger = ledger
         self.holders = {holder.kind: holder for holder in holders}
         self.defaults = defaults
+        # Starts and resumes that do not fit yet wait here (see line.py); the server serves it.
+        self.line = Line(make_room=self._make_room_for, log=self.log)
 
     def holder(self, allocation_or_kind: Allocation | str) -> Holder:
         kind = allocation_or_kind if isinstance(allocation_or_kind, str) else allocation_or_kind.holder
@@ -299,16 +315,99 @@ class SliceManager(LoggingConfigurable):
     # refused at once with the broker's "being suspended to make room" message.
     others_room_wait: float = 0.0
 
-    async def admit_making_room(
+    async def admit_in_line(
         self, kernel_id: str, limits: SliceLimits, *, owner: str = "", device=None, metadata=None
     ) -> Allocation:
-        """:meth:`admit`, except that a start that does not fit first makes room by suspending
-        idle kernels (on the asked device, if any) where a room maker is set."""
-        return await self._making_room(
-            lambda: self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata),
+        """:meth:`admit`, except that a start that does not fit on a device now waits in the line
+        until it does (room is made for it there: see :meth:`_make_room_for`), instead of being
+        refused. Only a start that can never fit (more memory than its devices have, past the
+        server's or its owner's limits) is refused at once. Cancelling the wait leaves the line."""
+        try:
+            return self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata)
+        except SliceRefused as refusal:
+            short = refusal.__cause__
+            if not isinstance(short, CapacityError) or short.resource not in DEVICE_ROOM:
+                raise
+        self._refuse_if_never_fits(limits, device)
+
+        def attempt() -> bool:
+            try:
+                self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata)
+                return True
+            except SliceRefused as refused:
+                reason = refused.__cause__
+                if not isinstance(reason, CapacityError) or reason.resource not in DEVICE_ROOM:
+                    raise
+                request.short, request.waiting_for = reason, _waiting_for(reason)
+                return False
+
+        async def attempt_async() -> bool:
+            return attempt()
+
+        request = Request(
+            kernel_id,
+            "start",
+            limits.memory_limit,
+            limits.sm_share,
             self._device_uuid(device),
-            "a new kernel",
+            attempt_async,
+            policy=limits.policy,
+            waiting_for=_waiting_for(short),
+            short=short,
+            labels={**(metadata or {}), "owner": owner},
         )
+        # Nobody waits for this device: room is made for it now, so that a start beside idle
+        # kernels is answered started, not queued; otherwise it takes its place behind the others.
+        if not self.line.waiting_for(request) and await self._make_room_for(request) and attempt():
+            return self.get(kernel_id)
+        try:
+            await self.line.wait(request)
+        except LeftLine as left:
+            raise SliceRefused(f"It left the line for GPU room: {left}.", kind="capacity") from None
+        return self.get(kernel_id)
+
+    def _refuse_if_never_fits(self, limits: SliceLimits, device) -> None:
+        """Refuse at once a slice that would not fit even on an empty device."""
+        usages = self.ledger.devices_usage()
+        if device not in (None, ""):
+            try:
+                chosen = select_device(self.ledger.devices, device).uuid
+            except ValueError as error:
+                raise SliceRefused(str(error), kind="invalid") from None
+            usages = [usage for usage in usages if usage.device.uuid == chosen]
+        if not usages:
+            return
+        largest: DeviceUsage = max(usages, key=lambda usage: (usage.memory_capacity, -usage.device.index))
+        if limits.memory_limit > largest.memory_capacity:
+            where = (
+                f"GPU {largest.device.index} has"
+                if len(usages) == 1
+                else (f"the largest GPU here, GPU {largest.device.index}, has")
+            )
+            raise SliceRefused(
+                f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {format_size(limits.memory_limit)} "
+                f"is more than {where}: {format_size(largest.memory_capacity)}. Ask for less.",
+                kind="capacity",
+            )
+
+    async def _make_room_for(self, request: Request) -> bool:
+        """Make room for the first request on its device (the line's ``make_room``): the room
+        maker lends what nobody uses and suspends idle kernels there until it could fit."""
+        if self.room_maker is None:
+            return False
+        limits_fit = SliceLimits(request.memory, request.sm_share, request.policy)
+
+        def fits() -> bool:
+            return any(
+                usage.fits(limits_fit)
+                for usage in self.ledger.devices_usage()
+                if request.device_uuid in (None, usage.device.uuid)
+            )
+
+        for_whom = "a new kernel" if request.kind == "start" else "a kernel that ran again"
+        short = request.short if isinstance(request.short, CapacityError) else None
+        wanted = RoomWanted(fits, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
+        return await self.room_maker(wanted)
 
     async def resize_making_room(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
         """:meth:`resize`, except that a growth that does not fit on the slice's device first
@@ -394,6 +493,25 @@ class SliceManager(LoggingConfigurable):
         """Take a suspended kernel's room back on its device, then restore its memory (blocks).
         Raises UnknownSlice; CapacityError (still suspended) where its room is taken."""
         return self.suspender.resume(self.get(kernel_id))
+
+    def leave_line(self, kernel_id: str) -> bool:
+        """Take a suspended kernel's resume out of the line (its user interrupted the cell that
+        waits): its processes stop waiting, it stays suspended, and its resume requests so far
+        count as answered, so that only a later CUDA call asks again. Whether anything waited."""
+        left = self.line.leave(kernel_id, "interrupted")
+        allocation = self.ledger.get(kernel_id)
+        if allocation is None or not allocation.suspended:
+            return left
+        holder = self.holder(allocation)
+        if not isinstance(holder, LocalHolder):
+            return left
+        answered = {**allocation.metadata[SUSPENDED_KEY], "resume_requests": holder.resume_requests(allocation)}
+        with contextlib.suppress(UnknownSlice):
+            # "left": the cell that was interrupted is not a reason to line up again (see
+            # SuspendedKernels.check); its next one is.
+            self.ledger.update_metadata(kernel_id, **{SUSPENDED_KEY: answered, IN_LINE_KEY: {"left": time.time()}})
+        holder.leave_line(allocation)
+        return True
 
     def report_usage(self, kernel_id: str, report: dict[str, Any]) -> Allocation:
         """Take a usage report from a kernel that runs elsewhere (a pod's agent) and return its
@@ -520,6 +638,18 @@ class SliceManager(LoggingConfigurable):
         return True
 
 
+def _waiting_for(short: CapacityError) -> str:
+    """What a request in line waits for, from the refusal of its last attempt (and, where a
+    broker is having other users' idle kernels suspended for it, that)."""
+    if short.resource == "memory":
+        what = f"{format_size(short.requested - short.available)} more GPU memory ({format_size(short.available)} free)"
+    elif short.resource == "sm_share":
+        what = f"{short.requested - short.available} percent more of the SMs ({short.available} percent free)"
+    else:
+        what = str(short)
+    return f"{what}; {short.making_room}" if short.making_room else what
+
+
 def _room_being_made_elsewhere(refusal: Exception) -> bool:
     """Whether a refused start (SliceRefused) or resize (CapacityError) was answered by a broker
     that is having other users' idle kernels suspended to make room for it."""
@@ -547,6 +677,7 @@ def _digest(credential: str) -> str:
 __all__ = [
     "BATCH_KEY",
     "CONNECTION_FILE_KEY",
+    "IN_LINE_KEY",
     "ORPHANED_KEY",
     "RoomWanted",
     "SliceManager",

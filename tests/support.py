@@ -206,14 +206,24 @@ def checkpoint_controller(env: dict[str, str], command: str, **arguments) -> dic
     return json.loads(finished.stdout)
 
 
-class CheckpointTarget:
-    """`checkpoint_probe target BYTES` (tests/programs/checkpoint_probe.c): a process that has
-    written a pattern into BYTES of device memory and obeys commands on stdin."""
+def nvml_reading(env: dict[str, str]) -> dict:
+    """Device 0's used memory and processes, as pynvml reads them in a child process."""
+    code = (
+        "import json, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); "
+        "m = pynvml.nvmlDeviceGetMemoryInfo(h); "
+        "print(json.dumps({'used': m.used, 'processes': "
+        "{str(p.pid): p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}}))"
+    )
+    finished = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(finished.stdout)
 
-    def __init__(self, program: Path, env: dict[str, str], size: str, launcher: tuple[str, ...] = ()):
-        """`launcher`: what runs the program (an emulator for another architecture's build)."""
+
+class LineProgram:
+    """A C test program that answers commands on stdin with "key value" lines on stdout, and whose
+    stderr a test reads line by line (what libvgpu.so tells the user)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]):
         pipe = subprocess.PIPE
-        command = [*launcher, str(program), "target", size]
         self.process = subprocess.Popen(command, env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True)
         self.lines: dict[str, str] = {}  # the latest line of each key
         self.wait_for("ready")
@@ -228,22 +238,56 @@ class CheckpointTarget:
         while key not in self.lines:
             line = self.process.stdout.readline()
             if not line:
-                raise AssertionError(f"checkpoint_probe ended before '{key}': {self.process.stderr.read()}")
+                raise AssertionError(f"{self.process.args[0]} ended before '{key}': {self.process.stderr.read()}")
             name, _, value = line.strip().partition(" ")
             self.lines[name] = value
         return self.lines[key]
 
+    def send(self, command: str) -> None:
+        """Sends one command line without waiting for its answer (see wait_for)."""
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
     def ask(self, command: str, answer: str) -> str:
         """Sends one command line and waits for its answer line."""
         self.lines.pop(answer, None)
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
+        self.send(command)
         return self.wait_for(answer)
+
+    def said(self) -> str:
+        """The program's next line on stderr (blocking; as wait_for, the test's timeout ends a
+        wait on a program that never says it)."""
+        line = self.process.stderr.readline()
+        if not line:
+            raise AssertionError(f"{self.process.args[0]} closed its stderr")
+        return line.rstrip("\n")
+
+    def finish(self) -> str:
+        """Closes stdin and waits for the program to end; returns what it said on stderr meanwhile."""
+        _, rest = self.process.communicate()
+        return rest
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
         self.process.communicate()
+
+
+class CheckpointTarget(LineProgram):
+    """`checkpoint_probe target BYTES` (tests/programs/checkpoint_probe.c): a process that has
+    written a pattern into BYTES of device memory and obeys commands on stdin."""
+
+    def __init__(self, program: Path, env: dict[str, str], size: str, launcher: tuple[str, ...] = ()):
+        """`launcher`: what runs the program (an emulator for another architecture's build)."""
+        super().__init__([*launcher, str(program), "target", size], env)
+
+
+class RoomProbe(LineProgram):
+    """`room_probe` (tests/programs/room_probe.c): a process that has not used the GPU yet, making
+    each CUDA call a command asks for in a thread of its own."""
+
+    def __init__(self, program: Path, env: dict[str, str]):
+        super().__init__([str(program)], env)
 
 
 def listed_slice(

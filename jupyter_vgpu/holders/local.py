@@ -263,6 +263,20 @@ class LocalHolder:
                 return  # the node's broker publishes the page: it raises the flag when it lends the room
             region.set_suspended(suspended)
 
+    def show_place(self, allocation: Allocation, position: int, eta_seconds: float | None) -> None:
+        """Publish a suspended slice's place in the line on its limits page, where its waiting
+        processes read it (and print it in the cell's output)."""
+        with self._region_of(allocation) as region:
+            if region.page.writable:
+                region.page.set_queue(position, eta_seconds)
+
+    def leave_line(self, allocation: Allocation) -> None:
+        """Tell the slice's waiting processes that their user gave up waiting (an interrupt):
+        their waiting CUDA calls fail at once; the slice stays suspended."""
+        with self._region_of(allocation) as region:
+            if region.page.writable:
+                region.page.leave_line()
+
     def resume_requests(self, allocation: Allocation) -> int:
         """CUDA calls the slice's live processes made while it was suspended, ever."""
         try:

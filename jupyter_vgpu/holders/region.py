@@ -238,6 +238,7 @@ class LimitsPage(_MappedFile):
             encoded = device_uuid.encode()[: consts["VGPU_DEVICE_UUID_SIZE"] - 1]
             ffi.memmove(raw.device_uuid, encoded, len(encoded))
             raw.device_index = device_index
+            raw.queue_eta_s = consts["VGPU_QUEUE_NO_ESTIMATE"]
             _publish(raw, limits)
 
         fd, buffer = _create_file(path, cls.STRUCT, mode, fill)
@@ -310,9 +311,64 @@ class LimitsPage(_MappedFile):
 
     def set_suspended(self, suspended: bool) -> None:
         """Tell the slice's processes it is suspended (set before the checkpoint, cleared after
-        the resume): their hooked CUDA calls then count resume requests (Region.resume_requests)."""
+        the resume): their hooked CUDA calls then count resume requests (Region.resume_requests)
+        and wait in libvgpu.so until it is cleared (or :meth:`leave_line`)."""
         with self._writing():
             self.raw.suspended = int(suspended)
+
+    # -- the slice's place in line, while its processes wait for room ---------------------------
+
+    def set_queue(self, position: int, eta_seconds: float | None) -> None:
+        """Publish the slice's place in its device's line (1: next; 0: not known, or not in line)
+        and the seconds until its room is expected (None: no estimate). A process of the slice
+        waiting for room in libvgpu.so prints it in the cell's output (again when it changes, at
+        most once a second)."""
+        consts = constants()
+        if not 0 <= position <= 0xFFFFFFFF:
+            raise ValueError(f"a place in line is 0 (not known) or a positive number, not {position}")
+        if eta_seconds is None:
+            eta = consts["VGPU_QUEUE_NO_ESTIMATE"]
+        elif eta_seconds >= 0:
+            eta = min(round(eta_seconds), consts["VGPU_QUEUE_NO_ESTIMATE"] - 1)
+        else:
+            raise ValueError(f"an estimate is seconds from now, 0 or more, not {eta_seconds}")
+        with self._writing():
+            raw = self.raw
+            # region.h's queue_sequence protocol: odd while the pair is being written (x86-64 and
+            # arm64 keep these aligned 4-byte stores whole, and CPython makes them in this order).
+            sequence = raw.queue_sequence + 1 if raw.queue_sequence % 2 == 0 else raw.queue_sequence
+            raw.queue_sequence = sequence & 0xFFFFFFFF
+            raw.queue_position = position
+            raw.queue_eta_s = eta
+            raw.queue_sequence = (sequence + 1) & 0xFFFFFFFF
+
+    @property
+    def queue(self) -> tuple[int, int | None]:
+        """The published place in line and estimate in seconds (None: no estimate), read with the
+        sequence protocol of region.h; (0, None) when not in line or not known."""
+        raw = self.raw
+        for _ in range(1000):
+            before = raw.queue_sequence
+            position, eta = raw.queue_position, raw.queue_eta_s
+            if before % 2 == 0 and raw.queue_sequence == before:
+                break
+        else:
+            raise RegionError(f"limits page {self.path}: the place in line kept changing while being read")
+        if position == 0:
+            return 0, None
+        return int(position), None if eta == constants()["VGPU_QUEUE_NO_ESTIMATE"] else int(eta)
+
+    def leave_line(self) -> None:
+        """The user interrupted the kernel: every CUDA call of the slice waiting for room gives up
+        (CUDA_ERROR_OUT_OF_MEMORY, which frameworks raise as their out-of-memory error) and the
+        process's calls fail at once for the next 2 s; the slice stays suspended."""
+        with self._writing():
+            self.raw.leave_line = (self.raw.leave_line + 1) & 0xFFFFFFFF
+
+    @property
+    def leave_line_count(self) -> int:
+        """How many times the publisher made the slice's waiting calls leave the line, ever."""
+        return int(self.raw.leave_line)
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -460,6 +516,16 @@ class Region(_MappedFile):
     def set_suspended(self, suspended: bool) -> None:
         self.page.set_suspended(suspended)
 
+    def set_queue(self, position: int, eta_seconds: float | None) -> None:
+        self.page.set_queue(position, eta_seconds)
+
+    @property
+    def queue(self) -> tuple[int, int | None]:
+        return self.page.queue
+
+    def leave_line(self) -> None:
+        self.page.leave_line()
+
     # -- usage -------------------------------------------------------------------------------
 
     def _slots(self) -> Iterator[Any]:
@@ -496,7 +562,7 @@ class Region(_MappedFile):
 
     def resume_requests(self) -> int:
         """Hooked CUDA calls the live processes made while the slice was suspended, ever: a
-        watcher that sees this grow resumes the slice (those calls wait in the driver)."""
+        watcher that sees this grow resumes the slice (those calls wait in libvgpu.so)."""
         return sum(process.resume_requests for process in self.processes())
 
     def uses_managed_memory(self) -> bool:

@@ -4,9 +4,9 @@ steps between the ledger, the limits page and the driver's checkpoint API, which
 
 Suspend: the slice's processes (the region's slots, the kernel, and what NVML lists descending
 from them) are probed (see :meth:`CheckpointController.probe`), the page's suspended flag is
-raised (from then on a CUDA call of theirs counts a resume request before it blocks), they are
-locked within a timeout and checkpointed, and only then, once they hold nothing on the device,
-does the ledger lend the slice's room (a broker checks NVML first; where it refuses, the processes
+raised (from then on a CUDA call of theirs counts a resume request, then waits in libvgpu.so
+until the flag is cleared), they are locked within a timeout and checkpointed, and only then,
+once they hold nothing on the device, does the ledger lend the slice's room (a broker checks NVML first; where it refuses, the processes
 are restored into the room that is still theirs). Resume: the ledger admits the slice on its device again
 FIRST, then the processes are restored and unlocked and the flag cleared, because on current
 drivers a restore that fails for lack of memory can leave a process unrecoverable.
@@ -24,6 +24,7 @@ from typing import Any
 
 from jupyter_vgpu.holders.checkpoint import (
     CheckpointController,
+    CheckpointError,
     NoRoomToRestore,
     SuspendedProcess,
     SuspendRefused,
@@ -63,7 +64,8 @@ class Suspender:
         return self.controller.probe(self.pids(allocation), managed_memory=managed).reasons
 
     def suspend(self, allocation: Allocation, *, lock_timeout: float) -> Allocation:
-        """Suspend the slice's processes and lend its room; returns the suspended allocation.
+        """Suspend the slice's processes and lend its room; returns the suspended allocation. A
+        slice whose processes have not used the GPU yet is lent as it is (``Allocation.lent``).
         Raises NotSupported (with every reason) where it cannot be, SuspendRefused (its
         processes left running) where one did not stop its GPU work within ``lock_timeout``."""
         if allocation.suspended:
@@ -71,22 +73,21 @@ class Suspender:
         reasons = self.why_not(allocation)
         if reasons:
             raise NotSupported(f"kernel {allocation.kernel_id} cannot be suspended: {'; '.join(reasons)}")
+        # Resume requests counted before the flag goes up were made while it ran; every call from
+        # then on waits for the flag to clear (in libvgpu.so), so each one asks for the resume.
+        requests_before = self.holder.resume_requests(allocation)
         self.holder.set_suspended(allocation, True)
         try:
             suspension = self.controller.suspend(self.pids(allocation), lock_timeout=lock_timeout)
         except BaseException:
             self.holder.set_suspended(allocation, False)
             raise
-        if not suspension.processes:
-            self.holder.set_suspended(allocation, False)
-            raise NotSupported(
-                f"kernel {allocation.kernel_id} cannot be suspended: no process of it has used the GPU yet, so "
-                "it holds nothing to move to host memory"
-            )
         details = {
             "processes": [asdict(process) for process in suspension.processes],
-            # Resume requests counted before this point were made while it was running.
-            "resume_requests": self.holder.resume_requests(allocation),
+            "resume_requests": requests_before,
+            # No process of it has used the GPU yet: nothing moved, its room is only lent, and its
+            # first CUDA call waits (in libvgpu.so, the page's flag stays raised) until it is back.
+            "lent": not suspension.processes,
         }
         try:
             suspended = self.ledger.suspend(allocation.kernel_id, host_memory=suspension.memory, details=details)
@@ -120,6 +121,15 @@ class Suspender:
                 requested=no_room.needed,
                 available=no_room.free,
             ) from None
+        except CheckpointError as failed:
+            # The driver did not restore every process (a restore refused for memory that vanished
+            # after the check): the slice goes back to suspended, its room lent again and its flag
+            # still raised, so nothing runs half-restored; the line tries again later.
+            self.ledger.suspend(allocation.kernel_id, host_memory=allocation.host_memory, details=state)
+            raise CheckpointError(
+                f"kernel {allocation.kernel_id!r} was not resumed and stays suspended, its memory in host "
+                f"memory ({failed}); it is tried again"
+            ) from failed
         self.holder.set_suspended(resumed, False)
         return self._timed(resumed, resume=seconds)
 

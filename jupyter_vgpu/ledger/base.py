@@ -124,6 +124,13 @@ class Allocation:
         return isinstance(self.metadata.get(SUSPENDED_KEY), dict)
 
     @property
+    def lent(self) -> bool:
+        """Whether the slice is suspended with nothing moved: its kernel had not used the GPU, so
+        its room is lent to others until its first CUDA call takes it back."""
+        state = self.metadata.get(SUSPENDED_KEY)
+        return isinstance(state, dict) and bool(state.get("lent"))
+
+    @property
     def host_memory(self) -> int:
         """Bytes of the slice's processes held in host memory while it is suspended (else 0)."""
         state = self.metadata.get(SUSPENDED_KEY)

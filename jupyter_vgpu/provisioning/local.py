@@ -21,7 +21,9 @@ arbitrates between batch runs. docs/batch.md tells the whole story.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -187,8 +189,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
                 limits = manager.decide_limits(size, _size_of(chosen))
                 device = requested.get("device") or chosen.get("device") or None
                 metadata = {"kernelspec": getattr(self.kernel_spec, "display_name", "")}
-                # A start that does not fit first makes room by suspending idle kernels (issue 18).
-                await manager.admit_making_room(
+                # A start that does not fit waits in the line, where room is made for it.
+                await manager.admit_in_line(
                     self.kernel_id, limits, owner=slice_owner(), device=device, metadata=metadata
                 )
         except SliceRefused as refusal:
@@ -294,6 +296,16 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             where = os.path.abspath(connection_file) if connection_file else ""
             manager.record_kernel(self.kernel_id, await self._process_identity(), where)
         return connection_info
+
+    async def send_signal(self, signum: int) -> None:
+        """An interrupt (SIGINT, Kernel > Interrupt) of a kernel waiting in the line for its room
+        takes it out of the line first: the CUDA call its cell waits in fails at once, and the
+        signal then interrupts the cell as usual; the kernel stays suspended, nothing lost."""
+        manager = self.slice_manager()
+        if signum == signal.SIGINT and manager is not None:
+            with contextlib.suppress(LedgerError):
+                manager.leave_line(self.kernel_id)
+        await super().send_signal(signum)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         """jupyter_client's record of this kernel (its pid, ...) plus what tells the process apart

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -9,9 +10,11 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from jupyter_core.paths import jupyter_runtime_dir
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
 from tornado.ioloop import PeriodicCallback
@@ -232,6 +235,14 @@ class VGPUApp(ExtensionApp):
         "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
         "refused (409), saying which process.",
     )
+    pending_kernels = Bool(
+        True,
+        config=True,
+        help="Answer kernel starts at once (jupyter_client's pending kernels, "
+        "MultiKernelManager.use_pending_kernels) while a start that does not fit waits in the line for its GPU "
+        "room: JupyterLab opens the notebook and its kernel shows as starting, with its place in line, until it "
+        "has room. False: POST /api/kernels and /api/sessions answer only once the kernel has started.",
+    )
     room_wait = Float(
         30.0,
         config=True,
@@ -415,11 +426,19 @@ class VGPUApp(ExtensionApp):
         )
         self.settings[SUSPEND_SETTING] = suspended
         manager.others_room_wait = self.room_wait if self.broker_url else 0.0
-        if self.idle_suspend_after:
-            manager.room_maker = suspended.make_room  # a start or resize that does not fit suspends idle kernels
-            if self.broker_url:
-                # The broker picks whose idle kernels make room across users; this server suspends its own.
-                self._room_for_others = RoomForOthers(suspended)
+        # A start, resume or resize that does not fit lends the room of idle kernels that have not
+        # used the GPU, then suspends idle kernels (losslessly), whatever the idle timers say.
+        manager.room_maker = suspended.make_room
+        manager.line.published = suspended.show_place
+        if self.broker_url:
+            # The broker picks whose idle kernels make room across users; this server suspends its own.
+            self._room_for_others = RoomForOthers(suspended)
+        kernel_manager = self._server.kernel_manager
+        if self.pending_kernels:
+            # A trait of jupyter_client's AsyncMultiKernelManager, which the server's default
+            # (AsyncMappingKernelManager) is; the sync one the server is typed with lacks it.
+            setattr(kernel_manager, "use_pending_kernels", True)  # noqa: B010
+        _leave_line_on_shutdown(kernel_manager, manager)
         return suspended
 
     def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:
@@ -498,6 +517,7 @@ class VGPUApp(ExtensionApp):
         allocations = [status.allocation for status in statuses]
         suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
         await suspended.check(allocations)  # before the idle policy: a kernel that runs again resumes first
+        await manager.line.serve()
         if self._room_for_others is not None:
             await self._room_for_others.check(allocations)
         idle: IdleKernels = self.settings[IDLE_SETTING]
@@ -541,6 +561,29 @@ class VGPUApp(ExtensionApp):
             watcher.stop()
         _stop_anyio_worker_threads()
         _stop_anyio_worker_threads_at_exit()
+
+
+def _leave_line_on_shutdown(kernel_manager, slices: SliceManager) -> None:
+    """Shutting down a kernel whose start waits in the line takes it out of the line.
+
+    jupyter_client's shutdown of a pending kernel first awaits its start, which would keep the
+    client waiting until the kernel had room (and then start it only to stop it); no hook runs
+    before that wait, so the kernel manager's shutdown is wrapped, on this server's instance only."""
+    shutdown = kernel_manager.shutdown_kernel
+
+    async def shutdown_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
+        slices.line.leave(kernel_id, "its kernel was shut down while it waited")
+        result = await ensure_async(shutdown(kernel_id, *args, **kwargs))
+        # With pending kernels jupyter_client finishes a shutdown in a task of its own (the same
+        # private map forget_refused_start uses); waiting for it keeps DELETE /api/kernels/{id}
+        # answering once the kernel is gone and its slice released, as without pending kernels.
+        stopping = getattr(kernel_manager, "_pending_kernels", {}).get(kernel_id)
+        if stopping is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await stopping
+        return result
+
+    kernel_manager.shutdown_kernel = shutdown_kernel
 
 
 @functools.cache

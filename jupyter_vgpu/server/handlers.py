@@ -31,6 +31,7 @@ from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
 from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
+from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus, orphan_notice
 from jupyter_vgpu.model import SliceValueError, parse_device, parse_policy
 from jupyter_vgpu.model.sizes import MAX_SIZE, POLICIES
@@ -86,9 +87,9 @@ def device_model(usage: DeviceUsage) -> dict[str, Any]:
     }
 
 
-def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str, Any]:
+def slice_model(status: SliceStatus, session_paths: dict[str, str], place: Place | None = None) -> dict[str, Any]:
     """A slice in the API. Memory is in bytes and says so; ``cores`` is the SM share in percent
-    (HAMi's word for it)."""
+    (HAMi's word for it); ``place``: where its request for room stands in the line, if it waits."""
     allocation, usage = status.allocation, status.usage
     return {
         "kernel_id": allocation.kernel_id,
@@ -98,7 +99,7 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
         "pid": (allocation.metadata.get("provisioner_info") or {}).get("pid"),
         "owner": allocation.owner,
         "holder": allocation.holder,
-        "state": "suspended" if allocation.suspended else usage.state,
+        "state": ("lent" if allocation.lent else "suspended") if allocation.suspended else usage.state,
         "host_memory_bytes": allocation.host_memory,
         "message": usage.message,
         "location": usage.location,
@@ -124,6 +125,37 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str]) -> dict[str,
         # What the idle policy did to the kernel's slice (lowered, suspended, not restored), or
         # that the kernel outlived a server restart while suspended; else null.
         "notice": orphan_notice(allocation) or idle_notice(allocation),
+        "queue": queue_model(place),
+    }
+
+
+def queue_model(place: Place | None) -> dict[str, Any] | None:
+    if place is None:
+        return None
+    return {"position": place.position, "eta_seconds": place.eta_seconds, "waiting_for": place.waiting_for}
+
+
+def queued_start_model(request: Request, place: Place | None, session_paths: dict[str, str]) -> dict[str, Any]:
+    """A kernel whose start waits in the line: no slice yet, only what it asked for."""
+    device = request.labels.get("device")
+    return {
+        "kernel_id": request.kernel_id,
+        "kernelspec": request.labels.get("kernelspec", ""),
+        "path": session_paths.get(request.kernel_id, ""),
+        "command": "",
+        "pid": None,
+        "owner": request.labels.get("owner", ""),
+        "holder": "local",
+        "state": "queued",
+        "host_memory_bytes": 0,
+        "message": f"waiting in line for room on a GPU: {request.waiting_for}" if request.waiting_for else "",
+        "location": {},
+        "device": device if isinstance(device, dict) else None,
+        "limits": {"memory_bytes": request.memory, "cores": request.sm_share, "policy": request.policy},
+        "usage": {"memory_bytes": 0, "sm_util": 0, "processes": []},
+        "warnings": [],
+        "notice": None,
+        "queue": queue_model(place),
     }
 
 
@@ -225,6 +257,10 @@ class VGPUHandler(APIHandler):
                 raise VGPUHTTPError(400, str(error)) from None
         return body
 
+    def model(self, status: SliceStatus, session_paths: dict[str, str]) -> dict[str, Any]:
+        """A slice in the API, with its place in the line where it waits in it."""
+        return slice_model(status, session_paths, self.slices.line.place(status.allocation.kernel_id))
+
     async def session_paths(self) -> dict[str, str]:
         sessions = await self.session_manager.list_sessions()
         return {session["kernel"]["id"]: session.get("path", "") for session in sessions if session.get("kernel")}
@@ -246,7 +282,15 @@ class SlicesHandler(VGPUHandler):
     @authorized
     async def get(self):
         paths = await self.session_paths()
-        self.finish(json.dumps([slice_model(status, paths) for status in self.slices.statuses()]))
+        listed = [self.model(status, paths) for status in self.slices.statuses()]
+        held = {entry["kernel_id"] for entry in listed}
+        line = self.slices.line
+        queued = [
+            queued_start_model(request, line.place(request.kernel_id), paths)
+            for request in line.requests()
+            if request.kind == "start" and request.kernel_id not in held
+        ]
+        self.finish(json.dumps(queued + listed))
 
 
 class SliceHandler(VGPUHandler):
@@ -255,11 +299,16 @@ class SliceHandler(VGPUHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str):
+        paths = await self.session_paths()
+        request = self.slices.line.get(kernel_id)
         try:
             status = self.slices.status(self.slices.get(kernel_id))
         except UnknownSlice as error:
-            raise VGPUHTTPError(404, str(error)) from None
-        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+            if request is None:
+                raise VGPUHTTPError(404, str(error)) from None
+            self.finish(json.dumps(queued_start_model(request, self.slices.line.place(kernel_id), paths)))
+            return
+        self.finish(json.dumps(self.model(status, paths)))
 
     @web.authenticated
     @authorized
@@ -279,7 +328,7 @@ class SliceHandler(VGPUHandler):
         except CapacityError as error:
             raise VGPUHTTPError(409, str(error)) from None
         status = self.slices.status(self.slices.get(kernel_id))
-        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+        self.finish(json.dumps(self.model(status, await self.session_paths())))
 
 
 class SuspendHandler(VGPUHandler):
@@ -305,7 +354,7 @@ class SuspendHandler(VGPUHandler):
         except (CapacityError, NotSupported, CheckpointError) as error:
             raise VGPUHTTPError(409, str(error)) from None
         status = self.slices.status(self.slices.get(kernel_id))
-        self.finish(json.dumps(slice_model(status, await self.session_paths())))
+        self.finish(json.dumps(self.model(status, await self.session_paths())))
 
 
 class ResumeHandler(SuspendHandler):
@@ -379,7 +428,7 @@ class UsageReportHandler(VGPUHandler):
             raise VGPUHTTPError(404, str(error)) from None
         except ValueError as error:
             raise VGPUHTTPError(409, str(error)) from None
-        self.finish(json.dumps(slice_model(status, {})))
+        self.finish(json.dumps(self.model(status, {})))
 
 
 class KernelsHandler(VGPUHandler):
@@ -411,15 +460,36 @@ class KernelsHandler(VGPUHandler):
             await self.kernel_manager.start_kernel(
                 kernel_id=kernel_id, kernel_name=name, path=body.get("path"), vgpu_slice=requested
             )
+            await self._started_or_queued(kernel_id)
         except SliceRefused as refusal:
+            if kernel_id in self.kernel_manager:
+                self.kernel_manager.remove_kernel(kernel_id)  # a pending start that was refused
             if isinstance(refusal, VGPUHTTPError):
                 raise
             raise VGPUHTTPError(409 if refusal.kind == "capacity" else 400, str(refusal)) from None
         model = self.kernel_manager.kernel_model(kernel_id)
-        status = self.slices.status(self.slices.get(kernel_id))
+        paths = {kernel_id: body.get("path") or ""}
+        request = self.slices.line.get(kernel_id)
+        if request is not None and self.slices.ledger.get(kernel_id) is None:
+            slice_ = queued_start_model(request, self.slices.line.place(kernel_id), paths)
+        else:
+            slice_ = self.model(self.slices.status(self.slices.get(kernel_id)), paths)
         self.set_status(201)
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
-        self.finish(json.dumps({"kernel": model, "slice": slice_model(status, {})}, default=str))
+        self.finish(json.dumps({"kernel": model, "slice": slice_}, default=str))
+
+    async def _started_or_queued(self, kernel_id: str) -> None:
+        """With pending kernels the start goes on after start_kernel returns: wait until the
+        kernel is ready or its start waits in the line; raise its refusal where it was refused."""
+        ready = self.kernel_manager.get_kernel(kernel_id).ready
+        ready = ready if isinstance(ready, asyncio.Future) else asyncio.wrap_future(ready)
+        joined = self.slices.line.joined(kernel_id)
+        try:
+            await asyncio.wait([ready, joined], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            joined.cancel()
+        if ready.done() and ready.exception() is not None:
+            raise ready.exception()  # type: ignore[misc]
 
     def default_vgpu_kernelspec(self) -> str:
         """The kernelspec of a start that names none: the server's default kernelspec if it

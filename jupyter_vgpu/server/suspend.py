@@ -19,12 +19,16 @@ The blocking parts (lock, checkpoint, restore) run in worker threads, never the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from typing import Any
 
 from jupyter_vgpu.holders.checkpoint import CheckpointError
-from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, CapacityError, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.manager import DEVICE_ROOM, ORPHANED_KEY, RoomWanted, SliceManager
+from jupyter_vgpu.holders.local import LocalHolder
+from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, CapacityError, NotSupported, UnknownSlice
+from jupyter_vgpu.line import Place, Request
+from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RoomWanted, SliceManager
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 
@@ -58,24 +62,95 @@ class SuspendedKernels:
     # -- resume on demand ----------------------------------------------------------------------
 
     async def check(self, allocations: list[Allocation]) -> None:
-        """Resume the suspended kernels that asked for it (one pass of the slice watcher)."""
+        """Put the suspended kernels that asked to resume in the line (one pass of the slice
+        watcher; the line then serves them in order, with the starts)."""
         for allocation in allocations:
             ours = allocation.kernel_id in self.kernels
             # A kernel kept after it outlived the last server (manager.py's ORPHANED_KEY) is not
             # this server's, and is reached through its connection file: its CUDA calls resume it.
             if not allocation.suspended or not (ours or isinstance(allocation.metadata.get(ORPHANED_KEY), dict)):
                 continue
-            if (ours and self._busy(allocation.kernel_id)) or self.slices.suspender.resume_requested(allocation):
-                try:
-                    await self.resume(allocation, allocations)
-                except (UnknownSlice, KeyError):
-                    continue  # stopped meanwhile
-                except (LedgerError, CheckpointError) as error:
-                    self.log.warning("jupyter_vgpu: kernel %s not resumed: %s", allocation.kernel_id, error)
+            if allocation.kernel_id in self.slices.line:
+                continue
+            busy = ours and self._busy(allocation.kernel_id)
+            in_line = allocation.metadata.get(IN_LINE_KEY)
+            if isinstance(in_line, dict) and "left" in in_line:
+                # Its user interrupted the wait: the cell that still ends is no reason to line up
+                # again; once the kernel is idle its next cell (or CUDA call) is.
+                if not busy:
+                    with contextlib.suppress(UnknownSlice):
+                        self.slices.ledger.update_metadata(allocation.kernel_id, **{IN_LINE_KEY: None})
+                busy = False
+            if busy or self.slices.suspender.resume_requested(allocation):
+                self.join_line(allocation)
+
+    def join_line(self, allocation: Allocation) -> Request:
+        """Put a suspended kernel in the line to take its room back; its place (the time it first
+        asked, kept in the ledger) survives a server restart."""
+        kernel_id = allocation.kernel_id
+        existing = self.slices.line.get(kernel_id)
+        if existing is not None:
+            return existing
+        in_line = allocation.metadata.get(IN_LINE_KEY)
+        since = float(in_line["since"]) if isinstance(in_line, dict) and "since" in in_line else time.time()
+        if not (isinstance(in_line, dict) and "since" in in_line):
+            with contextlib.suppress(UnknownSlice):
+                self.slices.ledger.update_metadata(kernel_id, **{IN_LINE_KEY: {"since": since}})
+
+        async def attempt() -> bool:
+            try:
+                current = self.slices.get(kernel_id)
+                if not current.suspended:
+                    return True  # resumed by hand meanwhile
+                await asyncio.to_thread(self.slices.resume, kernel_id)
+            except CapacityError as short:
+                if short.resource not in DEVICE_ROOM:
+                    raise
+                request.short = short
+                request.waiting_for = _waiting(allocation, short)
+                self._notice(allocation, request.waiting_for)
+                return False
+            except CheckpointError as failed:
+                # Rolled back to suspended (holders/suspender.py): it keeps its place and is tried again.
+                self.log.warning("jupyter_vgpu: %s", failed)
+                request.waiting_for = "its last restore failed; trying again"
+                self._notice(allocation, f"not resumed yet: its last restore failed ({failed.__cause__}); trying again")
+                return False
+            self._resumed(kernel_id)
+            return True
+
+        request = Request(
+            kernel_id,
+            "resume",
+            allocation.memory_limit,
+            allocation.sm_share,
+            allocation.device_uuid,
+            attempt,
+            since=since,
+            policy=allocation.policy,
+        )
+        return self.slices.line.join(request)
+
+    def show_place(self, request: Request, place: Place) -> None:
+        """Tell a suspended kernel's processes where its request stands (the line's
+        ``published``): libvgpu.so prints it in the output of the cell that waits."""
+        if request.kind != "resume":
+            return
+        with contextlib.suppress(UnknownSlice, KeyError):
+            allocation = self.slices.get(request.kernel_id)
+            holder = self.slices.holder(allocation)
+            if isinstance(holder, LocalHolder):
+                holder.show_place(allocation, place.position, place.eta_seconds)
+
+    def _resumed(self, kernel_id: str) -> None:
+        with contextlib.suppress(UnknownSlice):
+            self.slices.ledger.update_metadata(kernel_id, **{IN_LINE_KEY: None, SUSPEND_NOTICE_KEY: None})
+        self.log.info("jupyter_vgpu: kernel %s resumed", kernel_id)
 
     async def resume(self, allocation: Allocation, allocations: list[Allocation] | None = None) -> bool:
-        """Resume a suspended kernel, making room by suspending idle kernels on its device where
-        needed; False (with the reason in its notice) where it must wait."""
+        """Resume a suspended kernel now, making room by suspending idle kernels on its device where
+        needed; False (with the reason in its notice) where it must wait (it then keeps its place
+        in the line, if it has one)."""
         kernel_id = allocation.kernel_id
         try:
             await asyncio.to_thread(self.slices.resume, kernel_id)
@@ -88,8 +163,8 @@ class SuspendedKernels:
             except CapacityError as still:
                 self._notice(allocation, _waiting(allocation, still))
                 return False
-        self._notice(allocation, None)
-        self.log.info("jupyter_vgpu: kernel %s resumed", kernel_id)
+        self.slices.line.leave(kernel_id, "resumed")
+        self._resumed(kernel_id)
         return True
 
     async def _make_room(
@@ -113,6 +188,8 @@ class SuspendedKernels:
         running a cell, never the kernel that wants the room) until ``wanted.fits()``; whether it
         does. Nothing is suspended where all of them together would not make up what
         ``wanted.short`` says is missing. One loop for kernel starts, resizes and resumes."""
+        if wanted.fits():
+            return True  # the room is there: what holds it back is not room (nothing to suspend)
         if allocations is None:
             allocations = self.slices.ledger.allocations()
         candidates = self._idle_on_device(wanted.device_uuid, allocations, exclude=wanted.exclude)
@@ -144,8 +221,9 @@ class SuspendedKernels:
     def _idle_on_device(
         self, device_uuid: str | None, allocations: list[Allocation], *, exclude: str
     ) -> list[Allocation]:
-        """This server's running kernels (on the device, where one is named) that run no cell,
-        least recently active first."""
+        """This server's running kernels (on the device, where one is named) that run no cell:
+        those that have not used the GPU first (lending their room loses nothing), then the
+        others, least recently active first."""
         idle = []
         for candidate in allocations:
             kernel_id = candidate.kernel_id
@@ -156,7 +234,9 @@ class SuspendedKernels:
             if kernel_id not in self.kernels or self._busy(kernel_id):
                 continue
             last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
-            idle.append((last_activity.timestamp() if last_activity else 0.0, candidate))
+            # Room nobody uses goes first: a kernel that has not used the GPU is only lent.
+            holds = self.slices.status(candidate).usage.memory_used > 0
+            idle.append(((holds, last_activity.timestamp() if last_activity else 0.0), candidate))
         return [candidate for _, candidate in sorted(idle, key=lambda pair: pair[0])]
 
     def _busy(self, kernel_id: str) -> bool:
@@ -171,9 +251,7 @@ class SuspendedKernels:
         if isinstance(allocation.metadata.get(SUSPEND_NOTICE_KEY), dict):
             return False  # refused before, said why; lowering and culling go on
         held = self.slices.status(allocation).usage.memory_used
-        if not held:
-            return False  # nothing to lend yet (a kernel that has not used the GPU): asked again later
-        if self.host_memory_cap is not None:
+        if held and self.host_memory_cap is not None:
             in_host = sum(other.host_memory for other in self.slices.ledger.allocations())
             if in_host + held > self.host_memory_cap:
                 self._refused(
@@ -217,6 +295,11 @@ def suspended_notice(why: str, suspended: Allocation) -> str:
     resume will take: its memory copied back over the same link, so about the seconds the
     suspend took (1 s at the least), where they are known. "suspended after 20 min idle: 3.2GiB
     moved to host memory; resumes when a cell runs, about 1 s"."""
+    if suspended.lent:
+        return (
+            f"{why.replace('suspended', 'lent', 1)}: it had not used the GPU, so nothing moved; its first CUDA "
+            "call takes its room back"
+        )
     timings = suspended.metadata.get(SUSPEND_TIMINGS_KEY)
     took = timings.get("suspend") if isinstance(timings, dict) else None
     about = f", about {format_duration(max(1.0, float(took)))}" if isinstance(took, (int, float)) else ""

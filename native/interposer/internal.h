@@ -3,11 +3,13 @@
  * calls only files listed before it, so no two files call each other.
  *   state.c          the one struct of mutable process state (defined there), the environment
  *                    (read there and nowhere else), the clock
- *   log.c            logging (stderr only, silent unless asked, except the out-of-memory line)
+ *   log.c            logging (stderr only, silent unless asked, except the lines users must see)
  *   resolve.c        symbol resolution: real dlsym, the dlsym override (dlsym_entry.S), the hook
  *                    table built from hooks.def, cuGetProcAddress, lazy lookup of real entry points
  *   region.c         the slice's region: attach and validate, limits, the fail-closed reason,
  *                    this process's slot, reaping the slots of processes that are gone
+ *   waiting.c        a CUDA call of a suspended slice: its resume request, its wait for room,
+ *                    the lines that tell the cell, leaving the line
  *   device.c         which device is the slice's: one verdict cache, for CUDA devices and NVML
  *                    handles alike
  *   alloc_table.c    the table of live allocations and what each was charged
@@ -73,6 +75,9 @@ static inline int vgpu_log_wanted(enum vgpu_log_level level);
 void vgpu_log_line(enum vgpu_log_level level, const char *format, ...) __attribute__((format(printf, 2, 3)));
 /* The one line a refused allocation prints, whatever the log level. */
 void vgpu_report_oom(const char *call, uint64_t request, uint64_t usage, uint64_t limit);
+/* One line the user must see, whatever the log level: "jupyter-vgpu: " + the text + newline,
+ * in one write (cut to 1 KiB). */
+void vgpu_report_line(const char *format, ...) __attribute__((format(printf, 1, 2)));
 /* Writes a whole line to stderr with write(2): no stdio, no locks a hook could deadlock on. */
 void vgpu_write_stderr(const char *text, size_t length);
 
@@ -109,12 +114,32 @@ static inline void *vgpu_real(enum vgpu_hook_id id);
 void *vgpu_real_lookup(enum vgpu_hook_id id);
 #define VGPU_REAL(name) ((vgpu_pfn_##name)vgpu_real(VGPU_HOOK_##name))
 
-/* Opens every hook: declares `real`, the real entry point behind hook `name`. When the installed
- * library lacks it, the hook returns that library's "not found" at once, before doing anything
- * else: it never calls through NULL, never charges an allocation nobody can make, never
- * holds a launch back. */
+/* What a CUDA hook returns when it gives up waiting for room (waiting.c): the user left the
+ * line. NVML hooks never wait, so never return theirs. */
+enum {
+#define VGPU_CUDA_HOOK(symbol) VGPU_LEFT_LINE_##symbol = CUDA_ERROR_OUT_OF_MEMORY,
+#define VGPU_NVML_HOOK(symbol) VGPU_LEFT_LINE_##symbol = NVML_ERROR_UNKNOWN,
+#include "hooks.def"
+};
+
+/* What a hook does while the slice is suspended (waiting.c), known at compile time: CUDA hooks
+ * ask for a resume and wait for room; symbol resolution (cuGetProcAddress) asks and goes on, as
+ * it answers from the driver's table and a runtime that fails it fails its initialisation for
+ * good; NVML hooks do neither (NVML answers a suspended process at once). */
+#define VGPU_ASKS_FOR_ROOM(name) (#name[0] == 'c')
+#define VGPU_WAITS_FOR_ROOM(name)                                                                                      \
+    (VGPU_ASKS_FOR_ROOM(name) && VGPU_HOOK_##name != VGPU_HOOK_cuGetProcAddress &&                                     \
+     VGPU_HOOK_##name != VGPU_HOOK_cuGetProcAddress_v2)
+
+/* Opens every hook. First, while the slice is suspended, the call waits for room (waiting.c;
+ * one inline load of the page's flag otherwise) and returns CUDA_ERROR_OUT_OF_MEMORY at once
+ * where the user left the line. Then it declares `real`, the real entry point behind hook
+ * `name`. When the installed library lacks it, the hook returns that library's "not found" at
+ * once, before doing anything else: it never calls through NULL, never charges an allocation
+ * nobody can make, never holds a launch back. */
 #define VGPU_HOOK_REAL(name)                                                                                           \
-    vgpu_note_call_while_suspended(#name[0] == 'c');                                                                   \
+    if (__builtin_expect(vgpu_held_back(VGPU_ASKS_FOR_ROOM(name), VGPU_WAITS_FOR_ROOM(name)), 0))                      \
+        return VGPU_LEFT_LINE_##name;                                                                                  \
     vgpu_pfn_##name real = VGPU_REAL(name);                                                                            \
     if (__builtin_expect(real == NULL, 0))                                                                             \
     return VGPU_MISSING_##name
@@ -194,10 +219,8 @@ struct vgpu_region *vgpu_region(void);
 /* The slice's limits page, mapped read-only; NULL when failed closed. */
 const struct vgpu_limits_page *vgpu_limits_page(void);
 
-/* Counts a request to resume the suspended slice in this process's slot (hooks, through
- * vgpu_note_call_while_suspended, inline at the end of this file). */
+/* Counts a request to resume the suspended slice in this process's slot (waiting.c). */
 void vgpu_request_resume(void);
-static inline void vgpu_note_call_while_suspended(int is_cuda);
 
 /* This process's slot, claimed on the first call in a process (and again in a forked child);
  * NULL when failed closed. Processes that use the GPU claim it through vgpu_gpu_slot()
@@ -246,6 +269,33 @@ struct vgpu_region_state {
     /* This process's slot: -1 none yet, -2 being claimed by a thread, -3 given back at exit,
      * else its index. */
     atomic_int slot_index;
+};
+
+/* ---- waiting.c ---------------------------------------------------------------------- */
+
+/* What a hook does while the slice's page says suspended (VGPU_HOOK_REAL, through
+ * vgpu_held_back, inline at the end of this file): `asks`, a CUDA hook, counts a resume request;
+ * `waits`, one that uses the GPU, then waits here until the publisher clears the flag. Returns
+ * nonzero when the call must not reach the driver: the user left the line while it waited, or
+ * did within the last VGPU_LEFT_LINE_NS. */
+static inline int vgpu_held_back(int asks, int waits);
+int vgpu_call_while_suspended(int waits);
+
+#define VGPU_WAIT_POLL_NS 10000000ULL   /* how often a waiting call reads the page */
+#define VGPU_WAIT_LINE_NS 1000000000ULL /* at most one changed waiting line a second */
+#define VGPU_LEFT_LINE_NS 2000000000ULL /* calls fail at once this long after leaving the line */
+#define VGPU_WAIT_LINE_SIZE 256
+struct vgpu_waiting_state {
+    pthread_once_t fork_handler_once;
+    pthread_mutex_t lock;           /* guards what follows; held while a line is written */
+    unsigned waiting;               /* threads of this process waiting for room now */
+    uint32_t line_at_start;         /* the page's leave_line when the first of them began */
+    int announced;                  /* a waiting line went out since: the wait's end is said too */
+    char said[VGPU_WAIT_LINE_SIZE]; /* the last waiting line written, */
+    uint64_t said_ns;               /* and when */
+    int has_left;                   /* this process left the line at least once: */
+    uint32_t left_line;             /* the page's leave_line it left at */
+    _Atomic uint64_t left_ns;       /* when (read without the lock by calls that fail at once) */
 };
 
 /* ---- device.c ----------------------------------------------------------------------- */
@@ -593,6 +643,7 @@ struct vgpu_state {
     struct vgpu_env env;
     struct vgpu_resolve_state resolve;
     struct vgpu_region_state region;
+    struct vgpu_waiting_state waiting;
     struct vgpu_device_state device;
     struct vgpu_alloc_table_state alloc_table;
     struct vgpu_driver_memory_state driver_memory;
@@ -617,15 +668,14 @@ static inline int vgpu_log_wanted(enum vgpu_log_level level)
     return __builtin_expect(level != VGPU_LOG_OFF && level <= vgpu_env()->log_level, 0);
 }
 
-/* A CUDA hook (`is_cuda`: its name starts with "cu") called while the publisher holds the
- * slice suspended asks for a resume (region.h's `resume_requests`) before it calls the driver,
- * where it then waits until the process is restored and unlocked. NVML hooks do not ask: NVML
- * answers a suspended process at once. */
-static inline void vgpu_note_call_while_suspended(int is_cuda)
+/* The hot path of every hook: one load of the page's flag while the slice is not suspended
+ * (`asks` and `waits` are constants, so NVML hooks load nothing). */
+static inline int vgpu_held_back(int asks, int waits)
 {
     const struct vgpu_limits_page *page = vgpu_state.region.page;
-    if (is_cuda && page && __builtin_expect(__atomic_load_n(&page->suspended, __ATOMIC_ACQUIRE) != 0, 0))
-        vgpu_request_resume();
+    if (asks && page && __builtin_expect(__atomic_load_n(&page->suspended, __ATOMIC_ACQUIRE) != 0, 0))
+        return vgpu_call_while_suspended(waits);
+    return 0;
 }
 
 static inline struct vgpu_proc_slot *vgpu_claimed_slot(void)

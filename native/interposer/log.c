@@ -1,9 +1,9 @@
 /*
  * Logging. libvgpu.so lives inside other people's programs: it never writes to stdout (tools
- * parse it) and writes to stderr only the out-of-memory line, the fail-closed reason, and
- * whatever VGPU_LOG_LEVEL asks for. Lines go out with one write(2) each, so hooks never take
- * stdio's stream locks (a hook may run inside a signal-unsafe spot of the program, or while
- * another thread holds stderr's lock).
+ * parse it) and writes to stderr only the out-of-memory line, the fail-closed reason, the lines
+ * of a call waiting for room (waiting.c), and whatever VGPU_LOG_LEVEL asks for. Lines go out
+ * with one write(2) each, so hooks never take stdio's stream locks (a hook may run inside a
+ * signal-unsafe spot of the program, or while another thread holds stderr's lock).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -37,6 +37,22 @@ void vgpu_log_line(enum vgpu_log_level level, const char *format, ...)
     int body = vsnprintf(line + prefix, sizeof line - (size_t)prefix - 1, format, args);
     va_end(args);
     size_t length = (size_t)prefix + (body < 0 ? 0 : (size_t)body);
+    if (length > sizeof line - 2)
+        length = sizeof line - 2; /* truncated: keep the newline */
+    line[length++] = '\n';
+    vgpu_write_stderr(line, length);
+}
+
+void vgpu_report_line(const char *format, ...)
+{
+    static const char prefix[] = "jupyter-vgpu: ";
+    char line[1024];
+    memcpy(line, prefix, sizeof prefix - 1);
+    va_list args;
+    va_start(args, format);
+    int body = vsnprintf(line + sizeof prefix - 1, sizeof line - sizeof prefix, format, args);
+    va_end(args);
+    size_t length = sizeof prefix - 1 + (body < 0 ? 0 : (size_t)body);
     if (length > sizeof line - 2)
         length = sizeof line - 2; /* truncated: keep the newline */
     line[length++] = '\n';

@@ -1,5 +1,6 @@
-"""README's first commands ("Install and run something in a slice"), run as a newcomer types
-them, in their order, on the simulated GPU: each must succeed, `doctor` after `run` included."""
+"""README's first commands ("Two commands"), run as a newcomer types them, in their order, on the
+simulated GPU: each must succeed, `doctor` after `run` included; and the site's batch line.
+tests/docs/test_site_commands.py runs every other `jupyter vgpu` command of README and the site."""
 
 from __future__ import annotations
 
@@ -42,14 +43,14 @@ def test_readme_s_first_commands_succeed_in_their_order_doctor_after_run_include
     assert "[ok] file modes: region folders and files private" in result.stdout
 
 
-def test_readme_s_nbconvert_line_runs_a_notebook_in_a_slice(cli_env, tmp_path):
-    """The batch bullet's nbconvert command as written, on the simulated GPU (the one option
-    added, as `--simulate` is to the commands above where no driver is)."""
-    tour = README.read_text().split("- **In batch**", 1)[1]
+def test_the_sites_nbconvert_line_runs_a_notebook_in_a_slice(cli_env, tmp_path):
+    """docs/run.md's nbconvert command as written, on the simulated GPU (the one option added, as
+    `--simulate` is to the commands above where no driver is)."""
+    page = (README.parent / "docs" / "run.md").read_text()
     (command,) = [
-        " ".join(span.split()[2:])
-        for span in tour.split("`")[1::2]
-        if span.startswith("jupyter nbconvert") and "kernel_name" in span
+        " ".join(line.split()[2:])
+        for line in page.splitlines()
+        if line.startswith("jupyter nbconvert") and "kernel_name" in line
     ]
     data = Path(cli_env["JUPYTER_DATA_DIR"])
     shutil.copytree(README.parent / "kernels" / "python3-vgpu", data / "kernels" / "python3-vgpu")

@@ -5,30 +5,18 @@ only once for one simulated machine, while each test has a machine of its own.""
 
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import checkpoint_controller as controller
-from support import wait_for
+from support import nvml_reading, wait_for
 
 MIB, GIB = 1 << 20, 1 << 30
 FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
-
-
-def nvml_reading(env: dict[str, str]) -> dict:
-    """Device 0's used memory and processes, as pynvml reads them in a child process."""
-    code = (
-        "import json, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); "
-        "m = pynvml.nvmlDeviceGetMemoryInfo(h); "
-        "print(json.dumps({'used': m.used, 'processes': "
-        "{str(p.pid): p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}}))"
-    )
-    finished = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return json.loads(finished.stdout)
+CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY = 0, 2
+WAITING = "jupyter-vgpu: waiting for room on GPU 0; Kernel > Interrupt stops waiting, nothing is lost"
 
 
 @pytest.fixture
@@ -131,7 +119,7 @@ def test_a_cuda_call_in_a_suspended_slice_asks_its_publisher_for_a_resume(env, m
     assert region.resume_requests() == 0
 
     kernel.ask("call", "call-thread")
-    # What a server's watch loop waits for; the call itself waits in the driver meanwhile.
+    # What a server's watch loop waits for; the call itself waits in libvgpu.so meanwhile.
     wait_for(lambda: region.resume_requests() > 0, timeout=30, message="a resume request in the region")
     assert "call-returned" not in kernel.lines
     controller(env, "resume", processes=suspension["processes"])
@@ -151,3 +139,44 @@ def test_the_region_tells_a_slice_that_used_managed_memory(env, make_slice, chec
     assert plain.ask("alloc 1M", "alloc") == "0"
     assert managed_region.uses_managed_memory()
     assert not plain_region.uses_managed_memory()
+
+
+def test_a_call_of_a_checkpointed_process_waits_in_libvgpu_and_the_process_comes_back_intact(
+    env, make_slice, checkpoint_targets
+):
+    slice_env, region = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "64M")
+    region.set_suspended(True)  # the server's order: the flag, then lock and checkpoint
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+
+    kernel.ask("call", "call-thread")
+    assert kernel.said() == WAITING  # in libvgpu.so: the driver would have said nothing
+    wait_for(lambda: region.resume_requests() == 1, timeout=30, message="the call's resume request")
+    controller(env, "resume", processes=suspension["processes"])
+    region.set_suspended(False)
+    assert kernel.wait_for("call-returned") == str(CUDA_SUCCESS)
+    assert kernel.said() == "jupyter-vgpu: room on GPU 0 is back; carrying on"
+    assert kernel.ask("verify", "intact") == "1"
+
+
+def test_leaving_the_line_leaves_a_checkpointed_process_suspended_and_loses_nothing(
+    env, make_slice, checkpoint_targets
+):
+    slice_env, region = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "64M")
+    region.set_suspended(True)
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    kernel.ask("call", "call-thread")
+    assert kernel.said() == WAITING
+
+    region.leave_line()
+    assert kernel.wait_for("call-returned") == str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert kernel.said().startswith("jupyter-vgpu: interrupted: left the line for GPU 0")
+    # The retry fails at once, without reaching the driver, which would block it while locked.
+    assert kernel.ask("alloc 1M", "alloc") == str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert controller(env, "states", pids=[kernel.pid]) == {str(kernel.pid): "CHECKPOINTED"}
+
+    controller(env, "resume", processes=suspension["processes"])
+    region.set_suspended(False)
+    assert kernel.ask("verify", "intact") == "1"
+    assert kernel.ask("alloc 1M", "alloc") == str(CUDA_SUCCESS)

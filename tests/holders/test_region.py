@@ -130,3 +130,33 @@ def test_a_region_of_the_right_version_but_another_size_is_called_corrupt(region
     region.raw.region_size = 64
     with pytest.raises(RegionError, match=r"is corrupt \(its header says 64 bytes"):
         Region.open(region.path)
+
+
+def test_the_place_in_line_is_published_for_the_slices_processes(region):
+    assert region.queue == (0, None)  # not in line, as a page made before it was published reads
+    with LimitsPage.open(region.page.path, writable=False) as reader:
+        sequence = region.page.raw.queue_sequence
+        region.set_queue(2, 40.4)
+        assert reader.queue == (2, 40)
+        assert reader.raw.queue_sequence == sequence + 2  # odd only while the pair was written
+        region.set_queue(1, None)
+        assert reader.queue == (1, None)
+        assert reader.raw.queue_eta_s == constants()["VGPU_QUEUE_NO_ESTIMATE"]
+        region.set_queue(0, 30)
+        assert reader.queue == (0, None)  # no place: no estimate either
+        with pytest.raises(RegionError, match="not this process's to write"):
+            reader.set_queue(3, 10)
+    for position, eta in ((-1, 10), (1, -5)):
+        with pytest.raises(ValueError):
+            region.set_queue(position, eta)
+
+
+def test_leaving_the_line_is_a_counter_every_process_of_the_slice_sees_change(region):
+    with LimitsPage.open(region.page.path, writable=False) as reader:
+        assert reader.leave_line_count == 0
+        region.leave_line()
+        region.leave_line()
+        assert reader.leave_line_count == 2
+        with pytest.raises(RegionError, match="not this process's to write"):
+            reader.leave_line()
+    assert region.suspended is False  # leaving the line does not touch the flag

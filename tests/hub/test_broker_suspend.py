@@ -279,14 +279,21 @@ def test_a_start_that_does_not_fit_gets_another_users_idle_kernel_suspended_by_i
     asked = alice.get("alice-kernel").metadata[SUSPEND_REQUESTED_KEY]
     assert isinstance(asked["at"], float)
 
-    # Bob's server waits for that room (VGPUApp.room_wait), trying again; her server does not
-    # tick meanwhile, so once the wait is over the start is refused with the broker's message.
+    # Bob's server puts the start in its line, trying again, saying what it waits for; her server
+    # does not tick meanwhile, so it waits until bob shuts it down, which takes it out of the line.
     bobs_server = SliceManager(bob, [], SliceLimits(MIB))
-    bobs_server.others_room_wait = 1.0
-    began = time.monotonic()
-    with pytest.raises(SliceRefused, match="being suspended to make room"):
-        asyncio.run(bobs_server.admit_making_room("bob-kernel", SLICE, owner="bob"))
-    assert time.monotonic() - began >= 1.0
+
+    async def waits_in_line() -> str:
+        start = asyncio.ensure_future(bobs_server.admit_in_line("bob-kernel", SLICE, owner="bob"))
+        await bobs_server.line.joined("bob-kernel")
+        waiting_for = bobs_server.line.get("bob-kernel").waiting_for
+        bobs_server.line.leave("bob-kernel", "shut down")
+        with pytest.raises(SliceRefused, match="left the line"):
+            await start
+        return waiting_for
+
+    assert "1 idle kernel on GPU 0 is being suspended to make room" in asyncio.run(waits_in_line())
+    assert "bob-kernel" not in bobs_server.line and bob.get("bob-kernel") is None
     asked = alice.get("alice-kernel").metadata[SUSPEND_REQUESTED_KEY]
 
     # Nobody sets or clears a request through metadata: not bob on hers, not alice on her own.

@@ -3,7 +3,9 @@ would be someone else's), so each line installs it from this repository.
 
 The classroom's install block (docs/classroom.md) is run as written in a copy of the checkout,
 with a fresh virtual environment's `pip` first on PATH and npm's global prefix in the test's
-folder. The kernel image's Dockerfile (docs/kubernetes.md) cannot be built here (no Docker): its
+folder, and then the server's (docs/server.md), which brings JupyterLab with the wheel (a line
+the classroom's block already ran in the same checkout is not run twice: it would build the same
+wheel again). The kernel image's Dockerfile (docs/kubernetes.md) cannot be built here (no Docker): its
 COPY is carried out into a scratch folder standing in for the image's root, and its RUN line is
 run as written against that folder, in the same environment with jupyter-vgpu uninstalled first.
 
@@ -24,7 +26,7 @@ import pytest
 from support import venv_with_pinned_dependencies
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted(page for page in (ROOT / "docs").rglob("*.md") if "_build" not in page.parts)]
 PACKAGE_NAMES = {"jupyter-vgpu", "jupyter_vgpu"}
 pytestmark = pytest.mark.timeout(900)  # as tests/packaging/test_wheel.py: a wheel build and a venv
 
@@ -95,10 +97,15 @@ def test_the_classroom_install_block_and_the_kernel_image_install_jupyter_vgpu_a
         "npm_config_fund": "false",
     }
 
-    run(["bash", "-euo", "pipefail", "-c", marked_block(ROOT / "docs" / "classroom.md", "classroom-install")],
-        cwd=checkout, env=env)  # fmt: skip
+    classroom = marked_block(ROOT / "docs" / "classroom.md", "classroom-install")
+    run(["bash", "-euo", "pipefail", "-c", classroom], cwd=checkout, env=env)
     for command in (["jupyterhub", "--version"], ["jupyter", "vgpu", "--version"], ["configurable-http-proxy", "-V"]):
         run(command, env=env, cwd=tmp_path)
+    server = marked_block(ROOT / "docs" / "server.md", "server-install")
+    not_run_yet = [line for line in server.splitlines() if line not in classroom.splitlines()]
+    assert any("jupyterlab" in line for line in not_run_yet), server
+    run(["bash", "-euo", "pipefail", "-c", "\n".join(not_run_yet)], cwd=checkout, env=env)
+    run(["jupyter", "lab", "--version"], env=env, cwd=tmp_path)
     where = run(["python", "-c", "import jupyter_vgpu; print(jupyter_vgpu.__file__)"], env=env, cwd=tmp_path)
     assert where.stdout.startswith(str(venv)), where.stdout
 

@@ -78,11 +78,19 @@ def test_a_run_beside_a_server_is_admitted_listed_and_released(user_env, tmp_pat
         status = vgpu_cli(user_env, "status")
         (row,) = [line for line in status.stdout.splitlines() if line.startswith(listed["kernel_id"][:8])]
         assert "allocate" in row and "1GiB / 4GiB" in row
-        assert server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "1GiB"})[0] == 409
+        # The GPU is full: a kernel start waits in line, and goes ahead by itself once the run ends.
+        waiting = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "1GiB"})["slice"]
+        assert waiting["state"] == "queued" and waiting["queue"]["position"] == 1
 
         run.stdin.close()  # the command exits, and so does the run, releasing its slice
         assert run.wait(60) == 0
         assert runs(server) == []
+        started = wait_for(
+            lambda: server.api("GET", f"api/vgpu/slices/{waiting['kernel_id']}")["state"] == "unused",
+            60,
+            "the waiting kernel started",
+        )
+        assert started
     finally:
         server.stop()
 

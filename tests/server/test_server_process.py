@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from jupyter_client import BlockingKernelClient
 from jupyter_client.channels import HBChannel
-from support import JUPYTER, JupyterProcess, wait_for, write_vgpu_kernelspec
+from support import JUPYTER, JupyterProcess, hold_outside, wait_for, write_vgpu_kernelspec
+
+GIB = 1 << 30
 
 KERNEL_NAME = "vgpu-test"
 
@@ -141,24 +143,32 @@ def test_server_killed_and_restarted_leaks_nothing(user_env, tmp_path, cuda_prel
         restarted.stop()
 
 
-def test_refused_starts_leave_nothing_behind_and_the_server_stops_at_once(user_env, tmp_path):
+def test_starts_waiting_in_line_leave_nothing_behind_and_the_server_stops_at_once(user_env, sim_env, tmp_path):
     server = Server(tmp_path, user_env)
+    outside = hold_outside(sim_env, 16 * GIB)  # a program outside any slice holds the whole GPU
     try:
-        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB", "cores": 50})
-        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB", "cores": 50})
-        # JupyterLab's path (a notebook on the full GPU), the kernels API and ours.
-        session = server.refusal(
+        # The GPU is full: JupyterLab's path (a notebook), the kernels API and ours all answer at
+        # once (pending kernels), their kernels starting, their slices waiting in line in order.
+        session = server.api(
             "POST", "api/sessions", {"path": "a.ipynb", "type": "notebook", "kernel": {"name": KERNEL_NAME}}
         )
-        kernel = server.refusal("POST", "api/kernels", {"name": KERNEL_NAME})
-        ours = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME})
-        expected = "Kernel not started. Its 1GiB GPU slice does not fit: no memory is free. To start it, stop a kernel to free some."
-        # jupyter_server answers any failed session start with a 500 (see the closing note of issue 8);
-        # the message is ours, whole, with no doubled percent signs.
-        assert session == (500, expected)
-        assert kernel == (409, expected) and ours == (409, expected)
-        assert len(server.api("GET", "api/kernels")) == 2 and len(server.api("GET", "api/vgpu/slices")) == 2
+        kernel = server.api("POST", "api/kernels", {"name": KERNEL_NAME})
+        ours = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "path": "c.ipynb"})
+        assert session["kernel"]["execution_state"] == kernel["execution_state"] == "starting"
+        assert ours["slice"]["state"] == "queued" and ours["slice"]["path"] == "c.ipynb"
+        line = {item["kernel_id"]: item for item in server.api("GET", "api/vgpu/slices") if item["state"] == "queued"}
+        in_order = [session["kernel"]["id"], kernel["id"], ours["kernel"]["id"]]
+        assert [line[kernel_id]["queue"]["position"] for kernel_id in in_order] == [1, 2, 3]
+        assert line[session["kernel"]["id"]]["path"] == "a.ipynb"
+        # Only what can never fit is refused, at once, saying why.
+        never = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "17GiB"})
+        assert never == (
+            409,
+            "Kernel not started. Its 17GiB GPU slice can never fit: 17GiB is more than GPU 0 has: 16GiB. Ask for less.",
+        )
+        assert len(server.api("GET", "api/kernels")) == 3 and len(server.api("GET", "api/vgpu/slices")) == 3
     finally:
+        outside.kill()
         # Not a timing threshold: before the fix the server never stopped at all.
         stopped_in = server.stop(20)
     assert stopped_in is not None, "the server did not stop after SIGTERM:\n" + server.log.read_text()[-3000:]

@@ -167,8 +167,7 @@ async def test_the_next_cell_of_a_suspended_kernel_waits_saying_why_until_its_ro
     b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
     assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
     # B runs a cell (never suspended to make room), a long one: the kernel's own wait, ended by its shutdown.
-    b_cell = asyncio.ensure_future(run_in_kernel(b, "import time; time.sleep(600)"))
-    await eventually(lambda: _state_is(jp_serverapp, b, "busy"), 30, "B running its cell")
+    b_cell = await running_a_long_cell(jp_serverapp, b)
 
     a_cell = asyncio.ensure_future(run_in_kernel(a, "print(intact())"))
 
@@ -358,11 +357,12 @@ async def test_memory_a_suspended_slices_processes_still_hold_is_not_lent(
     assert (await run_in_kernel(a, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
     jp_serverapp.web_app.settings[MANAGER_SETTING].ledger.suspend(a, host_memory=4 * GIB)
 
-    with pytest.raises(HTTPClientError) as refused:
-        await start_sliced(jp_fetch, vgpu_kernelspec, memory="13GiB", device=LARGE)
-    assert refused.value.code == 409
-    assert "12GiB is free" in json.loads(refused.value.response.body)["message"]
-    assert await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="13GiB", device=LARGE)
+    queued = await slice_of(jp_fetch, waiting)
+    assert queued["state"] == "queued" and queued["queue"]["waiting_for"] == "1GiB more GPU memory (12GiB free)"
+    await jp_fetch("api", "kernels", waiting, method="DELETE")  # it leaves the line
+    fits = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await slice_of(jp_fetch, fits))["state"] == "unused"
 
 
 async def patch(jp_fetch, kernel_id: str, **changes) -> dict:
@@ -370,10 +370,48 @@ async def patch(jp_fetch, kernel_id: str, **changes) -> dict:
     return json.loads((await jp_fetch("api", "vgpu", "slices", kernel_id, method="PATCH", body=body)).body)
 
 
-async def running_a_long_cell(jp_serverapp, run_in_kernel, kernel_id: str) -> asyncio.Future:
-    """The kernel runs a cell until it is shut down (the cell's own wait, ended by the shutdown)."""
-    cell = asyncio.ensure_future(run_in_kernel(kernel_id, "import time; time.sleep(600)"))
-    await eventually(lambda: _state_is(jp_serverapp, kernel_id, "busy"), 30, f"kernel {kernel_id} running its cell")
+class Cell:
+    """A cell running in a kernel, its output (stdout, stderr, errors) collected as it comes."""
+
+    def __init__(self, jp_serverapp, kernel_id: str, code: str):
+        self.client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
+        self.client.start_channels()
+        self.output: list[str] = []
+        self.reply: asyncio.Future = asyncio.ensure_future(self._run(code))
+
+    async def _run(self, code: str) -> dict:
+        await self.client.wait_for_ready(timeout=60)
+
+        def collect(message):
+            if message["msg_type"] == "stream":
+                self.output.append(message["content"]["text"])
+            elif message["msg_type"] == "error":
+                self.output.append(f"{message['content']['ename']}: {message['content']['evalue']}")
+
+        try:
+            return await self.client.execute_interactive(code, output_hook=collect, timeout=120)
+        finally:
+            self.client.stop_channels()
+
+    def cancel(self) -> None:
+        """Stop waiting for the reply (the kernel was shut down, or the test is over)."""
+        self.reply.cancel()
+
+    def said(self, text: str):
+        """A condition: the output so far, once it contains ``text``."""
+
+        async def condition():
+            joined = "".join(self.output)
+            return joined if text in joined else None
+
+        return condition
+
+
+async def running_a_long_cell(jp_serverapp, kernel_id: str) -> Cell:
+    """The kernel runs a cell until it is interrupted or shut down, once the cell has started
+    (not merely once the kernel was busy: answering a client's kernel_info makes it busy too)."""
+    cell = Cell(jp_serverapp, kernel_id, "print('cell started', flush=True); import time; time.sleep(600)")
+    await eventually(cell.said("cell started"), 30, f"kernel {kernel_id} running its cell")
     return cell
 
 
@@ -387,7 +425,7 @@ async def test_a_resize_that_does_not_fit_makes_room_by_suspending_an_idle_kerne
     # Last active in this order: the one that grows, then the busy one (its cell starts), then the idle one.
     for kernel in (grown, busy, idle):
         assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(2 << 30))")).strip() == "0"
-    busy_cell = await running_a_long_cell(jp_serverapp, run_in_kernel, busy)
+    busy_cell = await running_a_long_cell(jp_serverapp, busy)
     await run_in_kernel(idle, "print('active later')")
 
     # 12 of 16 GiB promised: 16 GiB would need 8 more, and the idle kernel's 4 GiB are not enough,
@@ -426,7 +464,7 @@ async def test_a_kernel_start_that_does_not_fit_never_suspends_a_kernel_running_
     for kernel in (busy, idle):
         assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
     # The busy kernel was last active before the idle one: idle longest, were it not running a cell.
-    busy_cell = await running_a_long_cell(jp_serverapp, run_in_kernel, busy)
+    busy_cell = await running_a_long_cell(jp_serverapp, busy)
     await run_in_kernel(idle, "print('active later')")
 
     started = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)

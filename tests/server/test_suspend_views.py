@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 
 from support import dashboard_misreads
-from test_idle_policy import eventually
-from test_suspend import HOLD_12_GIB_WITH_A_PATTERN, LARGE, _state_is, post, slice_of, start_sliced
+from test_suspend import HOLD_12_GIB_WITH_A_PATTERN, LARGE, post, running_a_long_cell, slice_of, start_sliced
 
 from jupyter_vgpu.client import gpu_memory_used, in_host_memory
 
@@ -46,8 +45,7 @@ async def test_vgpu_and_its_panel_say_a_waiting_suspended_kernels_memory_is_in_h
     # B holds the room and runs a cell (never suspended to make room): A's next cell cannot resume it.
     b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
     assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
-    b_cell = asyncio.ensure_future(run_in_kernel(b, "import time; time.sleep(600)"))
-    await eventually(lambda: _state_is(jp_serverapp, b, "busy"), 30, "B running its cell")
+    b_cell = await running_a_long_cell(jp_serverapp, b)
 
     # A's cell runs Python only (no CUDA call, which would wait for the resume): it shows its slice.
     shown = (await asyncio.wait_for(run_in_kernel(a, SHOW_WHILE_WAITING), 60)).splitlines()

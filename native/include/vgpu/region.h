@@ -25,6 +25,14 @@
  * copy untouched. Each copy carries `check` = vgpu_limits_check(...) below so that a page
  * scribbled over by something else is told apart from a valid one.
  *
+ * The page's place in line (queue_position, queue_eta_s) is one pair, published the same way
+ * with one copy: under the flock, the writer bumps `queue_sequence` to odd, writes both, bumps it
+ * to even; a reader retries while it is odd or changed across its reads.
+ *
+ * Compatibility: a field added in reserved bytes keeps the page's size and version when its
+ * zero value means what a file written before it meant (a page of an older publisher reads as
+ * "not in line, never interrupted"); a change that cannot be read that way bumps the version.
+ *
  * Crash safety: a process's usage lives only in its own slot; the slice's usage is the sum of
  * the live slots. A slot whose pid is gone (or reused: start_time differs) is reaped by any
  * process of the slice or by the server, so a SIGKILLed process stops counting without anyone
@@ -47,6 +55,8 @@
 
 #define VGPU_SM_SHARE_MIN 1
 #define VGPU_SM_SHARE_MAX 100
+
+#define VGPU_QUEUE_NO_ESTIMATE 0xFFFFFFFF
 
 /* One published copy of the slice's limits: 64 bytes. */
 struct vgpu_limits {
@@ -97,10 +107,19 @@ struct vgpu_limits_page {
 
     /* Limits, published as described above: 64 + 2 * 64 bytes. */
     uint64_t active_limits; /* 0 or 1: the copy readers use */
-    uint32_t suspended;     /* 1 while the publisher holds the slice's processes suspended
-                               (checkpointed by the driver); 0 otherwise */
+    uint32_t suspended;     /* 1 while the publisher holds the slice suspended: checkpointed by
+                               the driver, or lent before its processes used the GPU. A hooked
+                               CUDA call waits in libvgpu.so while it is set; 0 otherwise */
+    /* The slice's place in its device's line while it waits for room, published with the
+     * `queue_sequence` protocol below: */
+    uint32_t queue_position; /* 1: next; 0: not known, or not in line (queue_eta_s is then
+                                not read) */
+    uint32_t queue_eta_s;    /* seconds until its room is expected; VGPU_QUEUE_NO_ESTIMATE: none */
+    uint32_t queue_sequence; /* odd while the publisher writes queue_position and queue_eta_s */
+    uint32_t leave_line;     /* bumped by the publisher when the user interrupts the kernel:
+                                calls waiting for room then give up (CUDA_ERROR_OUT_OF_MEMORY) */
     uint32_t reserved3;
-    uint8_t reserved2[48];
+    uint8_t reserved2[32];
     struct vgpu_limits limits[2];
 };
 
@@ -149,6 +168,10 @@ _Static_assert(sizeof(struct vgpu_proc_slot) == 128, "a proc slot is two cache l
 _Static_assert(__builtin_offsetof(struct vgpu_limits_page, active_limits) == 128, "page header is 128 bytes");
 _Static_assert(__builtin_offsetof(struct vgpu_limits_page, limits) % 64 == 0, "limits are cache-line aligned");
 _Static_assert(sizeof(struct vgpu_limits_page) == 320, "a limits page is five cache lines");
+_Static_assert(__builtin_offsetof(struct vgpu_limits_page, limits) -
+                       __builtin_offsetof(struct vgpu_limits_page, active_limits) ==
+                   64,
+               "the page's flags are one cache line");
 _Static_assert(__builtin_offsetof(struct vgpu_region, controller_pid) == 64, "region header is 64 bytes");
 _Static_assert(__builtin_offsetof(struct vgpu_region, procs) % 64 == 0, "slots are cache-line aligned");
 _Static_assert(__builtin_offsetof(struct vgpu_region, procs) -

@@ -1,0 +1,148 @@
+"""The fair line through a real server, with real kernels on the simulated 16 GiB GPU (device 1
+of the server tests' machine), default settings: a start that does not fit waits in line and goes
+ahead by itself when room comes; a kernel that has not used the GPU lends its room and takes it
+back at its first CUDA call, waiting in line (saying so in the cell's own output) where it must;
+Kernel > Interrupt takes a waiting cell out of the line and loses nothing.
+
+The server runs in the test's event loop: waiting is polling with ``await`` on a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+from test_idle_policy import eventually
+from test_suspend import LARGE, Cell, running_a_long_cell, slice_of, start_sliced
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config):
+    return {**jp_server_config, "VGPUApp": {**jp_server_config["VGPUApp"], "watch_interval": 0.2}}
+
+
+def forward_low_level_output() -> None:
+    """ipykernel forwards what a kernel's libraries write to fd 2 (libvgpu.so's waiting lines)
+    into the cell's output, except under pytest (it looks for PYTEST_CURRENT_TEST, which kernels
+    started by a test inherit, and which pytest sets again for each phase of a test): kernels
+    started after this call start without it, as a user's do."""
+    os.environ.pop("PYTEST_CURRENT_TEST", None)
+
+
+async def test_a_start_waits_behind_a_busy_kernel_and_goes_ahead_by_itself_when_it_idles(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(busy, cuda_prelude + "print(allocate(8 << 30))")).strip() == "0"
+    cell = await running_a_long_cell(jp_serverapp, busy)
+
+    # 12 of 16 GiB are held by a kernel running a cell, which is never suspended: the start waits.
+    waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
+    queued = await slice_of(jp_fetch, waiting)
+    assert queued["state"] == "queued"
+    assert queued["queue"] == {"position": 1, "eta_seconds": None, "waiting_for": "4GiB more GPU memory (4GiB free)"}
+    assert jp_serverapp.kernel_manager.get_kernel(waiting).execution_state == "starting"
+
+    # Its cell ends: idle now, the busy kernel is suspended (nothing lost) and the start goes ahead.
+    await jp_fetch("api", "kernels", busy, "interrupt", method="POST", body="")
+    assert (await asyncio.wait_for(cell.reply, 30))["content"]["ename"] == "KeyboardInterrupt"
+    await eventually(lambda: _slice_state_is(jp_fetch, waiting, "unused"), 60, "the waiting kernel started")
+    await jp_serverapp.kernel_manager.get_kernel(waiting).ready
+    started, made_room = await slice_of(jp_fetch, waiting), await slice_of(jp_fetch, busy)
+    assert (started["state"], started["queue"]) == ("unused", None)
+    assert (made_room["state"], made_room["host_memory_bytes"]) == ("suspended", 8 * GIB)
+    assert made_room["notice"].startswith("suspended to make room for a new kernel: 8GiB moved to host memory")
+
+
+async def test_a_kernel_that_never_used_the_gpu_lends_its_room_and_its_first_cuda_call_takes_it_back(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    forward_low_level_output()
+    untouched = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    await run_in_kernel(untouched, "x = 42")  # runs a cell, no CUDA: it holds nothing on the GPU
+
+    # A 12 GiB start does not fit beside it: its room is lent (nothing to move) to the start.
+    other = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    lent = await slice_of(jp_fetch, untouched)
+    assert (lent["state"], lent["host_memory_bytes"]) == ("lent", 0)
+    assert lent["notice"] == (
+        "lent to make room for a new kernel: it had not used the GPU, so nothing moved; its first CUDA call "
+        "takes its room back"
+    )
+    assert (await slice_of(jp_fetch, other))["state"] == "unused"
+
+    # The other kernel runs a cell holding 12 GiB: the lent kernel's first CUDA call waits in line,
+    # and its cell says so; the call goes on by itself once the room is back.
+    assert (await run_in_kernel(other, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    await running_a_long_cell(jp_serverapp, other)
+    first_call = Cell(jp_serverapp, untouched, cuda_prelude + "print('allocated', allocate(1 << 30), x)")
+    said = await eventually(first_call.said("waiting for room on GPU 1 (1st in line"), 60, "the cell saying it waits")
+    assert "Kernel > Interrupt stops waiting, nothing is lost" in said
+    waiting = await slice_of(jp_fetch, untouched)
+    assert waiting["state"] == "lent" and waiting["queue"]["position"] == 1
+
+    await jp_fetch("api", "kernels", other, method="DELETE")
+    reply = await asyncio.wait_for(first_call.reply, 60)
+    assert reply["content"]["status"] == "ok"
+    assert "allocated 0 42" in "".join(first_call.output)
+    back = await slice_of(jp_fetch, untouched)
+    assert (back["state"], back["queue"]) == ("running", None)
+
+
+async def test_interrupting_a_cell_that_waits_for_room_leaves_the_line_and_loses_nothing(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    forward_low_level_output()
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30)); kept = 'state'")).strip() == "0"
+    await jp_fetch("api", "vgpu", "slices", kernel, "suspend", method="POST", body="")
+    holder = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(holder, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    await running_a_long_cell(jp_serverapp, holder)
+
+    waiting = Cell(jp_serverapp, kernel, "print(allocate(1 << 20))")
+    await eventually(waiting.said("waiting for room on GPU 1"), 60, "the cell saying it waits")
+    await eventually(lambda: _queued(jp_fetch, kernel), 30, "the kernel's resume in line")
+
+    # Kernel > Interrupt: the waiting call fails at once, the cell stops, the kernel stays suspended.
+    await jp_fetch("api", "kernels", kernel, "interrupt", method="POST", body="")
+    reply = await asyncio.wait_for(waiting.reply, 30)
+    assert reply["content"]["status"] == "error"
+    output = "".join(waiting.output)
+    assert "interrupted: left the line for GPU 1; the kernel stays suspended, nothing is lost" in output
+    after = await slice_of(jp_fetch, kernel)
+    assert (after["state"], after["queue"], after["host_memory_bytes"]) == ("suspended", None, 4 * GIB)
+    assert not jp_serverapp.web_app.settings["vgpu_slice_manager"].line.requests()
+
+    # Room comes back: resumed, its state and its memory are intact.
+    await jp_fetch("api", "kernels", holder, method="DELETE")
+    await jp_fetch("api", "vgpu", "slices", kernel, "resume", method="POST", body="")
+    assert (await run_in_kernel(kernel, "print(kept, allocate(1 << 20))")).strip() == "state 0"
+
+
+async def _slice_state_is(jp_fetch, kernel_id: str, state: str) -> bool:
+    return (await slice_of(jp_fetch, kernel_id))["state"] == state
+
+
+async def _queued(jp_fetch, kernel_id: str):
+    queue = (await slice_of(jp_fetch, kernel_id))["queue"]
+    return queue if queue and queue["position"] == 1 else None
+
+
+async def test_the_line_in_the_rest_api_lists_waiting_starts_in_order(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel
+):
+    holder = await start_sliced(jp_fetch, vgpu_kernelspec, memory="16GiB", device=LARGE)
+    # The holder is starting or idle and has not used the GPU: make it busy so it is not lent.
+    await running_a_long_cell(jp_serverapp, holder)
+    first = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
+    second = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
+    listed = json.loads((await jp_fetch("api", "vgpu", "slices")).body)
+    places = {item["kernel_id"]: item["queue"]["position"] for item in listed if item["state"] == "queued"}
+    assert places == {first: 1, second: 2}
+    await jp_fetch("api", "kernels", first, method="DELETE")  # it leaves the line; the second moves up
+    assert (await slice_of(jp_fetch, second))["queue"]["position"] == 1
+    await jp_fetch("api", "kernels", holder, method="DELETE")
