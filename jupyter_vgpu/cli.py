@@ -27,7 +27,14 @@ from traitlets.config.loader import KVArgParseConfigLoader
 # (holders, ledger, slice manager) and of Jupyter (jupyter_client, jupyter_server) when it runs,
 # so `jupyter vgpu status` answers in a fraction of a second (tests/cli/test_cli_imports.py).
 from jupyter_vgpu._version import __version__
-from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, gpu_memory_used, in_host_memory
+from jupyter_vgpu.client import (
+    RequestRefused,
+    ServerClient,
+    ServerUnavailable,
+    describe_queue,
+    gpu_memory_used,
+    in_host_memory,
+)
 from jupyter_vgpu.model import (
     FULL_SHARE,
     NOTEBOOK_DEFAULTS,
@@ -646,6 +653,15 @@ def _where(item: dict[str, Any]) -> str:
     return item["path"] or " ".join(item.get("command", "").split()) or "-"
 
 
+def _gpu_column(item: dict[str, Any]) -> str:
+    """The slice's GPU index; ``any`` for a start waiting for whichever GPU has room first, ``-``
+    for a pod's slice (on no GPU of this machine)."""
+    device = item.get("device")
+    if device:
+        return str(device["index"])
+    return "any" if item.get("state") == "queued" else "-"
+
+
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
@@ -682,9 +698,13 @@ class StatusApp(_ServerCommand):
             memory = f"{format_size(used) if used else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
-                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{item['device']['index']:>4}"
+                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{_gpu_column(item):>4}"
                 f"{memory:>22}{sm:>15}{limits['policy']:>8}  {in_host_memory(item) or item['state']}"
             )
+            # A start waiting in line, or a suspended or lent kernel's cell waiting for its room.
+            place = describe_queue(item)
+            if place:
+                print(f"{'':<10}{place}")
             for warning in item.get("warnings", ()):
                 print(f"{'':<10}warning: {warning}")
         if not slices:
@@ -837,10 +857,11 @@ class SuspendApp(_ServerCommand):
         kernel_id = ResizeApp.find_kernel(self.extra_args[0], slices)
         # The server answers a kernel already in the state asked for as it is (200): what this
         # says comes from the state the kernel was in before.
-        was_suspended = next(item for item in slices if item["kernel_id"] == kernel_id)["state"] == "suspended"
+        before = next(item for item in slices if item["kernel_id"] == kernel_id)["state"]
+        was_suspended = before == "suspended"
         model = client.resume(kernel_id) if self.verb == "resume" else client.suspend(kernel_id)
         short = kernel_id[:8]
-        if self.verb == "resume" and not was_suspended:
+        if self.verb == "resume" and before not in ("suspended", "lent"):  # lent: its room, without memory
             print(f"{short} was not suspended (it is {model['state']}): nothing to resume")
         elif self.verb == "resume":
             print(f"resumed {short}: its {format_size(model['limits']['memory_bytes'])} slice runs again")

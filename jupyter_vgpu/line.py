@@ -113,9 +113,8 @@ class Line:
 
     def place(self, kernel_id: str) -> Place | None:
         """Where the kernel's request stands, or None where it is not in line."""
-        if kernel_id not in self._requests:
-            return None
-        return self._places.get(kernel_id) or self._place_of(self._requests[kernel_id])
+        request = self._requests.get(kernel_id)
+        return None if request is None else self._place_of(request)
 
     def waiting_for(self, request: Request) -> list[Request]:
         """The requests in line that compete with ``request`` for a device (any, where it names none)."""
@@ -258,10 +257,4 @@ class Line:
                     self.published(request, place)
 
 
-def ordinal(position: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 21st."""
-    suffix = "th" if 10 <= position % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(position % 10, "th")
-    return f"{position}{suffix}"
-
-
-__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request", "ordinal"]
+__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request"]

@@ -60,6 +60,9 @@ ORPHANED_KEY = "orphaned"
 # seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
 # once its user interrupted the wait.
 IN_LINE_KEY = "in_line"
+# Metadata of a slice whose user turned to its kernel (the lab's sign, POST .../wake): {"at":
+# epoch seconds}; the idle policy and room making count the kernel active from then.
+WOKEN_KEY = "woken"
 # The capacity a device lacks that suspending idle kernels there can give back.
 DEVICE_ROOM = ("memory", "sm_share")
 
@@ -76,6 +79,13 @@ def orphan_notice(allocation: Allocation) -> str | None:
             f"{allocation.kernel_id}`, or a CUDA call of its own) and reached with {reach}, where `exit` stops it"
         )
     return f"resumed after its server stopped; Jupyter does not list it again: reach it with {reach}, where `exit` stops it"
+
+
+def woken_at(allocation: Allocation) -> float:
+    """When the kernel's user last turned to it (WOKEN_KEY), 0.0 if never."""
+    woken = allocation.metadata.get(WOKEN_KEY)
+    at = woken.get("at") if isinstance(woken, dict) else None
+    return float(at) if isinstance(at, (int, float)) else 0.0
 
 
 def held_by_batch_run(allocation: Allocation) -> bool:
@@ -679,6 +689,7 @@ __all__ = [
     "CONNECTION_FILE_KEY",
     "IN_LINE_KEY",
     "ORPHANED_KEY",
+    "WOKEN_KEY",
     "RoomWanted",
     "SliceManager",
     "SliceRefused",
@@ -686,4 +697,5 @@ __all__ = [
     "held_by_batch_run",
     "orphan_notice",
     "start_refusal",
+    "woken_at",
 ]

@@ -40,7 +40,7 @@ from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
-from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING
+from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, SUSPEND_SETTING, SuspendedKernels
 
 AUTH_RESOURCE = "vgpu"
 SLICE_FIELDS = {"memory", "cores", "policy"}
@@ -366,6 +366,26 @@ class ResumeHandler(SuspendHandler):
         await self._change(kernel_id, lambda: self.slices.resume(kernel_id))
 
 
+class WakeHandler(VGPUHandler):
+    """POST: the user turned to this kernel (opened or focused its notebook, edited or ran a
+    cell): resume it ahead of its next cell, through the line, without waiting for it here."""
+
+    kernel_actions = frozenset({"write"})
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        suspended: SuspendedKernels = self.settings[SUSPEND_SETTING]
+        try:
+            allocation = suspended.wake(kernel_id)
+        except UnknownSlice as error:
+            raise VGPUHTTPError(404, str(error)) from None
+        await asyncio.sleep(0)  # the line's pass, kicked by the wake, takes the request first
+        status = self.slices.status(self.slices.get(kernel_id))
+        self.set_status(202 if allocation.suspended else 200)
+        self.finish(json.dumps(self.model(status, await self.session_paths())))
+
+
 def _whole(value: Any, name: str, lowest: int = 0, highest: int = MAX_REPORTED) -> int:
     """An integer of a usage report; a float that is a whole number (JSON ``3.2e18``) counts, as
     it does in JSON Schema's ``integer``. The bounds are api.yaml's."""
@@ -457,13 +477,11 @@ class KernelsHandler(VGPUHandler):
         requested: dict[str, Any] = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         kernel_id = str(uuid.uuid4())
         try:
+            # Answers once the kernel runs, waits in line, or was refused (server/app.py's _line_aware).
             await self.kernel_manager.start_kernel(
                 kernel_id=kernel_id, kernel_name=name, path=body.get("path"), vgpu_slice=requested
             )
-            await self._started_or_queued(kernel_id)
         except SliceRefused as refusal:
-            if kernel_id in self.kernel_manager:
-                self.kernel_manager.remove_kernel(kernel_id)  # a pending start that was refused
             if isinstance(refusal, VGPUHTTPError):
                 raise
             raise VGPUHTTPError(409 if refusal.kind == "capacity" else 400, str(refusal)) from None
@@ -477,19 +495,6 @@ class KernelsHandler(VGPUHandler):
         self.set_status(201)
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
         self.finish(json.dumps({"kernel": model, "slice": slice_}, default=str))
-
-    async def _started_or_queued(self, kernel_id: str) -> None:
-        """With pending kernels the start goes on after start_kernel returns: wait until the
-        kernel is ready or its start waits in the line; raise its refusal where it was refused."""
-        ready = self.kernel_manager.get_kernel(kernel_id).ready
-        ready = ready if isinstance(ready, asyncio.Future) else asyncio.wrap_future(ready)
-        joined = self.slices.line.joined(kernel_id)
-        try:
-            await asyncio.wait([ready, joined], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            joined.cancel()
-        if ready.done() and ready.exception() is not None:
-            raise ready.exception()  # type: ignore[misc]
 
     def default_vgpu_kernelspec(self) -> str:
         """The kernelspec of a start that names none: the server's default kernelspec if it
@@ -601,6 +606,7 @@ HANDLERS = [
     (rf"/api/vgpu/slices/{_KERNEL_ID}/usage", UsageReportHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/suspend", SuspendHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/resume", ResumeHandler),
+    (rf"/api/vgpu/slices/{_KERNEL_ID}/wake", WakeHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
     (r"/api/vgpu/notices", NoticesHandler),
     (r"/api/vgpu/metrics", MetricsHandler),

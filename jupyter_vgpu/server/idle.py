@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyter_vgpu.ledger import SUSPENDED_KEY, Allocation, CapacityError, LedgerError, UnknownSlice
-from jupyter_vgpu.manager import ORPHANED_KEY, SliceManager
+from jupyter_vgpu.manager import ORPHANED_KEY, SliceManager, woken_at
 from jupyter_vgpu.model import format_size
 
 # The slice metadata the policy keeps: {"share": percent before lowering, "lowered_at": epoch
@@ -186,7 +186,8 @@ class IdleKernels:
         if state in ("restarting", "dead") or last_activity is None:
             return
         now = self.clock()
-        active_at = last_activity.timestamp()
+        # A kernel its user turned to (the lab's sign, POST .../wake) counts as active from then.
+        active_at = max(last_activity.timestamp(), woken_at(allocation))
         busy = state == "busy"
         idle_for = 0.0 if busy else now - active_at
         if allocation.suspended:

@@ -28,7 +28,7 @@ from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, CapacityError, NotSupported, UnknownSlice
 from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RoomWanted, SliceManager
+from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, WOKEN_KEY, RoomWanted, SliceManager, woken_at
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 
@@ -130,6 +130,16 @@ class SuspendedKernels:
             policy=allocation.policy,
         )
         return self.slices.line.join(request)
+
+    def wake(self, kernel_id: str) -> Allocation:
+        """The user turned to the kernel: where it is suspended (or lent), put it in the line to
+        resume now, ahead of its next cell. The time is kept (WOKEN_KEY), so that the idle policy
+        and room making count the kernel as active from then: a sign not followed by a cell lets
+        it be suspended again once it has been idle that long, as any kernel. Raises UnknownSlice."""
+        allocation = self.slices.ledger.update_metadata(kernel_id, **{WOKEN_KEY: {"at": time.time()}})
+        if allocation.suspended and allocation.holder == "local":
+            self.join_line(allocation)
+        return allocation
 
     def show_place(self, request: Request, place: Place) -> None:
         """Tell a suspended kernel's processes where its request stands (the line's
@@ -234,9 +244,10 @@ class SuspendedKernels:
             if kernel_id not in self.kernels or self._busy(kernel_id):
                 continue
             last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
+            active_at = max(last_activity.timestamp() if last_activity else 0.0, woken_at(candidate))
             # Room nobody uses goes first: a kernel that has not used the GPU is only lent.
             holds = self.slices.status(candidate).usage.memory_used > 0
-            idle.append(((holds, last_activity.timestamp() if last_activity else 0.0), candidate))
+            idle.append(((holds, active_at), candidate))
         return [candidate for _, candidate in sorted(idle, key=lambda pair: pair[0])]
 
     def _busy(self, kernel_id: str) -> bool:

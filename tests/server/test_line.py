@@ -15,6 +15,7 @@ import os
 import pytest
 from test_idle_policy import eventually
 from test_suspend import LARGE, Cell, running_a_long_cell, slice_of, start_sliced
+from tornado.httpclient import HTTPClientError
 
 GIB = 1 << 30
 
@@ -77,7 +78,7 @@ async def test_a_kernel_that_never_used_the_gpu_lends_its_room_and_its_first_cud
     # The other kernel runs a cell holding 12 GiB: the lent kernel's first CUDA call waits in line,
     # and its cell says so; the call goes on by itself once the room is back.
     assert (await run_in_kernel(other, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
-    await running_a_long_cell(jp_serverapp, other)
+    other_cell = await running_a_long_cell(jp_serverapp, other)
     first_call = Cell(jp_serverapp, untouched, cuda_prelude + "print('allocated', allocate(1 << 30), x)")
     said = await eventually(first_call.said("waiting for room on GPU 1 (1st in line"), 60, "the cell saying it waits")
     assert "Kernel > Interrupt stops waiting, nothing is lost" in said
@@ -85,6 +86,7 @@ async def test_a_kernel_that_never_used_the_gpu_lends_its_room_and_its_first_cud
     assert waiting["state"] == "lent" and waiting["queue"]["position"] == 1
 
     await jp_fetch("api", "kernels", other, method="DELETE")
+    other_cell.cancel()
     reply = await asyncio.wait_for(first_call.reply, 60)
     assert reply["content"]["status"] == "ok"
     assert "allocated 0 42" in "".join(first_call.output)
@@ -101,7 +103,7 @@ async def test_interrupting_a_cell_that_waits_for_room_leaves_the_line_and_loses
     await jp_fetch("api", "vgpu", "slices", kernel, "suspend", method="POST", body="")
     holder = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
     assert (await run_in_kernel(holder, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
-    await running_a_long_cell(jp_serverapp, holder)
+    holder_cell = await running_a_long_cell(jp_serverapp, holder)
 
     waiting = Cell(jp_serverapp, kernel, "print(allocate(1 << 20))")
     await eventually(waiting.said("waiting for room on GPU 1"), 60, "the cell saying it waits")
@@ -119,6 +121,7 @@ async def test_interrupting_a_cell_that_waits_for_room_leaves_the_line_and_loses
 
     # Room comes back: resumed, its state and its memory are intact.
     await jp_fetch("api", "kernels", holder, method="DELETE")
+    holder_cell.cancel()
     await jp_fetch("api", "vgpu", "slices", kernel, "resume", method="POST", body="")
     assert (await run_in_kernel(kernel, "print(kept, allocate(1 << 20))")).strip() == "state 0"
 
@@ -137,7 +140,7 @@ async def test_the_line_in_the_rest_api_lists_waiting_starts_in_order(
 ):
     holder = await start_sliced(jp_fetch, vgpu_kernelspec, memory="16GiB", device=LARGE)
     # The holder is starting or idle and has not used the GPU: make it busy so it is not lent.
-    await running_a_long_cell(jp_serverapp, holder)
+    holder_cell = await running_a_long_cell(jp_serverapp, holder)
     first = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
     second = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", device=LARGE)
     listed = json.loads((await jp_fetch("api", "vgpu", "slices")).body)
@@ -146,3 +149,26 @@ async def test_the_line_in_the_rest_api_lists_waiting_starts_in_order(
     await jp_fetch("api", "kernels", first, method="DELETE")  # it leaves the line; the second moves up
     assert (await slice_of(jp_fetch, second))["queue"]["position"] == 1
     await jp_fetch("api", "kernels", holder, method="DELETE")
+    holder_cell.cancel()
+
+
+async def test_a_wake_resumes_a_suspended_kernel_ahead_of_its_next_cell(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="4GiB", device=LARGE)
+    assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(2 << 30)); kept = 7")).strip() == "0"
+    await jp_fetch("api", "vgpu", "slices", kernel, "suspend", method="POST", body="")
+
+    # The user opens the notebook: the lab's sign (any client's) resumes it with no cell run.
+    woken = await jp_fetch("api", "vgpu", "slices", kernel, "wake", method="POST", body="")
+    assert woken.code == 202
+    await eventually(lambda: _slice_state_is(jp_fetch, kernel, "running"), 60, "the kernel resumed")
+    assert jp_serverapp.kernel_manager.get_kernel(kernel).execution_state != "busy"  # no cell ran for it
+    # Its next cell finds it resumed: it runs at once, its memory and variables intact.
+    assert (await run_in_kernel(kernel, "print(kept, memory()[0] < memory()[1])")).strip() == "7 True"
+
+    # A running kernel: nothing to do. An unknown one: 404.
+    assert (await jp_fetch("api", "vgpu", "slices", kernel, "wake", method="POST", body="")).code == 200
+    with pytest.raises(HTTPClientError) as unknown:
+        await jp_fetch("api", "vgpu", "slices", "no-such-kernel", "wake", method="POST", body="")
+    assert unknown.value.code == 404

@@ -8,16 +8,20 @@ process, real kernels, on one simulated 16 GiB GPU."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from pathlib import Path
 
 import pytest
 import test_server_process
 from jupyter_client import BlockingKernelClient
-from support import wait_for
+from support import hold_outside, wait_for
 from test_orphans import reaper, running
 from test_server_process import KERNEL_NAME, Server, run_code, vgpu_cli
 from test_suspend_cli import PATTERN
+
+from jupyter_vgpu.ledger import EmbeddedLedger
+from jupyter_vgpu.manager import IN_LINE_KEY
 
 GIB = 1 << 30
 user_env = test_server_process.user_env
@@ -132,3 +136,53 @@ def test_a_suspended_kernel_nobody_resumes_after_the_restart_is_stopped_after_id
         assert not os.listdir(tmp_path / "regions")
     finally:
         restarted.stop()
+
+
+def test_a_resume_waiting_in_line_keeps_its_place_across_a_server_sigkill(
+    user_env, sim_env, tmp_path, cuda_prelude, reaper
+):
+    server = Server(tmp_path, user_env)
+    kernel_id, pid = suspended_kernel(server, user_env, cuda_prelude)
+    outside = hold_outside(sim_env, 15 * GIB)  # 1 GiB free: its 2 GiB slice cannot come back yet
+    restarted = None
+    try:
+        # A cell through its connection file: its CUDA call waits in libvgpu.so, asking to resume,
+        # and the server puts it in line.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            cell = pool.submit(run_code, user_env, kernel_id, "memory(); print(intact())")
+            queue = wait_for(lambda: waiting_for_room(server, kernel_id), 60, "in line, waiting for room")
+            assert queue["position"] == 1 and queue["waiting_for"].startswith("waiting for 1GiB on GPU 0")
+            since = in_line_since(tmp_path, kernel_id)
+            server.kill()
+
+            restarted = Server(tmp_path, user_env)
+            # The kept kernel's call still waits; the restarted server puts it back in line, in the
+            # place it had (the time it first asked, from the ledger).
+            queue = wait_for(lambda: restarted.api("GET", f"api/vgpu/slices/{kernel_id}")["queue"], 60, "in line")
+            assert queue["position"] == 1 and in_line_since(tmp_path, kernel_id) == since
+            assert not cell.done() and running(pid)
+
+            outside.kill()  # room comes: it resumes, and the cell goes on with its memory intact
+            output = cell.result(timeout=120)
+            # The kernel told the cell why it stayed when its server died (notebook/survive.py).
+            assert output.strip().endswith("True") and "it stays for the next server" in output
+        listed = restarted.api("GET", f"api/vgpu/slices/{kernel_id}")
+        assert (listed["state"], listed["queue"]) == ("running", None)
+        shut_down(user_env, kernel_id)
+        wait_for(lambda: reaper([pid]), 30, "the kernel's process reaped")
+    finally:
+        outside.kill()
+        if restarted is not None:
+            restarted.stop()
+
+
+def waiting_for_room(server: Server, kernel_id: str) -> dict | None:
+    """The slice's place in line once its first attempt said what it waits for."""
+    queue = server.api("GET", f"api/vgpu/slices/{kernel_id}")["queue"]
+    return queue if queue and queue["waiting_for"] else None
+
+
+def in_line_since(tmp_path: Path, kernel_id: str) -> float:
+    """When the slice first asked for its room, as the ledger keeps it."""
+    with EmbeddedLedger(tmp_path / "ledger.sqlite", []) as ledger:
+        return ledger.get(kernel_id).metadata[IN_LINE_KEY]["since"]
