@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -92,9 +93,7 @@ class ServerClient:
         if server_url:
             token = environ.get(TOKEN_VARIABLE, "")
         else:
-            from jupyter_server.serverapp import list_running_servers  # only the CLI needs the server package
-
-            servers = list(list_running_servers())
+            servers = running_servers()
             if not servers:
                 raise ServerUnavailable(NO_RUNNING_SERVER)
             server_url, token = servers[-1]["url"], servers[-1].get("token", "")
@@ -151,6 +150,42 @@ class ServerClient:
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise ServerUnavailable(f"cannot reach the vGPU server at {self.server_url}: {reason}") from None
+
+
+def running_servers(runtime_dir: str | None = None) -> list[dict[str, Any]]:
+    """The ``jpserver-*.json`` files of the Jupyter servers still running, as
+    ``jupyter_server.serverapp.list_running_servers`` reads them, without importing
+    jupyter_server (seconds of start-up for a command that makes one REST call). Unlike it, this
+    leaves a dead server's file in place: that is the server's to clean up."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    folder = runtime_dir or jupyter_runtime_dir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    servers = []
+    for name in names:
+        if not re.fullmatch(r"jpserver-(.+)\.json", name):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as file:
+                info = json.load(file)
+        except (OSError, ValueError):  # gone meanwhile, or being written
+            continue
+        if isinstance(info, dict) and isinstance(info.get("pid"), int) and info["pid"] > 0 and _alive(info["pid"]):
+            servers.append(info)
+    return servers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def _reachable(server_url: str, who: str) -> str:

@@ -188,6 +188,7 @@ class VGPUMagics(Magics):
         self.panel: SlicePanel | None = None  # one live panel per kernel, shown again by every %vgpu panel
 
     @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="Show this help (as %%vgpu? does) and do nothing else.")
     @argument("action", nargs="?", default="show", choices=ACTIONS, help="show (the default), resize or panel.")
     @argument("--memory", help=f"resize: the new memory cap, {SIZE_HELP}.")
     @argument("--cores", help=f"resize: the new SM share, {SM_SHARE_HELP}.")
@@ -217,6 +218,9 @@ class VGPUMagics(Magics):
         slice it is in, read from its region; resize and panel print what to do instead.
         """
         args = parse_argstring(self.vgpu, line)
+        if args.help:  # IPython's magic arguments have no --help of their own
+            print(self.vgpu.parser.format_help())
+            return
         changes = requested_changes(args.memory, args.cores, args.policy)
         if args.action != "resize" and changes:
             raise UsageError(f"--memory, --cores and --policy belong to '%vgpu resize', not '%vgpu {args.action}'")

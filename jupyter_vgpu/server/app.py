@@ -216,7 +216,7 @@ class VGPUApp(ExtensionApp):
         config=True,
         help="Seconds a kernel may go without running code before it is suspended: its GPU memory moves to "
         "host memory (the CUDA driver's checkpoint API, r570+), its slice's room is lent to other kernels, and "
-        "its next cell takes it back (issue 18). Between idle_lower_after and idle_cull_after. A kernel that "
+        "its next cell takes it back. Between idle_lower_after and idle_cull_after. A kernel that "
         "cannot be suspended (managed memory, MIG, MPS, several GPUs, an older driver; its notice says why) is "
         "lowered and culled as before. 0: never. A hub sets it through $JUPYTER_VGPU_IDLE_SUSPEND_AFTER.",
     )
@@ -231,7 +231,7 @@ class VGPUApp(ExtensionApp):
     suspend_lock_timeout = Float(
         5.0,
         config=True,
-        help="Seconds each process of a kernel being suspended (to host memory, issue 18) may take to "
+        help="Seconds each process of a kernel being suspended (to host memory) may take to "
         "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
         "refused (409), saying which process.",
     )
@@ -464,12 +464,7 @@ class VGPUApp(ExtensionApp):
                 self.idle_cull_after,
                 self.idle_lower_after,
             )
-        self.log.info(
-            "jupyter_vgpu: idle kernels lowered to %d%% of the SMs after %s, stopped after %s",
-            self.idle_floor_cores,
-            f"{self.idle_lower_after:g} s" if self.idle_lower_after else "never",
-            f"{self.idle_cull_after:g} s" if self.idle_cull_after else "never",
-        )
+        self.log.info("jupyter_vgpu: %s", idle.describe())
 
     def _pod_scopes(self) -> list[PodScope]:
         """Where this server's kernel pods go (each pod kernelspec's namespace and owner): where a
