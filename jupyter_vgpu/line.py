@@ -95,6 +95,7 @@ class Line:
         self._requests: dict[str, Request] = {}
         self._places: dict[str, Place] = {}
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
+        self._passes: set[asyncio.Task[None]] = set()
         self._serving = False
         self._again = False
 
@@ -185,7 +186,10 @@ class Line:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop in this thread: the watcher's next tick serves it
-        loop.create_task(self.serve())
+        task = loop.create_task(self.serve())
+        # The loop keeps only a weak reference to a task: keep it until it is done.
+        self._passes.add(task)
+        task.add_done_callback(self._passes.discard)
 
     async def serve(self) -> None:
         """One pass through the line (another right after, where something changed during it)."""
