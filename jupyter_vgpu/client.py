@@ -81,6 +81,13 @@ class ServerClient:
         if not all(values):
             raise ServerUnavailable(NOT_IN_A_SERVER)
         server_url, kernel_id, credential = values
+        # A kernel that outlived its server: the server that adopted it, which may listen elsewhere.
+        from jupyter_vgpu.holders.local import REGION_VARIABLE, read_adopted_by
+
+        region = environ.get(REGION_VARIABLE)
+        adopter = read_adopted_by(region) if region else None
+        if adopter and isinstance(adopter.get("url"), str) and adopter["url"]:
+            server_url = adopter["url"]
         return cls(_reachable(server_url, "this kernel"), (CREDENTIAL_HEADER, credential), kernel_id)
 
     @classmethod
