@@ -94,6 +94,7 @@ class SurvivingPoller(ParentPollerUnix):
                     log.warning(f"jupyter-vgpu: no server adopted this kernel within {self.survival:g} s; it ends")
                     os._exit(1)
                 time.sleep(POLL_INTERVAL_S)
+            log.warning("jupyter-vgpu: a restarted server adopted this kernel")
             while self.adopted():
                 time.sleep(POLL_INTERVAL_S)
         log.warning("Parent appears to have exited, shutting down.")
