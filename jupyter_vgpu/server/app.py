@@ -262,7 +262,8 @@ class VGPUApp(ExtensionApp):
         "or suspended, with its variables and GPU memory, for a restarted server to adopt it: the notebook then "
         "reconnects to it. One nobody adopts in that time ends, and the next server frees its slice. Set when "
         "the kernel starts (a kernel keeps the value of the server that started it). 0: a kernel ends with its "
-        "server, as ipykernel's do. A hub sets it through $JUPYTER_VGPU_KERNEL_SURVIVAL.",
+        "server, as ipykernel's do; always 0 with a node's broker (broker_url), which gives back the slices of a "
+        "server that is gone. A hub sets it through $JUPYTER_VGPU_KERNEL_SURVIVAL.",
     )
 
     @validate(
@@ -407,7 +408,11 @@ class VGPUApp(ExtensionApp):
             start_error=refusal_for_http,
             parent=self,
         )
-        manager.kernel_survival = self.kernel_survival
+        # A node's broker gives back the slices of a user whose server is gone (it asks the hub),
+        # so a kernel outliving its server there would hold GPU memory outside any slice.
+        manager.kernel_survival = 0.0 if self.broker_url else self.kernel_survival
+        if self.broker_url and self.kernel_survival:
+            self.log.info("jupyter_vgpu: with a node's broker, kernels end with their server (kernel_survival is 0)")
         self._keep_sessions_in_a_file()
         try:
             for released in manager.reconcile():

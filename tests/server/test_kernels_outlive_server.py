@@ -16,10 +16,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import test_server_process
+from jupyter_client import BlockingKernelClient
 from support import wait_for
 from test_orphans import reaper, running
 from test_server_process import KERNEL_NAME, TOKEN, Server, run_code
 from test_suspend_cli import PATTERN
+from test_suspend_restart import connection_file
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -112,18 +114,32 @@ def test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_t
     restarted = None
     try:
         # A running kernel with a variable and 1 GiB on the GPU, one suspended with its pattern
-        # in host memory, one that is idle and never used the GPU.
+        # in host memory, one running a cell (it never used the GPU).
         running_session, running_kernel = open_notebook(server, "running.ipynb")
         run_code(user_env, running_kernel, cuda_prelude + PATTERN + "x = 41")
         suspended_session, suspended_kernel = open_notebook(server, "suspended.ipynb")
         run_code(user_env, suspended_kernel, cuda_prelude + PATTERN)
         suspended = server.api("POST", f"api/vgpu/slices/{suspended_kernel}/suspend", {})
         assert (suspended["state"], suspended["host_memory_bytes"]) == ("suspended", GIB)
-        idle_session, idle_kernel = open_notebook(server, "idle.ipynb")
-        run_code(user_env, idle_kernel, "y = 'still here'")
+        busy_session, busy_kernel = open_notebook(server, "busy.ipynb")
+        run_code(user_env, busy_kernel, "y = 'still here'")
+        # Its next cell still runs when the server dies: it waits for a file, then sets z.
+        flag = tmp_path / "go"
+        cell = BlockingKernelClient(connection_file=str(connection_file(user_env, busy_kernel)))
+        cell.load_connection_file()
+        cell.start_channels()
+        try:
+            sent = cell.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.01)\nz = 1")
+            while not (
+                (message := cell.get_iopub_msg(timeout=60))["msg_type"] == "execute_input"
+                and message["parent_header"]["msg_id"] == sent
+            ):
+                pass  # until the kernel says it runs that cell
+        finally:
+            cell.stop_channels()
         before = sessions(server)
         pids = {
-            kernel_id: kernel_pid(server, kernel_id) for kernel_id in (running_kernel, suspended_kernel, idle_kernel)
+            kernel_id: kernel_pid(server, kernel_id) for kernel_id in (running_kernel, suspended_kernel, busy_kernel)
         }
 
         server.kill()
@@ -142,7 +158,10 @@ def test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_t
 
         # The notebooks reach them through the new server's websocket: variables and GPU memory intact.
         assert execute_over_websocket(restarted, running_kernel, "print(x + 1, intact())").split() == ["42", "True"]
-        assert execute_over_websocket(restarted, idle_kernel, "print(y)").strip() == "still here"
+        # The cell that ran when the server died goes on (its output has nobody to go to); once
+        # it ends, the next cell sees what it set.
+        flag.touch()
+        assert execute_over_websocket(restarted, busy_kernel, "print(y, z)").strip() == "still here 1"
         # %vgpu talks to the server that adopted the kernel (it listens on another port).
         described = execute_over_websocket(restarted, running_kernel, "%vgpu")
         assert f"({running_kernel}), running" in described and "1GiB used of 1GiB cap" in described, described
@@ -152,7 +171,7 @@ def test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_t
 
         # They are this server's kernels now: closing a notebook's session stops its kernel and
         # frees its slice, as for any kernel.
-        for session_id in (running_session, suspended_session, idle_session):
+        for session_id in (running_session, suspended_session, busy_session):
             restarted.api("DELETE", f"api/sessions/{session_id}")
         assert restarted.api("GET", "api/kernels") == [] and restarted.api("GET", "api/vgpu/slices") == []
         wait_for(lambda: reaper(list(pids.values())), 30, "the kernels' processes reaped")
