@@ -467,6 +467,8 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: kernels of the last server not adopted: %s", error)
 
+    # ExtensionApp's documented hook for work once the server's loop runs (its name is
+    # underscored, but jupyter_server's docs say to override it; there is no public one).
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Once the server has its port (it may have taken another than the one asked for), name
         it again beside the kernels it adopted, for their %vgpu."""
