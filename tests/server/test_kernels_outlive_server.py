@@ -203,3 +203,50 @@ def test_a_kernel_nobody_adopts_within_kernel_survival_ends_and_the_next_server_
         assert not list((tmp_path / "regions").iterdir())
     finally:
         restarted.stop()
+
+
+def test_an_adopted_kernel_is_interrupted_and_restarted_as_any(user_env, tmp_path, cuda_prelude, reaper):
+    server = Server(tmp_path, user_env)
+    session_id, kernel_id = open_notebook(server, "work.ipynb")
+    run_code(user_env, kernel_id, cuda_prelude + "assert allocate(1 << 30) == 0")
+    pid = kernel_pid(server, kernel_id)
+    server.kill()
+
+    restarted = Server(tmp_path, user_env)
+    try:
+        # Kernel > Interrupt (POST .../interrupt) reaches the adopted kernel's process.
+        client = BlockingKernelClient(connection_file=str(connection_file(user_env, kernel_id)))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            sent = client.execute("import threading; threading.Event().wait()")
+            while not (
+                (message := client.get_iopub_msg(timeout=60))["msg_type"] == "execute_input"
+                and message["parent_header"]["msg_id"] == sent
+            ):
+                pass
+            restarted.api("POST", f"api/kernels/{kernel_id}/interrupt")
+            reply = client.get_shell_msg(timeout=60)
+            assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "KeyboardInterrupt")
+        finally:
+            client.stop_channels()
+
+        # Kernel > Restart (POST .../restart): a new kernel process in the same slice, the old one gone.
+        restarted.api("POST", f"api/kernels/{kernel_id}/restart")
+        wait_for(lambda: reaper([pid]), 30, "the adopted kernel's process ended and reaped")
+        new_pid = wait_for(
+            lambda: kernel_pid(restarted, kernel_id) not in (None, pid) and kernel_pid(restarted, kernel_id),
+            60,
+            "the new kernel process",
+        )
+        assert running(new_pid)
+        assert execute_over_websocket(restarted, kernel_id, "print('new')").strip() == "new"
+        (listed,) = restarted.api("GET", "api/vgpu/slices")
+        assert (listed["kernel_id"], listed["usage"]["memory_bytes"]) == (kernel_id, 0)
+        assert sessions(restarted) == {session_id: ("work.ipynb", kernel_id)}
+
+        restarted.api("DELETE", f"api/sessions/{session_id}")
+        assert restarted.api("GET", "api/vgpu/slices") == []
+        assert not connection_file(user_env, kernel_id).exists()
+    finally:
+        restarted.stop()
