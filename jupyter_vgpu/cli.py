@@ -564,8 +564,8 @@ class DoctorApp(_VGPUSubcommand):
 def live_kernel(allocation) -> str:
     """What a live kernel of the ledger is to its user: its slice, and which server has it (the
     one that started it, one that adopted it after that one went away, or none yet)."""
-    from jupyter_vgpu.holders.device_memory import parent_pid, process_running
-    from jupyter_vgpu.manager import ADOPTED_KEY, CONNECTION_FILE_KEY, ORPHANED_KEY
+    from jupyter_vgpu.holders.device_memory import process_running
+    from jupyter_vgpu.manager import ADOPTED_KEY, CONNECTION_FILE_KEY, ORPHANED_KEY, served_elsewhere
 
     metadata = allocation.metadata
     state = "suspended" if allocation.suspended else "running"
@@ -582,14 +582,14 @@ def live_kernel(allocation) -> str:
             f"{what}, outlived its server; kept by a restarted server that could not adopt it: reach it with "
             f"`jupyter console --existing {metadata.get(CONNECTION_FILE_KEY, '')}`"
         )
-    pid = int(metadata.get("provisioner_info", {}).get("pid", 0))
-    if isinstance(server, dict) or parent_pid(pid) <= 1:
-        return (
-            f"{what}, outlived its server and waits for a restarted one to adopt it, with its variables: start "
-            "the server again (same user and Jupyter runtime dir) before its survival time (VGPUApp.kernel_survival) "
-            "runs out"
-        )
-    return f"{what}, with the server that started it (pid {parent_pid(pid)})"
+    serving = served_elsewhere(allocation)
+    if serving:
+        return f"{what}, with the server that started it (pid {serving})"
+    return (
+        f"{what}, outlived its server and waits for a restarted one to adopt it, with its variables: start "
+        "the server again (same user and Jupyter runtime dir) before its survival time (VGPUApp.kernel_survival) "
+        "runs out"
+    )
 
 
 class _ServerCommand(_VGPUSubcommand):

@@ -11,7 +11,9 @@ Both talk to the same handlers and differ only in who they are:
   own slice (see server/handlers.py), so code in the kernel cannot start kernels, read files or
   act as the user. This module is the one place that reads those variables.
 
-The client uses the standard library only, so it works from any thread and in any kernel, and
+The client uses the standard library only (in a sliced kernel it also reads, from beside its
+region, which server adopted the kernel after its own went away: holders/local.py), so it works
+from any thread and in any kernel, and
 the module also holds the names the %vgpu magic, the panel and the CLI show slices by.
 """
 

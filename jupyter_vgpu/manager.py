@@ -23,6 +23,7 @@ from typing import Any
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu.holders import Holder, SliceUsage
+from jupyter_vgpu.holders.device_memory import process_running
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
@@ -59,6 +60,10 @@ KERNEL_NAME_KEY = "kernel_name"
 # recorded, the kernelspec gone), keeps it only while suspended, reached through its connection
 # file (issue 18): when that server found it (time.time()).
 ORPHANED_KEY = "orphaned"
+# Metadata of a sliced kernel: the server that started it ({"pid", "pid_start_time"}): while that
+# server (or the one that adopted the kernel) runs, another server on the same ledger leaves the
+# kernel alone.
+SERVER_KEY = "server"
 # Metadata of a slice whose kernel a restarted server adopted (server/adopt.py): {"at": when
 # (time.time()), "server": the adopting server's pid, start time and URL}.
 ADOPTED_KEY = "adopted"
@@ -92,6 +97,25 @@ def woken_at(allocation: Allocation) -> float:
     woken = allocation.metadata.get(WOKEN_KEY)
     at = woken.get("at") if isinstance(woken, dict) else None
     return float(at) if isinstance(at, (int, float)) else 0.0
+
+
+def this_process() -> dict[str, int]:
+    """What identifies this process in the ledger: its pid and start time."""
+    pid = os.getpid()
+    return {"pid": pid, "pid_start_time": process_start_time(pid)}
+
+
+def served_elsewhere(allocation: Allocation) -> int:
+    """The pid of another server that has the slice's kernel and still runs (the one that adopted
+    it, else the one that started it), or 0."""
+    adopted = allocation.metadata.get(ADOPTED_KEY)
+    server = adopted.get("server") if isinstance(adopted, dict) else allocation.metadata.get(SERVER_KEY)
+    if not isinstance(server, dict):
+        return 0
+    pid, start_time = server.get("pid"), server.get("pid_start_time")
+    if not isinstance(pid, int) or not isinstance(start_time, int) or pid == os.getpid():
+        return 0
+    return pid if process_running(pid, start_time) else 0
 
 
 def held_by_batch_run(allocation: Allocation) -> bool:
@@ -551,7 +575,7 @@ class SliceManager(LoggingConfigurable):
         ``get_provisioner_info()``), so a restarted server can tell whether it still runs, its
         connection file, through which a client (or a restarted server) reaches it without this
         server, and its kernelspec's name, as which a restarted server adopts it."""
-        fields: dict[str, Any] = {"provisioner_info": provisioner_info}
+        fields: dict[str, Any] = {"provisioner_info": provisioner_info, SERVER_KEY: this_process()}
         if connection_file:
             fields[CONNECTION_FILE_KEY] = connection_file
         if kernel_name:
@@ -619,6 +643,12 @@ class SliceManager(LoggingConfigurable):
         for allocation in self.ledger.allocations():
             if held_by_batch_run(allocation):
                 continue  # a batch run's kernel: its own process releases the slice
+            serving = served_elsewhere(allocation)
+            if serving:
+                # Another server on this ledger runs and has it: neither adopted nor stopped.
+                self.log.info("kernel %s is the running server %d's: left to it", allocation.kernel_id, serving)
+                kept.add(allocation.kernel_id)
+                continue
             if self._keep_survivor(allocation):
                 kept.add(allocation.kernel_id)
                 continue
@@ -754,6 +784,7 @@ __all__ = [
     "IN_LINE_KEY",
     "KERNEL_NAME_KEY",
     "ORPHANED_KEY",
+    "SERVER_KEY",
     "WOKEN_KEY",
     "RoomWanted",
     "SliceManager",
@@ -761,6 +792,7 @@ __all__ = [
     "SliceStatus",
     "held_by_batch_run",
     "orphan_notice",
+    "served_elsewhere",
     "start_refusal",
     "woken_at",
 ]

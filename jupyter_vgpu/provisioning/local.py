@@ -408,10 +408,11 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         await super().cleanup(restart=restart)
         if restart:
             return
-        if self._adoption_done and getattr(self.parent, "connection_file", ""):
+        connection_file = str(getattr(self.parent, "connection_file", None) or "")
+        if self._adoption_done and connection_file:
             # The kernel manager removes only a connection file it wrote; an adopted kernel's was
             # written by the server that started it.
-            Path(self.parent.connection_file).unlink(missing_ok=True)
+            Path(connection_file).unlink(missing_ok=True)
         manager = self.slice_manager()
         if manager is not None:
             manager.release(self.kernel_id)

@@ -16,18 +16,15 @@ back.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.manager import KERNEL_NAME_KEY, SliceManager
+from jupyter_vgpu.manager import KERNEL_NAME_KEY, SliceManager, this_process
 from jupyter_vgpu.provisioning.local import ADOPT_ARGUMENT
 
 
 def this_server(url: str) -> dict[str, Any]:
     """What names this server beside an adopted kernel's region: its process and URL."""
-    pid = os.getpid()
-    return {"pid": pid, "pid_start_time": process_start_time(pid), "url": url}
+    return {**this_process(), "url": url}
 
 
 async def adopt_survivors(slices: SliceManager, kernels: Any, server: dict[str, Any], log: logging.Logger) -> list[str]:

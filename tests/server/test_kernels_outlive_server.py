@@ -250,3 +250,23 @@ def test_an_adopted_kernel_is_interrupted_and_restarted_as_any(user_env, tmp_pat
         assert not connection_file(user_env, kernel_id).exists()
     finally:
         restarted.stop()
+
+
+def test_a_second_server_on_the_same_ledger_neither_adopts_nor_stops_the_first_ones_kernels(user_env, tmp_path):
+    first = Server(tmp_path, user_env)
+    second = None
+    try:
+        _, kernel_id = open_notebook(first, "first.ipynb")
+        run_code(user_env, kernel_id, "v = 'first'")
+        pid = kernel_pid(first, kernel_id)
+
+        second = Server(tmp_path, user_env)  # same ledger, same runtime folder, both running
+        assert second.api("GET", "api/kernels") == []
+        assert running(pid) and [kernel["id"] for kernel in first.api("GET", "api/kernels")] == [kernel_id]
+        assert execute_over_websocket(first, kernel_id, "print(v)").strip() == "first"
+        (listed,) = second.api("GET", "api/vgpu/slices")  # the second sees the slice, as any of the ledger's
+        assert listed["kernel_id"] == kernel_id and listed["pid"] == pid
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
