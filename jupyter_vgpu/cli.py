@@ -5,38 +5,36 @@ from __future__ import annotations
 import ctypes
 import getpass
 import json
+import logging
 import os
 import re
 import shlex
 import shutil
-import sqlite3
 import stat
 import subprocess
 import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jupyter_core.application import JupyterApp
-from traitlets import Bool, Float, List, TraitError, Unicode
+from traitlets import Bool, Float, List, TraitError, Unicode, default
 from traitlets.config import Application, Configurable
+from traitlets.config.loader import KVArgParseConfigLoader
 
+# Only what every command needs is imported here: a command imports the rest of jupyter_vgpu
+# (holders, ledger, slice manager) and of Jupyter (jupyter_client, jupyter_server) when it runs,
+# so `jupyter vgpu status` answers in a fraction of a second (tests/cli/test_cli_imports.py).
 from jupyter_vgpu._version import __version__
-from jupyter_vgpu.client import RequestRefused, ServerClient, ServerUnavailable, gpu_memory_used, in_host_memory
-from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
-from jupyter_vgpu.holders.local import (
-    REGION_PATH_KEY,
-    REGION_SUFFIX,
-    LocalHolder,
-    default_region_dir,
-    run_command,
-    run_in_slice,
-    slice_environment,
+from jupyter_vgpu.client import (
+    RequestRefused,
+    ServerClient,
+    ServerUnavailable,
+    describe_queue,
+    gpu_memory_used,
+    in_host_memory,
 )
-from jupyter_vgpu.holders.region import process_start_time
-from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
-from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
 from jupyter_vgpu.model import (
     FULL_SHARE,
     NOTEBOOK_DEFAULTS,
@@ -75,12 +73,62 @@ class UsageError(Exception):
     """Bad command-line input: printed as one line, exit status 2, nothing started."""
 
 
+class _StrictLoader(KVArgParseConfigLoader):
+    """Command-line options where one the command does not have is refused (one line, exit 2),
+    not warned about and ignored: `--prefix DIR` to a command without it must not install
+    somewhere else."""
+
+    command = "jupyter vgpu"
+
+    def _handle_unrecognized_alias(self, arg: str) -> None:
+        self._refuse(f"unknown option --{arg}")
+
+    def _create_parser(self) -> None:
+        super()._create_parser()
+        # argparse's own errors (an unknown --flag without a value: "expected one argument")
+        # read the same: one line, exit 2.
+        self.parser.error = self._refuse  # type: ignore[method-assign]
+
+    def _refuse(self, message: str) -> NoReturn:
+        if message.startswith("argument --") and message.endswith("expected one argument"):
+            option = message.split()[1].rstrip(":").split("/")[0].removeprefix("--")
+            # argparse names an alias by its trait: --RunApp.memory for --memory
+            alias = next((name for name, trait in self.aliases.items() if option in (name, trait)), None)
+            message = f"--{alias} needs a value" if alias else f"unknown option --{option}"
+        print(f"{self.command}: {message}; `{self.command} --help` lists the options it takes", file=sys.stderr)
+        sys.exit(2)
+
+
+class _StrictOptions(JupyterApp):
+    """A `jupyter vgpu` command: its unknown options are refused (see _StrictLoader), and its
+    help names no private class of this module (the bases below)."""
+
+    # One line for the table of `jupyter vgpu --help`: a whole sentence, never cut.
+    summary = ""
+
+    def _create_loader(self, argv, aliases, flags, classes) -> KVArgParseConfigLoader:
+        loader = _StrictLoader(argv, aliases, flags, classes=classes, log=self.log, subcommands=self.subcommands)
+        loader.command = self.name.replace("-", " ")
+        return loader
+
+    @classmethod
+    def class_get_help(cls, inst=None) -> str:
+        # traitlets heads the section "RunApp(_GPUCommand) options", naming a private base
+        first, _, rest = super().class_get_help(inst).partition("\n")
+        return f"{cls.__name__} options\n{rest}" if first.endswith(" options") else f"{first}\n{rest}"
+
+    def _classes_inc_parents(self, classes=None):
+        # --help-all lists a section for every configurable class; the private bases here are
+        # not for users to configure.
+        for cls in super()._classes_inc_parents(classes):
+            if not cls.__name__.startswith("_"):
+                yield cls
+
+
 # flags, aliases and subcommands are traitlets' class-level tables, which Application annotates
 # as instance attributes (a ClassVar here is a mypy error) and only reads: RUF012 does not apply.
-class _VGPUSubcommand(JupyterApp):
+class _VGPUSubcommand(_StrictOptions):
     version = __version__
-    simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
-    flags = {"simulate": ({"_VGPUSubcommand": {"simulate": True}}, simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def start(self) -> None:
         command = self.name.replace("-", " ")  # jupyter vgpu kernelspec install
@@ -99,13 +147,19 @@ class _VGPUSubcommand(JupyterApp):
     def run(self) -> int:
         raise NotImplementedError
 
+
+class _GPUCommand(_VGPUSubcommand):
+    """A subcommand that uses this machine's GPUs, or the simulated ones (--simulate)."""
+
+    simulate = Bool(False, config=True, help="Use the simulated GPU instead of the machine's driver.")
+
     def devices(self):
         if self.simulate:
             use_simulator()
         return list_devices()
 
 
-class RunApp(_VGPUSubcommand):
+class RunApp(_GPUCommand):
     name = "jupyter-vgpu-run"
     description = """Run COMMAND inside a fresh GPU slice and return its exit status.
 
@@ -113,9 +167,9 @@ class RunApp(_VGPUSubcommand):
     gets CUDA_ERROR_OUT_OF_MEMORY (frameworks raise their own out-of-memory error) and one line
     on stderr naming the cap."""
     examples = """
-    jupyter vgpu run --memory 4GiB --cores 30 -- python train.py
-    jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
-    """
+jupyter vgpu run --memory 4GiB --cores 30 -- python train.py
+jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
+"""
 
     memory = Unicode(
         "",
@@ -153,7 +207,7 @@ class RunApp(_VGPUSubcommand):
         "ledger": "RunApp.ledger",
     }
     flags = {  # noqa: RUF012 -- traitlets' class-level table
-        "simulate": ({"RunApp": {"simulate": True}}, _VGPUSubcommand.simulate.help),
+        "simulate": ({"RunApp": {"simulate": True}}, _GPUCommand.simulate.help),
         "no-server": ({"RunApp": {"ledger": "none"}}, "Run in a slice no server's ledger counts (RunApp.ledger=none)."),
     }
 
@@ -190,6 +244,8 @@ class RunApp(_VGPUSubcommand):
                 f"({format_size(device.memory_total)}); ask for at most that, or leave --memory out for the whole GPU"
             )
         if ledger_path is None:
+            from jupyter_vgpu.holders.local import run_in_slice
+
             return run_in_slice(self.extra_args, limits, device, simulate=self.simulate)
         if not (self.memory and self.cores and self.policy):
             print(
@@ -225,6 +281,14 @@ class RunApp(_VGPUSubcommand):
         own kernels, can resize it; released when the command ends. Marked with this process, so
         a server restarting meanwhile leaves it alone; if this process is killed, the server
         releases the slice once the command has ended too."""
+        import sqlite3
+
+        from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
+        from jupyter_vgpu.holders.local import REGION_PATH_KEY, LocalHolder, default_region_dir, run_command
+        from jupyter_vgpu.holders.region import process_start_time
+        from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
+        from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
+
         holder = LocalHolder(default_region_dir(standalone=True), simulate=self.simulate)
         try:
             ledger = EmbeddedLedger(path, self.devices(), reader=DeviceMemoryReader(holder.known_processes))
@@ -264,10 +328,10 @@ class RunApp(_VGPUSubcommand):
             ledger.close()
 
 
-class DevicesApp(_VGPUSubcommand):
+class DevicesApp(_GPUCommand):
     name = "jupyter-vgpu-devices"
     description = "List the GPUs NVML reports (or the simulated ones with --simulate)."
-    flags = {"simulate": ({"DevicesApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"simulate": ({"DevicesApp": {"simulate": True}}, _GPUCommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         devices = self.devices()
@@ -339,7 +403,7 @@ def ledger_problems(path: Path) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
-class DoctorApp(_VGPUSubcommand):
+class DoctorApp(_GPUCommand):
     name = "jupyter-vgpu-doctor"
     description = "Check what a slice needs on this machine and say what would stop one from working."
     ledger_path = Unicode(
@@ -351,11 +415,12 @@ class DoctorApp(_VGPUSubcommand):
         "", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions."
     )
     aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}  # noqa: RUF012 -- traitlets' class-level table
-    flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _VGPUSubcommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _GPUCommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def _paths(self) -> tuple[Path, list[Path]]:
         """(the ledger file, the region folders) to check; a path given that is not there is a
         usage error, a default one may not exist yet."""
+        from jupyter_vgpu.holders.local import default_region_dir
         from jupyter_vgpu.provisioning.local import default_ledger_path
 
         ledger = Path(self.ledger_path).expanduser() if self.ledger_path else default_ledger_path()
@@ -367,6 +432,8 @@ class DoctorApp(_VGPUSubcommand):
         return ledger, list(dict.fromkeys([regions, default_region_dir(), default_region_dir(standalone=True)]))
 
     def run(self) -> int:
+        from jupyter_vgpu.holders.local import LocalHolder, default_region_dir, slice_environment
+
         problems = 0
 
         def report(ok: bool, what: str, detail: str) -> None:
@@ -477,6 +544,8 @@ class DoctorApp(_VGPUSubcommand):
     def check_file_modes(report, ledger: Path, region_folders: list[Path]) -> None:
         """Region folders 0700 and region files 0600, the user's own; the ledger not writable by
         others. One line for each problem, one ok line when there is none."""
+        from jupyter_vgpu.holders.local import REGION_SUFFIX
+
         found, checked = [], []
         for folder in region_folders:
             if not folder.is_dir():
@@ -499,6 +568,9 @@ class DoctorApp(_VGPUSubcommand):
     def check_ledger(report, path: Path, devices) -> None:
         """Whether a batch kernel here (nbconvert, papermill, nbclient) finds the server's ledger
         and can take its slice from it."""
+        import sqlite3
+
+        from jupyter_vgpu.holders.local import LocalHolder, default_region_dir
         from jupyter_vgpu.ledger import EmbeddedLedger, LedgerError
         from jupyter_vgpu.manager import BATCH_KEY, held_by_batch_run
 
@@ -593,7 +665,10 @@ def live_kernel(allocation) -> str:
 
 
 class _ServerCommand(_VGPUSubcommand):
-    """A subcommand that talks to the running Jupyter server's /api/vgpu as its user."""
+    """A subcommand that talks to the running Jupyter server's /api/vgpu as its user (the
+    server's GPU, real or simulated, is the server's business: no --simulate)."""
+
+    flags = {}  # noqa: RUF012 -- traitlets' class-level table
 
     server = Unicode(
         "",
@@ -622,6 +697,15 @@ def _where(item: dict[str, Any]) -> str:
     return item["path"] or " ".join(item.get("command", "").split()) or "-"
 
 
+def _gpu_column(item: dict[str, Any]) -> str:
+    """The slice's GPU index; ``any`` for a start waiting for whichever GPU has room first, ``-``
+    for a pod's slice (on no GPU of this machine)."""
+    device = item.get("device")
+    if device:
+        return str(device["index"])
+    return "any" if item.get("state") == "queued" else "-"
+
+
 class StatusApp(_ServerCommand):
     name = "jupyter-vgpu-status"
     description = "Show every GPU slice of the running Jupyter server, like nvidia-smi for slices."
@@ -642,7 +726,7 @@ class StatusApp(_ServerCommand):
         "vgpu", config=True, help="For --all: the broker's service name in the hub (the classroom file's broker.name)."
     )
     aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker", "service": "StatusApp.service"}  # noqa: RUF012 -- traitlets' class-level table
-    flags = {**_VGPUSubcommand.flags, "all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
+    flags = {"all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
         if self.show_all:
@@ -658,9 +742,13 @@ class StatusApp(_ServerCommand):
             memory = f"{format_size(used) if used else '0'} / {format_size(limits['memory_bytes'])}"
             sm = f"{usage['sm_util']:.0f} / {limits['cores']}"
             print(
-                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{item['device']['index']:>4}"
+                f"{item['kernel_id'][:8]:<10}{_where(item)[-27:]:<28}{_gpu_column(item):>4}"
                 f"{memory:>22}{sm:>15}{limits['policy']:>8}  {in_host_memory(item) or item['state']}"
             )
+            # A start waiting in line, or a suspended or lent kernel's cell waiting for its room.
+            place = describe_queue(item)
+            if place:
+                print(f"{'':<10}{place}")
             for warning in item.get("warnings", ()):
                 print(f"{'':<10}warning: {warning}")
         if not slices:
@@ -809,11 +897,23 @@ class SuspendApp(_ServerCommand):
         if len(self.extra_args) != 1:
             raise UsageError(f"usage: jupyter vgpu {self.verb} KERNEL_ID")
         client = self.client()
-        kernel_id = ResizeApp.find_kernel(self.extra_args[0], client.slices())
+        slices = client.slices()
+        kernel_id = ResizeApp.find_kernel(self.extra_args[0], slices)
+        # The server answers a kernel already in the state asked for as it is (200): what this
+        # says comes from the state the kernel was in before.
+        before = next(item for item in slices if item["kernel_id"] == kernel_id)["state"]
+        was_suspended = before == "suspended"
         model = client.resume(kernel_id) if self.verb == "resume" else client.suspend(kernel_id)
         short = kernel_id[:8]
-        if self.verb == "resume":
+        if self.verb == "resume" and before not in ("suspended", "lent"):  # lent: its room, without memory
+            print(f"{short} was not suspended (it is {model['state']}): nothing to resume")
+        elif self.verb == "resume":
             print(f"resumed {short}: its {format_size(model['limits']['memory_bytes'])} slice runs again")
+        elif was_suspended:
+            print(
+                f"{short} was already suspended: its {format_size(model['host_memory_bytes'] or 0)} is in host "
+                f"memory; `jupyter vgpu resume {short}` resumes it"
+            )
         else:
             print(
                 f"suspended {short}: {format_size(model['host_memory_bytes'])} moved to host memory; it resumes on "
@@ -845,7 +945,7 @@ def shipped_kernel_logos(kernelspecs: Any) -> list[Path]:
     return sorted(folder.glob("logo-*"))
 
 
-class KernelspecInstallApp(_VGPUSubcommand):
+class KernelspecInstallApp(_GPUCommand):
     name = "jupyter-vgpu-kernelspec-install"
     description = "Install a kernelspec whose kernels start in GPU slices of a given size."
     memory = Unicode("4GiB", config=True, help="Memory cap of each kernel's slice.")
@@ -864,8 +964,15 @@ class KernelspecInstallApp(_VGPUSubcommand):
         config=True,
         help="GPU index or UUID of every kernel's slice. Empty: the ledger places it (GPU 0 in a batch run without one).",
     )
-    user = Bool(False, config=True, help="Install for this user only.")
+    user = Bool(False, config=True, help="Install for this user only (in ~/.local/share/jupyter/kernels).")
+    prefix = Unicode(
+        "",
+        config=True,
+        help="Install in PREFIX/share/jupyter/kernels, e.g. a virtual or conda environment's folder, as "
+        "`jupyter kernelspec install --prefix` does. Empty: system-wide, or this user's with --user.",
+    )
     aliases = {  # noqa: RUF012 -- traitlets' class-level table
+        "prefix": "KernelspecInstallApp.prefix",
         "memory": "KernelspecInstallApp.memory",
         "cores": "KernelspecInstallApp.cores",
         "policy": "KernelspecInstallApp.policy",
@@ -875,6 +982,10 @@ class KernelspecInstallApp(_VGPUSubcommand):
     }
     flags = {  # noqa: RUF012 -- traitlets' class-level table
         "user": ({"KernelspecInstallApp": {"user": True}}, user.help),
+        "sys-prefix": (
+            {"KernelspecInstallApp": {"prefix": sys.prefix}},
+            f"Install in this Python's environment ({sys.prefix}/share/jupyter/kernels): --prefix sys.prefix.",
+        ),
         "simulate": (
             {"KernelspecInstallApp": {"simulate": True}},
             "Kernels started without a vGPU server (papermill, nbconvert) use the simulated GPU.",
@@ -882,6 +993,7 @@ class KernelspecInstallApp(_VGPUSubcommand):
     }
 
     def run(self) -> int:
+        from ipykernel.kernelspec import get_kernel_dict
         from jupyter_client.kernelspec import KernelSpecManager
 
         from jupyter_vgpu.manager import SliceRefused
@@ -904,33 +1016,88 @@ class KernelspecInstallApp(_VGPUSubcommand):
         name = self.kernel_name or f"python3-vgpu-{memory.lower()}-{cores}"
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
             raise UsageError(f"kernelspec name {name!r} may hold only letters, digits, '-', '_' and '.'")
+        if self.user and self.prefix:
+            raise UsageError("--user and --prefix (or --sys-prefix) name two places; give one of them")
+        self.warn_where_it_cannot_start(parse_size(memory), device)
+        # What the installed ipykernel declares of itself (debugger, supported_encryption: a server
+        # with transport_encryption="required" starts only kernels that say "curve"; the
+        # protocol version), as its own `python -m ipykernel install` writes it.
+        ipykernel_spec = get_kernel_dict()
         spec = {
             "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": self.display_name or f"Python 3 (GPU {memory}, {cores}% SM)",
             "language": "python",
             "metadata": {
+                **ipykernel_spec.get("metadata", {}),
                 "kernel_provisioner": {
                     "provisioner_name": "vgpu-provisioner",
                     "config": config,
-                }
+                },
             },
         }
-        kernelspecs = KernelSpecManager()
+        if "kernel_protocol_version" in ipykernel_spec:
+            spec["kernel_protocol_version"] = ipykernel_spec["kernel_protocol_version"]
+        # Its own logger, which shows warnings only: the manager's "Installed kernelspec" line
+        # would repeat the one below.
+        kernelspecs = KernelSpecManager(log=logging.getLogger("jupyter_vgpu.kernelspec"))
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "kernel.json"), "w") as file:
                 json.dump(spec, file, indent=2)
             for logo in shipped_kernel_logos(kernelspecs):  # the launcher shows them, not a letter
                 shutil.copy(logo, folder)
-            path = kernelspecs.install_kernel_spec(folder, name, user=self.user, replace=True)
-        print(f"installed kernelspec {name} in {path}")
+            path = kernelspecs.install_kernel_spec(folder, name, user=self.user, prefix=self.prefix or None)
+        print(f"installed kernelspec {Path(path).name} in {path}")  # Jupyter lower-cases the name
         return 0
 
+    def warn_where_it_cannot_start(self, memory: int, device: str) -> None:
+        """A warning on stderr where no GPU here (the one --device names) has the slice's memory:
+        its kernels would be refused on this machine. The GPUs are this machine's, or with
+        --simulate, or where it has no NVIDIA driver, the simulated ones."""
+        try:
+            devices, kind = self.devices(), "simulated GPU" if self.simulate else "GPU"
+        except (DeviceError, NativeLibraryMissing):
+            if self.simulate:
+                return
+            try:  # no driver: the GPU of a server started with --VGPUApp.simulate=True
+                use_simulator()
+                devices, kind = list_devices(), "simulated GPU"
+            except (DeviceError, NativeLibraryMissing, OSError):
+                return
+        if device:
+            try:
+                devices = [select_device(devices, device)]
+            except SliceValueError as error:
+                print(f"jupyter vgpu kernelspec install: warning: --device: {error}", file=sys.stderr)
+                return
+        if not devices:
+            return
+        largest = max(devices, key=lambda each: each.memory_total)
+        if memory > largest.memory_total:
+            has = format_size(largest.memory_total)
+            which = (
+                f"{kind} {largest.index} has ({has})"
+                if device
+                else f"any {kind} here has (the largest, {kind} {largest.index}, has {has})"
+            )
+            print(
+                f"jupyter vgpu kernelspec install: warning: a {format_size(memory)} slice is more than {which}; its "
+                "kernels will be refused on this machine (installed anyway, for a machine with a larger GPU)",
+                file=sys.stderr,
+            )
 
-class _CommandGroup(JupyterApp):
+
+class _CommandGroup(_StrictOptions):
     """A command of subcommands (``jupyter vgpu``, ``jupyter vgpu kernelspec``, ...): without one
     it prints its usage and exits 2."""
 
     version = __version__
+
+    @default("subcommand_description")
+    def _subcommand_description_default(self) -> str:
+        # traitlets' own names the command by its name here (jupyter-vgpu-kernelspec), which is
+        # no program; its text is then format()ted, so braces are doubled.
+        command = self.name.replace("-", " ")
+        return f"Run a command as `{command} COMMAND [options]`; `{command} COMMAND --help` lists its options."
 
     def usage(self) -> str:
         raise NotImplementedError
@@ -944,7 +1111,7 @@ class _CommandGroup(JupyterApp):
 
 class KernelspecApp(_CommandGroup):
     name = "jupyter-vgpu-kernelspec"
-    description = "Manage vGPU kernelspecs."
+    description = "Install kernelspecs whose kernels start in GPU slices of a given size."
     subcommands = {"install": (KernelspecInstallApp, KernelspecInstallApp.description)}  # noqa: RUF012 -- traitlets' class-level table
 
     def usage(self) -> str:
@@ -959,7 +1126,7 @@ def own_options_help(cls: type[Configurable]) -> str:
     return "\n".join(cls.class_get_trait_help(traits[name]) for name in sorted(traits))
 
 
-class ConfigApp(JupyterApp):
+class ConfigApp(_StrictOptions):
     name = "jupyter-vgpu-config"
     version = __version__
     description = "Print the options of the server extension (VGPUApp) and of the kernel provisioner, with their help."
@@ -987,12 +1154,27 @@ class ConfigApp(JupyterApp):
         print(own_options_help(VGPUPodProvisioner))
 
 
-class PodManifestApp(JupyterApp):
+class PodManifestApp(_StrictOptions):
     name = "jupyter-vgpu-pod-manifest"
     version = __version__
     description = (
         "Print, as YAML, the Pod and Secret (key and credential redacted) that a pod kernel start would "
-        "create with the current configuration (jupyter_server_config, the kernelspec), without a cluster."
+        "create with the current configuration (jupyter_server_config, the kernelspec), without a cluster. "
+        "The kernel image: --image IMAGE here, or VGPUPodProvisioner.image in the kernelspec's config or "
+        "jupyter_server_config.py. Any other pod option is set on the command line by its full name, "
+        "--VGPUPodProvisioner.NAME=VALUE (`jupyter vgpu config` lists them)."
+    )
+    # traitlets strips, then dedents: every line starts at the margin
+    examples = """
+jupyter vgpu pod-manifest --image registry.example.org/kernels/torch:2.5 --memory 8GiB --cores 30
+jupyter vgpu pod-manifest --kernel python3-vgpu-pod
+jupyter vgpu pod-manifest --image IMAGE --VGPUPodProvisioner.namespace=students
+"""
+    image = Unicode(
+        "",
+        config=True,
+        help="The kernel image (VGPUPodProvisioner.image): Python with ipykernel, and jupyter-vgpu for in-pod "
+        "slices. Empty: the kernelspec's, else the server's config.",
     )
     kernel = Unicode(
         "",
@@ -1008,6 +1190,7 @@ class PodManifestApp(JupyterApp):
     policy = Unicode("", config=True, help="hard or burst. Empty: the kernelspec's, else the server's default.")
     aliases = {  # noqa: RUF012 -- traitlets' class-level table
         "kernel": "PodManifestApp.kernel",
+        "image": "PodManifestApp.image",
         "memory": "PodManifestApp.memory",
         "cores": "PodManifestApp.cores",
         "policy": "PodManifestApp.policy",
@@ -1039,6 +1222,8 @@ class PodManifestApp(JupyterApp):
                     f"kernelspec {self.kernel!r} does not start pod kernels (its provisioner is {provisioner.get('provisioner_name') or 'the default'})"
                 )
             configured = dict(provisioner.get("config", {}))
+        if self.image.strip():  # the command line wins over the kernelspec and the files
+            configured["image"] = self.image.strip()
         try:
             provisioner = VGPUPodProvisioner(config=self.config, kernel_id=str(uuid.uuid4()), **configured)
             server = VGPUApp(config=self.config)
@@ -1059,7 +1244,7 @@ class PodManifestApp(JupyterApp):
         self.exit(2)
 
 
-class BrokerApp(JupyterApp):
+class BrokerApp(_StrictOptions):
     name = "jupyter-vgpu-broker"
     version = __version__
     description = (
@@ -1088,7 +1273,7 @@ class BrokerApp(JupyterApp):
         self.exit(run(self.classroom, reconcile_interval=self.reconcile_interval))
 
 
-class HubProfilesApp(JupyterApp):
+class HubProfilesApp(_StrictOptions):
     name = "jupyter-vgpu-hub-profiles"
     version = __version__
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
@@ -1123,18 +1308,22 @@ class HubApp(_CommandGroup):
 class VGPUCommand(_CommandGroup):
     name = "jupyter-vgpu"
     description = "GPU slices for Jupyter kernels and any program."
+    # Each command in one whole sentence (its --help has the rest).
     subcommands = {  # noqa: RUF012 -- traitlets' class-level table
-        "run": (RunApp, RunApp.description.splitlines()[0]),
+        "run": (RunApp, "Run a command in a fresh GPU slice and return its exit status."),
         "devices": (DevicesApp, DevicesApp.description),
         "doctor": (DoctorApp, DoctorApp.description),
         "status": (StatusApp, StatusApp.description),
-        "resize": (ResizeApp, ResizeApp.description.split(":")[0]),
-        "suspend": (SuspendApp, SuspendApp.description.split(":")[0]),
-        "resume": (ResumeApp, ResumeApp.description.split(":")[0]),
-        "kernelspec": (KernelspecApp, KernelspecApp.description),
+        "resize": (ResizeApp, "Resize a running kernel's slice: its memory cap, SM share or policy."),
+        "suspend": (SuspendApp, "Suspend a kernel: its GPU memory moves to host memory and its room is lent."),
+        "resume": (ResumeApp, "Resume a suspended kernel: its room on the GPU first, then its memory."),
+        "kernelspec": (KernelspecApp, "Install kernelspecs whose kernels start in GPU slices of a given size."),
         "config": (ConfigApp, ConfigApp.description),
-        "pod-manifest": (PodManifestApp, PodManifestApp.description.split(" (")[0]),
-        "broker": (BrokerApp, BrokerApp.description.split(" (")[0]),
+        "pod-manifest": (
+            PodManifestApp,
+            "Print the Pod and Secret a pod kernel's start would create, without a cluster.",
+        ),
+        "broker": (BrokerApp, "The node's GPU ledger for a JupyterHub's users, which the hub runs as a service."),
         "hub": (HubApp, HubApp.description),
     }
 

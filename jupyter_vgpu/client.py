@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -101,9 +102,7 @@ class ServerClient:
         if server_url:
             token = environ.get(TOKEN_VARIABLE, "")
         else:
-            from jupyter_server.serverapp import list_running_servers  # only the CLI needs the server package
-
-            servers = list(list_running_servers())
+            servers = running_servers()
             if not servers:
                 raise ServerUnavailable(NO_RUNNING_SERVER)
             server_url, token = servers[-1]["url"], servers[-1].get("token", "")
@@ -162,6 +161,42 @@ class ServerClient:
             raise ServerUnavailable(f"cannot reach the vGPU server at {self.server_url}: {reason}") from None
 
 
+def running_servers(runtime_dir: str | None = None) -> list[dict[str, Any]]:
+    """The ``jpserver-*.json`` files of the Jupyter servers still running, as
+    ``jupyter_server.serverapp.list_running_servers`` reads them, without importing
+    jupyter_server (seconds of start-up for a command that makes one REST call). Unlike it, this
+    leaves a dead server's file in place: that is the server's to clean up."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    folder = runtime_dir or jupyter_runtime_dir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    servers = []
+    for name in names:
+        if not re.fullmatch(r"jpserver-(.+)\.json", name):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as file:
+                info = json.load(file)
+        except (OSError, ValueError):  # gone meanwhile, or being written
+            continue
+        if isinstance(info, dict) and isinstance(info.get("pid"), int) and info["pid"] > 0 and _alive(info["pid"]):
+            servers.append(info)
+    return servers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
+
+
 def _reachable(server_url: str, who: str) -> str:
     """``server_url`` if urllib can reach it; jupyter_server may also listen on a Unix socket."""
     if urllib.parse.urlsplit(server_url).scheme not in ("http", "https"):
@@ -188,10 +223,14 @@ def describe_limits(model: dict[str, Any]) -> str:
     return f"memory cap {format_size(limits['memory_bytes'])}, SM share {limits['cores']}%, policy {limits['policy']}"
 
 
+# States in which a slice holds no room on the GPU: its start waits in line, or its room is lent.
+ROOMLESS_STATES = ("queued", "suspended", "lent")
+
+
 def gpu_memory_used(model: dict[str, Any]) -> int:
     """Bytes a slice's processes hold on the GPU: none while it is suspended (``usage.memory_bytes``
-    then still counts what they allocated, which is in host memory)."""
-    return 0 if model.get("state") == "suspended" else int(model["usage"]["memory_bytes"])
+    then still counts what they allocated, which is in host memory), lent or queued."""
+    return 0 if model.get("state") in ROOMLESS_STATES else int(model["usage"]["memory_bytes"])
 
 
 def in_host_memory(model: dict[str, Any]) -> str | None:
@@ -202,6 +241,56 @@ def in_host_memory(model: dict[str, Any]) -> str | None:
     return f"{format_size(model.get('host_memory_bytes') or 0)} in host memory (suspended)"
 
 
+def ordinal(position: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, 111th."""
+    suffix = "th" if 10 <= position % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(position % 10, "th")
+    return f"{position}{suffix}"
+
+
+def format_eta(seconds: float) -> str:
+    """An estimate as precise as an estimate is, as libvgpu.so words it in a waiting cell's output
+    (native/interposer/waiting.c) and the lab extension in its views: ``a few seconds``,
+    ``about 40 s``, ``about 2 min``, ``about 3 h``."""
+    s = max(0, int(seconds + 0.5))  # half up, as Math.round in the lab extension
+    if s < 10:
+        return "a few seconds"
+    if s < 55:
+        return f"about {(s + 5) // 10 * 10} s"
+    if s < 99 * 60 + 30:
+        return f"about {1 if s < 90 else (s + 30) // 60} min"
+    return f"about {(s + 1800) // 3600} h"
+
+
+def describe_queue(model: dict[str, Any]) -> str | None:
+    """Where a waiting slice stands in the line and what it waits for, as every view says it
+    (``jupyter vgpu status``, ``%vgpu``, the lab extension's describe.ts):
+    ``2nd in line for GPU 0 · about 40 s · waiting for 6GiB more GPU memory (4GiB free)``; ``any
+    GPU`` where it takes any, no estimate where the server has none (``eta_seconds`` null). None
+    for a slice that waits for nothing (``queue`` null, or absent from an older server)."""
+    queue = model.get("queue")
+    if not queue:
+        return None
+    device = model.get("device")
+    where = f"GPU {device['index']}" if device else "any GPU"
+    parts = [f"{ordinal(int(queue['position']))} in line for {where}"]
+    if queue.get("eta_seconds") is not None:
+        parts.append(format_eta(float(queue["eta_seconds"])))
+    waiting_for = (queue.get("waiting_for") or "").strip()
+    if waiting_for:
+        # A resume's reason is a sentence of its own ("waiting for 1GiB on GPU 0, ...").
+        parts.append(waiting_for if waiting_for.split(" ", 1)[0] == "waiting" else f"waiting for {waiting_for}")
+    return " · ".join(parts)
+
+
+def slice_notice(model: dict[str, Any]) -> str | None:
+    """What the server's idle policy says of the slice (``notice``), except where it is only what
+    the slice waits for in the line, which :func:`describe_queue` says with its place."""
+    notice = model.get("notice") or None
+    if notice and notice == (model.get("queue") or {}).get("waiting_for"):
+        return None
+    return notice
+
+
 def slice_name(model: dict[str, Any]) -> str:
     """What people call a slice: its notebook's file name, else its kernel's short id."""
     path = model.get("path") or ""
@@ -210,7 +299,10 @@ def slice_name(model: dict[str, Any]) -> str:
 
 def device_label(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     """``1 · Sim Large`` for a slice's device (the name from GET devices, when it lists it); for a
-    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4096 MiB, 30%)``."""
+    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4096 MiB, 30%)``;
+    ``any GPU`` for a start waiting in line for whichever GPU has room first."""
+    if model.get("device") is None and model.get("state") == "queued":
+        return "any GPU"
     if model.get("device") is None:
         location = model.get("location") or {}
         where = " · ".join(filter(None, [location.get("node", ""), location.get("gpu", "")]))

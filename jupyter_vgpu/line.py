@@ -95,6 +95,7 @@ class Line:
         self._requests: dict[str, Request] = {}
         self._places: dict[str, Place] = {}
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
+        self._passes: set[asyncio.Task[None]] = set()
         self._serving = False
         self._again = False
 
@@ -185,7 +186,10 @@ class Line:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop in this thread: the watcher's next tick serves it
-        loop.create_task(self.serve())
+        task = loop.create_task(self.serve())
+        # The loop keeps only a weak reference to a task: keep it until it is done.
+        self._passes.add(task)
+        task.add_done_callback(self._passes.discard)
 
     async def serve(self) -> None:
         """One pass through the line (another right after, where something changed during it)."""
@@ -257,10 +261,4 @@ class Line:
                     self.published(request, place)
 
 
-def ordinal(position: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 21st."""
-    suffix = "th" if 10 <= position % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(position % 10, "th")
-    return f"{position}{suffix}"
-
-
-__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request", "ordinal"]
+__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request"]

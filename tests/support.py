@@ -437,6 +437,56 @@ class JupyterProcess:
         return time.monotonic() - started
 
 
+class VGPUServer(JupyterProcess):
+    """`jupyter server` with jupyter-vgpu as a user starts it, with the shipped defaults (pending
+    kernels: a start that does not fit waits in the line) on the simulated GPU of ``sim_env``: its
+    ledger, regions, notebooks and Jupyter folders under ``folder``, and a vGPU kernelspec
+    ``kernel_name`` asking for ``memory``. ``env`` is the user's environment beside it: in it,
+    `jupyter vgpu status` finds this server (Jupyter's runtime files) and a program shares its GPU."""
+
+    kernel_name = "vgpu-line"
+    token = "vgpu-line-token"
+
+    def __init__(self, folder: Path, sim_env: dict[str, str], *options: str, memory: str = "1GiB"):
+        self.env = dict(sim_env)
+        self.env.pop("LD_LIBRARY_PATH", None)  # the server points its kernels at the simulated driver
+        self.env.pop("JUPYTER_TOKEN", None)
+        self.env.update(
+            JUPYTER_RUNTIME_DIR=str(folder / "runtime"),
+            JUPYTER_DATA_DIR=str(folder / "data"),
+            JUPYTER_CONFIG_DIR=str(folder / "config"),
+        )
+        write_vgpu_kernelspec(folder / "data" / "kernels" / self.kernel_name, "GPU slice (line)", {"memory": memory})
+        (folder / "notebooks").mkdir()
+        super().__init__(
+            self.env,
+            folder / "server.log",
+            self.token,
+            "--VGPUApp.simulate=True",
+            f"--VGPUApp.ledger_path={folder / 'ledger.sqlite'}",
+            f"--VGPUApp.region_dir={folder / 'regions'}",
+            f"--ServerApp.root_dir={folder / 'notebooks'}",
+            *options,
+        )
+
+    def slice_of(self, kernel_id: str) -> dict:
+        """The kernel's item of GET /api/vgpu/slices."""
+        (model,) = [item for item in self.api("GET", "api/vgpu/slices") if item["kernel_id"] == kernel_id]
+        return model
+
+    def kernel_client(self, kernel_id: str, timeout: float = 60):
+        """A client of the kernel over its own channels (its connection file, written once its
+        start is under way: a start answers before), channels started."""
+        from jupyter_client import BlockingKernelClient
+
+        connection_file = Path(self.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"
+        wait_for(connection_file.is_file, timeout, f"kernel {kernel_id}'s connection file", interval=0.1)
+        client = BlockingKernelClient(connection_file=str(connection_file))
+        client.load_connection_file()
+        client.start_channels()
+        return client
+
+
 # Program code for NVIDIA's cuda-bindings: `cu` (cuda.bindings.driver), ok(answer) -> the values of a
 # call that must succeed, the driver initialised and `device` = device 0; no context yet.
 CUDA_BINDINGS_PRELUDE = """

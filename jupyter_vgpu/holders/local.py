@@ -54,6 +54,9 @@ SURVIVAL_VARIABLE = "JUPYTER_VGPU_KERNEL_SURVIVAL_S"
 # How long a stopped slice's processes may take to exit after SIGKILL (the kernel tears down its
 # GPU memory on exit; a process stuck in the driver may take a moment).
 STOP_WAIT_S = 5.0
+# Beside a region in the standalone folder: the processes whose life keeps it in use (see
+# LocalHolder.mark_owners), so the next program there can tell a left-over region from one in use.
+OWNERS_SUFFIX = ".owners"
 
 
 def default_region_dir(*, standalone: bool = False) -> Path:
@@ -353,6 +356,58 @@ class LocalHolder:
         adopted_by_path(self.path(kernel_id)).unlink(missing_ok=True)
         self.path(kernel_id).unlink(missing_ok=True)
         default_limits_path(self.path(kernel_id)).unlink(missing_ok=True)
+        self._owners_path(kernel_id).unlink(missing_ok=True)
+
+    # -- left-over regions of programs without a server ------------------------------------
+
+    def _owners_path(self, name: str) -> Path:
+        return self.region_dir / f"{name}{OWNERS_SUFFIX}"
+
+    def _owners(self, name: str) -> dict[str, int]:
+        try:
+            owners = json.loads(self._owners_path(name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return (
+            {str(pid): start for pid, start in owners.items() if isinstance(start, int)}
+            if isinstance(owners, dict)
+            else {}
+        )
+
+    def mark_owners(self, name: str, *pids: int) -> None:
+        """Record processes whose life keeps the region ``name`` in use (a batch kernel's: the
+        program running it, then the kernel; a `jupyter vgpu run`'s: the command), so that
+        :meth:`sweep_stale` tells a region left behind from one in use, even before any process
+        of the slice made a CUDA call (which is when it appears in the region)."""
+        owners = self._owners(name)
+        owners.update({str(pid): process_start_time(pid) for pid in pids})
+        path = self._owners_path(name)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE)
+        with os.fdopen(fd, "w") as file:
+            json.dump(owners, file)
+        os.replace(staging, path)
+
+    def sweep_stale(self) -> list[str]:
+        """Release the regions marked with owners (:meth:`mark_owners`) of which none runs any
+        more, and in which no process of the slice runs: what a batch kernel left that was never
+        shut down, only garbage-collected, or whose program was killed. Returns their names.
+        A region without owners is left alone: nothing here tells whether it is in use."""
+        swept = []
+        for path in self.region_dir.glob(f"*{OWNERS_SUFFIX}"):
+            name = path.name[: -len(OWNERS_SUFFIX)]
+            owners = self._owners(name)
+            if not owners or any(process_running(int(pid), start) for pid, start in owners.items()):
+                continue
+            try:
+                with Region.open(self.path(name), publisher=False) as region:
+                    if region.processes():
+                        continue
+            except RegionError:
+                pass  # gone, or never made whole: nothing runs in it
+            self.release(name)
+            swept.append(name)
+        return swept
 
     def sweep(self, kept: set[str]) -> list[str]:
         swept = []
@@ -402,7 +457,10 @@ def run_in_slice(command: Sequence[str], limits: SliceLimits, device: Device, *,
     holder, name = LocalHolder(default_region_dir(standalone=True), simulate=simulate), uuidlib.uuid4().hex
     region = holder.new_region(name, limits, device)
     try:
-        return run_command(command, slice_environment(region, simulate=simulate))
+        holder.mark_owners(name, os.getpid())
+        return run_command(
+            command, slice_environment(region, simulate=simulate), started=lambda pid: holder.mark_owners(name, pid)
+        )
     finally:
         region.close()
         holder.release(name)

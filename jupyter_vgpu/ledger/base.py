@@ -24,7 +24,8 @@ SUSPENDED_KEY = "suspended"
 # and resume took, written by the suspender, exported as metrics by a server and a broker.
 SUSPEND_TIMINGS_KEY = "suspend_timings"
 # Making room across a node's users (a broker): a user's server reports each kernel's activity,
-# {"last_activity": epoch seconds, "busy": whether a cell runs}; where a start or a resume does
+# {"last_activity": epoch seconds, "busy": whether a cell runs, "uses_gpu": whether its processes
+# hold GPU memory (a kernel that holds none is only lent: no host memory)}; where a start or a resume does
 # not fit, the broker records {"at": epoch seconds} under SUSPEND_REQUESTED_KEY on the
 # longest-idle kernels that run no cell, and the owning server suspends them at its next check
 # (server/room.py). Only the broker sets or clears a request (never a metadata update); it

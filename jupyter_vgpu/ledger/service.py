@@ -310,7 +310,8 @@ def _idle_since(allocation: Allocation) -> float | None:
 
 def idle_candidates(allocations: list[Allocation], device_uuid: str, exclude: str, now: float) -> list[Allocation]:
     """The running local slices on a device whose kernels their servers report idle (not running
-    a cell), longest idle first; not one asked to suspend that did not within the timeout."""
+    a cell): those that hold nothing on the GPU first, then longest idle first; not one asked to
+    suspend that did not within the timeout."""
     idle = []
     for allocation in allocations:
         if allocation.suspended or allocation.holder != "local" or allocation.kernel_id == exclude:
@@ -320,8 +321,15 @@ def idle_candidates(allocations: list[Allocation], device_uuid: str, exclude: st
             continue
         if asked is not None and now - asked > SUSPEND_REQUEST_TIMEOUT_S:
             continue  # its server did not (cannot) suspend it: others are asked instead
-        idle.append((since, allocation))
+        # Room nobody uses first: a kernel whose processes hold nothing on the GPU is only lent.
+        idle.append(((_uses_gpu(allocation), since), allocation))
     return [allocation for _, allocation in sorted(idle, key=lambda pair: pair[0])]
+
+
+def _uses_gpu(allocation: Allocation) -> bool:
+    """Whether the slice's server reports its processes hold GPU memory (True where it does not say)."""
+    activity = allocation.metadata.get(ACTIVITY_KEY)
+    return not isinstance(activity, dict) or activity.get("uses_gpu") is not False
 
 
 @dataclass
@@ -398,8 +406,9 @@ class Lending:
         nor one whose server reports no activity) would make room for a slice of ``limits`` on a
         device (``device`` where one is named), ask their servers to: a suspend request on each
         slice, which their servers carry out at their next check. Within the host memory cap,
-        counting each kernel at its memory limit (the most it can move there). What is being
-        made, or None."""
+        counting each kernel at its memory limit (the most it can move there), or at nothing where
+        its server reports it holds nothing on the GPU (it is only lent). What is being made, or
+        None."""
         if not self.make_room:
             return None
         with self._lock:
@@ -417,9 +426,11 @@ class Lending:
                 for candidate in idle_candidates(allocations, usage.device.uuid, exclude, now):
                     if memory <= 0 and share <= 0:
                         break
-                    if candidate.memory_limit > host:
+                    # What its suspend moves to host memory, at most: nothing for one only lent.
+                    moved = candidate.memory_limit if _uses_gpu(candidate) else 0
+                    if moved > host:
                         continue  # its suspend would be refused
-                    host -= candidate.memory_limit
+                    host -= moved
                     chosen.append(candidate)
                     memory, share = memory - candidate.memory_limit, share - candidate.sm_share
                 if not chosen or memory > 0 or share > 0:

@@ -25,7 +25,12 @@ DEFAULT_SIMULATED_DEVICES = "name=jupyter-vgpu simulated GPU,memory=16GiB,sms=10
 
 
 class DeviceError(RuntimeError):
-    """No usable GPU, or a device selector that matches none."""
+    """No usable GPU, or a device selector that matches none. ``reason`` is what is wrong
+    without the advice of the message (which names the CLI's and the server's options)."""
+
+    def __init__(self, message: str, *, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -109,9 +114,10 @@ def list_devices() -> list[Device]:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
+        reason = f"NVML is not available ({error}): no NVIDIA driver is loaded on this machine."
         raise DeviceError(
-            f"NVML is not available ({error}): no NVIDIA driver is loaded on this machine. "
-            "Use --simulate (or VGPUApp.simulate=True) to try jupyter-vgpu on the simulated GPU."
+            f"{reason} Use --simulate (or VGPUApp.simulate=True) to try jupyter-vgpu on the simulated GPU.",
+            reason=reason,
         ) from None
     try:
         sm_counts = _sm_counts_by_uuid()

@@ -53,13 +53,21 @@ def parse_size(value: str | float) -> int:
     """Bytes from a size: ``512MiB``, ``4GiB``, ``4G``, ``1.5GiB`` or a bare number of MiB.
 
     A bare number means MiB whether it comes as text, an int or a float (JSON ``2048`` and
-    ``2048.0`` alike), as HAMi's ``nvidia.com/gpumem`` does. Units are binary (``G`` and ``GB``
-    mean GiB, as nvidia-smi and Kubernetes' ``Gi`` do).
+    ``2048.0`` alike), as HAMi's ``nvidia.com/gpumem`` does. A number (not text) must be a whole
+    number of MiB, as api.yaml's ``MemorySize`` says: JSON ``1.9999`` is refused, not made a cap
+    of 2,097,047 bytes. Text may have a fraction (``1.5GiB``, ``0.5``); the size is then rounded
+    down to whole bytes. Units are binary (``G`` and ``GB`` mean GiB, as nvidia-smi and
+    Kubernetes' ``Gi`` do).
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         raise SliceValueError(f"memory size {value!r} is not {SIZE_HELP}")
+    if isinstance(value, float) and not value.is_integer():
+        raise SliceValueError(
+            f"memory size {value!r} is a number of MiB with a fraction; give a whole number of MiB, or text with a "
+            "unit such as '1.5GiB'"
+        )
     if isinstance(value, (int, float)):
         # A float of a huge int overflows (JSON has ints of any length); any such int is beyond
         # MAX_SIZE anyway.
@@ -101,8 +109,11 @@ def format_size(size: int) -> str:
     return f"{size}B"
 
 
-def parse_sm_share(value: str | int) -> int:
-    """An SM share in percent: an integer 1..100 (a trailing ``%`` is allowed)."""
+def parse_sm_share(value: str | float) -> int:
+    """An SM share in percent: an integer 1..100 (a trailing ``%`` is allowed in text). A float
+    that is a whole number (JSON ``10.0``, an integer to JSON Schema) is that integer."""
+    if isinstance(value, float) and value.is_integer() and 1 <= value <= 100:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise SliceValueError(f"SM share {value!r} is not {SM_SHARE_HELP}")
     match = _SHARE.match(str(value))
@@ -111,11 +122,13 @@ def parse_sm_share(value: str | int) -> int:
     return int(match.group(1))
 
 
-def parse_policy(value: object) -> str:
-    """A pacing policy: ``hard`` or ``burst``."""
-    policy = value.strip().lower() if isinstance(value, str) else None
+def parse_policy(value: object, *, exact: bool = False) -> str:
+    """A pacing policy: ``hard`` or ``burst``; from people (the CLI, the magic, config) in any case
+    and with spaces around, ``exact``: (the REST API, whose schema is an enum) as written there."""
+    policy = (value if exact else value.strip().lower()) if isinstance(value, str) else None
     if policy is None or policy not in POLICIES:
-        raise SliceValueError(f"policy {str(value)[:40]!r} is not {POLICY_HELP}")
+        written = ", written exactly so (lower case, no spaces)" if exact else ""
+        raise SliceValueError(f"policy {str(value)[:40]!r} is not {POLICY_HELP}{written}")
     return policy
 
 

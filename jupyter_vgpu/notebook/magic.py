@@ -27,9 +27,11 @@ from jupyter_vgpu.client import (
     ServerClient,
     ServerUnavailable,
     describe_limits,
+    describe_queue,
     device_label,
     in_host_memory,
     slice_name,
+    slice_notice,
 )
 from jupyter_vgpu.model.sizes import (
     POLICY_HELP,
@@ -79,6 +81,8 @@ def _memory_line(model: dict[str, Any]) -> str:
     suspended = in_host_memory(model)
     if suspended:
         return f"  memory  {suspended}, none on the GPU; {cap}"
+    if model.get("state") == "lent":
+        return f"  memory  none on the GPU: its room is lent to others until its first GPU call; {cap}"
     return f"  memory  {format_size(model['usage']['memory_bytes'])} used of {cap}"
 
 
@@ -92,10 +96,12 @@ def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
             _memory_line(model),
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
             f"  policy  {limits['policy']}",
+            # Where its request for room stands, while it waits (a suspended or lent kernel's).
+            *([f"  queue   {place}"] if (place := describe_queue(model)) else []),
             *(f"  warning {warning}" for warning in model.get("warnings", ())),
             *(f"  note    {note}" for note in model.get("notes", ())),
             # What the server's idle policy did to this kernel (lowered, suspended, not given back).
-            *([f"  idle    {model['notice']}"] if model.get("notice") else []),
+            *([f"  idle    {notice}"] if (notice := slice_notice(model)) else []),
         ]
     )
 
@@ -182,6 +188,7 @@ class VGPUMagics(Magics):
         self.panel: SlicePanel | None = None  # one live panel per kernel, shown again by every %vgpu panel
 
     @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="Show this help (as %%vgpu? does) and do nothing else.")
     @argument("action", nargs="?", default="show", choices=ACTIONS, help="show (the default), resize or panel.")
     @argument("--memory", help=f"resize: the new memory cap, {SIZE_HELP}.")
     @argument("--cores", help=f"resize: the new SM share, {SM_SHARE_HELP}.")
@@ -211,6 +218,9 @@ class VGPUMagics(Magics):
         slice it is in, read from its region; resize and panel print what to do instead.
         """
         args = parse_argstring(self.vgpu, line)
+        if args.help:  # IPython's magic arguments have no --help of their own
+            print(self.vgpu.parser.format_help())
+            return
         changes = requested_changes(args.memory, args.cores, args.policy)
         if args.action != "resize" and changes:
             raise UsageError(f"--memory, --cores and --policy belong to '%vgpu resize', not '%vgpu {args.action}'")

@@ -18,10 +18,12 @@ from jupyter_vgpu.client import (
     ServerClient,
     ServerUnavailable,
     describe_limits,
+    describe_queue,
     device_label,
     gpu_memory_used,
     in_host_memory,
     slice_name,
+    slice_notice,
 )
 from jupyter_vgpu.model.sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
 
@@ -94,8 +96,11 @@ class SliceRow:
         self.memory_bar.max = float(limits["memory_bytes"])
         self.memory_bar.value = float(min(on_gpu, limits["memory_bytes"]))
         self.memory_bar.bar_style = "danger" if on_gpu >= limits["memory_bytes"] else ""
-        self.memory_label.value = in_host_memory(model) or (
-            f"{format_size(on_gpu)} / {format_size(limits['memory_bytes'])}"
+        held_none = {"lent": "none on the GPU (lent)", "queued": "none yet (queued)"}.get(model.get("state", ""))
+        self.memory_label.value = (
+            in_host_memory(model)
+            or (held_none and f"{held_none} / {format_size(limits['memory_bytes'])}")
+            or f"{format_size(on_gpu)} / {format_size(limits['memory_bytes'])}"
         )
         self.sm_bar.max = float(limits["cores"])
         self.sm_bar.value = float(min(usage["sm_util"], limits["cores"]))
@@ -103,15 +108,16 @@ class SliceRow:
         self.policy.value = limits["policy"]
         # What the server noticed about the slice (limits rewritten from inside the kernel and
         # restored, ...): said where its numbers are, in JupyterLab's warning colour.
-        # Then what the idle policy did to it (lowered, suspended, waiting for room), in the info colour.
-        notice = model.get("notice")
+        # Then where it stands in the line while it waits for room (a queued start, a suspended or
+        # lent kernel's cell) and what the idle policy did to it (lowered, suspended), in the info colour.
+        info = [text for text in (describe_queue(model), slice_notice(model)) if text]
         self.warnings.value = "<br>".join(
             [
                 *(
                     f'<span style="color: var(--jp-warn-color1, #f57c00)">{_escape(warning)}</span>'
                     for warning in model.get("warnings", ())
                 ),
-                *([f'<span style="color: var(--jp-info-color1, #0288d1)">{_escape(notice)}</span>'] if notice else []),
+                *(f'<span style="color: var(--jp-info-color1, #0288d1)">{_escape(text)}</span>' for text in info),
             ]
         )
         self._follow_limits(limits)

@@ -49,6 +49,7 @@ from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
 from jupyter_vgpu.model import (
     DEFAULT_LIMITS,
+    NOTEBOOK_DEFAULTS,
     DeviceError,
     SliceLimits,
     SliceValueError,
@@ -64,6 +65,7 @@ from jupyter_vgpu.model import (
 )
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
 from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start, slice_owner
+from jupyter_vgpu.provisioning.batch_refusal import say_refusals_in_one_line
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
@@ -133,12 +135,12 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         [Unicode(), Int()],
         default_value="",
         config=True,
-        help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty and precedence: as for memory (100 in a batch run).",
+        help=f"SM share of the kernel's slice, {SM_SHARE_HELP}. Empty and precedence: as for memory (in a batch run 100, or 20 beside a vGPU server's ledger).",
     )
     policy = Unicode(
         "",
         config=True,
-        help="hard: never above the SM share; burst: may use idle SMs. Empty and precedence: as for memory (hard in a batch run).",
+        help="hard: never above the SM share; burst: may use idle SMs. Empty and precedence: as for memory (in a batch run hard, or burst beside a vGPU server's ledger).",
     )
     device = Unicode(
         "",
@@ -212,6 +214,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
                 )
         except SliceRefused as refusal:
             forget_refused_start(self)
+            if manager is None:  # a batch run: one line on its terminal, not two tracebacks
+                say_refusals_in_one_line(getattr(self.parent, "log", self.log))
             raise (manager.start_error(refusal) if manager else refusal) from None
         try:
             kwargs = await super().pre_launch(**kwargs)
@@ -264,13 +268,17 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         """A kernel of a batch run (no server): a slice of the run's size, admitted to a vGPU
         server's ledger where there is one. A restart keeps the slice."""
         if self._batch is None:
+            ledger_path = self._ledger_path()
+            # Alone, the run has the GPU to itself (DEFAULT_LIMITS: all the SMs, hard); beside a
+            # vGPU server, what it leaves out is a notebook's default size, as for `jupyter vgpu
+            # run` (a whole hard share would not fit beside any server kernel).
+            defaults = DEFAULT_LIMITS if ledger_path is None else NOTEBOOK_DEFAULTS
             try:
                 # The run's own config (its command line) wins over the kernelspec: it is where a
                 # batch run chooses its size.
-                limits = decide_limits(DEFAULT_LIMITS, _size_of(from_spec), _size_of(configured), requested)
+                limits = decide_limits(defaults, _size_of(from_spec), _size_of(configured), requested)
             except ValueError as error:
                 raise SliceRefused(str(error).replace("%", " percent"), kind="invalid") from None
-            ledger_path = self._ledger_path()
             if self.simulate:
                 use_simulator()
             device = device or configured.get("device") or from_spec.get("device")
@@ -321,6 +329,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         if self._adopted_start_time is not None:
             return self.connection_info  # adopted: it runs already (see _adopt)
         connection_info = await super().launch_kernel(cmd, **kwargs)
+        if self._batch is not None and self.pid:
+            self._batch.holder.mark_owners(self.kernel_id, self.pid)  # ... and while its kernel does
         manager = self.slice_manager() or (self._batch.manager if self._batch else None)
         if manager is not None:
             connection_file = getattr(self.parent, "connection_file", "")
@@ -463,14 +473,18 @@ class BatchSlice:
             devices = list_devices()
         except DeviceError as error:
             raise SliceRefused(
-                f"{error} In a batch run that is --VGPUProvisioner.simulate=True.", kind="invalid"
+                f"{error.reason} To run the notebook on the simulated GPU, give --VGPUProvisioner.simulate=True "
+                "(papermill: -k a kernelspec made with `jupyter vgpu kernelspec install --simulate`).",
+                kind="invalid",
             ) from None
         holder = LocalHolder(default_region_dir(standalone=True), simulate=provisioner.simulate)
+        holder.sweep_stale()  # what earlier batch kernels, never shut down, left there
         batch = cls(provisioner, limits, device, holder)
         if ledger_path is None:
             batch._make_region(devices)
         else:
             batch._admit_to_ledger(ledger_path, devices, parent=provisioner)
+        holder.mark_owners(batch.kernel_id, os.getpid())  # in use while this program runs ...
         return batch
 
     def _make_region(self, devices) -> None:

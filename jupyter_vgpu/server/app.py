@@ -219,7 +219,7 @@ class VGPUApp(ExtensionApp):
         config=True,
         help="Seconds a kernel may go without running code before it is suspended: its GPU memory moves to "
         "host memory (the CUDA driver's checkpoint API, r570+), its slice's room is lent to other kernels, and "
-        "its next cell takes it back (issue 18). Between idle_lower_after and idle_cull_after. A kernel that "
+        "its next cell takes it back. Between idle_lower_after and idle_cull_after. A kernel that "
         "cannot be suspended (managed memory, MIG, MPS, several GPUs, an older driver; its notice says why) is "
         "lowered and culled as before. 0: never. A hub sets it through $JUPYTER_VGPU_IDLE_SUSPEND_AFTER.",
     )
@@ -234,7 +234,7 @@ class VGPUApp(ExtensionApp):
     suspend_lock_timeout = Float(
         5.0,
         config=True,
-        help="Seconds each process of a kernel being suspended (to host memory, issue 18) may take to "
+        help="Seconds each process of a kernel being suspended (to host memory) may take to "
         "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
         "refused (409), saying which process.",
     )
@@ -515,7 +515,7 @@ class VGPUApp(ExtensionApp):
             # A trait of jupyter_client's AsyncMultiKernelManager, which the server's default
             # (AsyncMappingKernelManager) is; the sync one the server is typed with lacks it.
             setattr(kernel_manager, "use_pending_kernels", True)  # noqa: B010
-        _leave_line_on_shutdown(kernel_manager, manager)
+        _line_aware(kernel_manager, manager)
         return suspended
 
     def _start_idle_policy(self, manager: SliceManager, suspended: SuspendedKernels) -> None:
@@ -540,12 +540,7 @@ class VGPUApp(ExtensionApp):
                 self.idle_cull_after,
                 self.idle_lower_after,
             )
-        self.log.info(
-            "jupyter_vgpu: idle kernels lowered to %d%% of the SMs after %s, stopped after %s",
-            self.idle_floor_cores,
-            f"{self.idle_lower_after:g} s" if self.idle_lower_after else "never",
-            f"{self.idle_cull_after:g} s" if self.idle_cull_after else "never",
-        )
+        self.log.info("jupyter_vgpu: %s", idle.describe())
 
     def _pod_scopes(self) -> list[PodScope]:
         """Where this server's kernel pods go (each pod kernelspec's namespace and owner): where a
@@ -645,12 +640,40 @@ class VGPUApp(ExtensionApp):
         _stop_anyio_worker_threads_at_exit()
 
 
-def _leave_line_on_shutdown(kernel_manager, slices: SliceManager) -> None:
-    """Shutting down a kernel whose start waits in the line takes it out of the line.
+async def started_or_queued(kernel_manager, slices: SliceManager, kernel_id: str) -> None:
+    """With pending kernels a start goes on after ``start_kernel`` returns: wait until the kernel
+    is ready or its start waits in the line; where it was refused (it can never fit), forget the
+    kernel and raise the refusal, so every start path answers it at once as before."""
+    ready = kernel_manager.get_kernel(kernel_id).ready
+    ready = ready if isinstance(ready, asyncio.Future) else asyncio.wrap_future(ready)
+    joined = slices.line.joined(kernel_id)
+    try:
+        await asyncio.wait([ready, joined], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        joined.cancel()
+    if ready.done() and ready.exception() is not None:
+        if kernel_id in kernel_manager:
+            kernel_manager.remove_kernel(kernel_id)
+        raise ready.exception()  # type: ignore[misc]
 
-    jupyter_client's shutdown of a pending kernel first awaits its start, which would keep the
-    client waiting until the kernel had room (and then start it only to stop it); no hook runs
-    before that wait, so the kernel manager's shutdown is wrapped, on this server's instance only."""
+
+def _line_aware(kernel_manager, slices: SliceManager) -> None:
+    """This server's kernel manager, on its instance only, made aware of the line.
+
+    - A start answers once the kernel is ready, waits in line, or is refused (started_or_queued):
+      with pending kernels jupyter_client would answer at once and let a refusal reach the client
+      only when its websocket connects (a 500, no message JupyterLab shows).
+    - Shutting down a kernel whose start waits in the line takes it out of the line first:
+      jupyter_client's shutdown of a pending kernel awaits its start, which would keep the client
+      waiting until the kernel had room; no hook runs before that wait."""
+    start = kernel_manager.start_kernel
+
+    async def start_kernel(*args: Any, **kwargs: Any) -> str:
+        kernel_id: str = await ensure_async(start(*args, **kwargs))
+        await started_or_queued(kernel_manager, slices, kernel_id)
+        return kernel_id
+
+    kernel_manager.start_kernel = start_kernel
     shutdown = kernel_manager.shutdown_kernel
 
     async def shutdown_kernel(kernel_id: str, *args: Any, **kwargs: Any) -> Any:

@@ -33,7 +33,8 @@ from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
 from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus, orphan_notice
-from jupyter_vgpu.model import SliceValueError, parse_device
+from jupyter_vgpu.model import SliceValueError, parse_device, parse_policy
+from jupyter_vgpu.model.sizes import MAX_SIZE, POLICIES
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
 from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
@@ -48,10 +49,10 @@ KERNEL_FIELDS = SLICE_FIELDS | {"name", "device", "path"}
 # the model's parsers, which say what is accepted.
 FIELD_TYPES = {
     "memory": (str, int, float),
-    "cores": (str, int),
+    "cores": (str, int, float),
     "policy": (str,),
     "name": (str,),
-    "device": (str, int),
+    "device": (str, int, float),
     "path": (str,),
     "processes": (list,),
     "sm_util": (int, float),
@@ -61,6 +62,9 @@ MAX_BODY = 64 * 1024
 # The kernelspec jupyter-vgpu installs (kernels/ in the repository).
 SHIPPED_KERNELSPEC = "python3-vgpu"
 REPORT_FIELDS = {"processes", "sm_util", "limits"}
+# The largest figure a usage report may carry (api.yaml's UsageReport says the same): every count
+# of a region stays an exact int64.
+MAX_REPORTED = 1 << 62
 
 
 def device_model(usage: DeviceUsage) -> dict[str, Any]:
@@ -241,6 +245,16 @@ class VGPUHandler(APIHandler):
                 names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
                 kinds = " or ".join(dict.fromkeys(names[kind] for kind in FIELD_TYPES[key]))
                 raise VGPUHTTPError(400, f"field {key!r} must be {kinds}, not {json.dumps(value)[:40]}")
+        for key in ("cores", "device"):
+            # A whole float is an integer to JSON Schema (api.yaml's): 10.0 is 10, 1.5 is refused
+            # by the field's own parser, which says what is accepted.
+            if isinstance(body.get(key), float) and body[key].is_integer():
+                body[key] = int(body[key])
+        if "policy" in body:  # api.yaml's Policy is an enum: "HARD" and " hard" are not in it
+            try:
+                parse_policy(body["policy"], exact=True)
+            except SliceValueError as error:
+                raise VGPUHTTPError(400, str(error)) from None
         return body
 
     def model(self, status: SliceStatus, session_paths: dict[str, str]) -> dict[str, Any]:
@@ -372,7 +386,11 @@ class WakeHandler(VGPUHandler):
         self.finish(json.dumps(self.model(status, await self.session_paths())))
 
 
-def _whole(value: Any, name: str, lowest: int = 0, highest: int = 1 << 62) -> int:
+def _whole(value: Any, name: str, lowest: int = 0, highest: int = MAX_REPORTED) -> int:
+    """An integer of a usage report; a float that is a whole number (JSON ``3.2e18``) counts, as
+    it does in JSON Schema's ``integer``. The bounds are api.yaml's."""
+    if isinstance(value, float) and value.is_integer() and lowest <= value <= highest:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
         raise VGPUHTTPError(
             400, f"{name} must be a whole number from {lowest} to {highest}, not {json.dumps(value)[:40]}"
@@ -403,9 +421,12 @@ def usage_report(body: dict[str, Any]) -> dict[str, Any]:
             raise VGPUHTTPError(
                 400, "limits must be an object with memory_bytes, cores and policy (the limits the pod has in force)"
             )
-        _whole(limits["memory_bytes"], "limits.memory_bytes")
-        _whole(limits["cores"], "limits.cores", 1, 100)
-        if limits["policy"] not in ("hard", "burst"):
+        limits = {
+            "memory_bytes": _whole(limits["memory_bytes"], "limits.memory_bytes", 1, MAX_SIZE),
+            "cores": _whole(limits["cores"], "limits.cores", 1, 100),
+            "policy": limits["policy"],
+        }
+        if limits["policy"] not in POLICIES:
             raise VGPUHTTPError(400, "limits.policy must be hard or burst")
     return {"processes": checked, "sm_util": float(sm_util), "limits": limits}
 
@@ -456,13 +477,11 @@ class KernelsHandler(VGPUHandler):
         requested: dict[str, Any] = {key: body[key] for key in ("memory", "cores", "policy", "device") if key in body}
         kernel_id = str(uuid.uuid4())
         try:
+            # Answers once the kernel runs, waits in line, or was refused (server/app.py's _line_aware).
             await self.kernel_manager.start_kernel(
                 kernel_id=kernel_id, kernel_name=name, path=body.get("path"), vgpu_slice=requested
             )
-            await self._started_or_queued(kernel_id)
         except SliceRefused as refusal:
-            if kernel_id in self.kernel_manager:
-                self.kernel_manager.remove_kernel(kernel_id)  # a pending start that was refused
             if isinstance(refusal, VGPUHTTPError):
                 raise
             raise VGPUHTTPError(409 if refusal.kind == "capacity" else 400, str(refusal)) from None
@@ -476,19 +495,6 @@ class KernelsHandler(VGPUHandler):
         self.set_status(201)
         self.set_header("Location", url_path_join(self.base_url, "api", "kernels", kernel_id))
         self.finish(json.dumps({"kernel": model, "slice": slice_}, default=str))
-
-    async def _started_or_queued(self, kernel_id: str) -> None:
-        """With pending kernels the start goes on after start_kernel returns: wait until the
-        kernel is ready or its start waits in the line; raise its refusal where it was refused."""
-        ready = self.kernel_manager.get_kernel(kernel_id).ready
-        ready = ready if isinstance(ready, asyncio.Future) else asyncio.wrap_future(ready)
-        joined = self.slices.line.joined(kernel_id)
-        try:
-            await asyncio.wait([ready, joined], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            joined.cancel()
-        if ready.done() and ready.exception() is not None:
-            raise ready.exception()  # type: ignore[misc]
 
     def default_vgpu_kernelspec(self) -> str:
         """The kernelspec of a start that names none: the server's default kernelspec if it

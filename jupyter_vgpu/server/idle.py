@@ -95,6 +95,22 @@ class IdleKernels:
     def enabled(self) -> bool:
         return bool(self.lower_after or self.cull_after or self.suspend_after)
 
+    def describe(self) -> str:
+        """The policy in a line for the server's log: ``idle kernels: lowered to 5% of the SMs
+        after 10 min, never suspended, stopped after 1 h``."""
+        lowered = (
+            f"lowered to {self.floor_cores}% of the SMs after {format_duration(self.lower_after)}"
+            if self.lower_after
+            else "never lowered"
+        )
+        suspended = (
+            f"suspended to host memory after {format_duration(self.suspend_after)}"
+            if self.suspend_after
+            else "never suspended"
+        )
+        stopped = f"stopped after {format_duration(self.cull_after)}" if self.cull_after else "never stopped"
+        return f"idle kernels: {lowered}, {suspended}, {stopped}"
+
     # -- notices of stopped kernels ----------------------------------------------------------
 
     def notices(self) -> dict[str, str]:

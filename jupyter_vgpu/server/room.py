@@ -54,6 +54,9 @@ class RoomForOthers:
             activity = activity_of(kernels.get_kernel(kernel_id))
             if activity is None:
                 continue
+            # Whether its processes hold anything on the GPU: one that holds nothing is only lent
+            # (no host memory), and the broker takes such room first.
+            activity["uses_gpu"] = slices.status(allocation).usage.memory_used > 0
             try:
                 if allocation.metadata.get(ACTIVITY_KEY) != activity:
                     # The broker's answer drops a request this activity overtook.

@@ -24,13 +24,17 @@ export type SliceHolder = 'local' | 'pod';
 /**
  * A slice's state (Slice.state in api.yaml). Any holder: `running`, `unused` (held, no process
  * of the kernel has used the GPU in it yet; not Jupyter's "idle"), `lost` (its holder is gone).
- * A local slice also `suspended` (its GPU memory in host memory, its room lent; its next cell
- * resumes it).
+ * A local slice also `queued` (its kernel's start waits in the line for room; `queue` says
+ * where it stands), `suspended` (its GPU memory in host memory, its room lent; its next cell
+ * resumes it) and `lent` (its kernel had not used the GPU, so its room is lent to others; its
+ * first CUDA call takes it back, or waits in the line for it).
  * A pod's slice also: `scheduling` (waiting for the scheduler), `pulling` (the image), `starting`
  * (the container), `stopping`, `failed`, `exited`, `gone` (the pod was deleted).
  */
 export type SliceState =
+  | 'queued'
   | 'running'
+  | 'lent'
   | 'unused'
   | 'lost'
   | 'suspended'
@@ -53,6 +57,19 @@ export interface ISliceLocation {
   node?: string;
   gpu?: string;
   [key: string]: string | undefined;
+}
+
+/**
+ * Where a slice's request for room stands in the line (Queue in api.yaml): a start, or a
+ * suspended or lent kernel taking its room back.
+ */
+export interface IQueuePlace {
+  /** 1 is next. */
+  position: number;
+  /** About how long until it has room; null where the server cannot tell (no guesses). */
+  eta_seconds: number | null;
+  /** What it waits for, in a few words ("6GiB more GPU memory (4GiB free)"); may be ''. */
+  waiting_for: string;
 }
 
 /** A device of the server's machine that holds a local slice. */
@@ -79,7 +96,10 @@ export interface ISliceModel {
   message: string;
   /** Where a pod's slice is; {} for a local slice. */
   location: ISliceLocation;
-  /** The device of the server's machine that holds the slice; null for a pod's slice. */
+  /**
+   * The device of the server's machine that holds the slice (a queued start: the one it waits
+   * for); null for a pod's slice, and for a queued start that takes any GPU.
+   */
   device: IDeviceRef | null;
   limits: { memory_bytes: number; cores: number; policy: Policy };
   usage: { memory_bytes: number; sm_util: number; processes: IProcessUsage[] };
@@ -91,6 +111,11 @@ export interface ISliceModel {
    * (or absent, from an older server) when there is nothing to tell.
    */
   notice?: string | null;
+  /**
+   * Where its request for room stands in the line while it waits (a queued start, a suspended or
+   * lent kernel whose cell waits for its room); null (or absent, from an older server) otherwise.
+   */
+  queue?: IQueuePlace | null;
 }
 
 /** GET /api/vgpu/devices item (Device in jupyter_vgpu/server/api.yaml). */

@@ -31,8 +31,12 @@ export function describeDevice(
 /** A slice's state in the reader's language ("scheduling", "failed", ...). */
 export function stateLabel(state: string, trans: TranslationBundle): string {
   switch (state) {
+    case 'queued':
+      return trans.__('queued');
     case 'running':
       return trans.__('running');
+    case 'lent':
+      return trans.__('lent');
     case 'unused':
       return trans.__('unused');
     case 'lost':
@@ -79,9 +83,12 @@ export function sliceNeedsAttention(slice: ISliceModel): boolean {
   return slice.warnings.length > 0 || podStopped(slice);
 }
 
-/** The server's sentence about the slice's state ('' when there is nothing more to say), whole. */
+/**
+ * The server's sentence about the slice's state ('' when there is nothing more to say), whole;
+ * '' for a queued start that has its place in line (queueText says it, with the place).
+ */
 export function sliceMessage(slice: ISliceModel): string {
-  return slice.message ?? '';
+  return slice.state === 'queued' && slice.queue ? '' : (slice.message ?? '');
 }
 
 /** What the server's idle policy did to the slice ('' when nothing), whole. */
@@ -89,12 +96,27 @@ export function sliceNotice(slice: ISliceModel): string {
   return slice.notice ?? '';
 }
 
-/** Where the slice is: "GPU 1" (local), "pod", "pod on node-a", "pod on node-a · GPU-8f2c1d (...)". */
+/**
+ * The idle policy's notice as the sidebar and the tooltip show it: '' where it only says what
+ * the slice waits for in the line, which queueText says with its place (as client.py's
+ * slice_notice does for %vgpu).
+ */
+export function shownNotice(slice: ISliceModel): string {
+  const notice = sliceNotice(slice);
+  return notice && notice === slice.queue?.waiting_for ? '' : notice;
+}
+
+/**
+ * Where the slice is: "GPU 1" (local; "any GPU" for a queued start that takes any), "pod",
+ * "pod on node-a", "pod on node-a · GPU-8f2c1d (...)".
+ */
 function sliceWhere(slice: ISliceModel, trans: TranslationBundle): string {
   if (slice.holder !== 'pod') {
     return slice.device
       ? trans.__('GPU %1', slice.device.index)
-      : trans.__('no device');
+      : slice.state === 'queued'
+        ? trans.__('any GPU')
+        : trans.__('no device');
   }
   const { node, gpu } = slice.location ?? {};
   if (node && gpu) {
@@ -132,12 +154,119 @@ export function sliceTitle(
     : trans.__('%1 · %2', title, stateLabel(slice.state, trans));
 }
 
+/** States in which a slice holds no room on the GPU: its start waits, or its room is lent. */
+const ROOMLESS_STATES: ReadonlySet<string> = new Set([
+  'queued',
+  'suspended',
+  'lent'
+]);
+
 /**
  * Bytes the slice's processes hold on the GPU: none while it is suspended (the server's
- * usage.memory_bytes then still counts what they allocated, which is in host memory).
+ * usage.memory_bytes then still counts what they allocated, which is in host memory), lent or
+ * queued.
  */
 export function gpuMemoryUsed(slice: ISliceModel): number {
-  return slice.state === 'suspended' ? 0 : slice.usage.memory_bytes;
+  return ROOMLESS_STATES.has(slice.state) ? 0 : slice.usage.memory_bytes;
+}
+
+/** 1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, 111th. */
+export function ordinal(position: number): string {
+  const tens = position % 100;
+  const suffix =
+    tens >= 10 && tens <= 20
+      ? 'th'
+      : (({ 1: 'st', 2: 'nd', 3: 'rd' } as Record<number, string>)[
+          position % 10
+        ] ?? 'th');
+  return `${position}${suffix}`;
+}
+
+/**
+ * An estimate as precise as an estimate is, as libvgpu.so says it in a waiting cell's output:
+ * "a few seconds", "about 40 s", "about 2 min", "about 3 h".
+ */
+export function formatEta(seconds: number, trans: TranslationBundle): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 10) {
+    return trans.__('a few seconds');
+  }
+  if (s < 55) {
+    return trans.__('about %1 s', Math.floor((s + 5) / 10) * 10);
+  }
+  if (s < 99 * 60 + 30) {
+    return trans.__('about %1 min', s < 90 ? 1 : Math.floor((s + 30) / 60));
+  }
+  return trans.__('about %1 h', Math.floor((s + 1800) / 3600));
+}
+
+/** Whether the slice waits in the line for room (a queued start, a cell of a suspended or lent kernel). */
+export function sliceWaits(slice: ISliceModel): boolean {
+  return !!slice.queue;
+}
+
+/**
+ * Where a waiting slice stands: "2nd in line for GPU 0 · about 40 s" ("any GPU" where it takes
+ * any; no estimate where the server cannot tell); '' when it waits for nothing.
+ */
+export function queuePlace(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
+  const queue = slice.queue;
+  if (!queue) {
+    return '';
+  }
+  const place = trans.__(
+    '%1 in line for %2',
+    ordinal(queue.position),
+    slice.device ? trans.__('GPU %1', slice.device.index) : trans.__('any GPU')
+  );
+  return queue.eta_seconds === null || queue.eta_seconds === undefined
+    ? place
+    : trans.__('%1 · %2', place, formatEta(queue.eta_seconds, trans));
+}
+
+/**
+ * Where a waiting slice stands and what it waits for: "2nd in line for GPU 0 · about 40 s ·
+ * waiting for 6GiB more GPU memory (4GiB free)"; '' when it waits for nothing. The same words as
+ * `jupyter vgpu status` and %vgpu (jupyter_vgpu/client.py's describe_queue).
+ */
+export function queueText(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
+  const place = queuePlace(slice, trans);
+  const waitingFor = (slice.queue?.waiting_for ?? '').trim();
+  if (!place || !waitingFor) {
+    return place;
+  }
+  // A resume's reason is a sentence of its own ("waiting for 1GiB on GPU 0, ...").
+  return /^waiting\b/.test(waitingFor)
+    ? trans.__('%1 · %2', place, waitingFor)
+    : trans.__('%1 · waiting for %2', place, waitingFor);
+}
+
+/**
+ * What a queued or lent slice's state means, for tooltips; '' for other states.
+ */
+export function stateExplained(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
+  switch (slice.state) {
+    case 'queued':
+      return trans.__(
+        'Queued: the kernel waits in line for room on the GPU and starts by itself when there is room; shutting it down leaves the line'
+      );
+    case 'lent':
+      return trans.__(
+        'Lent: the kernel has not used the GPU yet, so its %1 of room is lent to other kernels; its first GPU call takes it back (or waits in line for it), nothing is lost',
+        formatSize(slice.limits.memory_bytes)
+      );
+    default:
+      return '';
+  }
 }
 
 /** "300MiB in host memory": where a suspended slice's memory is. */
@@ -162,14 +291,38 @@ export function sliceSummary(slice: ISliceModel): string {
 /**
  * The status item's text: the summary, and for a pod that is not running (yet) its state,
  * "GPU 0.0 / 4.0 GiB · SM 0 / 30 % · scheduling"; for a suspended kernel where its memory is,
- * "GPU suspended · 300MiB in host memory". A running local slice's text is the summary alone.
+ * "GPU suspended · 300MiB in host memory"; for a lent one "GPU lent · 4GiB back at its first GPU
+ * call"; for a queued start where it stands and what it waits for, "GPU queued · 2nd in line for
+ * GPU 0 · about 40 s · waiting for 6GiB more GPU memory (4GiB free)"; a suspended or lent kernel
+ * whose cell waits for its room adds its place ("· 1st in line for GPU 0"). A running local
+ * slice's text is the summary alone.
  */
 export function sliceStatusText(
   slice: ISliceModel,
   trans: TranslationBundle
 ): string {
+  if (slice.state === 'queued') {
+    const waiting = queueText(slice, trans);
+    return waiting
+      ? trans.__('GPU queued · %1', waiting)
+      : trans.__('GPU queued · waiting in line for room');
+  }
+  // A suspended or lent kernel whose cell waits for its room: its place (what it waits for is
+  // in the tooltip).
+  const place = queuePlace(slice, trans);
   if (slice.state === 'suspended') {
-    return trans.__('GPU suspended · %1', inHostMemory(slice, trans));
+    const where = inHostMemory(slice, trans);
+    return place
+      ? trans.__('GPU suspended · %1 · %2', where, place)
+      : trans.__('GPU suspended · %1', where);
+  }
+  if (slice.state === 'lent') {
+    return place
+      ? trans.__('GPU lent · %1', place)
+      : trans.__(
+          'GPU lent · %1 back at its first GPU call',
+          formatSize(slice.limits.memory_bytes)
+        );
   }
   const summary = sliceSummary(slice);
   return slice.holder === 'pod' && slice.state !== 'running'
@@ -179,14 +332,22 @@ export function sliceStatusText(
 
 /**
  * The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB"; for a suspended kernel, where its
- * memory is: "Memory 12GiB in host memory (suspended)".
+ * memory is: "Memory 12GiB in host memory (suspended)"; for a lent or queued one, that it holds
+ * none: "Memory 4GiB lent to others until its first GPU call", "Memory 4GiB asked for, not
+ * held yet (queued)".
  */
 export function memoryLabel(
   slice: ISliceModel,
   trans: TranslationBundle
 ): string {
-  if (slice.state === 'suspended') {
-    return trans.__('Memory %1 (suspended)', inHostMemory(slice, trans));
+  const cap = formatSize(slice.limits.memory_bytes);
+  switch (slice.state) {
+    case 'suspended':
+      return trans.__('Memory %1 (suspended)', inHostMemory(slice, trans));
+    case 'lent':
+      return trans.__('Memory %1 lent to others until its first GPU call', cap);
+    case 'queued':
+      return trans.__('Memory %1 asked for, not held yet (queued)', cap);
   }
   return trans.__(
     'Memory %1',
@@ -196,7 +357,7 @@ export function memoryLabel(
 
 /**
  * The sidebar's memory bar fill: the fraction of its cap the slice holds on the GPU; empty
- * while it is suspended (its memory is in host memory, its room lent).
+ * while it is suspended (its memory is in host memory, its room lent), lent or queued.
  */
 export function memoryFill(slice: ISliceModel): number {
   return gpuMemoryUsed(slice) / slice.limits.memory_bytes;
@@ -212,9 +373,10 @@ export function smLabel(slice: ISliceModel, trans: TranslationBundle): string {
 }
 
 /**
- * The status item's tooltip: the slice's limits and where it is, then the server's sentence
- * about its state (if any), then its warnings, one per line, each whole, then the idle policy's
- * notice (if any).
+ * The status item's tooltip: the slice's limits and where it is, what a suspended, lent or
+ * queued state means, where it stands in the line and what it waits for (if it waits), then the
+ * server's sentence about its state (if any, and not a queued start's, which the line says), then
+ * its warnings, one per line, each whole, then the idle policy's notice (if any).
  */
 export function sliceTooltip(
   slice: ISliceModel,
@@ -242,6 +404,16 @@ export function sliceTooltip(
           : trans.__('On node %1', node)
       );
     }
+  } else if (slice.state === 'queued') {
+    lines.push(
+      trans.__(
+        'GPU slice asked for on %1: memory cap %2, SM share %3 % (%4)',
+        device ? trans.__('GPU %1', device.index) : trans.__('any GPU'),
+        formatSize(limits.memory_bytes),
+        limits.cores,
+        limits.policy
+      )
+    );
   } else {
     lines.push(
       trans.__(
@@ -253,6 +425,10 @@ export function sliceTooltip(
       )
     );
   }
+  const explained = stateExplained(slice, trans);
+  if (explained) {
+    lines.push(explained);
+  }
   if (slice.state === 'suspended') {
     lines.push(
       trans.__(
@@ -261,13 +437,17 @@ export function sliceTooltip(
       )
     );
   }
+  const waiting = queueText(slice, trans);
+  if (waiting) {
+    lines.push(waiting);
+  }
   const message = sliceMessage(slice);
   if (message) {
     lines.push(trans.__('%1: %2', stateLabel(slice.state, trans), message));
   } else if (slice.holder === 'pod' && slice.state !== 'running') {
     lines.push(stateLabel(slice.state, trans));
   }
-  const notice = sliceNotice(slice);
+  const notice = shownNotice(slice);
   const last = notice ? [trans.__('Idle kernel: %1', notice)] : [];
   return [...lines, ...slice.warnings, ...last].join('\n');
 }

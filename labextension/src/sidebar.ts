@@ -12,10 +12,12 @@ import {
   memoryFill,
   memoryLabel,
   podStopped,
+  queueText,
+  shownNotice,
   sliceMessage,
-  sliceNotice,
   sliceTitle,
-  smLabel
+  smLabel,
+  stateExplained
 } from './describe';
 import { deviceMemoryLines } from './device-memory';
 import { checkSliceForm, formatSize, POLICIES } from './slice-values';
@@ -58,9 +60,10 @@ class Bar {
 
 /**
  * One slice: its title, the server's warnings about it, the idle policy's notice (lowered, not
- * given back), the server's sentence about its state (a pod's: what it waits for, why it
- * failed), its bars, and a resize form whose fields stay as the
- * user typed them.
+ * given back), where it stands in the line while it waits for room (a queued start; a suspended
+ * or lent kernel's cell), the server's sentence about its state (a pod's: what it waits for, why
+ * it failed), its bars, and a resize form whose fields stay as the user typed them (none for a
+ * queued start: it has no slice to resize yet).
  */
 class SliceRow {
   readonly node = element('li', 'jp-vgpu-Slice');
@@ -86,7 +89,7 @@ class SliceRow {
     });
     this._apply.type = 'submit';
     this._apply.textContent = _trans.__('Apply');
-    const form = element('form', 'jp-vgpu-ResizeForm');
+    const form = this._form;
     form.append(
       element('label', '', _trans.__('Memory')),
       this._memory,
@@ -110,6 +113,7 @@ class SliceRow {
       this._title,
       this._warnings,
       this._notice,
+      this._queue,
       this._state,
       this._memoryBar.node,
       this._smBar.node,
@@ -123,18 +127,31 @@ class SliceRow {
     const { limits, usage } = slice;
     const title = sliceTitle(slice, this._trans);
     this._title.textContent = title;
-    // The heading may be cut to the sidebar's width: its tooltip has it whole.
-    this._title.title = `${title}\n${slice.kernel_id}`;
+    // The heading may be cut to the sidebar's width: its tooltip has it whole, and what a queued
+    // or lent state means.
+    this._title.title = [
+      title,
+      slice.kernel_id,
+      stateExplained(slice, this._trans)
+    ]
+      .filter(Boolean)
+      .join('\n');
     this.node.dataset.holder = slice.holder;
     this.node.dataset.state = slice.state;
     this._showWarnings(slice.warnings);
     this._showNotice(slice);
+    this._showQueue(slice);
     this._showState(slice);
     this._memoryBar.show(memoryLabel(slice, this._trans), memoryFill(slice));
     // A suspended slice's bar: the GPU part empty, its track marked as held in host memory.
     this._memoryBar.node.classList.toggle(
       'jp-vgpu-Bar-inHost',
       slice.state === 'suspended'
+    );
+    // A lent or queued slice holds no room on the GPU at all: its track dotted.
+    this._memoryBar.node.classList.toggle(
+      'jp-vgpu-Bar-noRoom',
+      slice.state === 'lent' || slice.state === 'queued'
     );
     this._smBar.show(
       smLabel(slice, this._trans),
@@ -146,6 +163,7 @@ class SliceRow {
     if (!this._policyTouched) {
       this._policy.value = limits.policy;
     }
+    this._form.hidden = slice.state === 'queued';
     this._showSuspension(slice);
   }
 
@@ -209,11 +227,20 @@ class SliceRow {
 
   /** The idle policy's notice, whole, in the info colour; hidden when there is none. */
   private _showNotice(slice: ISliceModel): void {
-    const notice = sliceNotice(slice);
+    const notice = shownNotice(slice);
     if (this._notice.textContent !== notice) {
       this._notice.textContent = notice;
     }
     this._notice.hidden = !notice;
+  }
+
+  /** Where it stands in the line and what it waits for, whole; hidden while it waits for nothing. */
+  private _showQueue(slice: ISliceModel): void {
+    const text = queueText(slice, this._trans);
+    if (this._queue.textContent !== text) {
+      this._queue.textContent = text;
+    }
+    this._queue.hidden = !text;
   }
 
   /** The state's sentence, whole (it wraps; never cut), in the warn colour when the pod stopped. */
@@ -269,6 +296,7 @@ class SliceRow {
   private _title = element('div', 'jp-vgpu-Slice-title');
   private _warnings = element('div', 'jp-vgpu-Warnings');
   private _notice = element('div', 'jp-vgpu-Notice');
+  private _queue = element('div', 'jp-vgpu-Queue');
   private _state = element('div', 'jp-vgpu-StateMessage');
   private _memoryBar = new Bar('memory');
   private _smBar = new Bar('sm');
@@ -276,6 +304,7 @@ class SliceRow {
   private _cores = element('input', 'jp-mod-styled');
   private _policy = element('select', 'jp-mod-styled');
   private _policyTouched = false;
+  private _form = element('form', 'jp-vgpu-ResizeForm');
   private _apply = element(
     'button',
     'jp-mod-styled jp-mod-accept jp-vgpu-Apply'

@@ -4,7 +4,9 @@
  * the server has warnings about the slice or its pod failed, exited or is gone; with a marker,
  * and the notice in its tooltip, while the idle policy has a notice about the slice (lowered,
  * suspended); "GPU suspended · 300MiB in host memory", in the secondary colour, while the
- * kernel is suspended.
+ * kernel is suspended, and "GPU lent · ..." while its room is lent; while its start or its cell
+ * waits in the line for room, where it stands ("GPU queued · 2nd in line for GPU 0 · ..."), in
+ * the info colour.
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -14,10 +16,11 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import {
+  shownNotice,
   sliceNeedsAttention,
-  sliceNotice,
   sliceStatusText,
-  sliceTooltip
+  sliceTooltip,
+  sliceWaits
 } from './describe';
 import { SliceStore } from './store';
 
@@ -58,8 +61,12 @@ export class SliceStatusItem extends Widget {
       this.node.textContent = sliceStatusText(slice, this._trans);
       this.node.title = sliceTooltip(slice, this._trans);
       this.toggleClass('jp-vgpu-mod-warned', sliceNeedsAttention(slice));
-      this.toggleClass('jp-vgpu-mod-noticed', !!sliceNotice(slice));
+      this.toggleClass('jp-vgpu-mod-noticed', !!shownNotice(slice));
       this.toggleClass('jp-vgpu-mod-suspended', slice.state === 'suspended');
+      this.toggleClass('jp-vgpu-mod-lent', slice.state === 'lent');
+      this.toggleClass('jp-vgpu-mod-queued', slice.state === 'queued');
+      this.toggleClass('jp-vgpu-mod-waiting', sliceWaits(slice));
+      this.node.dataset.state = slice.state;
     }
     if (this._hasSlice !== !!slice) {
       this._hasSlice = !!slice;

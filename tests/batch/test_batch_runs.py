@@ -7,6 +7,8 @@ the out-of-memory line in the saved notebook."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -205,3 +207,25 @@ def test_jupyter_execute_takes_the_size_from_its_command_line(jupyter, notebook,
     )
     assert run.returncode == 0, run.stderr
     assert outputs(source) == ["nvml total MiB 2048\n"]
+
+
+def test_a_batch_run_without_a_gpu_says_in_one_line_what_to_do(nbconvert_command, user_env, notebook, cells, tmp_path):
+    """README's example on a machine without an NVIDIA driver, without --VGPUProvisioner.simulate=True:
+    one line naming the option, not two tracebacks of 99 lines (issue 27 #1)."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("an NVIDIA driver is here")
+    command = [
+        part
+        for part in nbconvert_command(notebook("nb.ipynb", cells.NVML_TOTAL), tmp_path / "done.ipynb")
+        if part != "--VGPUProvisioner.simulate=True"
+    ]
+    run = subprocess.run(command, check=False, env=user_env, capture_output=True, text=True, timeout=240)
+    assert run.returncode != 0
+    said = [line for line in run.stderr.splitlines() if not line.startswith("[NbConvertApp] Converting notebook")]
+    line = (
+        "jupyter-vgpu: NVML is not available (NVML Shared Library Not Found): no NVIDIA driver is loaded on this "
+        "machine. To run the notebook on the simulated GPU, give --VGPUProvisioner.simulate=True (papermill: -k a "
+        "kernelspec made with `jupyter vgpu kernelspec install --simulate`)."
+    )
+    assert said == [line], run.stderr
+    assert not (tmp_path / "done.ipynb").exists()

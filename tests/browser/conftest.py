@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -156,9 +158,11 @@ def screenshots(tmp_path) -> Path:
 
 @pytest.fixture
 def drive(browser_tools, lab, tmp_path, screenshots):
-    """drive(scenario, **params) runs one scenario of lab.mjs against the lab; fails with its output."""
+    """drive(scenario, when=None, **params) runs one scenario of lab.mjs against the lab; fails with
+    its output. ``when`` maps a line the scenario prints to what the test does then (while the
+    scenario waits for its effect: e.g. free the GPU)."""
 
-    def run(scenario: str, **params) -> dict:
+    def run(scenario: str, when: dict[str, Callable[[], object]] | None = None, **params) -> dict:
         failure_screenshot = tmp_path / f"failed-{scenario}.png"
         settings = {
             "url": lab.url,
@@ -168,16 +172,37 @@ def drive(browser_tools, lab, tmp_path, screenshots):
             "failureScreenshot": str(failure_screenshot),
             **params,
         }
-        result = subprocess.run(
-            ["node", str(HERE / "lab.mjs"), scenario, json.dumps(settings)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=240,
+        pending = dict(when or {})
+        with (tmp_path / f"{scenario}.stderr").open("w+") as stderr:
+            process = subprocess.Popen(
+                ["node", str(HERE / "lab.mjs"), scenario, json.dumps(settings)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+            deadline = threading.Timer(240, process.kill)
+            deadline.start()
+            try:
+                assert process.stdout is not None
+                lines = []
+                for line in process.stdout:
+                    lines.append(line)
+                    action = pending.pop(line.strip(), None)
+                    if action is not None:
+                        action()
+                returncode = process.wait()
+            finally:
+                deadline.cancel()
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            stderr.seek(0)
+            errors = stderr.read()
+        output = "".join(lines)
+        assert returncode == 0, (
+            f"browser scenario {scenario} failed (the page then: {failure_screenshot}):\n{output}\n{errors}\n--- lab log ---\n{lab.log.read_text()[-4000:]}"
         )
-        assert result.returncode == 0, (
-            f"browser scenario {scenario} failed (the page then: {failure_screenshot}):\n{result.stdout}\n{result.stderr}\n--- lab log ---\n{lab.log.read_text()[-4000:]}"
-        )
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        assert not pending, f"browser scenario {scenario} never printed {sorted(pending)}:\n{output}"
+        return json.loads(output.strip().splitlines()[-1])
 
     return run

@@ -435,6 +435,93 @@ const scenarios = {
   },
 
   /**
+   * A new notebook from the launcher's card of a sliced kernelspec (settings.kernel) while the GPU
+   * is full: JupyterLab opens it and its kernel waits in the line, its place in the status bar
+   * and the sidebar, no "Error Starting Kernel" dialog. Then it prints `settings.roomMarker` for
+   * the test to free the GPU; the kernel starts by itself (idle), its slice leaves the line, and
+   * a cell runs (settings.code, whose output has settings.expected).
+   */
+  async waitingNotebook(browser) {
+    const page = await openLab(browser, '', { reset: true });
+    const errorDialog = page.locator('.jp-Dialog', { hasText: 'Error Starting Kernel' });
+    // Any step that waits fails at once with the dialog's text if JupyterLab shows it.
+    const withoutErrorDialog = step =>
+      Promise.race([
+        step,
+        errorDialog.waitFor().then(async () => {
+          throw new Error(`JupyterLab showed a dialog: ${await errorDialog.innerText()}`);
+        })
+      ]);
+    const notebooks = page.locator('.jp-Launcher-section', {
+      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
+    });
+    await notebooks
+      .locator('.jp-LauncherCard', {
+        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(settings.kernel) })
+      })
+      .click();
+    const item = page.locator('.jp-vgpu-StatusItem.jp-vgpu-mod-queued');
+    await withoutErrorDialog(item.waitFor());
+    const path = await page
+      .locator('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel')
+      .innerText();
+    const kernelId = await kernelIdOf(page, path);
+    await openSidebar(page);
+    const row = sliceRow(page, kernelId);
+    await withoutErrorDialog(
+      page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"][data-state="queued"]`).waitFor()
+    );
+    const queueLine = row.locator('.jp-vgpu-Queue');
+    await queueLine.waitFor();
+    const waiting = {
+      status: await item.innerText(),
+      statusTooltip: await item.getAttribute('title'),
+      statusColour: await item.evaluate(node => {
+        const probe = document.createElement('span');
+        probe.style.color = 'var(--jp-info-color1)';
+        node.append(probe);
+        const info = getComputedStyle(probe).color;
+        probe.remove();
+        return { text: getComputedStyle(node).color, info };
+      }),
+      sidebarTitle: await row.locator('.jp-vgpu-Slice-title').innerText(),
+      sidebarTitleTooltip: await row.locator('.jp-vgpu-Slice-title').getAttribute('title'),
+      sidebarQueue: await queueLine.innerText(),
+      sidebarMemory: await row.locator('[data-bar="memory"] .jp-vgpu-Bar-label').innerText(),
+      resizeFormShown: await row.locator('.jp-vgpu-ResizeForm').isVisible(),
+      // JupyterLab's own word for the kernel meanwhile.
+      kernelStatus: await page
+        .locator('.jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator')
+        .getAttribute('data-status'),
+      dialogs: await page.locator('.jp-Dialog').count()
+    };
+    await page.screenshot({ path: `${settings.screenshots}/waiting-in-line.png` });
+
+    console.log(settings.roomMarker); // the test frees the GPU now
+    await withoutErrorDialog(
+      page.locator('.jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator[data-status="idle"]').waitFor()
+    );
+    await withoutErrorDialog(
+      page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"]:not([data-state="queued"])`).waitFor()
+    );
+    await page.locator('.jp-vgpu-StatusItem:not(.jp-vgpu-mod-queued):not(.jp-vgpu-mod-waiting)').waitFor();
+    await cell(page, 0).locator('.cm-content').fill(settings.code);
+    const output = await withoutErrorDialog(runCell(page, 0, settings.expected));
+    return {
+      path,
+      kernelId,
+      waiting,
+      started: {
+        status: await page.locator('.jp-vgpu-StatusItem').innerText(),
+        sidebarState: await row.getAttribute('data-state'),
+        queueLineShown: await queueLine.isVisible(),
+        output
+      },
+      dialogs: await page.locator('.jp-Dialog').count()
+    };
+  },
+
+  /**
    * The launcher's Notebook cards named in settings.cards: whether each shows an image that
    * loaded (a logo), or the label's first letter, as JupyterLab draws a card without one.
    */

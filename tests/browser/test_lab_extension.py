@@ -7,6 +7,8 @@ against a live `jupyter lab` on the simulated GPU (8 GiB, 50 SMs)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from jupyter_client import BlockingKernelClient
 from support import hold_outside, wait_for
@@ -189,9 +191,11 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
         client.stop_channels()
 
 
-def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
-    # 6 of the device's 8 GiB go to another kernel; "Python 3 (GPU slice)" asks for 4 GiB.
-    filler = lab.api("POST", "api/vgpu/kernels", {"name": lab.kernel_name, "memory": "6GiB"})
+@pytest.mark.parametrize("lab_options", [("--VGPUApp.default_memory=9GiB",)])
+def test_a_notebook_that_can_never_fit_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
+    # A full GPU is a line, not a refusal (test_a_new_notebook_on_a_full_gpu_waits_in_line...);
+    # "Python 3 (GPU slice)" asks the server's default, here 9 GiB of the device's 8: never.
+    filler = lab.api("POST", "api/vgpu/kernels", {"name": lab.kernel_name, "memory": "1GiB"})
 
     seen = drive("refusedStart", kernel="Python 3 (GPU slice)")
     slices = [s["kernel_id"] for s in lab.api("GET", "api/vgpu/slices")]
@@ -202,8 +206,8 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
     problems = [
         problem
         for problem, found in [
-            ("it does not say what the device has free (2GiB)", "2GiB" not in message),
-            ("it does not say what to do (stop a kernel)", "stop a kernel" not in message),
+            ("it does not say what the device has (8GiB)", "more than GPU 0 has: 8GiB" not in message),
+            ("it does not say what to do (ask for less)", "Ask for less" not in message),
             ("it doubles '%'", "%%" in message),
             (f"the dialog must scroll to show it all: {seen['extent']}", not seen["inView"]),
             (f"the refused start holds a slice: {slices}", slices != [filler["kernel"]["id"]]),
@@ -225,7 +229,6 @@ def test_a_notebook_started_on_a_full_gpu_says_why_in_a_readable_dialog_and_the_
 SHIPPED_CARD, TEST_CARD = "Python 3 (GPU slice)", "GPU slice (browser test)"
 REFUSALS = {
     "largest slice": (SHIPPED_CARD, [], "a slice may have at most 2GiB of GPU memory on this server"),
-    "SM share": (TEST_CARD, [("512MiB", 60, "hard")], "percent of the SMs does not fit"),
     "server memory": (TEST_CARD, [("2GiB", 10, "burst"), ("1GiB", 10, "burst")], "may hold 3GiB of GPU memory"),
     "server slices": (TEST_CARD, [("512MiB", 10, "burst")] * 3, "allows at most 3 GPU slices"),
 }
@@ -274,3 +277,59 @@ def test_an_idle_kernel_is_told_lowered_in_the_status_bar_then_stopped_in_a_noti
     assert seen["stoppedToasts"] == [f"The kernel of idle.ipynb: {stopped}"]
     assert lab.api("GET", "api/vgpu/notices") == {seen["kernelId"]: stopped}
     assert lab.api("GET", "api/vgpu/slices") == []
+
+
+# What the waiting scenario prints once it has seen the kernel waiting: the test then frees the GPU.
+ROOM_MARKER = "vgpu-test: free the GPU now"
+
+
+def test_a_new_notebook_on_a_full_gpu_waits_in_line_in_view_then_its_kernel_starts_by_itself(
+    lab, drive, browser_gpu_env
+):
+    outside = hold_outside(browser_gpu_env, 8 * GIB)  # a program outside any slice holds the whole GPU
+
+    def free_the_gpu():
+        outside.stdin.close()
+        outside.wait(30)
+
+    try:
+        seen = drive(
+            "waitingNotebook",
+            when={ROOM_MARKER: free_the_gpu},
+            roomMarker=ROOM_MARKER,
+            kernel=TEST_CARD,
+            code="print('ran', 6 * 7)",
+            expected="ran 42",
+        )
+    finally:
+        if outside.poll() is None:
+            free_the_gpu()
+
+    print(json.dumps(seen, indent=1))  # what the page said, for a failure's report
+    waiting, started = seen["waiting"], seen["started"]
+    place = "1st in line for any GPU · waiting for 1GiB more GPU memory (0B free)"
+    # While it waits: JupyterLab opened the notebook, no dialog; the status bar and the sidebar
+    # say where its kernel stands, in the info colour; the tooltips say what queued means.
+    assert waiting["dialogs"] == seen["dialogs"] == 0
+    assert waiting["status"] == f"GPU queued · {place}"
+    assert waiting["statusColour"]["text"] == waiting["statusColour"]["info"]
+    assert waiting["statusTooltip"].splitlines() == [
+        "GPU slice asked for on any GPU: memory cap 1GiB, SM share 50 % (hard)",
+        (
+            "Queued: the kernel waits in line for room on the GPU and starts by itself when there is room; "
+            "shutting it down leaves the line"
+        ),
+        place,
+    ]
+    assert waiting["sidebarQueue"] == place
+    assert waiting["sidebarTitle"] == f"{seen['path']} · any GPU · hard · queued"
+    assert waiting["sidebarTitleTooltip"].splitlines()[2].startswith("Queued: the kernel waits in line")
+    assert waiting["sidebarMemory"] == "Memory 1GiB asked for, not held yet (queued)"
+    assert waiting["resizeFormShown"] is False
+    assert waiting["kernelStatus"] != "idle", waiting  # JupyterLab's word for a kernel not started yet
+    # Room came: the kernel started by itself, left the line, and ran a cell.
+    assert started["status"] == "GPU 0.0 / 1.0 GiB · SM 0 / 50 %"
+    assert started["sidebarState"] != "queued" and started["queueLineShown"] is False
+    assert "ran 42" in started["output"]
+    (slice_,) = lab.api("GET", "api/vgpu/slices")
+    assert (slice_["kernel_id"], slice_["path"], slice_["queue"]) == (seen["kernelId"], seen["path"], None)

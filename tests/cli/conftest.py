@@ -110,7 +110,7 @@ def stand_in_server():
 @pytest.fixture
 def running_server(stand_in_server, cli_env):
     """The stand-in listed in Jupyter's runtime folder as jupyter_server lists itself. The pid is
-    this test process's, so list_running_servers() takes the server for alive."""
+    this test process's, so the CLI (client.running_servers) takes the server for alive."""
     runtime = Path(cli_env["JUPYTER_RUNTIME_DIR"])
     runtime.mkdir(parents=True, exist_ok=True)
     port = int(stand_in_server.url.rsplit(":", 1)[1].strip("/"))

@@ -211,3 +211,16 @@ def test_kernels_whose_suspend_the_host_memory_cap_would_refuse_are_not_asked(se
     with pytest.raises(CapacityError) as refused:
         client.admit("new", SliceLimits(14 * GIB, 10))
     assert not refused.value.making_room
+
+
+def test_kernels_that_hold_nothing_on_the_gpu_are_asked_first_and_take_no_host_memory(served):
+    client, _ = served(Lending(make_room=True, host_memory_cap=GIB))
+    for kernel_id in ("oldest", "unused"):
+        client.admit(kernel_id, SliceLimits(6 * GIB, 10))
+    report(client, "oldest", busy=False, last_activity=1_000.0)  # holds its memory (no uses_gpu: assumed)
+    client.update_metadata("unused", activity={"busy": False, "last_activity": 5_000.0, "uses_gpu": False})
+    # 4 GiB free, 8 GiB asked for: the kernel that holds nothing is lent, though idle for less,
+    # and its 6 GiB need no host memory (the cap of 1 GiB would refuse the other's suspend).
+    with pytest.raises(CapacityError, match="1 idle kernel on GPU 0"):
+        client.admit("new", SliceLimits(8 * GIB, 10))
+    assert requested(client) == {"unused"}

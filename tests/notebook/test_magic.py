@@ -13,6 +13,16 @@ def test_load_ext_registers_the_vgpu_line_magic(shell):
     assert shell.find_line_magic("vgpu") is not None
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_vgpu_help_prints_the_usage_and_asks_nothing(sliced_shell, fake_server, capsys, flag):
+    """`%vgpu --help` (was: UsageError "unrecognized arguments: --help"; issue 27 #18)."""
+    sliced_shell.run_line_magic("vgpu", flag)
+    shown = capsys.readouterr().out
+    assert "%vgpu [-h] [--memory MEMORY] [--cores CORES] [--policy POLICY]" in shown
+    assert "``%vgpu resize --memory 6GiB --cores 40 --policy burst``" in shown
+    assert fake_server.requests == []
+
+
 def test_vgpu_prints_the_kernels_slice(sliced_shell, fake_server, capsys):
     sliced_shell.run_line_magic("vgpu", "")
     lines = capsys.readouterr().out.splitlines()

@@ -163,3 +163,18 @@ def test_background_refresh_updates_rows_without_blocking_the_caller(client, scr
         answers.put([])  # the refresh under way gets its answer, then sees the panel closed
         shown.close()
     assert not shown._thread.is_alive()
+
+
+def test_a_start_waiting_in_line_shows_where_it_stands_in_its_row(panel, client, slice_model):
+    queued = slice_model("queued-kernel", path="big.ipynb", memory=10 * GIB, cores=20, policy="burst", used=0, util=0.0)
+    queued.update(
+        state="queued",
+        device=None,  # it takes whichever GPU has room first
+        queue={"position": 2, "eta_seconds": None, "waiting_for": "6GiB more GPU memory (4GiB free)"},
+    )
+    client.listed = [*client.listed, queued]
+    panel.refresh()
+    row = panel.rows["queued-kernel"]
+    assert row_text(row) == ("big.ipynb", "any GPU", "none yet (queued) / 10GiB", "0 / 20 %", "burst")
+    assert row.memory_bar.value == 0
+    assert "2nd in line for any GPU · waiting for 6GiB more GPU memory (4GiB free)" in row.warnings.value

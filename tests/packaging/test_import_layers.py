@@ -24,7 +24,7 @@ LAYERS = (
     ("jupyter_vgpu.manager",),
     ("jupyter_vgpu.holders",),
     ("jupyter_vgpu.pods",),
-    ("jupyter_vgpu.ledger",),
+    ("jupyter_vgpu.ledger", "jupyter_vgpu.line"),
     ("jupyter_vgpu.model",),
     ("jupyter_vgpu.native", "jupyter_vgpu._version"),
 )

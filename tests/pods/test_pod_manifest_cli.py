@@ -149,3 +149,22 @@ def test_a_pod_kernel_without_an_image_is_refused_saying_which_image_it_needs(ju
         "image is not set; name the kernel image (VGPUPodProvisioner.image), one with ipykernel and jupyter-vgpu "
         "(no public image has jupyter-vgpu: build the kernel image of docs/kubernetes.md"
     ) in result.stderr, result.stderr
+
+
+def test_help_says_how_to_set_the_image_on_the_command_line_and_that_way_works(jupyter_env):
+    """The image is what a newcomer must set first (issue 27 #13): --help names --image and the
+    full --VGPUPodProvisioner.NAME=VALUE form, and both do what it says."""
+    shown = pod_manifest("--help")
+    assert shown.returncode == 0, shown.stderr
+    assert "--image=<Unicode>" in shown.stdout and "--VGPUPodProvisioner.NAME=VALUE" in shown.stdout
+    assert "jupyter vgpu pod-manifest --image registry.example.org/kernels/torch:2.5" in shown.stdout
+    given = pod_manifest("--kernel", "gpu-pod", "--image", "registry.example.org/mine:1")  # over the kernelspec's
+    assert given.returncode == 0, given.stderr
+    assert next(yaml.safe_load_all(given.stdout))["spec"]["containers"][0]["image"] == "registry.example.org/mine:1"
+    spec = Path(jupyter_env["JUPYTER_DATA_DIR"]) / "kernels" / "gpu-pod" / "kernel.json"
+    kernelspec = json.loads(spec.read_text())
+    del kernelspec["metadata"]["kernel_provisioner"]["config"]["image"]
+    spec.write_text(json.dumps(kernelspec))
+    full = pod_manifest("--kernel", "gpu-pod", "--VGPUPodProvisioner.image=registry.example.org/full:2")
+    assert full.returncode == 0, full.stderr
+    assert next(yaml.safe_load_all(full.stdout))["spec"]["containers"][0]["image"] == "registry.example.org/full:2"

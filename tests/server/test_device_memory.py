@@ -90,10 +90,8 @@ def test_a_kernel_over_its_cap_is_shown_and_its_excess_never_promised(user_env, 
         assert device["memory_over_cap_bytes"] == 9 * GIB and device["memory_outside_bytes"] == 0
         assert device["memory_allocated_bytes"] == 3 * GIB and device["memory_free_bytes"] == 4 * GIB
 
-        waiting = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "5GiB"})["slice"]
-        assert waiting["state"] == "queued" and waiting["queue"]["waiting_for"] == "1GiB more GPU memory (4GiB free)"
-        server.api("DELETE", f"api/kernels/{waiting['kernel_id']}")
-        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB"})
+        # (A start that does not fit in those 4 GiB would now suspend this idle kernel, whose 12 GiB
+        # then really are free: tests/server/test_line.py shows that path.)
 
         # Reading the slice puts the cap back and flags it once, saying what stays held.
         (warning,) = server.api("GET", f"api/vgpu/slices/{kernel_id}")["warnings"]

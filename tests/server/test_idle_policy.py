@@ -234,3 +234,20 @@ def test_notices_of_stopped_kernels_are_kept_a_bounded_time_and_count():
 )
 def test_durations_in_notices(seconds, text):
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "idle_settings, said",
+    [
+        ({"idle_lower_after": 1.0}, "idle kernels: lowered to 5% of the SMs after 1 s, never suspended, never stopped"),
+        (
+            {"idle_suspend_after": 1800.0, "idle_cull_after": 7200.0},
+            "idle kernels: never lowered, suspended to host memory after 30 min, stopped after 2 h",
+        ),
+    ],
+)
+async def test_the_start_up_log_says_the_idle_policy_plainly(jp_serverapp, idle_settings, said):
+    """What the server logs at start (VGPUApp._start_idle_policy logs describe()): not "lowered
+    ... after never, stopped after never" (issue 27 #18)."""
+    idle: IdleKernels = jp_serverapp.web_app.settings[IDLE_SETTING]
+    assert idle.describe() == said

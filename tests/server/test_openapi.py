@@ -243,3 +243,66 @@ async def test_requests_without_credentials_get_403_bodies_that_match_the_spec(a
     await api(method, path, body, headers=anonymous, status=403)
     forged = {"Authorization": "", "X-VGPU-Kernel-Credential": "not-a-credential"}
     await api(method, path, body, headers=forged, status=403)
+
+
+# Bodies at the edges of api.yaml's MemorySize, SmShare and Policy: (body, whether the spec takes
+# it). The server must agree with the spec on each, both ways (issue 27 #9).
+RESIZE_EDGES = [
+    ({"memory": 1.9999}, False),  # was a cap of 2,097,047 bytes
+    ({"memory": 0.5}, False),
+    ({"memory": 1536.0}, True),  # an integer to JSON Schema
+    ({"memory": "1536.5"}, True),  # text may have a fraction: rounded down to whole bytes
+    ({"cores": 10.0}, True),  # was refused: "must be a string or a number, not 10.0"
+    ({"cores": 12.5}, False),
+    ({"cores": "0"}, False),
+    ({"cores": "101%"}, False),
+    ({"cores": "007"}, True),
+    ({"policy": "HARD"}, False),  # was accepted though the enum is exact
+    ({"policy": " hard"}, False),
+    ({"policy": "burst"}, True),
+]
+
+
+@pytest.mark.parametrize("body, valid", RESIZE_EDGES)
+async def test_a_resize_is_taken_exactly_when_the_spec_takes_it(api, vgpu_kernelspec, body, valid):
+    assert (not request_problems("PATCH", "/api/vgpu/slices/some-kernel", body)) == valid, "the table is wrong"
+    started = await api("POST", "kernels", {"name": vgpu_kernelspec, "device": 1}, status=201)
+    kernel_id = started["kernel"]["id"]
+    reply = await api("PATCH", f"slices/{kernel_id}", body, status=200 if valid else 400)
+    if not valid:
+        assert any(word in reply["message"] for word in ("whole", "1 to 100", "exactly")), reply["message"]
+    elif "memory" in body:
+        assert reply["limits"]["memory_bytes"] == int(float(body["memory"]) * MIB)
+    elif "cores" in body:
+        assert reply["limits"]["cores"] == int(body["cores"])
+
+
+@pytest.mark.parametrize(
+    "body, valid",
+    [
+        *[edge for edge in RESIZE_EDGES if "memory" not in edge[0]],
+        ({"device": 1.0}, True),  # an integer to JSON Schema, as cores 10.0
+        ({"device": 1.5}, False),
+    ],
+)
+async def test_a_kernel_start_is_taken_exactly_when_the_spec_takes_it(api, vgpu_kernelspec, body, valid):
+    assert (not request_problems("POST", "/api/vgpu/kernels", {"name": vgpu_kernelspec, **body})) == valid
+    await api("POST", "kernels", {"name": vgpu_kernelspec, **body}, status=201 if valid else 400)
+
+
+@pytest.mark.parametrize(
+    "body, valid",
+    [
+        ({"processes": [{"pid": 7, "allocated": 3.2e19}]}, False),  # beyond the documented 2^62
+        ({"processes": [{"pid": 7, "allocated": 3.2e18}]}, True),  # a whole number, as JSON Schema's integer
+        ({"processes": [{"pid": 7, "allocated": 1.5}]}, False),
+        ({"limits": {"memory_bytes": 3.2e19, "cores": 10, "policy": "hard"}}, False),
+        ({"limits": {"memory_bytes": 1 << 30, "cores": 10.0, "policy": "hard"}}, True),
+        ({"limits": {"memory_bytes": 1 << 30, "cores": 10, "policy": "HARD"}}, False),
+        ({"sm_util": 100.0}, True),
+    ],
+)
+async def test_a_usage_report_is_checked_exactly_as_the_spec_says(api, body, valid):
+    """A report for a kernel the server does not have: a valid one gets as far as the 404."""
+    assert (not request_problems("POST", "/api/vgpu/slices/some-kernel/usage", body)) == valid, "the table is wrong"
+    await api("POST", "slices/no-such-kernel/usage", body, status=404 if valid else 400)

@@ -135,7 +135,9 @@ async def test_a_kernel_that_can_never_fit_is_refused_at_once_saying_why(jp_fetc
         ({"memory": 9e300}, "larger than any GPU"),
         ({"memory": True}, "must be a string or a number"),
         ({"memory": int("9" * 400)}, "larger than any GPU"),  # a JSON int of any length
-        ({"memory": 0.0001}, "less than the smallest slice, 1MiB"),  # 104 bytes
+        ({"memory": "0.0001"}, "less than the smallest slice, 1MiB"),  # 104 bytes
+        ({"memory": 0.0001}, "a number of MiB with a fraction; give a whole number of MiB"),
+        ({"policy": "HARD"}, "written exactly so (lower case, no spaces)"),
         ({"memory": "1\u212aiB"}, "is not a size like 512MiB"),  # the Kelvin sign, which lower() makes "k"
         ({"device": ""}, "is not a GPU index (0, 1, ...) or UUID (GPU-...)"),
         ({"device": " "}, "is not a GPU index (0, 1, ...) or UUID (GPU-...)"),
@@ -165,7 +167,9 @@ async def test_bad_kernel_start_fields_get_400_saying_what_is_accepted(jp_fetch,
         ("[" * 100_000, "larger than 64 KiB"),
         ('{"memory": 0.0}', "more than zero"),
         ('{"memory": ' + "9" * 400 + "}", "larger than any GPU"),
-        ('{"memory": 0.0001}', "less than the smallest slice, 1MiB"),
+        ('{"memory": "0.0001"}', "less than the smallest slice, 1MiB"),
+        ('{"memory": 1.9999}', "a number of MiB with a fraction"),
+        ('{"policy": " hard"}', "written exactly so"),
         ('{"memory": "1\u212aiB"}', "is not a size like 512MiB"),
     ],
 )

@@ -64,7 +64,7 @@ def test_a_run_beside_a_server_is_admitted_listed_and_released(user_env, tmp_pat
     ledger = tmp_path / "ledger.sqlite"
     server = Server(tmp_path, user_env)
     try:
-        server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB"})
+        held = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB"})["kernel"]["id"]
 
         refused = start_run(user_env, ledger, "8GiB", sys.executable, "-c", "pass")
         _, stderr = refused.communicate(timeout=120)
@@ -78,19 +78,16 @@ def test_a_run_beside_a_server_is_admitted_listed_and_released(user_env, tmp_pat
         status = vgpu_cli(user_env, "status")
         (row,) = [line for line in status.stdout.splitlines() if line.startswith(listed["kernel_id"][:8])]
         assert "allocate" in row and "1GiB / 4GiB" in row
-        # The GPU is full: a kernel start waits in line, and goes ahead by itself once the run ends.
-        waiting = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "1GiB"})["slice"]
-        assert waiting["state"] == "queued" and waiting["queue"]["position"] == 1
+        # The GPU is full, but the server's 12 GiB kernel never used the GPU: a start of the server
+        # takes its room (lent); the run's slice, not the server's kernel, is never touched.
+        started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "1GiB"})["slice"]
+        assert started["state"] == "unused"
+        assert server.api("GET", f"api/vgpu/slices/{held}")["state"] == "lent"
+        assert runs(server)[0]["state"] == "running"
 
         run.stdin.close()  # the command exits, and so does the run, releasing its slice
         assert run.wait(60) == 0
         assert runs(server) == []
-        started = wait_for(
-            lambda: server.api("GET", f"api/vgpu/slices/{waiting['kernel_id']}")["state"] == "unused",
-            60,
-            "the waiting kernel started",
-        )
-        assert started
     finally:
         server.stop()
 

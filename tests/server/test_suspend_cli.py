@@ -34,6 +34,12 @@ def test_cli_suspends_and_resumes_a_kernel_of_the_running_server(user_env, tmp_p
         )
         (listed,) = server.api("GET", "api/vgpu/slices")
         assert (listed["state"], listed["host_memory_bytes"]) == ("suspended", 1 << 30)
+        again = vgpu_cli(user_env, "suspend", kernel_id[:8])  # says so, not "moved" again (issue 27 #6)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.strip() == (
+            f"{kernel_id[:8]} was already suspended: its 1GiB is in host memory; "
+            f"`jupyter vgpu resume {kernel_id[:8]}` resumes it"
+        )
         # `jupyter vgpu status`: nothing of it on the GPU, and where its memory is.
         status = vgpu_cli(user_env, "status")
         assert status.returncode == 0, status.stderr
@@ -45,6 +51,9 @@ def test_cli_suspends_and_resumes_a_kernel_of_the_running_server(user_env, tmp_p
         assert resumed.returncode == 0, resumed.stderr
         assert resumed.stdout.strip() == f"resumed {kernel_id[:8]}: its 2GiB slice runs again"
         assert run_code(user_env, kernel_id, "print(intact())").strip() == "True"
+        running = vgpu_cli(user_env, "resume", kernel_id[:8])  # not "resumed ... runs again"
+        assert running.returncode == 0, running.stderr
+        assert running.stdout.strip() == f"{kernel_id[:8]} was not suspended (it is running): nothing to resume"
 
         usage = vgpu_cli(user_env, "suspend")
         assert usage.returncode == 2 and "usage: jupyter vgpu suspend KERNEL_ID" in usage.stderr

@@ -57,11 +57,15 @@ async def test_vgpu_and_its_panel_say_a_waiting_suspended_kernels_memory_is_in_h
         "  memory  12GiB in host memory (suspended), none on the GPU; 12GiB cap",
         "  SM      0.0% measured of 50% share",
         "  policy  hard",
-        f"  idle    {waiting}",
+        # Its place in line and what it waits for (the notice says the same: not said twice).
+        f"  queue   1st in line for GPU 1 · {waiting}",
     ], shown
-    # The panel's bar holds nothing on the GPU; its label says where the memory is; the notice shows.
+    # The panel's bar holds nothing on the GPU; its label says where the memory is; the line shows.
     assert shown[6] == "PANEL 0.0 12GiB in host memory (suspended)"
-    assert shown[7] == f'NOTES <span style="color: var(--jp-info-color1, #0288d1)">{waiting}</span>'
+    assert (
+        shown[7]
+        == f'NOTES <span style="color: var(--jp-info-color1, #0288d1)">1st in line for GPU 1 · {waiting}</span>'
+    )
 
     model = await slice_of(jp_fetch, a)
     assert model["usage"]["memory_bytes"] == 12 << 30  # what the views must not draw on the GPU

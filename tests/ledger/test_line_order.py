@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from jupyter_vgpu.line import LeftLine, Line, Request, ordinal
+from jupyter_vgpu.line import LeftLine, Line, Request
 
 
 class Device:
@@ -144,19 +144,3 @@ async def test_places_are_published_when_they_change():
     line.leave("a", "interrupted")
     await line.serve()
     assert published[-1] == ("b", 1)
-
-
-def test_ordinals():
-    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
-        "1st",
-        "2nd",
-        "3rd",
-        "4th",
-        "11th",
-        "12th",
-        "13th",
-        "21st",
-        "22nd",
-        "101st",
-        "111th",
-    ]
