@@ -72,7 +72,11 @@ const scenarios = {
     const output = await runCell(page, 1, 'x is');
     const status = await page.locator('.jp-vgpu-StatusItem', { hasText: 'GPU 1.0' }).innerText();
     const dialogs = await page.locator('.jp-Dialog').count();
-    return { kernelId, output, status, dialogs };
+    // The GPU slices sidebar lists it, running, as the new server's.
+    await page.locator('.jp-SideBar.jp-mod-left [data-id="jupyter-vgpu-sidebar"]').click();
+    const row = page.locator(`#jupyter-vgpu-sidebar li[data-kernel-id="${kernelId}"][data-state="running"]`);
+    const sidebar = await row.innerText();
+    return { kernelId, output, status, dialogs, sidebar };
   }
 };
 

@@ -32,6 +32,7 @@ def test_reloading_the_lab_after_a_server_sigkill_reconnects_the_notebook_to_its
         assert "x is 42" in after["output"]  # its variable is there
         assert after["status"].startswith("GPU 1.0 / 1.0 GiB")  # and its GPU memory
         assert after["dialogs"] == 0  # no "kernel restarted", no "select kernel"
+        assert "survivor.ipynb" in after["sidebar"]  # the sidebar lists its slice, by its notebook
         (listed,) = restarted.api("GET", "api/vgpu/slices")
         assert listed["pid"] == pid
     finally:
