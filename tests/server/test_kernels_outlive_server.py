@@ -138,13 +138,24 @@ def test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_t
                 pass  # until the kernel says it runs that cell
         finally:
             cell.stop_channels()
+        # A notebook on a kernel that is not sliced (ipykernel's own kernelspec).
+        plain = server.api(
+            "POST",
+            "api/sessions",
+            {"path": "plain.ipynb", "name": "plain.ipynb", "type": "notebook", "kernel": {"name": "python3"}},
+        )
+        wait_for(lambda: connection_file(user_env, plain["kernel"]["id"]).exists(), 60, "the plain kernel started")
+        plain_pid = int(run_code(user_env, plain["kernel"]["id"], "import os; print(os.getpid())"))
         before = sessions(server)
+        del before[plain["id"]]
         pids = {
             kernel_id: kernel_pid(server, kernel_id) for kernel_id in (running_kernel, suspended_kernel, busy_kernel)
         }
 
         server.kill()
         assert all(running(pid) for pid in pids.values())
+        # The kernel that is not sliced ends with its server, as jupyter_server's kernels do.
+        wait_for(lambda: not running(plain_pid), 30, "the plain kernel to end with its server")
 
         restarted = Server(tmp_path, user_env)
         # Adopted before the server answered its first request: listed at once, as before.
@@ -175,7 +186,7 @@ def test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_t
         for session_id in (running_session, suspended_session, busy_session):
             restarted.api("DELETE", f"api/sessions/{session_id}")
         assert restarted.api("GET", "api/kernels") == [] and restarted.api("GET", "api/vgpu/slices") == []
-        wait_for(lambda: reaper(list(pids.values())), 30, "the kernels' processes reaped")
+        wait_for(lambda: reaper([*pids.values(), plain_pid]), 30, "the kernels' processes reaped")
     finally:
         server.stop()
         if restarted is not None:
