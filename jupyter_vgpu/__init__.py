@@ -13,7 +13,7 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_vgpu``: the %vgpu magic (sliced kernels load it by themselves, before
-    ipykernel starts; a sliced kernel then also outlives its server while it is suspended:
+    ipykernel starts; a sliced kernel then also outlives its server for a while, for a restarted server to adopt it:
     notebook/survive.py)."""
     from jupyter_vgpu.notebook.magic import VGPUMagics
 
@@ -23,9 +23,9 @@ def load_ipython_extension(ipython: Any) -> None:
     except ImportError:  # IPython without ipykernel (a terminal)
         return
     if IPKernelApp.initialized():
-        from jupyter_vgpu.notebook.survive import outlive_server_while_suspended
+        from jupyter_vgpu.notebook.survive import outlive_server
 
-        outlive_server_while_suspended(IPKernelApp.instance())
+        outlive_server(IPKernelApp.instance())
 
 
 __all__ = ["__version__", "load_ipython_extension"]

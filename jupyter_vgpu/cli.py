@@ -596,9 +596,16 @@ class DoctorApp(_GPUCommand):
             "here (nbconvert, papermill, nbclient) is admitted to it, so it does not over-commit what the "
             "server's kernels hold",
         )
+        holder = LocalHolder(default_region_dir(standalone=True))
+        live = [
+            allocation
+            for allocation in allocations
+            if allocation.holder == "local" and not held_by_batch_run(allocation) and holder.is_alive(allocation)
+        ]
+        for allocation in live:
+            print(f"[note] live kernel: {live_kernel(allocation)}")
         # A kernel whose process is gone (a server or batch run that crashed) still has its room
         # promised: nothing gives it back until a server on this ledger starts again.
-        holder = LocalHolder(default_region_dir(standalone=True))
         left = [
             allocation
             for allocation in allocations
@@ -616,8 +623,45 @@ class DoctorApp(_GPUCommand):
                 f"{len(left)} slice(s) in {path} are of kernels that no longer run: {shown}"
                 f"{' and more' if len(left) > 5 else ''}; {format_size(sum(a.memory_limit for a in left))} stays "
                 "promised to them. A server or batch run that crashed left them; a vGPU server on this ledger gives "
-                "them back when it starts (jupyter server, then stop it), or delete the ledger if no server uses it",
+                "them back when it starts (jupyter server, then stop it)"
+                + (
+                    f". Do not delete the ledger: it records {len(live)} live kernel(s) (above), which a restarted "
+                    "server adopts"
+                    if live
+                    else ", or delete the ledger if no server uses it"
+                ),
             )
+
+
+def live_kernel(allocation) -> str:
+    """What a live kernel of the ledger is to its user: its slice, and which server has it (the
+    one that started it, one that adopted it after that one went away, or none yet)."""
+    from jupyter_vgpu.holders.device_memory import process_running
+    from jupyter_vgpu.manager import ADOPTED_KEY, CONNECTION_FILE_KEY, ORPHANED_KEY, served_elsewhere
+
+    metadata = allocation.metadata
+    state = "suspended" if allocation.suspended else "running"
+    what = (
+        f"{allocation.kernel_id[:8]} ({metadata.get('kernelspec') or 'a kernel'}, {state}, "
+        f"{format_size(allocation.memory_limit)} slice on GPU {allocation.device_index})"
+    )
+    adopted = metadata.get(ADOPTED_KEY)
+    server = adopted.get("server") if isinstance(adopted, dict) else None
+    if isinstance(server, dict) and process_running(server.get("pid", 0), server.get("pid_start_time", 0)):
+        return f"{what}, adopted by the server at {server.get('url')} after the one that started it went away"
+    if isinstance(metadata.get(ORPHANED_KEY), dict):
+        return (
+            f"{what}, outlived its server; kept by a restarted server that could not adopt it: reach it with "
+            f"`jupyter console --existing {metadata.get(CONNECTION_FILE_KEY, '')}`"
+        )
+    serving = served_elsewhere(allocation)
+    if serving:
+        return f"{what}, with the server that started it (pid {serving})"
+    return (
+        f"{what}, outlived its server and waits for a restarted one to adopt it, with its variables: start "
+        "the server again (same user and Jupyter runtime dir) before its survival time (VGPUApp.kernel_survival) "
+        "runs out"
+    )
 
 
 class _ServerCommand(_VGPUSubcommand):

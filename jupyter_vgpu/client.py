@@ -11,7 +11,9 @@ Both talk to the same handlers and differ only in who they are:
   own slice (see server/handlers.py), so code in the kernel cannot start kernels, read files or
   act as the user. This module is the one place that reads those variables.
 
-The client uses the standard library only, so it works from any thread and in any kernel, and
+The client uses the standard library only (in a sliced kernel it also reads, from beside its
+region, which server adopted the kernel after its own went away: holders/local.py), so it works
+from any thread and in any kernel, and
 the module also holds the names the %vgpu magic, the panel and the CLI show slices by.
 """
 
@@ -82,6 +84,13 @@ class ServerClient:
         if not all(values):
             raise ServerUnavailable(NOT_IN_A_SERVER)
         server_url, kernel_id, credential = values
+        # A kernel that outlived its server: the server that adopted it, which may listen elsewhere.
+        from jupyter_vgpu.holders.local import REGION_VARIABLE, read_adopted_by
+
+        region = environ.get(REGION_VARIABLE)
+        adopter = read_adopted_by(region) if region else None
+        if adopter and isinstance(adopter.get("url"), str) and adopter["url"]:
+            server_url = adopter["url"]
         return cls(_reachable(server_url, "this kernel"), (CREDENTIAL_HEADER, credential), kernel_id)
 
     @classmethod

@@ -23,6 +23,7 @@ from typing import Any
 from traitlets.config import LoggingConfigurable
 
 from jupyter_vgpu.holders import Holder, SliceUsage
+from jupyter_vgpu.holders.device_memory import process_running
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
@@ -52,10 +53,20 @@ KEPT_KEY = "kept_because"
 BATCH_KEY = "batch"
 # Metadata of a sliced kernel: the path of its connection file (how a client reaches it).
 CONNECTION_FILE_KEY = "connection_file"
-# Metadata of a suspended slice whose kernel outlived its server (SIGKILL, a crash): kept,
-# suspended, by the restarted server, which cannot show the kernel in Jupyter again (issue 18):
-# when that server found it (time.time()).
+# Metadata of a sliced kernel: the name of its kernelspec (what a restarted server adopts it as).
+KERNEL_NAME_KEY = "kernel_name"
+# Metadata of a slice whose kernel outlived its server (SIGKILL, a crash): kept by the restarted
+# server, which adopts the kernel (ADOPTED_KEY; issue 26), or, where it cannot (no kernelspec name
+# recorded, the kernelspec gone), keeps it only while suspended, reached through its connection
+# file (issue 18): when that server found it (time.time()).
 ORPHANED_KEY = "orphaned"
+# Metadata of a sliced kernel: the server that started it ({"pid", "pid_start_time"}): while that
+# server (or the one that adopted the kernel) runs, another server on the same ledger leaves the
+# kernel alone.
+SERVER_KEY = "server"
+# Metadata of a slice whose kernel a restarted server adopted (server/adopt.py): {"at": when
+# (time.time()), "server": the adopting server's pid, start time and URL}.
+ADOPTED_KEY = "adopted"
 # Metadata of a suspended slice waiting in the line to take its room back: {"since": epoch
 # seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
 # once its user interrupted the wait.
@@ -86,6 +97,25 @@ def woken_at(allocation: Allocation) -> float:
     woken = allocation.metadata.get(WOKEN_KEY)
     at = woken.get("at") if isinstance(woken, dict) else None
     return float(at) if isinstance(at, (int, float)) else 0.0
+
+
+def this_process() -> dict[str, int]:
+    """What identifies this process in the ledger: its pid and start time."""
+    pid = os.getpid()
+    return {"pid": pid, "pid_start_time": process_start_time(pid)}
+
+
+def served_elsewhere(allocation: Allocation) -> int:
+    """The pid of another server that has the slice's kernel and still runs (the one that adopted
+    it, else the one that started it), or 0."""
+    adopted = allocation.metadata.get(ADOPTED_KEY)
+    server = adopted.get("server") if isinstance(adopted, dict) else allocation.metadata.get(SERVER_KEY)
+    if not isinstance(server, dict):
+        return 0
+    pid, start_time = server.get("pid"), server.get("pid_start_time")
+    if not isinstance(pid, int) or not isinstance(start_time, int) or pid == os.getpid():
+        return 0
+    return pid if process_running(pid, start_time) else 0
 
 
 def held_by_batch_run(allocation: Allocation) -> bool:
@@ -324,6 +354,8 @@ class SliceManager(LoggingConfigurable):
     # idle kernels suspended to make room for it (their servers do it at their next tick); 0:
     # refused at once with the broker's "being suspended to make room" message.
     others_room_wait: float = 0.0
+    # Seconds a sliced kernel outlives its server, for a restarted one to adopt it (VGPUApp.kernel_survival).
+    kernel_survival: float = 0.0
 
     async def admit_in_line(
         self, kernel_id: str, limits: SliceLimits, *, owner: str = "", device=None, metadata=None
@@ -536,13 +568,18 @@ class SliceManager(LoggingConfigurable):
         record(allocation, report)
         return allocation
 
-    def record_kernel(self, kernel_id: str, provisioner_info: dict[str, Any], connection_file: str = "") -> None:
+    def record_kernel(
+        self, kernel_id: str, provisioner_info: dict[str, Any], connection_file: str = "", kernel_name: str = ""
+    ) -> None:
         """Remember what identifies the kernel's process (its provisioner's
-        ``get_provisioner_info()``), so a restarted server can tell whether it still runs, and
-        its connection file, through which a client reaches it without this server."""
-        fields: dict[str, Any] = {"provisioner_info": provisioner_info}
+        ``get_provisioner_info()``), so a restarted server can tell whether it still runs, its
+        connection file, through which a client (or a restarted server) reaches it without this
+        server, and its kernelspec's name, as which a restarted server adopts it."""
+        fields: dict[str, Any] = {"provisioner_info": provisioner_info, SERVER_KEY: this_process()}
         if connection_file:
             fields[CONNECTION_FILE_KEY] = connection_file
+        if kernel_name:
+            fields[KERNEL_NAME_KEY] = kernel_name
         self.ledger.update_metadata(kernel_id, **fields)
 
     def issue_kernel_credential(self, kernel_id: str) -> str:
@@ -591,22 +628,28 @@ class SliceManager(LoggingConfigurable):
     # -- after a restart ---------------------------------------------------------------------
 
     def reconcile(self) -> list[Allocation]:
-        """Release slices whose kernels are gone, and stop orphans a crashed server left behind.
+        """Release slices whose kernels are gone, and keep the kernels a killed server left.
 
-        jupyter_server does not re-adopt kernels it did not start in this process, so a kernel
-        that outlived its server would hold GPU memory no one can reach: it is stopped and its
-        slice released, and whatever a holder has left of slices the ledger no longer knows is
-        removed. Returns what was released. A slice a batch run admitted (see
-        :func:`held_by_batch_run`) stays while the process that started its kernel runs. A
-        suspended kernel whose connection file is still there holds no GPU memory and has its
-        user's state: it is kept, suspended and marked orphaned (see
-        :meth:`_keep_suspended_orphan`).
+        A sliced kernel outlives its server for ``VGPUApp.kernel_survival`` seconds
+        (notebook/survive.py): one that still runs and can be reached through its connection
+        file is kept, marked orphaned, for the server to adopt (:meth:`survivors`; the server
+        puts it in jupyter_server's kernel manager, server/adopt.py). Other kernels the ledger
+        lists whose processes still run are stopped (their processes first, then their slices),
+        and whatever a holder has left of slices the ledger no longer knows is removed. Returns
+        what was released. A slice a batch run admitted (see :func:`held_by_batch_run`) stays
+        while the process that started its kernel runs.
         """
         kept = set()
         for allocation in self.ledger.allocations():
             if held_by_batch_run(allocation):
                 continue  # a batch run's kernel: its own process releases the slice
-            if self._keep_suspended_orphan(allocation):
+            serving = served_elsewhere(allocation)
+            if serving:
+                # Another server on this ledger runs and has it: neither adopted nor stopped.
+                self.log.info("kernel %s is the running server %d's: left to it", allocation.kernel_id, serving)
+                kept.add(allocation.kernel_id)
+                continue
+            if self._keep_survivor(allocation):
                 kept.add(allocation.kernel_id)
                 continue
             if self.holder(allocation).is_alive(allocation):
@@ -624,28 +667,78 @@ class SliceManager(LoggingConfigurable):
                 self.log.info("removed what slice %s left behind", kernel_id)
         return released
 
-    def _keep_suspended_orphan(self, allocation: Allocation) -> bool:
-        """Whether a kernel the last server left is kept: one that is suspended (it holds nothing
-        on the GPU; its memory and its user's variables are in its processes' host memory), still
-        runs and can be reached through its connection file. Its slice stays suspended and is
-        marked orphaned; its user resumes it when they want and reaches it with a client of the
-        connection file (its notice says how), and the idle policy stops it after
-        ``idle_cull_after`` suspended, as any suspended kernel."""
-        if not allocation.suspended or not self.holder(allocation).is_alive(allocation):
+    def _keep_survivor(self, allocation: Allocation) -> bool:
+        """Whether a kernel the last server left is kept: one that still runs, can be reached
+        through its connection file, and either can be adopted (a local slice whose kernelspec
+        name is recorded) or is suspended (it holds nothing on the GPU; its user's variables are
+        in its host memory: kept, as before adoption existed, for its user to reach through its
+        connection file). Its slice stays as it was (running or suspended), marked orphaned until
+        a server adopts the kernel."""
+        if not self.holder(allocation).is_alive(allocation):
             return False
         kernel_id = allocation.kernel_id
         connection_file = allocation.metadata.get(CONNECTION_FILE_KEY)
         if not isinstance(connection_file, str) or not os.path.isfile(connection_file):
-            self.log.warning(
-                "stopping suspended kernel %s left by a previous server: no connection file reaches it", kernel_id
-            )
+            self.log.warning("stopping kernel %s left by a previous server: no connection file reaches it", kernel_id)
+            return False
+        if not (self._adoptable(allocation) or allocation.suspended):
             return False
         with contextlib.suppress(UnknownSlice):
             previous = allocation.metadata.get(ORPHANED_KEY)
             found = previous if isinstance(previous, dict) else {"at": time.time()}
             allocation = self.ledger.update_metadata(kernel_id, **{ORPHANED_KEY: found})
-        self.log.warning("kernel %s left by a previous server is kept: %s", kernel_id, orphan_notice(allocation))
+        self.log.warning("kernel %s left by a previous server is kept, for this server to adopt", kernel_id)
         return True
+
+    def _adoptable(self, allocation: Allocation) -> bool:
+        return bool(allocation.metadata.get(KERNEL_NAME_KEY)) and isinstance(self.holder(allocation), LocalHolder)
+
+    def survivors(self) -> list[Allocation]:
+        """The kernels kept by :meth:`reconcile` that a server can adopt (orphaned, adoptable and
+        still running)."""
+        return [
+            allocation
+            for allocation in self.ledger.allocations()
+            if isinstance(allocation.metadata.get(ORPHANED_KEY), dict)
+            and self._adoptable(allocation)
+            and self.holder(allocation).is_alive(allocation)
+        ]
+
+    @staticmethod
+    def adoption(allocation: Allocation) -> dict[str, Any]:
+        """What the vGPU provisioner adopts a survivor with (provisioning/local.py's ``_adopt``):
+        its connection file and its process, as ``get_provisioner_info`` recorded them."""
+        return {
+            "connection_file": allocation.metadata[CONNECTION_FILE_KEY],
+            "provisioner_info": dict(allocation.metadata.get("provisioner_info", {})),
+        }
+
+    def adopted(self, kernel_id: str, server: dict[str, Any]) -> Allocation:
+        """Record that ``server`` (its pid, start time and URL) adopted the kernel: no longer an
+        orphan, and named beside its region, where the kernel (notebook/survive.py) and its %vgpu
+        find it."""
+        allocation = self.ledger.update_metadata(
+            kernel_id, **{ORPHANED_KEY: None, ADOPTED_KEY: {"at": time.time(), "server": server}}
+        )
+        holder = self.holder(allocation)
+        if isinstance(holder, LocalHolder):
+            holder.adopted_by(allocation, server)
+        return allocation
+
+    def not_adopted(self, allocation: Allocation, why: str) -> None:
+        """A survivor the server could not adopt: kept, orphaned, where it is suspended (reached
+        through its connection file, as before adoption existed); else stopped, its processes
+        first, then its slice."""
+        if allocation.suspended:
+            self.log.warning(
+                "kernel %s left by a previous server is not adopted (%s): %s",
+                allocation.kernel_id,
+                why,
+                orphan_notice(allocation),
+            )
+            return
+        self.log.warning("stopping kernel %s left by a previous server, not adopted: %s", allocation.kernel_id, why)
+        self.release_gone(allocation)
 
 
 def _waiting_for(short: CapacityError) -> str:
@@ -685,10 +778,13 @@ def _digest(credential: str) -> str:
 
 
 __all__ = [
+    "ADOPTED_KEY",
     "BATCH_KEY",
     "CONNECTION_FILE_KEY",
     "IN_LINE_KEY",
+    "KERNEL_NAME_KEY",
     "ORPHANED_KEY",
+    "SERVER_KEY",
     "WOKEN_KEY",
     "RoomWanted",
     "SliceManager",
@@ -696,6 +792,7 @@ __all__ = [
     "SliceStatus",
     "held_by_batch_run",
     "orphan_notice",
+    "served_elsewhere",
     "start_refusal",
     "woken_at",
 ]

@@ -17,6 +17,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from jupyter_core.paths import jupyter_runtime_dir
 
@@ -43,6 +44,13 @@ LIMITS_VARIABLE = "VGPU_LIMITS"
 # folder: the slice of a batch kernel (nbconvert, papermill) admitted to a server's ledger by a
 # provisioner outside that server, whose region is in the standalone folder.
 REGION_PATH_KEY = "region_path"
+# Beside a kernel's region: the server that adopted the kernel after the one that started it went
+# away (server/adopt.py), as JSON {"pid", "pid_start_time", "url"}. The kernel's parent poller
+# (notebook/survive.py) watches that server in place of its parent; %vgpu calls its URL.
+ADOPTED_BY_SUFFIX = ".adopted-by"
+# The kernel's environment variable saying how many seconds it outlives its server, waiting to be
+# adopted (VGPUApp.kernel_survival; absent or 0: it ends with its server, as ipykernel's).
+SURVIVAL_VARIABLE = "JUPYTER_VGPU_KERNEL_SURVIVAL_S"
 # How long a stopped slice's processes may take to exit after SIGKILL (the kernel tears down its
 # GPU memory on exit; a process stuck in the driver may take a moment).
 STOP_WAIT_S = 5.0
@@ -82,6 +90,21 @@ def slice_environment(region: Region, *, simulate: bool, base_env: dict[str, str
     env[LIMITS_VARIABLE] = str(region.page.path)
     env["CUDA_VISIBLE_DEVICES"] = region.device_uuid
     return env
+
+
+def adopted_by_path(region_path: str | os.PathLike[str]) -> Path:
+    """Where a region's adopting server is named (see ``ADOPTED_BY_SUFFIX``)."""
+    path = Path(region_path)
+    return path.with_name(path.name + ADOPTED_BY_SUFFIX)
+
+
+def read_adopted_by(region_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The server that adopted the kernel of this region, if one did and the file can be read."""
+    try:
+        found = json.loads(adopted_by_path(region_path).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _limits_text(limits: SliceLimits) -> str:
@@ -316,10 +339,21 @@ class LocalHolder:
         problems += [f"process {pid} did not exit within {STOP_WAIT_S:g} s of SIGKILL" for pid in running]
         return problems
 
+    def adopted_by(self, allocation: Allocation, server: dict[str, Any]) -> None:
+        """Name the server that adopted the slice's kernel beside its region (written aside and
+        renamed in: the kernel never reads half of it)."""
+        path = adopted_by_path(allocation.metadata.get(REGION_PATH_KEY) or self.path(allocation.kernel_id))
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        with os.fdopen(descriptor, "w") as file:
+            json.dump(server, file)
+        staging.replace(path)
+
     def release(self, kernel_id: str) -> None:
         region = self._regions.pop(kernel_id, None)
         if region is not None:
             region.close()
+        adopted_by_path(self.path(kernel_id)).unlink(missing_ok=True)
         self.path(kernel_id).unlink(missing_ok=True)
         default_limits_path(self.path(kernel_id)).unlink(missing_ok=True)
         self._owners_path(kernel_id).unlink(missing_ok=True)

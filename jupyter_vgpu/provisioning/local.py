@@ -21,6 +21,7 @@ arbitrates between batch runs. docs/batch.md tells the whole story.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -35,7 +36,14 @@ from traitlets import Bool, Int, Unicode, Union
 from traitlets.config import Application
 
 from jupyter_vgpu.client import KERNEL_ID_VARIABLE, KERNEL_VARIABLES, kernel_environment
-from jupyter_vgpu.holders.local import REGION_PATH_KEY, LocalHolder, default_region_dir, slice_environment
+from jupyter_vgpu.holders.device_memory import process_running
+from jupyter_vgpu.holders.local import (
+    REGION_PATH_KEY,
+    SURVIVAL_VARIABLE,
+    LocalHolder,
+    default_region_dir,
+    slice_environment,
+)
 from jupyter_vgpu.holders.region import Region, process_start_time
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
 from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused
@@ -68,6 +76,10 @@ SLICE_OPTIONS = ("memory", "cores", "policy", "device")
 # Set in a batch kernel whose slice is in a vGPU server's ledger: that ledger's path (for %vgpu).
 LEDGER_VARIABLE = "JUPYTER_VGPU_LEDGER"
 LEDGER_AUTO, LEDGER_NONE = "auto", "none"
+# The start argument (of MappingKernelManager.start_kernel, reaching pre_launch as the slice size
+# does) by which a restarted server adopts a kernel its predecessor left running: what
+# SliceManager.adoption() says of it (server/adopt.py).
+ADOPT_ARGUMENT = "vgpu_adopt"
 
 
 def default_ledger_path() -> Path:
@@ -146,6 +158,10 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
     )
 
     _batch: BatchSlice | None = None
+    # A kernel this provisioner adopted (a process it did not start, so no Popen: watched by pid
+    # and start time) and whether an adoption was done (a restart then launches a new kernel).
+    _adopted_start_time: int | None = None
+    _adoption_done = False
 
     def __init__(self, **kwargs: Any):
         # jupyter_client passes the kernelspec's provisioner config as keyword arguments, which
@@ -174,6 +190,9 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             self.update_config(Application.instance().config)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        adoption = kwargs.pop(ADOPT_ARGUMENT, None)
+        if adoption and not self._adoption_done:
+            return await self._adopt(adoption, kwargs)
         requested = kwargs.pop("vgpu_slice", None) or {}
         size = {key: requested.get(key) for key in ("memory", "cores", "policy")}
         manager = self.slice_manager()
@@ -215,8 +234,28 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         for name in HUB_TOKEN_VARIABLES:
             kwargs["env"].pop(name, None)
         kwargs["env"].update(kernel_environment(server_url, self.kernel_id, credential))
+        kwargs["env"].pop(SURVIVAL_VARIABLE, None)
+        if manager.kernel_survival > 0:
+            kwargs["env"][SURVIVAL_VARIABLE] = f"{manager.kernel_survival:g}"
         kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs
+
+    async def _adopt(self, adoption: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Take over a kernel that a previous server started and that outlived it: nothing is
+        launched; the kernel manager reads the kernel's connection file (its ports and key) and
+        this provisioner its process (pid, process group, start time), which ``poll``,
+        ``send_signal``, ``kill`` and ``wait`` then act on by pid. Its slice stays as the ledger
+        holds it. A later restart of the kernel launches a new one, as for any kernel."""
+        self._adoption_done = True
+        connection_file = adoption["connection_file"]
+        # The kernel manager's public reader of a connection file: ports, transport, ip, key and
+        # signature scheme, so that its clients (the websocket's included) reach this kernel.
+        self.parent.load_connection_file(connection_file)
+        connection_info = self.parent.get_connection_info()
+        await self.load_provisioner_info(
+            {**adoption["provisioner_info"], "kernel_id": self.kernel_id, "connection_info": connection_info}
+        )
+        return {**kwargs, "cmd": []}
 
     async def _batch_launch(
         self,
@@ -256,7 +295,7 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         # No server holds this slice: a kernel must not inherit the server link of the sliced
         # kernel that started this one, or it would resize that kernel's slice. Its own id tells
         # libvgpu.so's out-of-memory line, and %vgpu, that it is a kernel without a server.
-        for name in (*KERNEL_VARIABLES, LEDGER_VARIABLE):
+        for name in (*KERNEL_VARIABLES, LEDGER_VARIABLE, SURVIVAL_VARIABLE):
             env.pop(name, None)
         env[KERNEL_ID_VARIABLE] = self.kernel_id
         if self._batch.ledger_path is not None:
@@ -287,6 +326,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         return path
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
+        if self._adopted_start_time is not None:
+            return self.connection_info  # adopted: it runs already (see _adopt)
         connection_info = await super().launch_kernel(cmd, **kwargs)
         if self._batch is not None and self.pid:
             self._batch.holder.mark_owners(self.kernel_id, self.pid)  # ... and while its kernel does
@@ -294,7 +335,8 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         if manager is not None:
             connection_file = getattr(self.parent, "connection_file", "")
             where = os.path.abspath(connection_file) if connection_file else ""
-            manager.record_kernel(self.kernel_id, await self._process_identity(), where)
+            kernel_name = getattr(self.parent, "kernel_name", "")
+            manager.record_kernel(self.kernel_id, await self._process_identity(), where, kernel_name)
         return connection_info
 
     async def send_signal(self, signum: int) -> None:
@@ -305,7 +347,58 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         if signum == signal.SIGINT and manager is not None:
             with contextlib.suppress(LedgerError):
                 manager.leave_line(self.kernel_id)
-        await super().send_signal(signum)
+        if self._adopted_start_time is None:
+            await super().send_signal(signum)
+        elif self.pid and self._adopted_running():
+            # As LocalProvisioner's: the process group first (the kernel leads its own), else the process.
+            try:
+                os.killpg(self.pgid or self.pid, signum)
+            except OSError:
+                os.kill(self.pid, signum)
+
+    # -- an adopted kernel: a process this provisioner did not start (no Popen) ------------------
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """What ``get_provisioner_info`` kept (pid, process group, ip, the pid's start time), for
+        a kernel this provisioner adopts: from then on it is watched by pid, and the start time
+        tells it apart from a later process that got the same pid."""
+        await super().load_provisioner_info(provisioner_info)
+        self._adopted_start_time = int(provisioner_info.get("pid_start_time") or 0)
+
+    def _adopted_running(self) -> bool:
+        return bool(self.pid and self._adopted_start_time and process_running(self.pid, self._adopted_start_time))
+
+    @property
+    def has_process(self) -> bool:
+        return self.process is not None or self._adopted_start_time is not None
+
+    async def poll(self) -> int | None:
+        if self._adopted_start_time is None:
+            return await super().poll()
+        # Not its parent, the exit status is not known here: 1, as the poller that ends it says.
+        return None if self._adopted_running() else 1
+
+    async def wait(self) -> int | None:
+        if self._adopted_start_time is None:
+            return await super().wait()
+        while await self.poll() is None:
+            await asyncio.sleep(0.1)  # no child to wait on: polled, as LocalProvisioner polls its own
+        self._adopted_start_time = None  # has_process is False from now on
+        return 1
+
+    async def kill(self, restart: bool = False) -> None:
+        if self._adopted_start_time is None:
+            await super().kill(restart=restart)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                await self.send_signal(signal.SIGKILL)
+
+    async def terminate(self, restart: bool = False) -> None:
+        if self._adopted_start_time is None:
+            await super().terminate(restart=restart)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                await self.send_signal(signal.SIGTERM)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         """jupyter_client's record of this kernel (its pid, ...) plus what tells the process apart
@@ -325,6 +418,11 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         await super().cleanup(restart=restart)
         if restart:
             return
+        connection_file = str(getattr(self.parent, "connection_file", None) or "")
+        if self._adoption_done and connection_file:
+            # The kernel manager removes only a connection file it wrote; an adopted kernel's was
+            # written by the server that started it.
+            Path(connection_file).unlink(missing_ok=True)
         manager = self.slice_manager()
         if manager is not None:
             manager.release(self.kernel_id)

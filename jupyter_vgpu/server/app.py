@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import os
 import queue
 import threading
@@ -26,7 +27,7 @@ from jupyter_vgpu.holders.local import default_region_dir, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.manager import SliceManager, SliceStatus
+from jupyter_vgpu.manager import ADOPTED_KEY, SliceManager, SliceStatus
 from jupyter_vgpu.model import (
     NOTEBOOK_DEFAULTS,
     DeviceError,
@@ -43,6 +44,7 @@ from jupyter_vgpu.model import (
 from jupyter_vgpu.pods.cluster import default_namespace
 from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
+from jupyter_vgpu.server.adopt import adopt_survivors, this_server
 from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
@@ -77,6 +79,7 @@ ENVIRONMENT_TRAITS = (
     "idle_cull_after",
     "idle_suspend_after",
     "suspend_host_memory",
+    "kernel_survival",
 )
 
 
@@ -252,7 +255,25 @@ class VGPUApp(ExtensionApp):
         "in the line instead, as long as it takes.",
     )
 
-    @validate("idle_lower_after", "idle_cull_after", "idle_suspend_after", "suspend_lock_timeout", "room_wait")
+    kernel_survival = Float(
+        600.0,
+        config=True,
+        help="Seconds a sliced kernel outlives its server (killed, crashed, or restarted for an upgrade), running "
+        "or suspended, with its variables and GPU memory, for a restarted server to adopt it: the notebook then "
+        "reconnects to it. One nobody adopts in that time ends, and the next server frees its slice. Set when "
+        "the kernel starts (a kernel keeps the value of the server that started it). 0: a kernel ends with its "
+        "server, as ipykernel's do; always 0 with a node's broker (broker_url), which gives back the slices of a "
+        "server that is gone. A hub sets it through $JUPYTER_VGPU_KERNEL_SURVIVAL.",
+    )
+
+    @validate(
+        "idle_lower_after",
+        "idle_cull_after",
+        "idle_suspend_after",
+        "suspend_lock_timeout",
+        "room_wait",
+        "kernel_survival",
+    )
     def _valid_idle_time(self, proposal):
         value = proposal["value"]
         if not 0 <= value < float("inf"):
@@ -387,6 +408,12 @@ class VGPUApp(ExtensionApp):
             start_error=refusal_for_http,
             parent=self,
         )
+        # A node's broker gives back the slices of a user whose server is gone (it asks the hub),
+        # so a kernel outliving its server there would hold GPU memory outside any slice.
+        manager.kernel_survival = 0.0 if self.broker_url else self.kernel_survival
+        if self.broker_url and self.kernel_survival:
+            self.log.info("jupyter_vgpu: with a node's broker, kernels end with their server (kernel_survival is 0)")
+        self._keep_sessions_in_a_file()
         try:
             for released in manager.reconcile():
                 self.log.info(
@@ -397,6 +424,7 @@ class VGPUApp(ExtensionApp):
         self.settings[MANAGER_SETTING] = manager
         self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
         self._start_idle_policy(manager, self._start_suspending(manager))
+        self._adopt_survivors(manager)
         self._watcher = PeriodicCallback(self._watch_slices, self.watch_interval * 1000)
         self._watcher.start()
         self.log.info(
@@ -405,6 +433,54 @@ class VGPUApp(ExtensionApp):
             " (simulated)" if self.simulate else "",
             ", ".join(f"{d.index} {d.name}" for d in chosen),
         )
+
+    def _keep_sessions_in_a_file(self) -> None:
+        """jupyter_server keeps its sessions (which notebook has which kernel) in memory unless
+        ``SessionManager.database_filepath`` names a file: kept in one here, unless the user chose,
+        so that a restarted server that adopts its predecessor's kernels has their sessions too
+        (a row whose kernel is not back is dropped when read, as always). One file per root
+        folder: two servers at once over one folder would drop each other's rows."""
+        server = self._server
+        sessions = server.session_manager
+        if "database_filepath" in server.config.get("SessionManager", {}) or not sessions.has_trait(
+            "database_filepath"
+        ):
+            return
+        root = hashlib.sha256(os.path.abspath(server.root_dir).encode()).hexdigest()[:16]
+        folder = private_folder(Path(jupyter_runtime_dir()) / "vgpu")
+        sessions.database_filepath = str(folder / f"sessions-{root}.sqlite")
+
+    def _adopt_survivors(self, manager: SliceManager) -> None:
+        """Put the kernels the last server left running into jupyter_server's kernel manager
+        (server/adopt.py), before the server answers its first request (it binds its port after
+        its extensions load), so that no session row is read before its kernel is back."""
+        server = self._server
+        adopt = functools.partial(
+            adopt_survivors, manager, server.kernel_manager, this_server(server.connection_url), self.log
+        )
+        try:
+            loop = getattr(server.io_loop, "asyncio_loop", None) or asyncio.get_event_loop()
+            if loop.is_running():  # a server started inside a running loop (pytest-jupyter's)
+                loop.create_task(adopt())
+            else:
+                loop.run_until_complete(adopt())
+        except LedgerError as error:
+            self.log.warning("jupyter_vgpu: kernels of the last server not adopted: %s", error)
+
+    # ExtensionApp's documented hook for work once the server's loop runs (its name is
+    # underscored, but jupyter_server's docs say to override it; there is no public one).
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Once the server has its port (it may have taken another than the one asked for), name
+        it again beside the kernels it adopted, for their %vgpu."""
+        manager: SliceManager | None = self.settings.get(MANAGER_SETTING)
+        if manager is None:
+            return
+        server = this_server(serverapp.connection_url)
+        with contextlib.suppress(LedgerError):
+            for allocation in manager.ledger.allocations():
+                by = allocation.metadata.get(ADOPTED_KEY, {}).get("server", {})
+                if isinstance(by, dict) and by.get("pid") == server["pid"] and by != server:
+                    manager.adopted(allocation.kernel_id, server)
 
     @property
     def _server(self) -> ServerApp:

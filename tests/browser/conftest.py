@@ -33,7 +33,8 @@ class Lab(JupyterProcess):
 
     def __init__(self, tmp_path: Path, env: dict[str, str], *options: str):
         self.root = tmp_path / "notebooks"
-        self.root.mkdir()
+        self.root.mkdir(exist_ok=True)  # a lab started again on the same folders finds it there
+        self.env = env
         self.runtime_dir = tmp_path / "runtime"  # JUPYTER_RUNTIME_DIR: the kernels' connection files
         super().__init__(
             env,

@@ -137,3 +137,37 @@ def test_doctor_refuses_a_path_that_is_not_there(vgpu, tmp_path, flag, message):
     result = vgpu("doctor", "--simulate", flag, str(tmp_path / "nowhere"))
     assert result.returncode == 2
     assert result.stderr.strip().startswith(f"jupyter vgpu doctor: {message} {tmp_path / 'nowhere'}")
+
+
+def test_doctor_names_live_kernels_and_never_advises_deleting_a_ledger_that_holds_one(vgpu, runtime):
+    ledger = runtime / "vgpu" / "ledger.sqlite"
+    make_ledger(ledger)  # a left-over slice: its batch run is gone
+    device = Device("GPU-00000000-0000-4000-8000-000000000000", 0, "jupyter-vgpu test GPU", 16 * GIB, 100)
+    alive = {"pid": os.getpid(), "pid_start_time": process_start_time(os.getpid())}  # stands for a kernel
+    gone = {"pid": 1, "pid_start_time": 1}
+    with EmbeddedLedger(ledger, [device]) as opened:
+        # A kernel that outlived its server (adopted once, by a server that went away in turn) ...
+        opened.admit(
+            "waiting-kernel",
+            SliceLimits(GIB, 20),
+            metadata={"provisioner_info": alive, "kernelspec": "GPU slice", "adopted": {"server": gone}},
+        )
+        # ... and one a running server adopted.
+        opened.admit(
+            "adopted-kernel",
+            SliceLimits(GIB, 20),
+            metadata={"provisioner_info": alive, "adopted": {"server": {**alive, "url": "http://127.0.0.1:8888/"}}},
+        )
+    result = vgpu("doctor", "--simulate")
+    assert (
+        "[note] live kernel: waiting- (GPU slice, running, 1GiB slice on GPU 0), outlived its server and waits for "
+        "a restarted one to adopt it, with its variables" in result.stdout
+    ), result.stdout
+    assert (
+        "[note] live kernel: adopted- (a kernel, running, 1GiB slice on GPU 0), adopted by the server at "
+        "http://127.0.0.1:8888/ after the one that started it went away" in result.stdout
+    )
+    assert "Do not delete the ledger: it records 2 live kernel(s) (above), which a restarted server adopts" in (
+        result.stdout
+    )
+    assert "delete the ledger if no server uses it" not in result.stdout

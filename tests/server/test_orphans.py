@@ -1,8 +1,9 @@
 """A slice is released only when none of its processes holds the device: a server killed with
 SIGKILL and started again stops the processes its gone kernel left (a child in a session of its
 own, and that child's child) before it releases the kernel's slice, so the memory they held is
-free for the next promise. A real server process, a real kernel, real processes on one simulated
-16 GiB GPU."""
+free for the next promise. The kernel does not outlive its server here (``kernel_survival`` 0:
+a kernel that does is adopted with its children, tests/server/test_kernels_outlive_server.py).
+A real server process, a real kernel, real processes on one simulated 16 GiB GPU."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def reaper():
 
 
 def test_a_killed_servers_restart_stops_a_gone_kernels_children_before_releasing_its_slice(user_env, tmp_path, reaper):
-    server = Server(tmp_path, user_env)
+    server = Server(tmp_path, user_env, "--VGPUApp.kernel_survival=0")
     started = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "4GiB"})
     kernel_id = started["kernel"]["id"]
     kernel_pid, child, grandchild = map(int, run_code(user_env, kernel_id, KERNEL_CODE).split())
@@ -81,6 +82,8 @@ def test_a_killed_servers_restart_stops_a_gone_kernels_children_before_releasing
     assert os.getpgid(child) != os.getpgid(kernel_pid)  # out of reach of the kernel's process group
 
     server.kill()
+    wait_for(lambda: not running(kernel_pid), 30, "the kernel to end with its server")
+    assert running(child) and running(grandchild)  # what it started lives on, holding 1 GiB
     restarted = Server(tmp_path, user_env)
     try:
         # The start-up reconcile stopped them before it released the slice, not after.

@@ -1,20 +1,20 @@
-"""A server killed with SIGKILL while a kernel is suspended (issue 18): the restarted server finds
-the slice suspended (the ledger and the pids persisted) and keeps it, since the kernel holds
-nothing on the GPU and its user's state is in its host memory; it resumes it when asked (its
-room first, then its memory), and the kernel is reached through its connection file, as Jupyter
-does not list it again. Where nobody can reach it, or nobody resumes it within
-``idle_cull_after``, it is stopped as any orphan (tests/server/test_orphans.py). A real server
-process, real kernels, on one simulated 16 GiB GPU."""
+"""A server killed with SIGKILL while a kernel is suspended (issues 18 and 26): the restarted
+server finds the slice suspended (the ledger and the pids persisted) and adopts the kernel, which
+holds nothing on the GPU and has its user's state in its host memory: Jupyter lists it again, and
+it resumes when asked, or on a cell (its room first, then its memory). One nobody can reach (its
+connection file gone) is stopped as any orphan; one that cannot be adopted (its kernelspec gone)
+is kept suspended, reached through its connection file, and stopped after ``idle_cull_after``
+if nobody resumes it. A real server process, real kernels, on one simulated 16 GiB GPU."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import test_server_process
-from jupyter_client import BlockingKernelClient
 from support import hold_outside, wait_for
 from test_orphans import reaper, running
 from test_server_process import KERNEL_NAME, Server, run_code, vgpu_cli
@@ -50,18 +50,7 @@ def all_free(server: Server) -> bool:
     return device["memory_free_bytes"] == device["memory_capacity_bytes"] == 16 * GIB
 
 
-def shut_down(env: dict[str, str], kernel_id: str) -> None:
-    """What `exit` in `jupyter console --existing` does: a shutdown request through the connection file."""
-    client = BlockingKernelClient(connection_file=str(connection_file(env, kernel_id)))
-    client.load_connection_file()
-    client.start_channels()
-    try:
-        assert client.shutdown(reply=True, timeout=30)["content"]["status"] == "ok"
-    finally:
-        client.stop_channels()
-
-
-def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_restart_with_its_memory_intact(
+def test_a_kernel_suspended_when_its_server_is_killed_is_adopted_and_resumed_after_the_restart_with_its_memory_intact(
     user_env, tmp_path, cuda_prelude, reaper
 ):
     server = Server(tmp_path, user_env)
@@ -75,17 +64,13 @@ def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_resta
 
     restarted = Server(tmp_path, user_env)
     try:
-        # Found suspended, their processes kept; the unreachable one stopped and released as any orphan.
+        # Found suspended and adopted, their processes kept; the unreachable one stopped and
+        # released as any orphan.
         listed = {item["kernel_id"]: item for item in restarted.api("GET", "api/vgpu/slices")}
         assert sorted(listed) == sorted([kept, by_cell])
         assert {(item["state"], item["host_memory_bytes"]) for item in listed.values()} == {("suspended", GIB)}
-        assert listed[kept]["notice"] == (
-            f"suspended when its server stopped; Jupyter does not list it again: its 1GiB stay in host memory "
-            f"until it is resumed (`jupyter vgpu resume {kept}`, or a CUDA call of its own) and reached with "
-            f"`jupyter console --existing {connection_file(user_env, kept)}`, where `exit` stops it"
-        )
         assert running(pid) and running(by_cell_pid) and not running(unreachable_pid)
-        assert restarted.api("GET", "api/kernels") == []  # jupyter_server does not list them
+        assert sorted(kernel["id"] for kernel in restarted.api("GET", "api/kernels")) == sorted([kept, by_cell])
         assert all_free(restarted)  # they hold nothing on the GPU: their room is lent
 
         resumed = vgpu_cli(user_env, "resume", kept[:8])
@@ -94,11 +79,10 @@ def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_resta
         (listed,) = [item for item in restarted.api("GET", "api/vgpu/slices") if item["kernel_id"] == kept]
         assert (listed["state"], listed["host_memory_bytes"]) == ("running", 0)
         assert [process["pid"] for process in listed["usage"]["processes"]] == [pid]
-        assert listed["notice"].startswith("resumed after its server stopped; Jupyter does not list it again")
         (device,) = restarted.api("GET", "api/vgpu/devices")
         assert device["memory_free_bytes"] == 14 * GIB  # its 2 GiB promised again
 
-        # Its user reaches it through its connection file: the pattern is intact.
+        # Its user reaches it (here through its connection file): the pattern is intact.
         assert run_code(user_env, kept, "print(intact())").strip() == "True"
         # The other one's cell waits in the driver until the server resumes it (the hooked
         # cuMemGetInfo of memory() asks for the resume).
@@ -106,25 +90,32 @@ def test_a_kernel_suspended_when_its_server_is_killed_is_resumed_after_the_resta
         (listed,) = [item for item in restarted.api("GET", "api/vgpu/slices") if item["kernel_id"] == by_cell]
         assert (listed["state"], listed["host_memory_bytes"]) == ("running", 0)
 
-        # Stopped there, their slices are released once their processes have exited.
-        shut_down(user_env, kept)
-        shut_down(user_env, by_cell)
-        wait_for(lambda: restarted.api("GET", "api/vgpu/slices") == [], 30, "their slices released")
+        # They are this server's kernels: shut down as any, their slices released.
+        restarted.api("DELETE", f"api/kernels/{kept}")
+        restarted.api("DELETE", f"api/kernels/{by_cell}")
+        assert restarted.api("GET", "api/vgpu/slices") == []
         assert all_free(restarted)
         wait_for(lambda: reaper([pid, by_cell_pid, unreachable_pid]), 10, "the kernels' processes reaped")
     finally:
         restarted.stop()
 
 
-def test_a_suspended_kernel_nobody_resumes_after_the_restart_is_stopped_after_idle_cull_after(
-    user_env, tmp_path, cuda_prelude, reaper
+def test_a_suspended_kernel_that_cannot_be_adopted_is_kept_and_stopped_after_idle_cull_after(
+    user_env, tmp_path, cuda_prelude, reaper, vgpu_kernelspec_dir
 ):
     server = Server(tmp_path, user_env)
     kernel_id, pid = suspended_kernel(server, user_env, cuda_prelude)
     server.kill()
+    shutil.rmtree(vgpu_kernelspec_dir / "kernels" / KERNEL_NAME)  # its kernelspec is gone: no adoption
 
     restarted = Server(tmp_path, user_env, "--VGPUApp.idle_cull_after=2")
     try:
+        assert restarted.api("GET", "api/kernels") == []
+        assert restarted.api("GET", f"api/vgpu/slices/{kernel_id}")["notice"] == (
+            f"suspended when its server stopped; Jupyter does not list it again: its 1GiB stay in host memory "
+            f"until it is resumed (`jupyter vgpu resume {kernel_id}`, or a CUDA call of its own) and reached with "
+            f"`jupyter console --existing {connection_file(user_env, kernel_id)}`, where `exit` stops it"
+        )
         notices = wait_for(lambda: restarted.api("GET", "api/vgpu/notices"), 30, "the orphan stopped")
         assert notices == {
             kernel_id: "stopped after 2 s suspended, not resumed since its server restarted, to free 1GiB of host "
@@ -164,11 +155,13 @@ def test_a_resume_waiting_in_line_keeps_its_place_across_a_server_sigkill(
 
             outside.kill()  # room comes: it resumes, and the cell goes on with its memory intact
             output = cell.result(timeout=120)
-            # The kernel told the cell why it stayed when its server died (notebook/survive.py).
-            assert output.strip().endswith("True") and "it stays for the next server" in output
+            # The kernel told the cell why it stayed when its server died, and that the restarted
+            # server adopted it (notebook/survive.py).
+            assert output.strip().endswith("True") and "it stays 600 s for the next server to adopt it" in output
+            assert "a restarted server adopted this kernel" in output
         listed = restarted.api("GET", f"api/vgpu/slices/{kernel_id}")
         assert (listed["state"], listed["queue"]) == ("running", None)
-        shut_down(user_env, kernel_id)
+        restarted.api("DELETE", f"api/kernels/{kernel_id}")
         wait_for(lambda: reaper([pid]), 30, "the kernel's process reaped")
     finally:
         outside.kill()
