@@ -455,6 +455,9 @@ void sim_pool_unclaim(struct CUmemPoolHandle_st *pool, uint64_t reused);
  * destroyed pool, which gives it back and goes with its last allocation. */
 void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t charged);
 void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes);
+/* Memory of a destroyed context's allocation freed into the pool goes back to the device (the
+ * lock is held). */
+void sim_pool_forget(struct CUmemPoolHandle_st *pool, uint64_t bytes);
 /* A synchronisation: every pool gives back what it holds beyond its release threshold. Takes
  * the lock. */
 void sim_pools_synchronised(void);

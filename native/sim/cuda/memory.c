@@ -210,7 +210,13 @@ void sim_free_context_memory(struct CUctx_st *ctx)
         struct sim_allocation *allocation = (struct sim_allocation *)sim_cuda.allocations.entries[i].value;
         if (allocation->kind == SIM_ALLOCATION_LINEAR && allocation->ctx == ctx && !allocation->graph) {
             sim_map_take(&sim_cuda.allocations, allocation->base, NULL);
+            /* A destroyed pool gives it back (and may go) by itself. */
+            struct CUmemPoolHandle_st *kept_by =
+                allocation->pool && !allocation->pool->destroyed ? allocation->pool : NULL;
+            uint64_t size = allocation->size;
             sim_release_linear(allocation);
+            if (kept_by)
+                sim_pool_forget(kept_by, size); /* the context's memory goes with it, not to the pool */
         }
     }
     for (size_t i = sim_cuda.handles.count; i-- > 0;) {

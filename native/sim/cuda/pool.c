@@ -108,6 +108,13 @@ void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes)
         free(pool);
 }
 
+void sim_pool_forget(struct CUmemPoolHandle_st *pool, uint64_t bytes)
+{
+    uint64_t unused = pool->reserved - pool->used, given = bytes < unused ? bytes : unused;
+    pool->reserved -= given;
+    sim_uncharge(pool->device, given);
+}
+
 void sim_pools_synchronised(void)
 {
     pthread_mutex_lock(&sim_cuda.lock);
