@@ -273,6 +273,36 @@ class LocalHolder:
             if region.page.writable:
                 region.page.leave_line()
 
+    def release_cached(self, allocation: Allocation, *, wait: float) -> dict[str, int]:
+        """Before a suspend: ask the slice's processes to give back cached device memory they do
+        not use (the limits page's release request: libvgpu.so trims the driver's stream-ordered
+        pools, the kernel's Python side empties PyTorch's and CuPy's caches; never memory the
+        program holds) and wait up to ``wait`` seconds for every live process to answer. Returns
+        the bytes given back by source ("pools", "torch", "cupy"; those that gave nothing left
+        out), and "unanswered": how many processes had not answered in time."""
+        with self._region_of(allocation) as region:
+            if not region.page.writable or not region.processes():
+                return {}  # a broker's page, or nothing on the GPU: nothing to ask
+            request = region.page.request_release()
+            deadline = time.monotonic() + max(0.0, wait)
+            while True:
+                answers = region.release_answers()
+                waiting = [pid for pid, answer in answers.items() if not answer.answered(request)]
+                if not waiting or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+        released = {"pools": 0, "torch": 0, "cupy": 0}
+        for answer in answers.values():
+            if answer.pools_answered == request:
+                released["pools"] += answer.pools_released
+            if answer.frameworks_watching and answer.frameworks_answered == request:
+                released["torch"] += answer.torch_released
+                released["cupy"] += answer.cupy_released
+        found = {source: bytes_ for source, bytes_ in released.items() if bytes_}
+        if waiting:
+            found["unanswered"] = len(waiting)
+        return found
+
     def resume_requests(self, allocation: Allocation) -> int:
         """CUDA calls the slice's live processes made while it was suspended, ever."""
         try:
