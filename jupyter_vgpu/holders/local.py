@@ -281,27 +281,9 @@ class LocalHolder:
         the bytes given back by source ("pools", "torch", "cupy"; those that gave nothing left
         out), and "unanswered": how many processes had not answered in time."""
         with self._region_of(allocation) as region:
-            if not region.page.writable or not region.processes():
-                return {}  # a broker's page, or nothing on the GPU: nothing to ask
-            request = region.page.request_release()
-            deadline = time.monotonic() + max(0.0, wait)
-            while True:
-                answers = region.release_answers()
-                waiting = [pid for pid, answer in answers.items() if not answer.answered(request)]
-                if not waiting or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.02)
-        released = {"pools": 0, "torch": 0, "cupy": 0}
-        for answer in answers.values():
-            if answer.pools_answered == request:
-                released["pools"] += answer.pools_released
-            if answer.frameworks_watching and answer.frameworks_answered == request:
-                released["torch"] += answer.torch_released
-                released["cupy"] += answer.cupy_released
-        found = {source: bytes_ for source, bytes_ in released.items() if bytes_}
-        if waiting:
-            found["unanswered"] = len(waiting)
-        return found
+            if not region.page.writable:
+                return {}  # a broker's page: the broker asks
+            return region.release_cached(wait=wait)
 
     def resume_requests(self, allocation: Allocation) -> int:
         """CUDA calls the slice's live processes made while it was suspended, ever."""

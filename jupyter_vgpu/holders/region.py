@@ -15,6 +15,7 @@ import fcntl
 import mmap
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,9 +83,7 @@ class ReleaseAnswer:
     cupy_released: int = 0
 
     def answered(self, request: int) -> bool:
-        return self.pools_answered == request and (
-            not self.frameworks_watching or self.frameworks_answered == request
-        )
+        return self.pools_answered == request and (not self.frameworks_watching or self.frameworks_answered == request)
 
 
 @dataclass(frozen=True)
@@ -612,6 +611,34 @@ class Region(_MappedFile):
     def release_answers(self) -> dict[int, ReleaseAnswer]:
         """Each live process's answers to the page's release requests, by pid."""
         return {process.pid: process.release or ReleaseAnswer() for process in self.processes()}
+
+    def release_cached(self, *, wait: float, poll: float = 0.02) -> dict[str, int]:
+        """Ask the slice's processes to give back cached device memory they do not use
+        (:meth:`LimitsPage.request_release`) and wait up to ``wait`` seconds for every live one to
+        answer. Returns the bytes given back by source ("pools", "torch", "cupy"; those that gave
+        nothing left out) and "unanswered": how many processes had not answered in time. Nothing
+        is asked where no process of the slice runs."""
+        if not self.processes():
+            return {}
+        request = self.page.request_release()
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            answers = self.release_answers()
+            waiting = [pid for pid, answer in answers.items() if not answer.answered(request)]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(poll)
+        released = {"pools": 0, "torch": 0, "cupy": 0}
+        for answer in answers.values():
+            if answer.pools_answered == request:
+                released["pools"] += answer.pools_released
+            if answer.frameworks_watching and answer.frameworks_answered == request:
+                released["torch"] += answer.torch_released
+                released["cupy"] += answer.cupy_released
+        found = {source: count for source, count in released.items() if count}
+        if waiting:
+            found["unanswered"] = len(waiting)
+        return found
 
     def own_slot(self, pid: int | None = None) -> Any | None:
         """The slot of process ``pid`` (this one by default), or None: the slot its libvgpu.so

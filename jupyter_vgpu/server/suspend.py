@@ -26,7 +26,14 @@ from typing import Any
 
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.local import LocalHolder
-from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, SUSPENDED_KEY, Allocation, CapacityError, NotSupported, UnknownSlice
+from jupyter_vgpu.ledger import (
+    SUSPEND_TIMINGS_KEY,
+    SUSPENDED_KEY,
+    Allocation,
+    CapacityError,
+    NotSupported,
+    UnknownSlice,
+)
 from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, WOKEN_KEY, RoomWanted, SliceManager, woken_at
 from jupyter_vgpu.model import format_size

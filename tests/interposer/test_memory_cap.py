@@ -160,7 +160,10 @@ def test_memory_freed_into_a_pool_is_charged_while_the_pool_keeps_it(probe, sim_
     assert slot.allocated == 192 * MIB  # freed, but its pool keeps it
     program.send()
     lines = program.read_until("wait")
-    assert lines[0][:2] == ["async", str(CUDA_ERROR_OUT_OF_MEMORY)]  # the reserve serves 192 of it, the other 128 do not fit
+    assert lines[0][:2] == [
+        "async",
+        str(CUDA_ERROR_OUT_OF_MEMORY),
+    ]  # the reserve serves 192 of it, the other 128 do not fit
     assert lines[1][:2] == ["async", str(CUDA_SUCCESS)]  # served by the pool's reserve
     # Given back at the synchronisation, which libvgpu.so does not hook: its monitor sees it.
     wait_for(lambda: slot.allocated == 0, 5, "the charge after a synchronisation")

@@ -38,7 +38,12 @@ def test_a_pool_reports_what_the_process_holds_from_it(programs, env):
     assert [seen[f"fresh_{figure}"] for figure in POOL_FIGURES] == ["0", "0", "0", "0"]
     assert [seen[f"two_allocations_{figure}"] for figure in POOL_FIGURES] == [str(4 * MIB)] * 4
     # The pool keeps what was freed into it: reserved stays at 4 MiB while 1 MiB is used.
-    assert [seen[f"one_freed_{figure}"] for figure in POOL_FIGURES] == [str(MIB), str(4 * MIB), str(4 * MIB), str(4 * MIB)]
+    assert [seen[f"one_freed_{figure}"] for figure in POOL_FIGURES] == [
+        str(MIB),
+        str(4 * MIB),
+        str(4 * MIB),
+        str(4 * MIB),
+    ]
     # A reset high-water mark starts again from the current figure; the other one keeps its own.
     assert [seen[f"used_high_reset_{figure}"] for figure in POOL_FIGURES] == [
         str(MIB),
