@@ -97,7 +97,6 @@ class ProcessUsage:
     oom_refusals: int
     resume_requests: int = 0  # CUDA calls made while its slice was suspended
     managed_allocations: int = 0  # cuMemAllocManaged calls that succeeded
-    release: ReleaseAnswer | None = None  # its answers to the page's release requests
 
     @property
     def used(self) -> int:
@@ -586,14 +585,6 @@ class Region(_MappedFile):
                 oom_refusals=slot.oom_refusals,
                 resume_requests=slot.resume_requests,
                 managed_allocations=slot.managed_allocations,
-                release=ReleaseAnswer(
-                    pools_answered=slot.pools_answered,
-                    frameworks_answered=slot.frameworks_answered,
-                    frameworks_watching=bool(slot.frameworks_watching),
-                    pools_released=slot.pools_released,
-                    torch_released=slot.torch_released,
-                    cupy_released=slot.cupy_released,
-                ),
             )
             for slot in self._slots()
             if slot.pid > 0 and process_start_time(slot.pid) == slot.start_time
@@ -610,7 +601,18 @@ class Region(_MappedFile):
 
     def release_answers(self) -> dict[int, ReleaseAnswer]:
         """Each live process's answers to the page's release requests, by pid."""
-        return {process.pid: process.release or ReleaseAnswer() for process in self.processes()}
+        return {
+            slot.pid: ReleaseAnswer(
+                pools_answered=slot.pools_answered,
+                frameworks_answered=slot.frameworks_answered,
+                frameworks_watching=bool(slot.frameworks_watching),
+                pools_released=slot.pools_released,
+                torch_released=slot.torch_released,
+                cupy_released=slot.cupy_released,
+            )
+            for slot in self._slots()
+            if slot.pid > 0 and process_start_time(slot.pid) == slot.start_time
+        }
 
     def release_cached(self, *, wait: float, poll: float = 0.02) -> dict[str, int]:
         """Ask the slice's processes to give back cached device memory they do not use
