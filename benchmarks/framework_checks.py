@@ -1,6 +1,7 @@
 """Real programs in a slice: the driver, NVML, nvidia-smi, cuda-bindings, cuda.core, numba-cuda,
 PyTorch (its default, expandable-segments and cudaMallocAsync allocators), CuPy and JAX under a
-4 GiB cap; a PyTorch tensor suspended to host memory and resumed; and a bf16 matmul loop at a
+4 GiB cap; a PyTorch tensor suspended to host memory and resumed; PyTorch's cache released
+before a suspend (host bytes and seconds with and without); and a bf16 matmul loop at a
 30 % SM share against the same loop unlimited.
 
     python benchmarks/framework_checks.py              # on a GPU machine: every check
@@ -176,6 +177,26 @@ intact = torch.equal(tensor.cpu(), host_copy)
 tensor += 1  # the GPU computes on the restored memory
 intact_after_kernel = torch.equal(tensor.cpu(), host_copy + 1)
 print(json.dumps({"intact": intact, "intact_after_kernel": intact_after_kernel}), flush=True)
+"""
+
+# Issue 26 item 2: a tensor the program holds and twice as much cached by PyTorch's caching
+# allocator (a tensor freed: its block stays reserved). The process answers the limits page's
+# release requests as a sliced kernel does (jupyter_vgpu/notebook/release.py, started here by
+# hand: it is no IPython kernel); each line on stdin is one suspend and resume by the checker.
+TORCH_CACHED = """
+import json, os, sys, torch
+from jupyter_vgpu.notebook.release import watch_release_requests
+held, cached = int(sys.argv[1]), int(sys.argv[2])
+tensor = torch.randint(0, 256, (held,), dtype=torch.uint8, device="cuda")
+scratch = torch.empty(cached, dtype=torch.uint8, device="cuda")
+del scratch  # freed by the program, kept by PyTorch's cache
+torch.cuda.synchronize()
+host_copy = tensor.cpu()
+watch_release_requests()
+print(json.dumps({"pid": os.getpid(), "region": os.environ.get("VGPU_REGION"), "limits": os.environ.get("VGPU_LIMITS"),
+                  "reserved": torch.cuda.memory_reserved()}), flush=True)
+for line in sys.stdin:
+    print(json.dumps({"intact": torch.equal(tensor.cpu(), host_copy), "reserved": torch.cuda.memory_reserved()}), flush=True)
 """
 
 FILL_FREE_MEMORY = """
@@ -555,6 +576,81 @@ def suspend_row(simulate: bool) -> tuple[str, str, str]:
             child.wait()
 
 
+RELEASE_HELD, RELEASE_CACHED = GIB, 2 * GIB  # with a context, under the 4 GiB cap
+
+
+def release_row(simulate: bool) -> tuple[str, str, str]:
+    """Issue 26 item 2 on a real GPU: a process holding a 1 GiB tensor with 2 GiB more cached by
+    PyTorch's caching allocator is suspended and resumed twice by the server's controller: first as
+    it is (the checkpoint copies the cache too), then after the release the server asks for first
+    (the limits page's request: torch.cuda.empty_cache() in the process, the driver's pools
+    trimmed by libvgpu.so). Host bytes and suspend/resume seconds of each, bytes intact."""
+    name = "PyTorch: cached memory released before a suspend (host bytes, seconds, with and without)"
+    if simulate:
+        return name, "not run", "tests/server/test_suspend.py covers the simulated GPU (a stand-in torch)"
+    if importlib.util.find_spec("torch") is None:
+        return name, "not run", "needs torch"
+    sys.path.insert(0, str(ROOT))
+    from jupyter_vgpu.holders.checkpoint import CheckpointController, CheckpointError
+    from jupyter_vgpu.holders.region import Region, RegionError
+
+    command = slice_command(
+        [sys.executable, "-c", TORCH_CACHED, str(RELEASE_HELD), str(RELEASE_CACHED)], simulate=False
+    )
+    env = child_environment()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.Popen(
+        command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdin is not None and child.stdout is not None
+    facts: list[str] = []
+
+    def round_trip(controller: CheckpointController, pid: int) -> tuple[int, float, float, dict]:
+        suspension = controller.suspend([pid], lock_timeout=10.0)
+        resumed_in = controller.resume(suspension)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        return suspension.memory, suspension.seconds, resumed_in, json.loads(child.stdout.readline() or "{}")
+
+    try:
+        ready = json.loads(child.stdout.readline() or "{}")
+        if "pid" not in ready or not ready.get("region"):
+            return name, "FAIL", f"the process did not start in a slice: {child.communicate(timeout=30)[1][-300:]}"
+        controller = CheckpointController()
+        moved, suspend_s, resume_s, after = round_trip(controller, ready["pid"])
+        facts.append(
+            f"as it is: {moved / GIB:.2f} GiB to host memory, suspend {suspend_s:.2f} s, resume {resume_s:.2f} s"
+        )
+        with Region.open(ready["region"], limits_path=ready.get("limits") or None) as region:
+            started = time.monotonic()
+            released = region.release_cached(wait=5.0)
+            release_s = time.monotonic() - started
+        moved_after, suspend_after, resume_after, final = round_trip(controller, ready["pid"])
+        facts.append(
+            f"released {released.get('torch', 0) / GIB:.2f} GiB cached by PyTorch and "
+            f"{released.get('pools', 0) / GIB:.2f} GiB of the driver's pools in {release_s:.2f} s; then "
+            f"{moved_after / GIB:.2f} GiB to host memory, suspend {suspend_after:.2f} s, resume {resume_after:.2f} s"
+        )
+        intact = after.get("intact") and final.get("intact")
+        facts.append(f"bytes {'intact' if intact else 'CHANGED'}")
+        child.stdin.close()
+        out, err = child.communicate(timeout=60)
+        LOG.append(f"$ release check\n{out}\n--- stderr\n{err}\n")
+        ok = (
+            bool(intact)
+            and released.get("torch", 0) >= RELEASE_CACHED
+            and moved_after <= moved - RELEASE_CACHED
+            and "unanswered" not in released
+        )
+        return name, "pass" if ok else "FAIL", "; ".join(facts)
+    except (CheckpointError, RegionError, subprocess.TimeoutExpired, json.JSONDecodeError, OSError) as error:
+        return name, "FAIL", "; ".join([*facts, f"{type(error).__name__}: {error}"])[-600:]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def prepare(wheels: Path) -> None:
     """Fills `wheels` with what a GPU machine needs to run these checks: this project's wheel and
     its dependencies, for that machine's Python, and prints the command to run there."""
@@ -616,6 +712,7 @@ def main() -> None:
         *((check.name, lambda check=check: check_row(check)) for check in checks),
         ("nvidia-smi", lambda: nvidia_smi_row(simulate)),
         ("suspend", lambda: suspend_row(simulate)),
+        ("release", lambda: release_row(simulate)),
         ("matmul", lambda: matmul_row(simulate, warm_up=3.0, seconds=10.0)),
     ]
     rows = []

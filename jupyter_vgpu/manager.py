@@ -356,6 +356,9 @@ class SliceManager(LoggingConfigurable):
     others_room_wait: float = 0.0
     # Seconds a sliced kernel outlives its server, for a restarted one to adopt it (VGPUApp.kernel_survival).
     kernel_survival: float = 0.0
+    # Seconds a suspend waits for the kernel's processes to give back cached device memory first
+    # (VGPUApp.suspend_release_wait); 0: nothing is asked.
+    release_wait: float = 2.0
 
     async def admit_in_line(
         self, kernel_id: str, limits: SliceLimits, *, owner: str = "", device=None, metadata=None
@@ -529,7 +532,7 @@ class SliceManager(LoggingConfigurable):
         from a worker thread). Raises UnknownSlice; NotSupported with the reasons it cannot be
         suspended here; SuspendRefused where a process did not stop its GPU work within
         ``lock_timeout`` seconds (it stays running)."""
-        return self.suspender.suspend(self.get(kernel_id), lock_timeout=lock_timeout)
+        return self.suspender.suspend(self.get(kernel_id), lock_timeout=lock_timeout, release_wait=self.release_wait)
 
     def resume(self, kernel_id: str) -> Allocation:
         """Take a suspended kernel's room back on its device, then restore its memory (blocks).

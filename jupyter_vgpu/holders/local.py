@@ -300,6 +300,18 @@ class LocalHolder:
             if region.page.writable:
                 region.page.leave_line()
 
+    def release_cached(self, allocation: Allocation, *, wait: float) -> dict[str, int]:
+        """Before a suspend: ask the slice's processes to give back cached device memory they do
+        not use (the limits page's release request: libvgpu.so trims the driver's stream-ordered
+        pools, the kernel's Python side empties PyTorch's and CuPy's caches; never memory the
+        program holds) and wait up to ``wait`` seconds for every live process to answer. Returns
+        the bytes given back by source ("pools", "torch", "cupy"; those that gave nothing left
+        out), and "unanswered": how many processes had not answered in time."""
+        with self._region_of(allocation) as region:
+            if not region.page.writable:
+                return {}  # a broker's page: the broker asks
+            return region.release_cached(wait=wait)
+
     def resume_requests(self, allocation: Allocation) -> int:
         """CUDA calls the slice's live processes made while it was suspended, ever."""
         try:

@@ -15,6 +15,7 @@ import fcntl
 import mmap
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +66,24 @@ def limits_check(memory_limit: int, sm_share: int, policy: int) -> int:
         ^ (((policy + 1) * 0x165667B19E3779F9) & _U64)
         ^ magic
     )
+
+
+@dataclass(frozen=True)
+class ReleaseAnswer:
+    """What one process of the slice said to the limits page's release requests (region.h): the
+    request its libvgpu.so answered last (the driver's pools trimmed) and the one its kernel's
+    Python side answered last (the frameworks' caches emptied; only where it watches), with the
+    bytes each gave back then."""
+
+    pools_answered: int = 0
+    frameworks_answered: int = 0
+    frameworks_watching: bool = False
+    pools_released: int = 0
+    torch_released: int = 0
+    cupy_released: int = 0
+
+    def answered(self, request: int) -> bool:
+        return self.pools_answered == request and (not self.frameworks_watching or self.frameworks_answered == request)
 
 
 @dataclass(frozen=True)
@@ -370,6 +389,21 @@ class LimitsPage(_MappedFile):
         """How many times the publisher made the slice's waiting calls leave the line, ever."""
         return int(self.raw.leave_line)
 
+    def request_release(self) -> int:
+        """Ask every process of the slice to give back cached device memory it does not use (the
+        driver's stream-ordered pools trimmed by libvgpu.so, PyTorch's and CuPy's caches emptied by
+        the kernel's Python side), never what the program holds; each answers in its region slot
+        (:meth:`Region.release_answers`). Returns the request's number (never 0)."""
+        with self._writing():
+            request = (self.raw.release_request + 1) & 0xFFFFFFFF or 1
+            self.raw.release_request = request
+            return request
+
+    @property
+    def release_request(self) -> int:
+        """The latest release request (0: none ever)."""
+        return int(self.raw.release_request)
+
     @contextmanager
     def _writing(self) -> Iterator[None]:
         if not self.writable:
@@ -564,6 +598,60 @@ class Region(_MappedFile):
         """Hooked CUDA calls the live processes made while the slice was suspended, ever: a
         watcher that sees this grow resumes the slice (those calls wait in libvgpu.so)."""
         return sum(process.resume_requests for process in self.processes())
+
+    def release_answers(self) -> dict[int, ReleaseAnswer]:
+        """Each live process's answers to the page's release requests, by pid."""
+        return {
+            slot.pid: ReleaseAnswer(
+                pools_answered=slot.pools_answered,
+                frameworks_answered=slot.frameworks_answered,
+                frameworks_watching=bool(slot.frameworks_watching),
+                pools_released=slot.pools_released,
+                torch_released=slot.torch_released,
+                cupy_released=slot.cupy_released,
+            )
+            for slot in self._slots()
+            if slot.pid > 0 and process_start_time(slot.pid) == slot.start_time
+        }
+
+    def release_cached(self, *, wait: float, poll: float = 0.02) -> dict[str, int]:
+        """Ask the slice's processes to give back cached device memory they do not use
+        (:meth:`LimitsPage.request_release`) and wait up to ``wait`` seconds for every live one to
+        answer. Returns the bytes given back by source ("pools", "torch", "cupy"; those that gave
+        nothing left out) and "unanswered": how many processes had not answered in time. Nothing
+        is asked where no process of the slice runs."""
+        if not self.processes():
+            return {}
+        request = self.page.request_release()
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            answers = self.release_answers()
+            waiting = [pid for pid, answer in answers.items() if not answer.answered(request)]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(poll)
+        released = {"pools": 0, "torch": 0, "cupy": 0}
+        for answer in answers.values():
+            if answer.pools_answered == request:
+                released["pools"] += answer.pools_released
+            if answer.frameworks_watching and answer.frameworks_answered == request:
+                released["torch"] += answer.torch_released
+                released["cupy"] += answer.cupy_released
+        found = {source: count for source, count in released.items() if count}
+        if waiting:
+            found["unanswered"] = len(waiting)
+        return found
+
+    def own_slot(self, pid: int | None = None) -> Any | None:
+        """The slot of process ``pid`` (this one by default), or None: the slot its libvgpu.so
+        claimed on its first GPU call. Only that process writes it (its Python side too: the
+        frameworks' answers to a release request, jupyter_vgpu/notebook/release.py)."""
+        pid = os.getpid() if pid is None else pid
+        start = process_start_time(pid)
+        for slot in self._slots():
+            if slot.pid == pid and slot.start_time == start:
+                return slot
+        return None
 
     def uses_managed_memory(self) -> bool:
         """Whether a live process of the slice has allocated managed (unified) memory, which the

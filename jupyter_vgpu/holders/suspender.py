@@ -63,9 +63,12 @@ class Suspender:
         managed = self.holder.uses_managed_memory(allocation)
         return self.controller.probe(self.pids(allocation), managed_memory=managed).reasons
 
-    def suspend(self, allocation: Allocation, *, lock_timeout: float) -> Allocation:
+    def suspend(self, allocation: Allocation, *, lock_timeout: float, release_wait: float = 2.0) -> Allocation:
         """Suspend the slice's processes and lend its room; returns the suspended allocation. A
         slice whose processes have not used the GPU yet is lent as it is (``Allocation.lent``).
+        First its processes give back the device memory they keep cached but do not use (the
+        driver's pools, PyTorch's and CuPy's caches), waiting up to ``release_wait`` seconds for
+        their answers, so that only what the program holds moves to host memory.
         Raises NotSupported (with every reason) where it cannot be, SuspendRefused (its
         processes left running) where one did not stop its GPU work within ``lock_timeout``."""
         if allocation.suspended:
@@ -76,6 +79,11 @@ class Suspender:
         # Resume requests counted before the flag goes up were made while it ran; every call from
         # then on waits for the flag to clear (in libvgpu.so), so each one asks for the resume.
         requests_before = self.holder.resume_requests(allocation)
+        # Before the flag: releasing calls the driver (cuMemFree, cuMemPoolTrimTo), which would
+        # wait in libvgpu.so once it is raised.
+        started = time.monotonic()
+        released = self.holder.release_cached(allocation, wait=release_wait) if release_wait > 0 else {}
+        release_seconds = time.monotonic() - started
         self.holder.set_suspended(allocation, True)
         try:
             suspension = self.controller.suspend(self.pids(allocation), lock_timeout=lock_timeout)
@@ -88,6 +96,8 @@ class Suspender:
             # No process of it has used the GPU yet: nothing moved, its room is only lent, and its
             # first CUDA call waits (in libvgpu.so, the page's flag stays raised) until it is back.
             "lent": not suspension.processes,
+            # Cached device memory its processes gave back first, by source (bytes), not moved.
+            "released": released,
         }
         try:
             suspended = self.ledger.suspend(allocation.kernel_id, host_memory=suspension.memory, details=details)
@@ -97,7 +107,7 @@ class Suspender:
             self.controller.resume(suspension)
             self.holder.set_suspended(allocation, False)
             raise
-        return self._timed(suspended, suspend=suspension.seconds)
+        return self._timed(suspended, suspend=suspension.seconds, release=release_seconds)
 
     def resume(self, allocation: Allocation) -> Allocation:
         """Admit the slice on its device again, then restore its processes; returns the resumed

@@ -238,6 +238,14 @@ class VGPUApp(ExtensionApp):
         "finish its GPU work; a kernel whose process does not stop in time is left running and the suspend "
         "refused (409), saying which process.",
     )
+    suspend_release_wait = Float(
+        2.0,
+        config=True,
+        help="Seconds a suspend waits for the kernel's processes to give back the device memory they keep "
+        "cached but do not use (the driver's stream-ordered pools trimmed by libvgpu.so, PyTorch's and CuPy's "
+        "caches emptied where the kernel loaded them) before its memory moves to host memory; what they have "
+        "not given back by then moves too. 0: nothing is asked.",
+    )
     pending_kernels = Bool(
         True,
         config=True,
@@ -271,6 +279,7 @@ class VGPUApp(ExtensionApp):
         "idle_cull_after",
         "idle_suspend_after",
         "suspend_lock_timeout",
+        "suspend_release_wait",
         "room_wait",
         "kernel_survival",
     )
@@ -503,6 +512,7 @@ class VGPUApp(ExtensionApp):
         )
         self.settings[SUSPEND_SETTING] = suspended
         manager.others_room_wait = self.room_wait if self.broker_url else 0.0
+        manager.release_wait = self.suspend_release_wait
         # A start, resume or resize that does not fit lends the room of idle kernels that have not
         # used the GPU, then suspends idle kernels (losslessly), whatever the idle timers say.
         manager.room_maker = suspended.make_room

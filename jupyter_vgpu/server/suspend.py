@@ -26,7 +26,14 @@ from typing import Any
 
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.local import LocalHolder
-from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, CapacityError, NotSupported, UnknownSlice
+from jupyter_vgpu.ledger import (
+    SUSPEND_TIMINGS_KEY,
+    SUSPENDED_KEY,
+    Allocation,
+    CapacityError,
+    NotSupported,
+    UnknownSlice,
+)
 from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, WOKEN_KEY, RoomWanted, SliceManager, woken_at
 from jupyter_vgpu.model import format_size
@@ -302,10 +309,11 @@ class SuspendedKernels:
 
 
 def suspended_notice(why: str, suspended: Allocation) -> str:
-    """A suspended kernel's notice: why, how much moved to host memory, and about how long its
-    resume will take: its memory copied back over the same link, so about the seconds the
-    suspend took (1 s at the least), where they are known. "suspended after 20 min idle: 3.2GiB
-    moved to host memory; resumes when a cell runs, about 1 s"."""
+    """A suspended kernel's notice: why, what its processes gave back first (cached memory they
+    did not use), how much moved to host memory, and about how long its resume will take: its
+    memory copied back over the same link, so about the seconds the suspend took (1 s at the
+    least), where they are known. "suspended after 20 min idle: released 2GiB cached by PyTorch;
+    1.5GiB moved to host memory; resumes when a cell runs, about 1 s"."""
     if suspended.lent:
         return (
             f"{why.replace('suspended', 'lent', 1)}: it had not used the GPU, so nothing moved; its first CUDA "
@@ -314,7 +322,30 @@ def suspended_notice(why: str, suspended: Allocation) -> str:
     timings = suspended.metadata.get(SUSPEND_TIMINGS_KEY)
     took = timings.get("suspend") if isinstance(timings, dict) else None
     about = f", about {format_duration(max(1.0, float(took)))}" if isinstance(took, (int, float)) else ""
-    return f"{why}: {format_size(suspended.host_memory)} moved to host memory; resumes when a cell runs{about}"
+    released = released_text(suspended)
+    return (
+        f"{why}: {released + '; ' if released else ''}{format_size(suspended.host_memory)} moved to host memory; "
+        f"resumes when a cell runs{about}"
+    )
+
+
+# Who kept the cached device memory a suspend had given back first (holders/suspender.py).
+RELEASED_BY = {"torch": "cached by PyTorch", "cupy": "cached by CuPy", "pools": "kept by the driver's memory pools"}
+
+
+def released_text(suspended: Allocation) -> str:
+    """What the kernel gave back before its memory moved, or "": "released 2GiB cached by PyTorch
+    and 512MiB kept by the driver's memory pools"."""
+    state = suspended.metadata.get(SUSPENDED_KEY)
+    released = state.get("released") if isinstance(state, dict) else None
+    if not isinstance(released, dict):
+        return ""
+    parts = [
+        f"{format_size(int(released[source]))} {words}"
+        for source, words in RELEASED_BY.items()
+        if isinstance(released.get(source), int) and released[source] > 0
+    ]
+    return f"released {' and '.join(parts)}" if parts else ""
 
 
 def _could_make_up(short: CapacityError, candidates: list[Allocation]) -> bool:

@@ -40,6 +40,17 @@ static void slot_subtract(struct vgpu_proc_slot *slot, uint64_t bytes)
     vgpu_note_allocated_change();
 }
 
+void vgpu_slot_add(struct vgpu_proc_slot *slot, uint64_t bytes)
+{
+    if (slot && bytes)
+        slot_add(slot, bytes);
+}
+
+void vgpu_slot_subtract(struct vgpu_proc_slot *slot, uint64_t bytes)
+{
+    slot_subtract(slot, bytes);
+}
+
 /* Whether a refusal of `request` bytes, with `usage` held by the slice, starts a new burst
  * (vgpu_charge_state), noting it. */
 static int new_refusal_burst(uint64_t request, uint64_t usage)
@@ -182,12 +193,16 @@ void vgpu_release_settle(int known, const struct vgpu_alloc_entry *entry, CUresu
         slot_subtract(vgpu_claimed_slot(), entry->size);
     else
         vgpu_table_insert(entry);
+    /* Freed into its pool, which may keep it: the charge follows what the pools reserve. */
+    if (result == CUDA_SUCCESS && (entry->family == VGPU_FAMILY_ASYNC || entry->family == VGPU_FAMILY_POOL))
+        vgpu_pool_memory_settle();
 }
 
 uint64_t vgpu_release_context(CUcontext context)
 {
     uint64_t bytes = vgpu_table_take_context((uint64_t)(uintptr_t)context);
     slot_subtract(vgpu_claimed_slot(), bytes);
+    vgpu_pool_memory_settle(); /* its stream-ordered allocations went from their pools too */
     return bytes;
 }
 

@@ -158,6 +158,9 @@ void *vgpu_real_symbol(enum vgpu_library library, const char *symbol);
     X(VGPU_LIB_CUDA, cuDeviceGetUuid)                                                                                  \
     X(VGPU_LIB_CUDA, cuDeviceGetUuid_v2)                                                                               \
     X(VGPU_LIB_CUDA, cuDeviceGetGraphMemAttribute)                                                                     \
+    X(VGPU_LIB_CUDA, cuDeviceGetDefaultMemPool)                                                                        \
+    X(VGPU_LIB_CUDA, cuDeviceGetMemPool)                                                                               \
+    X(VGPU_LIB_CUDA, cuMemPoolGetAttribute)                                                                            \
     X(VGPU_LIB_NVML, nvmlInit_v2)                                                                                      \
     X(VGPU_LIB_NVML, nvmlDeviceGetHandleByUUID)                                                                        \
     X(VGPU_LIB_NVML, nvmlDeviceGetHandleByIndex_v2)                                                                    \
@@ -557,6 +560,8 @@ struct vgpu_monitor_state {
 
 /* ---- charge.c ----------------------------------------------------------------------- */
 
+#define VGPU_POOLS_TRACKED 16
+
 /* An allocation charged to this process's slot. slot NULL: nothing was charged (the process
  * is exiting and gave its slot back). */
 struct vgpu_charge {
@@ -573,11 +578,17 @@ struct vgpu_charge {
  * pieces before it is refused the same piece (seen on an H100, benchmarks/framework_checks.py). */
 #define VGPU_OOM_BURST_NS 1000000000ull
 struct vgpu_charge_state {
-    _Atomic uint64_t refused_bytes; /* the last refusal: its request, */
-    _Atomic uint64_t refused_ns;    /* when, */
-    _Atomic uint64_t refused_usage; /* and what the slice held then */
-    pthread_mutex_t graph_lock;     /* serialises settling graph memory: */
-    uint64_t graph_charged;         /* bytes of the slot's `allocated` that are the graph pool's */
+    _Atomic uint64_t refused_bytes;         /* the last refusal: its request, */
+    _Atomic uint64_t refused_ns;            /* when, */
+    _Atomic uint64_t refused_usage;         /* and what the slice held then */
+    pthread_mutex_t graph_lock;             /* serialises settling graph memory: */
+    uint64_t graph_charged;                 /* bytes of the slot's `allocated` that are the graph pool's */
+    pthread_mutex_t pool_lock;              /* serialises settling stream-ordered pool memory: */
+    uint64_t pool_charged;                  /* bytes of the slot's `allocated` that the pools reserve */
+    uint64_t pool_claimed;                  /* of their unused reserve, what allocations in flight took */
+    CUmemoryPool pools[VGPU_POOLS_TRACKED]; /* the pools this process drew from */
+    int pool_count;
+    int release_waited; /* monitor periods a release request waited for the frameworks' answer */
 };
 
 /* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
@@ -611,6 +622,28 @@ uint64_t vgpu_release_context(CUcontext context);
  * reserves (cuDeviceGetGraphMemAttribute), the launch's charge included. `charge` NULL: nothing
  * was charged. Without the attribute, a launch's charge is kept until the process ends. */
 void vgpu_graph_memory_settle(const struct vgpu_charge *charge, int launched, CUdevice device);
+
+/* The slot's `allocated`, moved by bytes the caller has worked out (settling a pool's charge). */
+void vgpu_slot_add(struct vgpu_proc_slot *slot, uint64_t bytes);
+void vgpu_slot_subtract(struct vgpu_proc_slot *slot, uint64_t bytes);
+
+/* ---- pool_memory.c: the driver's stream-ordered pools --------------------------------- */
+
+/* The pool an allocation draws from: `asked`, or the current pool of the current context's
+ * device; NULL when the driver cannot say. */
+CUmemoryPool vgpu_pool_drawn(CUmemoryPool asked);
+/* Claims for an allocation of `bytes` what it can of the pool's unused reserve (what its next
+ * allocation takes first), less what other allocations in flight claimed; returns the claim. */
+uint64_t vgpu_pool_claim(CUmemoryPool pool, uint64_t bytes);
+/* After the driver answered a pool allocation charged `charge` with `claimed` of the reserve:
+ * records it (no bytes of its own) and sets the pools' charge to what they reserve, or gives
+ * the charge back; the claim ends either way. */
+CUresult vgpu_pool_allocation_settle(const struct vgpu_charge *charge, CUresult result, CUmemoryPool pool,
+                                     uint64_t claimed, CUdeviceptr address, uint8_t family);
+/* Sets the pools' charge to what they reserve now (after a free, a trim, a monitor period). */
+void vgpu_pool_memory_settle(void);
+/* The monitor's part of a suspend: answers the page's release_request (trims the pools). */
+void vgpu_answer_release_request(void);
 
 /* ---- context.c ---------------------------------------------------------------------- */
 

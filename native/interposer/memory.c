@@ -70,25 +70,42 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     CHARGED_DEVICE_ALLOCATION(cuMemAllocManaged, VGPU_FAMILY_MANAGED, bytesize, dptr, bytesize, flags);
 }
 
+/* A stream-ordered allocation from `asked` (NULL: the device's current pool): charged what the
+ * pool's unused reserve cannot serve; after it, the pools' charge follows what they reserve
+ * (pool_memory.c). */
+#define POOL_ALLOCATION(name, family, asked, ...)                                                                      \
+    do {                                                                                                               \
+        HOOK_OUTSIDE_DRIVER(name, __VA_ARGS__);                                                                        \
+        CUmemoryPool drawn = vgpu_pool_drawn(asked);                                                                   \
+        uint64_t claimed = vgpu_pool_claim(drawn, bytesize);                                                           \
+        struct vgpu_charge c;                                                                                          \
+        CUresult result = vgpu_charge(&c, #name, bytesize - claimed);                                                  \
+        if (result == CUDA_SUCCESS)                                                                                    \
+            CALL_DRIVER(result, real(__VA_ARGS__));                                                                    \
+        else                                                                                                           \
+            c = (struct vgpu_charge){NULL, 0};                                                                         \
+        return vgpu_pool_allocation_settle(&c, result, drawn, claimed, result == CUDA_SUCCESS ? *dptr : 0, (family));  \
+    } while (0)
+
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    CHARGED_DEVICE_ALLOCATION(cuMemAllocAsync, VGPU_FAMILY_ASYNC, bytesize, dptr, bytesize, hStream);
+    POOL_ALLOCATION(cuMemAllocAsync, VGPU_FAMILY_ASYNC, NULL, dptr, bytesize, hStream);
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    CHARGED_DEVICE_ALLOCATION(cuMemAllocAsync_ptsz, VGPU_FAMILY_ASYNC, bytesize, dptr, bytesize, hStream);
+    POOL_ALLOCATION(cuMemAllocAsync_ptsz, VGPU_FAMILY_ASYNC, NULL, dptr, bytesize, hStream);
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
-    CHARGED_DEVICE_ALLOCATION(cuMemAllocFromPoolAsync, VGPU_FAMILY_POOL, bytesize, dptr, bytesize, pool, hStream);
+    POOL_ALLOCATION(cuMemAllocFromPoolAsync, VGPU_FAMILY_POOL, pool, dptr, bytesize, pool, hStream);
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                   CUstream hStream)
 {
-    CHARGED_DEVICE_ALLOCATION(cuMemAllocFromPoolAsync_ptsz, VGPU_FAMILY_POOL, bytesize, dptr, bytesize, pool, hStream);
+    POOL_ALLOCATION(cuMemAllocFromPoolAsync_ptsz, VGPU_FAMILY_POOL, pool, dptr, bytesize, pool, hStream);
 }
 
 static uint64_t saturating_multiply(uint64_t a, uint64_t b)

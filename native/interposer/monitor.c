@@ -1,6 +1,7 @@
 /*
  * The monitor thread of a process that uses the GPU: every half second it reaps the slots of
- * processes of the slice that are gone, refreshes this process's driver memory, and sees that
+ * processes of the slice that are gone, follows what the driver's memory pools reserve and
+ * answers a release request (pool_memory.c), refreshes this process's driver memory, and sees that
  * a slice this process launches in has a controller. Started on the process's first GPU call
  * (a context, an allocation, a launch), so a process that merely inherited LD_PRELOAD stays
  * single-threaded; started again in a forked child that uses the GPU.
@@ -33,6 +34,13 @@ static void *monitor_main(void *unused)
             return NULL;
         }
         vgpu_reap_dead_slots();
+        /* Not while suspended: a CUDA call then waits for the resume (the flag is raised after
+         * a release request is answered, and cleared once the process runs again). */
+        const struct vgpu_limits_page *page = vgpu_limits_page();
+        if (!page || !__atomic_load_n(&page->suspended, __ATOMIC_ACQUIRE)) {
+            vgpu_pool_memory_settle(); /* what a synchronisation gave back */
+            vgpu_answer_release_request();
+        }
         vgpu_refresh_driver_reserved();
         vgpu_keep_slice_paced();
         pthread_mutex_unlock(&MON.lock);

@@ -19,7 +19,7 @@ struct vgpu_state vgpu_state = {
     .alloc_table = {.shards = {[0 ... VGPU_ALLOC_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}}},
     .driver_memory = {.fork_handler_once = PTHREAD_ONCE_INIT, .nvml_lock = PTHREAD_MUTEX_INITIALIZER},
     .monitor = {.handlers_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
-    .charge = {.graph_lock = PTHREAD_MUTEX_INITIALIZER},
+    .charge = {.graph_lock = PTHREAD_MUTEX_INITIALIZER, .pool_lock = PTHREAD_MUTEX_INITIALIZER},
     .pacing =
         {
             .once = PTHREAD_ONCE_INIT,

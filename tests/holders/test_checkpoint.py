@@ -131,6 +131,45 @@ def test_a_cuda_call_in_a_suspended_slice_asks_its_publisher_for_a_resume(env, m
     assert region.resume_requests() == asked  # a call of a running slice asks nothing
 
 
+def test_memory_a_pool_keeps_is_released_on_request_and_not_carried_to_host_memory(env, make_slice, checkpoint_targets):
+    """Issue 26 item 2: memory the program freed into a stream-ordered pool that keeps it is
+    reserved by the process (charged, listed by NVML); on the page's release request libvgpu.so
+    trims the pool and answers in the slot with what went back; the suspend then moves only what
+    the program holds, which comes back intact."""
+    slice_env, region = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "32M")
+    assert kernel.ask("pooled 64M", "pooled") == str(CUDA_SUCCESS)
+    assert nvml_reading(env)["processes"] == {str(kernel.pid): 96 * MIB}
+    wait_for(lambda: region.used_bytes() == 96 * MIB, timeout=10, message="the pool's reserve charged")
+
+    request = region.page.request_release()
+    answer = wait_for(
+        lambda: (found := region.release_answers().get(kernel.pid)) and found.answered(request) and found,
+        timeout=10,
+        message="libvgpu.so's answer",
+    )
+    assert answer.pools_released == 64 * MIB
+    assert not answer.frameworks_watching  # no Python side in this process
+    assert nvml_reading(env)["processes"] == {str(kernel.pid): 32 * MIB}
+    assert region.used_bytes() == 32 * MIB
+
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    assert [(p["pid"], p["memory"]) for p in suspension["processes"]] == [(kernel.pid, 32 * MIB)]
+    controller(env, "resume", processes=suspension["processes"])
+    assert kernel.ask("verify", "intact") == "1"
+
+
+def test_without_a_release_request_the_pools_reserve_goes_to_host_memory(env, make_slice, checkpoint_targets):
+    """What the test above avoids: the checkpoint copies what the pool keeps too."""
+    slice_env, _ = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "32M")
+    assert kernel.ask("pooled 64M", "pooled") == str(CUDA_SUCCESS)
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    assert [(p["pid"], p["memory"]) for p in suspension["processes"]] == [(kernel.pid, 96 * MIB)]
+    controller(env, "resume", processes=suspension["processes"])
+    assert kernel.ask("verify", "intact") == "1"
+
+
 def test_the_region_tells_a_slice_that_used_managed_memory(env, make_slice, checkpoint_targets):
     managed_env, managed_region = make_slice(env)
     plain_env, plain_region = make_slice(env)

@@ -24,6 +24,12 @@ class Holder:
     def __init__(self):
         self.suspended = False
         self.requests = 0
+        self.released = {}  # what release_cached answers
+        self.flag_when_released = None
+
+    def release_cached(self, allocation, *, wait: float) -> dict[str, int]:
+        self.flag_when_released = self.suspended
+        return self.released
 
     def set_suspended(self, allocation, suspended: bool) -> None:
         self.suspended = suspended
@@ -66,6 +72,23 @@ def test_a_cuda_call_made_while_the_slice_is_being_suspended_asks_for_its_resume
         suspended = suspender.suspend(ledger.admit("k", SliceLimits(2 * GIB, 30)), lock_timeout=5)
         assert suspended.suspended
         assert suspender.resume_requested(suspended)
+
+
+def test_cached_memory_is_released_before_the_flag_goes_up_and_the_notice_says_what(tmp_path):
+    from jupyter_vgpu.server.suspend import suspended_notice
+
+    holder = Holder()
+    holder.released = {"torch": 2 * GIB, "pools": 512 << 20}
+    with EmbeddedLedger(tmp_path / "ledger.sqlite", [GPU]) as ledger:
+        suspender = Suspender(ledger, holder, controller=Controller(lambda: None))
+        suspended = suspender.suspend(ledger.admit("k", SliceLimits(2 * GIB, 30)), lock_timeout=5)
+    # Asked while the flag was down: releasing calls the driver, which waits once it is up.
+    assert holder.flag_when_released is False
+    assert suspended.metadata["suspended"]["released"] == {"torch": 2 * GIB, "pools": 512 << 20}
+    assert suspended_notice("suspended after 20 min idle", suspended).startswith(
+        "suspended after 20 min idle: released 2GiB cached by PyTorch and 512MiB kept by the driver's memory "
+        "pools; 1GiB moved to host memory; resumes when a cell runs"
+    )
 
 
 def test_calls_made_while_the_slice_ran_do_not_ask_for_a_resume(tmp_path):

@@ -12,6 +12,9 @@
  *       alloc BYTES    cuMemAlloc_v2: "alloc RESULT"
  *       managed BYTES  cuMemAllocManaged: "managed RESULT"
  *       ping           "pong" (no CUDA call: the program's own threads run while it is locked)
+ *       pooled BYTES   the default pool set to keep what is freed into it (release threshold:
+ *                      all), BYTES allocated from it (cuMemAllocAsync) and freed (cuMemFreeAsync),
+ *                      then a synchronisation: the pool keeps them reserved; "pooled RESULT"
  *     and exits when stdin closes.
  *   checkpoint_probe [--no-init] control OPERATION PID [TIMEOUT_MS]
  *                                   one call on process PID: "result N", then "state S" (its
@@ -104,6 +107,20 @@ static int command_target(const char *size)
         } else if (strncmp(line, "managed ", 8) == 0) {
             CUdeviceptr managed;
             printf("managed %d\n", cuMemAllocManaged(&managed, parse_bytes(line + 8), 1 /* CU_MEM_ATTACH_GLOBAL */));
+        } else if (strncmp(line, "pooled ", 7) == 0) {
+            CUmemoryPool pool;
+            cuuint64_t keep_all = ~0ull;
+            CUdeviceptr freed;
+            CUresult result = cuDeviceGetDefaultMemPool(&pool, 0);
+            if (result == CUDA_SUCCESS)
+                result = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+            if (result == CUDA_SUCCESS)
+                result = cuMemAllocAsync(&freed, parse_bytes(line + 7), NULL);
+            if (result == CUDA_SUCCESS)
+                result = cuMemFreeAsync(freed, NULL);
+            if (result == CUDA_SUCCESS)
+                result = cuCtxSynchronize();
+            printf("pooled %d\n", result);
         } else if (strncmp(line, "ping", 4) == 0) {
             printf("pong\n");
         }

@@ -145,7 +145,9 @@ static int command_versions(void)
     printf("free_async_ptsz %d\n", cuMemFreeAsync_ptsz(async_ptsz, NULL));
     printf("free_pooled %d\n", cuMemFreeAsync(pooled, NULL));
     printf("free_pooled_ptsz %d\n", cuMemFreeAsync_ptsz(pooled_ptsz, NULL));
-    printf("used_after_async %lld\n", used_bytes());
+    printf("used_after_async %lld\n", used_bytes()); /* the pool keeps what was freed into it */
+    CHECK(cuCtxSynchronize());                      /* ... until a synchronisation */
+    printf("used_after_sync %lld\n", used_bytes());
 
     nvml_versions(); /* while the 5 MiB are held */
     launch_versions();
@@ -253,11 +255,64 @@ static int command_pools(void)
     return 0;
 }
 
+/* What a pool keeps of the memory freed into it, and what gives it back: a synchronisation beyond
+ * the release threshold, a trim. */
+static int command_pool_reserve(void)
+{
+    require_primary_context(0);
+    CUmemoryPool pool;
+    CHECK(cuDeviceGetDefaultMemPool(&pool, 0));
+    CUdeviceptr first, second;
+    CUevent event;
+    CHECK(cuEventCreate(&event, 0));
+    CHECK(cuMemAllocAsync(&first, 64 * MIB, NULL));
+    CHECK(cuMemFreeAsync(first, NULL));
+    printf("freed_device %lld\n", used_bytes());
+    print_pool("freed", pool);
+    CHECK(cuMemAllocAsync(&second, 16 * MIB, NULL)); /* served by the reserve */
+    printf("reused_device %lld\n", used_bytes());
+    print_pool("reused", pool);
+    CHECK(cuMemFreeAsync(second, NULL));
+    CHECK(cuStreamSynchronize(NULL)); /* threshold 0: everything unused goes back */
+    printf("stream_synchronised_device %lld\n", used_bytes());
+    print_pool("stream_synchronised", pool);
+
+    CHECK(cuMemAllocAsync(&first, 8 * MIB, NULL));
+    CHECK(cuMemFreeAsync(first, NULL));
+    CHECK(cuEventRecord(event, NULL));
+    CHECK(cuEventSynchronize(event));
+    printf("event_synchronised_device %lld\n", used_bytes());
+
+    cuuint64_t keep_all = ~0ull;
+    CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+    CHECK(cuMemAllocAsync(&first, 64 * MIB, NULL));
+    CHECK(cuMemAllocAsync(&second, 32 * MIB, NULL));
+    CHECK(cuMemFreeAsync(first, NULL));
+    CHECK(cuCtxSynchronize());
+    printf("kept_device %lld\n", used_bytes());
+    print_pool("kept", pool);
+    printf("ready 1\n");
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) /* the test reads NVML meanwhile */
+        return 1;
+    CHECK(cuMemPoolTrimTo(pool, 48 * MIB)); /* keeps 48 MiB reserved, 32 of them in use */
+    print_pool("trimmed_to_48", pool);
+    CHECK(cuMemPoolTrimTo(pool, 0));
+    printf("trimmed_device %lld\n", used_bytes());
+    print_pool("trimmed", pool);
+    CHECK(cuMemFreeAsync(second, NULL));
+    CHECK(cuMemPoolTrimTo(pool, 0));
+    printf("end_device %lld\n", used_bytes());
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && strcmp(argv[1], "versions") == 0)
         return command_versions();
+    if (argc >= 2 && strcmp(argv[1], "pool_reserve") == 0)
+        return command_pool_reserve();
     if (argc >= 2 && strcmp(argv[1], "pools") == 0)
         return command_pools();
     fprintf(stderr, "usage: see the comment at the top of sim_entry_points.c\n");

@@ -100,7 +100,9 @@ static int command_sizes(void)
     CHECK(cuMemAllocAsync(&p, 3 << 20, NULL));
     printf("async_charged %lld\n", used_bytes() - base);
     CHECK(cuMemFreeAsync(p, NULL));
-    printf("async_freed %lld\n", used_bytes() - base);
+    printf("async_freed %lld\n", used_bytes() - base); /* kept by the pool ... */
+    CHECK(cuCtxSynchronize());                          /* ... until a synchronisation */
+    printf("async_synchronised %lld\n", used_bytes() - base);
 
     CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
     CUmemoryPool pool, default_pool;

@@ -20,6 +20,9 @@
  *                         allocate; -> "KIND RC INDEX" (INDEX names it for free:, -1 if refused)
  *                         pitch prints "pitch RC INDEX PITCH"
  *   free:INDEX            free with the call matching its family             -> "free RC"
+ *   sync                  cuCtxSynchronize (pools give back what is beyond their threshold) -> "sync RC"
+ *   keep-pool             the default pool's release threshold set to keep everything -> "keep-pool RC"
+ *   trim                  cuMemPoolTrimTo(default pool of device 0, 0)       -> "trim RC"
  *   free-unknown          cuMemFree_v2 of a pointer nobody allocated         -> "free-unknown RC"
  *   info                  cuMemGetInfo_v2                                    -> "info RC FREE TOTAL"
  *   total                 cuDeviceTotalMem_v2 of device 0                    -> "total RC BYTES"
@@ -226,6 +229,19 @@ static void run(const char *command)
     } else if (STARTS(command, "free")) {
         int index = (int)f[0];
         printf("free %d\n", index < held_count ? release(&held[index]) : CUDA_ERROR_INVALID_VALUE);
+    } else if (strcmp(command, "sync") == 0) {
+        printf("sync %d\n", cuCtxSynchronize());
+    } else if (strcmp(command, "keep-pool") == 0) {
+        CUmemoryPool pool = NULL;
+        cuuint64_t keep_all = ~0ull;
+        CUresult result = cuDeviceGetDefaultMemPool(&pool, 0);
+        if (result == CUDA_SUCCESS)
+            result = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all);
+        printf("keep-pool %d\n", result);
+    } else if (strcmp(command, "trim") == 0) {
+        CUmemoryPool pool = NULL;
+        CUresult result = cuDeviceGetDefaultMemPool(&pool, 0);
+        printf("trim %d\n", result == CUDA_SUCCESS ? cuMemPoolTrimTo(pool, 0) : result);
     } else if (strcmp(command, "free-unknown") == 0) {
         printf("free-unknown %d\n", api.cuMemFree_v2((CUdeviceptr)0xdead0000ULL));
     } else if (strcmp(command, "info") == 0) {

@@ -7,7 +7,8 @@
  * Each thread repeats ITERATIONS times: allocate (1..MAX_CHUNKS) x 2 MiB with cuMemAlloc_v2,
  * cuMemAllocAsync or cuMemCreate, or free one of its live allocations, at random. A refusal
  * (CUDA_ERROR_OUT_OF_MEMORY) is counted, anything else unexpected exits 1. At the end the
- * program prints "held BYTES REFUSALS GRANTS" (what its threads still hold), then "ready", and
+ * program trims the default pool (what cuMemFreeAsync left reserved in it goes back), prints
+ * "held BYTES REFUSALS GRANTS" (what its threads still hold), then "ready", and
  * waits for a line on stdin before exiting (holding the memory until then).
  */
 #include <pthread.h>
@@ -132,6 +133,12 @@ int main(int argc, char **argv)
         refusals += workers[t].refusals;
         grants += workers[t].grants;
     }
+    CUmemoryPool pool;
+    CUresult trimmed = cuDeviceGetDefaultMemPool(&pool, 0);
+    if (trimmed == CUDA_SUCCESS)
+        trimmed = cuMemPoolTrimTo(pool, 0);
+    if (trimmed != CUDA_SUCCESS)
+        fail("cuMemPoolTrimTo", trimmed);
     printf("held %llu %ld %ld\nready\n", held, refusals, grants);
     fflush(stdout);
     char line[16];

@@ -474,3 +474,68 @@ async def test_a_kernel_start_that_does_not_fit_never_suspends_a_kernel_running_
 
     await jp_fetch("api", "kernels", busy, method="DELETE")
     busy_cell.cancel()
+
+
+# Kernel code (after the CUDA prelude), issue 26 item 2: 256 MiB the program holds, written with a
+# pattern; 2 GiB freed into the default stream-ordered pool, which keeps it (its release threshold
+# set to keep everything); and a STAND-IN `torch` module (PyTorch is not installable with CUDA
+# here) put in sys.modules as if the program had imported it: its "cache" is 1 GiB of real device
+# memory (cuMemAlloc_v2, as PyTorch's caching allocator holds its blocks) that empty_cache() frees
+# through the driver, recording the call. The real PyTorch check is benchmarks/framework_checks.py's.
+POOL_AND_STAND_IN_TORCH = """
+import sys, types
+held = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(256 << 20)) == 0
+pattern = bytes(range(251)) * ((256 << 20) // 251)
+assert cuda.cuMemcpyHtoD_v2(held, pattern, ctypes.c_size_t(len(pattern))) == 0
+def intact():
+    back = ctypes.create_string_buffer(len(pattern))
+    assert cuda.cuMemcpyDtoH_v2(back, held, ctypes.c_size_t(len(pattern))) == 0
+    return back.raw == pattern
+pool, freed = ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), device) == 0
+keep_all = ctypes.c_uint64(2**64 - 1)
+assert cuda.cuMemPoolSetAttribute(pool, 4, ctypes.byref(keep_all)) == 0  # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+assert cuda.cuMemAllocAsync(ctypes.byref(freed), ctypes.c_size_t(2 << 30), None) == 0
+assert cuda.cuMemFreeAsync(freed, None) == 0
+assert cuda.cuCtxSynchronize() == 0
+class StandInCuda:
+    def __init__(self):
+        self.calls, self.block = [], ctypes.c_uint64()
+        assert cuda.cuMemAlloc_v2(ctypes.byref(self.block), ctypes.c_size_t(1 << 30)) == 0
+    def is_initialized(self):
+        return True
+    def memory_reserved(self):
+        return (1 << 30) if self.block.value else 0
+    def empty_cache(self):
+        self.calls.append("empty_cache")
+        if self.block.value:
+            assert cuda.cuMemFree_v2(self.block) == 0
+            self.block.value = 0
+torch = sys.modules["torch"] = types.ModuleType("torch")
+torch.cuda = StandInCuda()
+print("ready")
+"""
+
+
+@pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 1.0}])
+async def test_a_suspend_releases_a_pools_reserve_and_a_stand_in_torch_cache_and_moves_only_what_is_held(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
+):
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="4GiB", device=LARGE)
+    assert (await run_in_kernel(kernel, cuda_prelude + POOL_AND_STAND_IN_TORCH)).strip() == "ready"
+    # What the kernel holds on the device: 256 MiB, the pool's 2 GiB and the "cache"'s 1 GiB.
+    assert nvml_device(LARGE)["free"] == 16 * GIB - (256 << 20) - 3 * GIB
+
+    async def suspended():
+        model = await slice_of(jp_fetch, kernel)
+        return model if model["state"] == "suspended" and model["notice"] else None
+
+    model = await eventually(suspended, 30, "the idle kernel suspended, with its notice")
+    assert model["host_memory_bytes"] == 256 << 20  # only what the program still holds moved
+    assert model["notice"].startswith(
+        "suspended after 1 s idle: released 1GiB cached by PyTorch and 2GiB kept by the driver's memory pools; "
+        "256MiB moved to host memory; resumes when a cell runs"
+    )
+    check = "print(intact(), torch.cuda.calls)"
+    assert (await asyncio.wait_for(run_in_kernel(kernel, check), 60)).strip() == "True ['empty_cache']"

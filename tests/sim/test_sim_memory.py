@@ -4,10 +4,11 @@ copies, contexts, and capacity shared by every process of the machine, including
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
-from sim_helpers import GIB, MIB, nvml_snapshot, probe, run_program, wait_until, with_devices
+from sim_helpers import GIB, MIB, nvml_snapshot, parse_lines, probe, run_program, wait_until, with_devices
 
 CUDA_SUCCESS = "0"
 CUDA_ERROR_INVALID_VALUE = "1"
@@ -24,7 +25,8 @@ def test_plain_managed_and_stream_ordered_allocations_charge_what_they_ask(progr
     assert seen["alloc_charged"] == "12345"
     assert seen["managed_charged"] == str(MIB)
     assert seen["async_charged"] == str(3 * MIB)
-    assert seen["async_freed"] == "0"
+    assert seen["async_freed"] == str(3 * MIB)  # kept by the default pool until a synchronisation
+    assert seen["async_synchronised"] == "0"
     assert seen["pool_charged"] == str(5 * MIB)
     assert seen["pool_freed"] == "0"  # freed after its pool was destroyed: still valid until then
     assert seen["default_pool_destroy"] == CUDA_ERROR_INVALID_VALUE
@@ -35,20 +37,64 @@ def test_a_pool_reports_what_the_process_holds_from_it(programs, env):
     seen = run_program(programs.entry_points, env, "pools")
     assert [seen[f"fresh_{figure}"] for figure in POOL_FIGURES] == ["0", "0", "0", "0"]
     assert [seen[f"two_allocations_{figure}"] for figure in POOL_FIGURES] == [str(4 * MIB)] * 4
-    # No reserve is kept: a free returns memory to the device, so reserved follows used.
-    assert [seen[f"one_freed_{figure}"] for figure in POOL_FIGURES] == [str(MIB), str(4 * MIB), str(MIB), str(4 * MIB)]
-    assert seen["device_used"] == str(MIB)
-    # A reset high-water mark starts again from what is in use; the other one keeps its own.
+    # The pool keeps what was freed into it: reserved stays at 4 MiB while 1 MiB is used.
+    assert [seen[f"one_freed_{figure}"] for figure in POOL_FIGURES] == [
+        str(MIB),
+        str(4 * MIB),
+        str(4 * MIB),
+        str(4 * MIB),
+    ]
+    # A reset high-water mark starts again from the current figure; the other one keeps its own.
     assert [seen[f"used_high_reset_{figure}"] for figure in POOL_FIGURES] == [
         str(MIB),
         str(MIB),
-        str(MIB),
+        str(4 * MIB),
         str(4 * MIB),
     ]
     assert seen["trim"] == CUDA_SUCCESS
     assert seen["trimmed_reserved"] == str(MIB)
-    assert [seen[f"all_freed_{figure}"] for figure in POOL_FIGURES] == ["0", str(MIB), "0", str(4 * MIB)]
-    assert seen["device_used_at_end"] == "0"
+    assert seen["device_used"] == str(MIB)  # after the trim: only what is in use
+    # The last free and a synchronisation: the pool's release threshold (64 MiB, set above) keeps it.
+    assert [seen[f"all_freed_{figure}"] for figure in POOL_FIGURES] == ["0", str(MIB), str(MIB), str(4 * MIB)]
+    assert seen["device_used_at_end"] == str(MIB)
+
+
+def test_a_pool_keeps_freed_memory_until_a_synchronisation_or_a_trim_gives_it_back(programs, env):
+    """As the driver's stream-ordered allocator: cuMemFreeAsync returns memory to its pool, which
+    keeps it reserved (the device and NVML count it for the process); the next allocation takes
+    it first; a stream, event or context synchronisation gives back what is beyond the release
+    threshold (0 by default), and cuMemPoolTrimTo what is beyond what it is asked to keep."""
+    process = subprocess.Popen(
+        [str(programs.entry_points), "pool_reserve"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                break
+        seen = parse_lines("".join(lines))
+        # Kept past a synchronisation under a threshold that keeps it all: NVML lists it for the process.
+        assert nvml_snapshot(env)["processes"][str(process.pid)] == 96 * MIB
+        out, _ = process.communicate("go\n", timeout=60)
+        seen.update(parse_lines(out))
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert seen["freed_device"] == str(64 * MIB)
+    assert [seen[f"freed_{figure}"] for figure in POOL_FIGURES] == ["0", str(64 * MIB), str(64 * MIB), str(64 * MIB)]
+    assert seen["reused_device"] == str(64 * MIB)  # nothing new charged
+    assert [seen[f"reused_{figure}"] for figure in POOL_FIGURES[::2]] == [str(16 * MIB), str(64 * MIB)]
+    assert seen["stream_synchronised_device"] == "0"
+    assert seen["stream_synchronised_reserved"] == "0"
+    assert seen["event_synchronised_device"] == "0"
+    assert seen["kept_device"] == str(96 * MIB)
+    assert [seen[f"kept_{figure}"] for figure in POOL_FIGURES[::2]] == [str(32 * MIB), str(96 * MIB)]
+    assert seen["trimmed_to_48_reserved"] == str(48 * MIB)  # it keeps what it was asked to
+    assert seen["trimmed_reserved"] == str(32 * MIB)  # never below what is in use
+    assert seen["trimmed_device"] == str(32 * MIB)
+    assert seen["end_device"] == "0"
 
 
 def test_pool_settings_read_back_and_the_read_only_figures_refuse_writes(programs, env):

@@ -91,7 +91,17 @@ struct vgpu_proc_slot {
     /* cuMemAllocManaged calls that succeeded, ever: the driver cannot suspend a process that
      * holds managed memory. */
     uint64_t managed_allocations;
-    uint8_t reserved1[48];
+    /* Answers to the page's `release_request` (the cached memory a suspend need not copy). The
+     * process's libvgpu.so answers for the driver's stream-ordered pools; the kernel's Python side
+     * (jupyter_vgpu/notebook/release.py), in the same process, for the frameworks' caches: */
+    uint64_t pools_released;      /* bytes the last trim of the driver's pools gave back */
+    uint64_t torch_released;      /* bytes the last torch.cuda.empty_cache() gave back */
+    uint64_t cupy_released;       /* bytes the last CuPy free_all_blocks() gave back */
+    uint32_t pools_answered;      /* the release_request libvgpu.so answered last (0: none) */
+    uint32_t frameworks_answered; /* the release_request the frameworks' side answered last */
+    uint32_t frameworks_watching; /* 1 while the kernel's Python side answers requests: libvgpu.so
+                                     trims after it, the publisher waits for it */
+    uint8_t reserved1[12];
 };
 
 /* The limits page: what the slice may use, written only by its publisher: 320 bytes. */
@@ -112,13 +122,17 @@ struct vgpu_limits_page {
                                CUDA call waits in libvgpu.so while it is set; 0 otherwise */
     /* The slice's place in its device's line while it waits for room, published with the
      * `queue_sequence` protocol below: */
-    uint32_t queue_position; /* 1: next; 0: not known, or not in line (queue_eta_s is then
-                                not read) */
-    uint32_t queue_eta_s;    /* seconds until its room is expected; VGPU_QUEUE_NO_ESTIMATE: none */
-    uint32_t queue_sequence; /* odd while the publisher writes queue_position and queue_eta_s */
-    uint32_t leave_line;     /* bumped by the publisher when the user interrupts the kernel:
-                                calls waiting for room then give up (CUDA_ERROR_OUT_OF_MEMORY) */
-    uint32_t reserved3;
+    uint32_t queue_position;  /* 1: next; 0: not known, or not in line (queue_eta_s is then
+                                 not read) */
+    uint32_t queue_eta_s;     /* seconds until its room is expected; VGPU_QUEUE_NO_ESTIMATE: none */
+    uint32_t queue_sequence;  /* odd while the publisher writes queue_position and queue_eta_s */
+    uint32_t leave_line;      /* bumped by the publisher when the user interrupts the kernel:
+                                 calls waiting for room then give up (CUDA_ERROR_OUT_OF_MEMORY) */
+    uint32_t release_request; /* bumped by the publisher before a suspend: each process gives
+                                 back cached device memory it does not use (the driver's pools
+                                 trimmed, the frameworks' caches emptied) and answers in its
+                                 slot (pools_answered, frameworks_answered); never what the
+                                 program still holds */
     uint8_t reserved2[32];
     struct vgpu_limits limits[2];
 };

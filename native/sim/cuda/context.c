@@ -347,8 +347,10 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     struct CUctx_st *found;
     CUresult result = named_or_current(ctx, &found, 1);
-    if (result == CUDA_SUCCESS)
+    if (result == CUDA_SUCCESS) {
         sim_sleep_until(sim_context_tail(found));
+        sim_pools_synchronised();
+    }
     return result;
 }
 

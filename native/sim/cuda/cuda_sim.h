@@ -193,6 +193,7 @@ struct CUmemPoolHandle_st {
     int is_default;
     int destroyed;                     /* freed when its last allocation is */
     uint64_t used;                     /* bytes of its allocations not yet freed */
+    uint64_t reserved;                 /* bytes it holds on the device (charged): used + unused */
     uint64_t used_high, reserved_high; /* high-water marks since the program last reset each */
     uint64_t release_threshold;
     int reuse_follow_event_dependencies, reuse_allow_opportunistic, reuse_allow_internal_dependencies;
@@ -444,10 +445,22 @@ struct CUmemPoolHandle_st *sim_pool_new(struct sim_cuda_device *device);
 /* The pool a stream-ordered allocation draws from: `asked` if it is a live pool (NULL if not),
  * the device's current pool when nothing is asked. Takes the lock. */
 struct CUmemPoolHandle_st *sim_pool_to_draw(struct sim_cuda_device *device, CUmemoryPool asked);
-/* An allocation of `bytes` from the pool was made or freed; the lock is held. The last free
- * of a destroyed pool frees the pool. */
-void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t bytes);
+/* Before an allocation of `bytes` from the pool: takes what it can of the pool's unused
+ * reserve for it and returns how much (the rest is charged to the device); unclaim gives it up
+ * when the allocation fails. Both take the lock. */
+uint64_t sim_pool_claim(struct CUmemPoolHandle_st *pool, uint64_t bytes);
+void sim_pool_unclaim(struct CUmemPoolHandle_st *pool, uint64_t reused);
+/* An allocation from the pool was made (`charged`: what was not claimed from its reserve) or
+ * freed; the lock is held. A freed allocation's memory stays reserved by the pool, except in a
+ * destroyed pool, which gives it back and goes with its last allocation. */
+void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t charged);
 void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes);
+/* Memory of a destroyed context's allocation freed into the pool goes back to the device (the
+ * lock is held). */
+void sim_pool_forget(struct CUmemPoolHandle_st *pool, uint64_t bytes);
+/* A synchronisation: every pool gives back what it holds beyond its release threshold. Takes
+ * the lock. */
+void sim_pools_synchronised(void);
 
 /* ---- exec.c ----------------------------------------------------------------------------- */
 

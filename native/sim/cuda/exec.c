@@ -170,6 +170,7 @@ CUresult cuStreamSynchronize(CUstream hStream)
     if (stream->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sim_sleep_until(atomic_load(&stream->tail_ns));
+    sim_pools_synchronised();
     return CUDA_SUCCESS;
 }
 
@@ -402,6 +403,8 @@ CUresult cuEventSynchronize(CUevent hEvent)
     CUresult result = check_event(hEvent);
     if (result == CUDA_SUCCESS && atomic_load(&hEvent->recorded))
         sim_sleep_until(atomic_load(&hEvent->time_ns));
+    if (result == CUDA_SUCCESS)
+        sim_pools_synchronised();
     return result;
 }
 

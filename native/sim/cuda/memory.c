@@ -84,8 +84,12 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
     struct sim_allocation *allocation = malloc(sizeof *allocation);
     if (!allocation)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult result = sim_charge(device, size);
+    /* A pool's unused reserve serves first; only the rest is new device memory. */
+    uint64_t reused = pool ? sim_pool_claim(pool, size) : 0, charged = size - reused;
+    CUresult result = sim_charge(device, charged);
     if (result != CUDA_SUCCESS) {
+        if (pool)
+            sim_pool_unclaim(pool, reused);
         free(allocation);
         return result;
     }
@@ -105,15 +109,17 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
     };
     if (address && sim_map_put(&sim_cuda.allocations, address, (uintptr_t)allocation) == 0) {
         if (pool)
-            sim_pool_took(pool, size);
+            sim_pool_took(pool, charged);
         pthread_mutex_unlock(&sim_cuda.lock);
         *dptr = address;
         return CUDA_SUCCESS;
     }
     if (address)
         sim_address_give(address, span, in_arena);
+    if (pool)
+        pool->used -= reused;
     pthread_mutex_unlock(&sim_cuda.lock);
-    sim_uncharge(device, size);
+    sim_uncharge(device, charged);
     free(allocation);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -158,9 +164,10 @@ void sim_release_linear(struct sim_allocation *allocation)
     if (allocation->in_arena)
         sim_linear_pages_drop(allocation);
     sim_address_give(allocation->base, allocation->span, allocation->in_arena);
+    /* Memory of a pool stays reserved by it (pool.c) until a trim or a synchronisation. */
     if (allocation->pool)
         sim_pool_gave(allocation->pool, allocation->size);
-    if (!imported)
+    else if (!imported)
         sim_uncharge(allocation->device, allocation->size);
     free(allocation->poisoned);
     free(allocation);
@@ -203,7 +210,13 @@ void sim_free_context_memory(struct CUctx_st *ctx)
         struct sim_allocation *allocation = (struct sim_allocation *)sim_cuda.allocations.entries[i].value;
         if (allocation->kind == SIM_ALLOCATION_LINEAR && allocation->ctx == ctx && !allocation->graph) {
             sim_map_take(&sim_cuda.allocations, allocation->base, NULL);
+            /* A destroyed pool gives it back (and may go) by itself. */
+            struct CUmemPoolHandle_st *kept_by =
+                allocation->pool && !allocation->pool->destroyed ? allocation->pool : NULL;
+            uint64_t size = allocation->size;
             sim_release_linear(allocation);
+            if (kept_by)
+                sim_pool_forget(kept_by, size); /* the context's memory goes with it, not to the pool */
         }
     }
     for (size_t i = sim_cuda.handles.count; i-- > 0;) {
@@ -264,8 +277,9 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     return free_linear(dptr);
 }
 
-/* Stream-ordered allocations are charged when they are asked for and freed when the free is
- * asked for: the simulator keeps no pool reserve, so NVML shows what the program holds. */
+/* Stream-ordered allocations draw from a pool (pool.c): charged when asked for, less what the
+ * pool's unused reserve serves; a free returns the memory to the pool, which keeps it reserved
+ * (NVML still lists it) until a trim or a synchronisation gives it back. */
 static CUresult allocate_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
     struct CUstream_st *stream;

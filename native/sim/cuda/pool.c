@@ -4,11 +4,21 @@
  * from a pool is a linear allocation (memory.c) that names its pool; this file keeps the pool's
  * figures as its allocations come and go.
  *
- * The simulator keeps no reserve in a pool: a free gives the memory back to the device at once,
- * so NVML shows what the program holds. A pool's backing memory (RESERVED_MEM_*) is therefore
- * exactly what is in use (USED_MEM_*); the two high-water marks are still kept apart, because a
- * program resets each on its own. Reuse policies and the release threshold are kept and read
- * back: with no reserve there is nothing for them to steer.
+ * A pool keeps what is freed into it, as the driver's does (CUDA Programming Guide, "Stream
+ * Ordered Memory Allocator"): memory freed with cuMemFreeAsync (or cuMemFree) stays reserved by
+ * the process (charged to its slot: NVML lists it, other processes cannot take it) until
+ *   - a synchronisation (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize) gives back
+ *     what the pool holds beyond its CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0: all of what
+ *     is unused), or
+ *   - cuMemPoolTrimTo(pool, keep) gives back unused memory until the pool holds at most `keep`
+ *     (or only what is in use), or
+ *   - the pool is destroyed (its unused memory at once, the rest with its last allocation).
+ * A later allocation from the pool takes its unused reserve first and charges only the rest.
+ * RESERVED_MEM_* is what the pool holds, USED_MEM_* what its live allocations take.
+ *
+ * Simplifications: the reserve is a byte count, not blocks (a real pool's reuse depends on the
+ * sizes of its blocks and on its reuse policies, which are kept and read back but steer
+ * nothing); every pool of the process is released at any synchronisation, whichever stream.
  */
 #include <stdlib.h>
 
@@ -49,20 +59,73 @@ struct CUmemPoolHandle_st *sim_pool_to_draw(struct sim_cuda_device *device, CUme
     return pool;
 }
 
-void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t bytes)
+uint64_t sim_pool_claim(struct CUmemPoolHandle_st *pool, uint64_t bytes)
 {
-    pool->used += bytes;
+    pthread_mutex_lock(&sim_cuda.lock);
+    uint64_t unused = pool->reserved - pool->used, reused = bytes < unused ? bytes : unused;
+    pool->used += reused; /* held for the allocation until it is made or given up */
+    pthread_mutex_unlock(&sim_cuda.lock);
+    return reused;
+}
+
+void sim_pool_unclaim(struct CUmemPoolHandle_st *pool, uint64_t reused)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    pool->used -= reused;
+    pthread_mutex_unlock(&sim_cuda.lock);
+}
+
+void sim_pool_took(struct CUmemPoolHandle_st *pool, uint64_t charged)
+{
+    pool->used += charged;
+    pool->reserved += charged;
     if (pool->used > pool->used_high)
         pool->used_high = pool->used;
-    if (pool->used > pool->reserved_high)
-        pool->reserved_high = pool->used;
+    if (pool->reserved > pool->reserved_high)
+        pool->reserved_high = pool->reserved;
+}
+
+/* Gives back unused memory until the pool holds at most `keep` bytes (never what is in use);
+ * the lock is held. Returns the bytes given back. */
+static uint64_t shrink(struct CUmemPoolHandle_st *pool, uint64_t keep)
+{
+    uint64_t target = keep > pool->used ? keep : pool->used;
+    if (pool->reserved <= target)
+        return 0;
+    uint64_t given = pool->reserved - target;
+    pool->reserved = target;
+    sim_uncharge(pool->device, given);
+    return given;
 }
 
 void sim_pool_gave(struct CUmemPoolHandle_st *pool, uint64_t bytes)
 {
     pool->used -= bytes;
-    if (pool->used == 0 && pool->destroyed)
+    if (!pool->destroyed)
+        return; /* kept reserved */
+    shrink(pool, 0);
+    if (pool->used == 0)
         free(pool);
+}
+
+void sim_pool_forget(struct CUmemPoolHandle_st *pool, uint64_t bytes)
+{
+    uint64_t unused = pool->reserved - pool->used, given = bytes < unused ? bytes : unused;
+    pool->reserved -= given;
+    sim_uncharge(pool->device, given);
+}
+
+void sim_pools_synchronised(void)
+{
+    pthread_mutex_lock(&sim_cuda.lock);
+    for (size_t i = 0; i < sim_cuda.handles.count; i++) {
+        struct sim_map_entry entry = sim_cuda.handles.entries[i];
+        if (entry.value != SIM_HANDLE_POOL)
+            continue;
+        struct CUmemPoolHandle_st *pool = (struct CUmemPoolHandle_st *)entry.key;
+        shrink(pool, pool->release_threshold);
+    }
+    pthread_mutex_unlock(&sim_cuda.lock);
 }
 
 /* ---- a device's pools ---------------------------------------------------------------------- */
@@ -139,6 +202,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
         sim_map_take(&sim_cuda.handles, (uintptr_t)pool, NULL);
         if (pool->device->current_pool == pool)
             pool->device->current_pool = pool->device->default_pool;
+        shrink(pool, 0);
         /* Outstanding allocations stay valid; the pool goes with the last of them. */
         if (pool->used == 0)
             free(pool);
@@ -149,13 +213,14 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     return result;
 }
 
-/* Nothing to give back: a pool here never holds memory beyond what is in use. */
+/* Unused memory goes back to the device until the pool holds at most minBytesToKeep. */
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    (void)minBytesToKeep;
     CUresult result = lock_pool(pool, 1);
-    if (result == CUDA_SUCCESS)
+    if (result == CUDA_SUCCESS) {
+        shrink(pool, minBytesToKeep);
         pthread_mutex_unlock(&sim_cuda.lock);
+    }
     return result;
 }
 
@@ -177,7 +242,7 @@ static CUresult read_figure(const struct CUmemPoolHandle_st *pool, CUmemPool_att
 {
     switch (attr) {
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *figure = pool->release_threshold; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *figure = pool->used; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *figure = pool->reserved; return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *figure = pool->reserved_high; return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *figure = pool->used; return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *figure = pool->used_high; return CUDA_SUCCESS;
@@ -185,12 +250,12 @@ static CUresult read_figure(const struct CUmemPoolHandle_st *pool, CUmemPool_att
     }
 }
 
-/* A high-water mark can only be reset, by writing 0; it then starts again from what is in use. */
-static CUresult reset_high(uint64_t *high, uint64_t used, cuuint64_t figure)
+/* A high-water mark can only be reset, by writing 0; it then starts again from the current figure. */
+static CUresult reset_high(uint64_t *high, uint64_t current, cuuint64_t figure)
 {
     if (figure != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    *high = used;
+    *high = current;
     return CUDA_SUCCESS;
 }
 
@@ -199,7 +264,7 @@ static CUresult write_figure(struct CUmemPoolHandle_st *pool, CUmemPool_attribut
 {
     switch (attr) {
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->release_threshold = *figure; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: return reset_high(&pool->reserved_high, pool->used, *figure);
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: return reset_high(&pool->reserved_high, pool->reserved, *figure);
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return reset_high(&pool->used_high, pool->used, *figure);
     default: return CUDA_ERROR_INVALID_VALUE;
     }
