@@ -184,6 +184,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       .then(settings => {
         const apply = () => {
           store.interval = settings.get('refreshInterval').composite as number;
+          wake.enabled = settings.get('wakeHint').composite as boolean;
         };
         settings.changed.connect(apply);
         apply();

@@ -24,6 +24,15 @@ export function wantsWake(slice: ISliceModel | undefined): boolean {
   return !!slice && slice.holder === 'local' && WAKEABLE.has(slice.state);
 }
 
+/**
+ * Whether a woken kernel is back: its slice runs and has left the line. (The server admits a
+ * resume first, so the slice reads running while its memory is still on its way back; the
+ * kernel leaves the line once it is back.) A slice gone is back too: nothing to wait for.
+ */
+export function resumed(slice: ISliceModel | undefined): boolean {
+  return !slice || (!wantsWake(slice) && !slice.queue);
+}
+
 /** At most one wake per kernel per this many milliseconds. */
 export const WAKE_INTERVAL = 3000;
 
@@ -47,6 +56,9 @@ export class WakeHints {
 
   readonly interval: number;
 
+  /** The `wakeHint` setting: off, no wake is sent (a suspended kernel resumes on its next cell). */
+  enabled = true;
+
   /** A kernel started or stopped resuming (its id). */
   get changed(): ISignal<this, string> {
     return this._changed;
@@ -59,7 +71,7 @@ export class WakeHints {
    * was sent.
    */
   turnedTo(kernelId: string | undefined, reason: AttentionReason): boolean {
-    if (!kernelId) {
+    if (!kernelId || !this.enabled) {
       return false;
     }
     const slice = this._sliceOf(kernelId);
@@ -80,7 +92,7 @@ export class WakeHints {
     this._setResuming(kernelId, true);
     this._send(kernelId).then(
       answered => {
-        if (!wantsWake(answered)) {
+        if (resumed(answered)) {
           this._setResuming(kernelId, false); // it ran already
         }
       },
@@ -92,18 +104,18 @@ export class WakeHints {
     return true;
   }
 
-  /** Whether a wake went for the kernel and its slice has not read running since. */
+  /** Whether a wake went for the kernel and it has not been seen back (resumed) since. */
   isResuming(kernelId: string | undefined): boolean {
     return !!kernelId && this._resuming.has(kernelId);
   }
 
   /**
-   * After each poll: a kernel that resumed (its slice no longer suspended or lent, or gone) is
+   * After each poll: a kernel that resumed (its slice running and out of the line, or gone) is
    * no longer resuming; a sign that waited for the kernel's slice to be known is acted on.
    */
   update(): void {
     for (const kernelId of [...this._resuming]) {
-      if (!wantsWake(this._sliceOf(kernelId))) {
+      if (resumed(this._sliceOf(kernelId))) {
         this._setResuming(kernelId, false);
       }
     }

@@ -65,6 +65,14 @@ describe('which kernels get a wake hint', () => {
     expect(hints.isResuming(KERNEL)).toBe(false);
   });
 
+  it('sends nothing while the wakeHint setting is off', () => {
+    const { hints, sent } = harness({ [KERNEL]: { state: 'suspended' } });
+    hints.enabled = false;
+    expect(hints.turnedTo(KERNEL, 'run')).toBe(false);
+    expect(sent).toEqual([]);
+    expect(hints.isResuming(KERNEL)).toBe(false);
+  });
+
   it('wakes a suspended kernel and a lent one, each for itself', () => {
     const { hints, sent } = harness({
       a: { state: 'suspended' },
@@ -123,7 +131,7 @@ describe('debounce', () => {
 });
 
 describe('resuming', () => {
-  it('holds from the wake until the slice reads running', async () => {
+  it('holds from the wake until the slice runs and has left the line', async () => {
     const { hints, known } = harness({ [KERNEL]: { state: 'suspended' } });
     const changes: string[] = [];
     hints.changed.connect((_, kernelId) => changes.push(kernelId));
@@ -131,6 +139,11 @@ describe('resuming', () => {
     expect(hints.isResuming(KERNEL)).toBe(true);
     await settled();
     hints.update(); // the next poll: still suspended, its memory on its way back
+    expect(hints.isResuming(KERNEL)).toBe(true);
+    // Admitted: it reads running, but stays in the line while its memory is copied back.
+    const place = { position: 1, eta_seconds: null, waiting_for: '' };
+    known.set(KERNEL, sliceModel({ state: 'running', queue: place }));
+    hints.update();
     expect(hints.isResuming(KERNEL)).toBe(true);
     known.set(KERNEL, sliceModel({ state: 'running' }));
     hints.update();
@@ -169,15 +182,28 @@ describe('resuming', () => {
     expect(resumingStatusText(suspended, trans)).toBe(
       'GPU resuming… · 300MiB back from host memory'
     );
+    // In the line only for its turn (room is there): where its memory is.
+    const turn = { position: 1, eta_seconds: null, waiting_for: '' };
+    expect(resumingStatusText({ ...suspended, queue: turn }, trans)).toBe(
+      'GPU resuming… · 300MiB back from host memory'
+    );
+    // Waiting for room: its place.
     expect(
       resumingStatusText(
         {
           ...suspended,
-          queue: { position: 1, eta_seconds: null, waiting_for: '' }
+          queue: { ...turn, waiting_for: '1GiB more GPU memory (0B free)' }
         },
         trans
       )
     ).toBe('GPU resuming… · 1st in line for GPU 1');
+    // Admitted, its memory on the way back (host_memory_bytes may read 0 by then).
+    expect(
+      resumingStatusText(
+        sliceModel({ state: 'running', host_memory_bytes: 0, queue: turn }),
+        trans
+      )
+    ).toBe('GPU resuming… · 1.2GiB back from host memory');
     expect(
       resumingStatusText(
         sliceModel({
