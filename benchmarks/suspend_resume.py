@@ -21,7 +21,7 @@ starts a sliced kernel holding SIZE (4 GiB; 256 MiB with --smoke), suspends it t
 times a cell from its execute_request (sent by a jupyter_client in this process) to the cell's
 first line (printed after a CUDA call), two ways, alternating: resume-on-cell (no hint: the cell's
 CUDA call resumes it) and wake-ahead (POST .../wake, the lab's "turned to it" hint, given
-HINT_LEAD seconds before the cell).
+HINT_LEAD seconds before the cell), and for the floor the same cell on the kernel not suspended.
 """
 
 from __future__ import annotations
@@ -133,11 +133,13 @@ def cell_after_suspend(workdir: Path, size: int, repeats: int) -> None:
             (found,) = [s for s in server.api("GET", "api/vgpu/slices") if s["kernel_id"] == kernel_id]
             return found
 
-        times: dict[str, list[float]] = {"resume-on-cell": [], "wake-ahead": []}
+        # "running": the same cell on the kernel not suspended, for the floor (client, server, kernel).
+        times: dict[str, list[float]] = {"resume-on-cell": [], "wake-ahead": [], "running": []}
         for _ in range(repeats):
             for way, seen in times.items():
-                suspended = server.api("POST", f"{slices}/suspend", {})
-                assert suspended["state"] == "suspended" and suspended["host_memory_bytes"] >= size, suspended
+                if way != "running":
+                    suspended = server.api("POST", f"{slices}/suspend", {})
+                    assert suspended["state"] == "suspended" and suspended["host_memory_bytes"] >= size, suspended
                 hinted = time.monotonic()
                 if way == "wake-ahead":
                     server.api("POST", f"{slices}/wake", {})
@@ -145,7 +147,7 @@ def cell_after_suspend(workdir: Path, size: int, repeats: int) -> None:
                 before = slice_now()
                 seconds, output = run_cell(client, FIRST_LINE)
                 assert {f"{MARKER} 0", "intact True"} <= set(output.splitlines()), output
-                if way == "wake-ahead":
+                if way != "resume-on-cell":
                     # It did not wait for the restore: back before the cell, no waiting line.
                     assert (before["state"], before["queue"]) == ("running", None), before
                     assert "jupyter-vgpu:" not in output, output

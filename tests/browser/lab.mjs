@@ -251,7 +251,7 @@ const scenarios = {
    * (REST: running and out of the line), the status bar saying "resuming…" meanwhile; at least settings.hintLeadMs after the click, cell 1 runs
    * (timed: its execute_request to its first line). Then the wakeHint setting turned off (REST,
    * page reloaded), the kernel suspended again, cell 2 runs (timed the same way): its first CUDA
-   * call resumes it, as before the hint.
+   * call resumes it, as before the hint. Cell 3 runs once on the running kernel, for the floor.
    */
   async resumeAhead(browser) {
     let page = await openLab(browser, `tree/${settings.notebook}`);
@@ -288,6 +288,11 @@ const scenarios = {
       queueBefore: hintedBefore.queue
     };
     hinted.prompt = await prompt(1);
+    // The floor: the same cell again (3), its kernel running, not suspended since.
+    await cell(page, 3).locator('.jp-InputArea-editor').click();
+    await watchFirstLine(page, settings.marker);
+    await page.keyboard.press('Shift+Enter');
+    const running = await firstLineSeen(page);
 
     // Without it: resume on the cell's first CUDA call.
     await api(page, 'PUT', 'lab/api/settings/jupyter-vgpu:plugin', {
@@ -314,7 +319,8 @@ const scenarios = {
       statusTexts,
       statusAfterWake,
       hinted,
-      unhinted
+      unhinted,
+      running
     };
   },
 
