@@ -251,7 +251,8 @@ const scenarios = {
    * (REST: running and out of the line), the status bar saying "resuming…" meanwhile; at least settings.hintLeadMs after the click, cell 1 runs
    * (timed: its execute_request to its first line). Then the wakeHint setting turned off (REST,
    * page reloaded), the kernel suspended again, cell 2 runs (timed the same way): its first CUDA
-   * call resumes it, as before the hint. Cell 3 runs once on the running kernel, for the floor.
+   * call resumes it, as before the hint. Cell 3 runs once on the running kernel, for the floor; then a
+   * keystroke in cell 1 (the cursor there before a suspend) resumes the kernel too.
    */
   async resumeAhead(browser) {
     let page = await openLab(browser, `tree/${settings.notebook}`);
@@ -294,6 +295,15 @@ const scenarios = {
     await page.keyboard.press('Shift+Enter');
     const running = await firstLineSeen(page);
 
+    // An edit alone: the cursor already in cell 1 while the kernel runs (no hint), the kernel
+    // suspended, then a keystroke there.
+    await cell(page, 1).locator('.jp-InputArea-editor').click();
+    await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
+    await statusText(page, 'GPU suspended');
+    const typed = Date.now();
+    await page.keyboard.type(' ');
+    const resumedByEdit = await sliceResumed(page, kernelId, typed);
+
     // Without it: resume on the cell's first CUDA call.
     await api(page, 'PUT', 'lab/api/settings/jupyter-vgpu:plugin', {
       raw: JSON.stringify({ wakeHint: false })
@@ -320,7 +330,8 @@ const scenarios = {
       statusAfterWake,
       hinted,
       unhinted,
-      running
+      running,
+      resumedByEdit
     };
   },
 

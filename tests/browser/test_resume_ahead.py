@@ -69,6 +69,9 @@ def test_turning_to_a_suspended_notebook_resumes_its_kernel_before_its_next_cell
     # line, and it was the next cell run.
     assert (hinted["stateBefore"], hinted["queueBefore"]) == ("running", None)
     assert hinted["outputs"] == f"{MARKER} 0\nintact True\n" and hinted["prompt"] == "[2]:"
+    # A keystroke alone (the cursor in a cell since before the suspend) woke it too.
+    assert seen["resumedByEdit"][0][1:] in (["suspended", None], ["suspended", 1], ["running", 1])
+    assert seen["resumedByEdit"][-1][1:] == ["running", None]
     # Without it (wakeHint off), the cell found its kernel suspended and its first CUDA call
     # resumed it.
     assert unhinted["stateBefore"] == "suspended"
