@@ -1,8 +1,8 @@
 """How long suspending a kernel's process to host memory and resuming it take, against how much
 device memory it holds, on the simulated GPU with the copy bandwidth set to a measured real one.
 
-    python benchmarks/suspend_resume.py            # about a minute; needs ~13 GiB of free RAM
-    python benchmarks/suspend_resume.py --smoke    # a few seconds, as CI runs it
+    python benchmarks/suspend_resume.py            # about two minutes; needs ~13 GiB of free RAM
+    python benchmarks/suspend_resume.py --smoke    # about half a minute, as CI runs it
 
 A target process (tests/programs/checkpoint_probe.c) allocates SIZE bytes and writes a pattern
 into all of them; this process is the controller, as the server is
@@ -14,23 +14,34 @@ The simulated driver copies at VGPU_SIM_CHECKPOINT_BANDWIDTH: 7 GB/s here, the m
 others measured restoring on a B200 (16 GB in 2.8 s, 145 GB in 17.9 s: 5.7 to 8.1 GB/s;
 FIELD-NOTES "Suspending a CUDA process"). So these figures are the API's own overhead on top of
 that copy time (the `copy` column), not a real GPU's; framework_checks.py measures one.
+
+Then a kernel's cell after a suspend (issue 26, resume ahead of use): a `jupyter server` of its
+own (its own runtime folder, ledger, regions and simulated GPU state, at the same bandwidth)
+starts a sliced kernel holding SIZE (4 GiB; 256 MiB with --smoke), suspends it through REST, and
+times a cell from its execute_request (sent by a jupyter_client in this process) to the cell's
+first line (printed after a CUDA call), two ways, alternating: resume-on-cell (no hint: the cell's
+CUDA call resumes it) and wake-ahead (POST .../wake, the lab's "turned to it" hint, given
+HINT_LEAD seconds before the cell), and for the floor the same cell on the kernel not suspended.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support import CheckpointTarget, compile_sim_program  # noqa: E402
+from jupyter_client import BlockingKernelClient  # noqa: E402
+from support import CUDA_PRELUDE, CheckpointTarget, JupyterProcess, compile_sim_program, write_vgpu_kernelspec  # noqa: E402
 
 from jupyter_vgpu.holders.checkpoint import CheckpointController  # noqa: E402
 from jupyter_vgpu.model import use_simulator  # noqa: E402
@@ -38,11 +49,126 @@ from jupyter_vgpu.model import use_simulator  # noqa: E402
 MIB, GIB = 1 << 20, 1 << 30
 BANDWIDTH = 7_000_000_000  # bytes per second
 DEVICE = "name=bench GPU,memory=16GiB,sms=132,context_memory=0"
+HINT_LEAD = 1.0  # seconds between the wake hint and the cell
+MARKER = "first line"
+# The kernel holds SIZE and writes 1 MiB of it: a checkpoint moves an allocation once written,
+# all of it (paced at the bandwidth; the pages never written take no host memory).
+HOLD = (
+    CUDA_PRELUDE
+    + """
+pointer = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t({size})) == 0
+assert cuda.cuMemsetD8_v2(pointer, 0x5A, ctypes.c_size_t(1 << 20)) == 0
+def intact():
+    back = (ctypes.c_ubyte * (1 << 20))()
+    assert cuda.cuMemcpyDtoH_v2(back, pointer, ctypes.c_size_t(1 << 20)) == 0
+    return bytes(back) == b'\\x5a' * (1 << 20)
+"""
+)
+FIRST_LINE = f"print({MARKER!r}, allocate(1 << 20), flush=True)\nprint('intact', intact())"
 
 
 def build(workdir: Path) -> Path:
     runpy.run_path(str(ROOT / "native" / "build.py"))["build"]()
     return compile_sim_program("checkpoint_probe", workdir)
+
+
+def run_cell(client: BlockingKernelClient, code: str) -> tuple[float, str]:
+    """Seconds from the cell's execute_request to its stream output with MARKER, and all its
+    stream output."""
+    started = time.perf_counter()
+    msg_id = client.execute(code)
+    first, outputs = None, []
+    while True:
+        msg = client.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            outputs.append(msg["content"]["text"])
+            if first is None and MARKER in msg["content"]["text"]:
+                first = time.perf_counter() - started
+        elif msg["msg_type"] == "error":
+            raise AssertionError(f"the cell failed: {msg['content']}")
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert first is not None, f"the cell printed no {MARKER!r}: {outputs}"
+    return first, "".join(outputs)
+
+
+def cell_after_suspend(workdir: Path, size: int, repeats: int) -> None:
+    """Resume-on-cell against wake-ahead: a kernel's cell after a suspend (module docstring)."""
+    runtime = workdir / "runtime"
+    data = workdir / "data"
+    write_vgpu_kernelspec(data / "kernels" / "vgpu-bench", "vGPU bench", {"memory": f"{size // MIB + 1024}MiB"})
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VGPU_REGION", "LD_LIBRARY_PATH")}
+    env.update(
+        JUPYTER_CONFIG_DIR=str(workdir / "config"),
+        JUPYTER_DATA_DIR=str(data),
+        JUPYTER_RUNTIME_DIR=str(runtime),
+        JUPYTER_PREFER_ENV_PATH="0",
+        VGPU_SIM_STATE=str(workdir / "server-sim.state"),
+        VGPU_SIM_DEVICES=DEVICE,
+        VGPU_SIM_CHECKPOINT_BANDWIDTH=str(BANDWIDTH),
+    )
+    server = JupyterProcess(
+        env,
+        workdir / "server.log",
+        "vgpu-bench",
+        "--VGPUApp.simulate=True",
+        f"--VGPUApp.ledger_path={workdir / 'ledger.sqlite'}",
+        f"--VGPUApp.region_dir={workdir / 'regions'}",
+    )
+    client, kernel_id = None, None
+    try:
+        kernel_id = server.api("POST", "api/vgpu/kernels", {"name": "vgpu-bench"})["kernel"]["id"]
+        client = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel_id}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        client.wait_for_ready(timeout=120)
+        reply = client.execute_interactive(HOLD.format(size=size), timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        slices = f"api/vgpu/slices/{kernel_id}"
+
+        def slice_now() -> dict:
+            (found,) = [s for s in server.api("GET", "api/vgpu/slices") if s["kernel_id"] == kernel_id]
+            return found
+
+        # "running": the same cell on the kernel not suspended, for the floor (client, server, kernel).
+        times: dict[str, list[float]] = {"resume-on-cell": [], "wake-ahead": [], "running": []}
+        for _ in range(repeats):
+            for way, seen in times.items():
+                if way != "running":
+                    suspended = server.api("POST", f"{slices}/suspend", {})
+                    assert suspended["state"] == "suspended" and suspended["host_memory_bytes"] >= size, suspended
+                hinted = time.monotonic()
+                if way == "wake-ahead":
+                    server.api("POST", f"{slices}/wake", {})
+                time.sleep(max(0.0, hinted + HINT_LEAD - time.monotonic()))  # the user reads the cell
+                before = slice_now()
+                seconds, output = run_cell(client, FIRST_LINE)
+                assert {f"{MARKER} 0", "intact True"} <= set(output.splitlines()), output
+                if way != "resume-on-cell":
+                    # It did not wait for the restore: back before the cell, no waiting line.
+                    assert (before["state"], before["queue"]) == ("running", None), before
+                    assert "jupyter-vgpu:" not in output, output
+                else:
+                    assert before["state"] == "suspended" and "waiting for room" in output, (before, output)
+                seen.append(seconds)
+        print(
+            f"\na kernel's cell after a suspend, {size / GIB:g} GiB held: execute_request to its first line,"
+            f" median of {repeats} (all runs, ms); the hint {HINT_LEAD:g} s before the cell"
+        )
+        for way, values in times.items():
+            runs = ", ".join(f"{v * 1000:.0f}" for v in values)
+            print(f"{way:>15} {statistics.median(values) * 1000:>8.1f} ms   ({runs})")
+    finally:
+        if client is not None:
+            client.stop_channels()
+        if kernel_id is not None:
+            with contextlib.suppress(OSError):  # the server's stop ends it anyway
+                server.api("DELETE", f"api/kernels/{kernel_id}")
+        if server.stop() is None:
+            print(f"jupyter server did not stop; its log: {workdir / 'server.log'}", file=sys.stderr)
 
 
 def main() -> None:
@@ -81,6 +207,7 @@ def main() -> None:
                 f"{size / GIB:>6.2f}Gi {size / BANDWIDTH:>7.3f} {suspend:>10.3f} {resume:>9.3f}"
                 f" {size / suspend / 1e9:>13.2f} {size / resume / 1e9:>12.2f}"
             )
+        cell_after_suspend(workdir, 256 * MIB if args.smoke else 4 * GIB, 1 if args.smoke else 5)
 
 
 if __name__ == "__main__":

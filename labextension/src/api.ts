@@ -205,6 +205,16 @@ export function changeSuspension(
   );
 }
 
+/**
+ * POST /api/vgpu/slices/{kernel_id}/wake: the user turned to the kernel; a suspended or lent one
+ * joins the line to resume now (202), a running one answers as it is (200). Its slice.
+ */
+export function wakeSlice(kernelId: string): Promise<ISliceModel> {
+  return request<ISliceModel>(`slices/${encodeURIComponent(kernelId)}/wake`, {
+    method: 'POST'
+  });
+}
+
 /** POST /api/vgpu/kernels: a kernel of a vGPU kernelspec started in a slice of the asked size. */
 export function startKernel(
   name: string,

@@ -331,6 +331,32 @@ export function sliceStatusText(
 }
 
 /**
+ * The status item's text from the lab's wake (the user turned to the kernel) until it is back:
+ * "GPU resuming… · 300MiB back from host memory" ("GPU resuming… · 1st in line for GPU 0" where
+ * it waits for room; "GPU resuming… · taking its 4GiB back" for a lent one). The server's state
+ * reads suspended (or lent) until the resume is admitted, then running while the memory is
+ * copied back, with the kernel still in the line.
+ */
+export function resumingStatusText(
+  slice: ISliceModel,
+  trans: TranslationBundle
+): string {
+  if (slice.state !== 'running' && slice.queue?.waiting_for) {
+    return trans.__('GPU resuming… · %1', queuePlace(slice, trans));
+  }
+  if (slice.state === 'lent') {
+    return trans.__(
+      'GPU resuming… · taking its %1 back',
+      formatSize(slice.limits.memory_bytes)
+    );
+  }
+  return trans.__(
+    'GPU resuming… · %1 back from host memory',
+    formatSize(slice.host_memory_bytes || slice.usage.memory_bytes)
+  );
+}
+
+/**
  * The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB"; for a suspended kernel, where its
  * memory is: "Memory 12GiB in host memory (suspended)"; for a lent or queued one, that it holds
  * none: "Memory 4GiB lent to others until its first GPU call", "Memory 4GiB asked for, not

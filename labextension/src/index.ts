@@ -1,6 +1,7 @@
 /**
  * jupyter-vgpu's JupyterLab plugin: status bar, "GPU slices" sidebar, start-on-a-slice command,
- * and the idle policy's notices about the active notebook's kernel as notifications.
+ * the idle policy's notices about the active notebook's kernel as notifications, and the wake
+ * hint that resumes a suspended kernel when its user turns to it.
  */
 
 import {
@@ -18,7 +19,8 @@ import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 // The sidebar, the status item and their store are built in activate(): they load with the plugin.
-import { listNotices } from './api';
+import { listNotices, wakeSlice } from './api';
+import { followAttention } from './attention';
 import { markStartRefusals } from './refusal';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { IdleNotices } from './notices';
@@ -28,6 +30,7 @@ import { SliceSidebar } from './sidebar';
 import { SliceStatusItem } from './statusbar';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { SliceStore } from './store';
+import { WakeHints } from './wake';
 
 const PLUGIN_ID = 'jupyter-vgpu:plugin';
 const COMMAND_NEW_NOTEBOOK = 'jupyter-vgpu:new-notebook-on-slice';
@@ -70,6 +73,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const store = new SliceStore(1000);
     // A refused kernel start, in JupyterLab's own error dialog, wraps instead of being cut off.
     markStartRefusals();
+    // Resume ahead of use: the user turning to a suspended or lent kernel wakes it (wake.ts).
+    const wake = new WakeHints({
+      send: wakeSlice,
+      sliceOf: kernelId => store.sliceOf(kernelId)
+    });
+    store.changed.connect(() => wake.update());
+    followAttention(notebooks, wake);
 
     const sidebar = new SliceSidebar(store, trans);
     sidebar.id = 'jupyter-vgpu-sidebar';
@@ -79,7 +89,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer?.add(sidebar, sidebar.id);
 
     if (statusBar) {
-      const item = new SliceStatusItem(store, notebooks, trans);
+      const item = new SliceStatusItem(store, notebooks, trans, wake);
       statusBar.registerStatusItem(PLUGIN_ID, {
         item,
         align: 'left',
@@ -174,6 +184,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       .then(settings => {
         const apply = () => {
           store.interval = settings.get('refreshInterval').composite as number;
+          wake.enabled = settings.get('wakeHint').composite as boolean;
         };
         settings.changed.connect(apply);
         apply();

@@ -6,7 +6,7 @@
  * suspended); "GPU suspended · 300MiB in host memory", in the secondary colour, while the
  * kernel is suspended, and "GPU lent · ..." while its room is lent; while its start or its cell
  * waits in the line for room, where it stands ("GPU queued · 2nd in line for GPU 0 · ..."), in
- * the info colour.
+ * the info colour; "GPU resuming… · ..." from the lab's wake hint until it runs.
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -16,6 +16,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import {
+  resumingStatusText,
   shownNotice,
   sliceNeedsAttention,
   sliceStatusText,
@@ -23,16 +24,19 @@ import {
   sliceWaits
 } from './describe';
 import { SliceStore } from './store';
+import { WakeHints } from './wake';
 
 export class SliceStatusItem extends Widget {
   constructor(
     private readonly _store: SliceStore,
     private readonly _notebooks: INotebookTracker,
-    private readonly _trans: TranslationBundle
+    private readonly _trans: TranslationBundle,
+    private readonly _wake: WakeHints | null = null
   ) {
     super();
     this.addClass('jp-vgpu-StatusItem');
     _store.changed.connect(this._update, this);
+    _wake?.changed.connect(this._update, this);
     _notebooks.currentChanged.connect(this._update, this);
     _notebooks.currentChanged.connect(this._followKernel, this);
     this._followKernel();
@@ -58,7 +62,10 @@ export class SliceStatusItem extends Widget {
       this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
     const slice = this._store.sliceOf(kernelId);
     if (slice) {
-      this.node.textContent = sliceStatusText(slice, this._trans);
+      const resuming = !!this._wake?.isResuming(kernelId);
+      this.node.textContent = resuming
+        ? resumingStatusText(slice, this._trans)
+        : sliceStatusText(slice, this._trans);
       this.node.title = sliceTooltip(slice, this._trans);
       this.toggleClass('jp-vgpu-mod-warned', sliceNeedsAttention(slice));
       this.toggleClass('jp-vgpu-mod-noticed', !!shownNotice(slice));
@@ -66,6 +73,7 @@ export class SliceStatusItem extends Widget {
       this.toggleClass('jp-vgpu-mod-lent', slice.state === 'lent');
       this.toggleClass('jp-vgpu-mod-queued', slice.state === 'queued');
       this.toggleClass('jp-vgpu-mod-waiting', sliceWaits(slice));
+      this.toggleClass('jp-vgpu-mod-resuming', resuming);
       this.node.dataset.state = slice.state;
     }
     if (this._hasSlice !== !!slice) {

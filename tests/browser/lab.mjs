@@ -157,7 +157,184 @@ async function nextPolls(page, count) {
   }
 }
 
+/**
+ * Watch the visible notebook's kernel (window.jupyterapp: the lab runs with
+ * --LabApp.expose_app_in_browser) for the next execute_request it sends and that request's first
+ * stream output containing `marker`: their times (performance.now, in the page), every output text
+ * of the request, and the status item's texts meanwhile. Read with firstLineSeen.
+ */
+async function watchFirstLine(page, marker) {
+  await page.evaluate(marker => {
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    const probe = { sent: null, firstLine: null, id: null, outputs: [], done: false };
+    window.vgpuProbe = probe;
+    const slot = (_, { msg, direction }) => {
+      if (direction === 'send' && msg.header.msg_type === 'execute_request' && probe.id === null) {
+        probe.sent = performance.now();
+        probe.id = msg.header.msg_id;
+      } else if (direction === 'recv' && probe.id !== null && msg.parent_header?.msg_id === probe.id) {
+        if (msg.header.msg_type === 'stream') {
+          probe.outputs.push(msg.content.text);
+          if (probe.firstLine === null && msg.content.text.includes(marker)) {
+            probe.firstLine = performance.now();
+          }
+        } else if (msg.header.msg_type === 'status' && msg.content.execution_state === 'idle') {
+          probe.done = true;
+          kernel.anyMessage.disconnect(slot);
+        }
+      }
+    };
+    kernel.anyMessage.connect(slot);
+  }, marker);
+}
+
+/** What watchFirstLine saw, once the cell ended: milliseconds from the request to its line, its outputs. */
+async function firstLineSeen(page) {
+  await page.waitForFunction(() => window.vgpuProbe.done);
+  return page.evaluate(() => {
+    const { sent, firstLine, outputs } = window.vgpuProbe;
+    return { ms: firstLine === null ? null : firstLine - sent, outputs: outputs.join('') };
+  });
+}
+
+/** From now on, every text the GPU status item shows, in window.vgpuStatusTexts. */
+async function recordStatusTexts(page) {
+  await page.locator('.jp-vgpu-StatusItem').evaluate(node => {
+    window.vgpuStatusTexts = [node.textContent];
+    new MutationObserver(() => {
+      const text = node.textContent;
+      if (window.vgpuStatusTexts.at(-1) !== text) {
+        window.vgpuStatusTexts.push(text);
+      }
+    }).observe(node, { childList: true, characterData: true, subtree: true });
+  });
+}
+
+async function sliceOf(page, kernelId) {
+  const slices = await api(page, 'GET', 'api/vgpu/slices');
+  return slices.find(s => s.kernel_id === kernelId);
+}
+
+async function sliceState(page, kernelId) {
+  return (await sliceOf(page, kernelId))?.state;
+}
+
+/**
+ * Wait (polling REST) until the kernel's slice reads running and out of the line: the ledger
+ * admits a resume (state running) before the memory is back, and the kernel leaves the line
+ * (queue null) once it is. What it read on the way: [ms since `since`, state, queue position].
+ */
+async function sliceResumed(page, kernelId, since) {
+  const deadline = Date.now() + STEP_TIMEOUT;
+  const seen = [];
+  for (;;) {
+    const slice = await sliceOf(page, kernelId);
+    const reading = [slice?.state, slice?.queue?.position ?? null];
+    if (JSON.stringify(seen.at(-1)?.slice(1)) !== JSON.stringify(reading)) {
+      seen.push([Date.now() - since, ...reading]);
+    }
+    if (reading[0] === 'running' && reading[1] === null) {
+      return seen;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`the slice of ${kernelId} did not resume: ${JSON.stringify(seen)}`);
+    }
+    await page.waitForTimeout(20);
+  }
+}
+
 const scenarios = {
+  /**
+   * Resume ahead of use against resume-on-cell, on settings.notebook (cell 0 allocates the GPU
+   * memory, cells 1 and 2 print settings.marker after a CUDA call). Its kernel suspended through
+   * REST: the user clicks into cell 1 (the wake hint), and the kernel resumes with no cell run
+   * (REST: running and out of the line), the status bar saying "resuming…" meanwhile; at least settings.hintLeadMs after the click, cell 1 runs
+   * (timed: its execute_request to its first line). Then the wakeHint setting turned off (REST,
+   * page reloaded), the kernel suspended again, cell 2 runs (timed the same way): its first CUDA
+   * call resumes it, as before the hint. Cell 3 runs once on the running kernel, for the floor; then a
+   * keystroke in cell 1 (the cursor there before a suspend) resumes the kernel too.
+   */
+  async resumeAhead(browser) {
+    let page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    const allocated = await runCell(page, 0, 'allocated');
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    const status = async () => page.locator('.jp-vgpu-StatusItem').innerText();
+    const prompt = async index =>
+      (await cell(page, index).locator('.jp-InputPrompt').innerText()).trim();
+
+    // With the hint.
+    await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
+    await statusText(page, 'GPU suspended');
+    await recordStatusTexts(page);
+    const clicked = Date.now();
+    await cell(page, 1).locator('.jp-InputArea-editor').click();
+    const restSeen = await sliceResumed(page, kernelId, clicked);
+    const resumedAfterMs = restSeen.at(-1)[0];
+    const kernelAfterWake = (await api(page, 'GET', `api/kernels/${kernelId}`)).execution_state;
+    const promptAfterWake = await prompt(1);
+    await page.locator('.jp-vgpu-StatusItem:not(.jp-vgpu-mod-resuming)').waitFor();
+    const statusTexts = await page.evaluate(() => window.vgpuStatusTexts);
+    const statusAfterWake = await status();
+    const lead = settings.hintLeadMs - (Date.now() - clicked);
+    if (lead > 0) {
+      await page.waitForTimeout(lead); // the user reads their cell before running it
+    }
+    const hintedBefore = await sliceOf(page, kernelId); // just before its execute_request
+    await watchFirstLine(page, settings.marker);
+    await page.keyboard.press('Shift+Enter');
+    const hinted = {
+      ...(await firstLineSeen(page)),
+      stateBefore: hintedBefore.state,
+      queueBefore: hintedBefore.queue
+    };
+    hinted.prompt = await prompt(1);
+    // The floor: the same cell again (3), its kernel running, not suspended since.
+    await cell(page, 3).locator('.jp-InputArea-editor').click();
+    await watchFirstLine(page, settings.marker);
+    await page.keyboard.press('Shift+Enter');
+    const running = await firstLineSeen(page);
+
+    // An edit alone: the cursor already in cell 1 while the kernel runs (no hint), the kernel
+    // suspended, then a keystroke there.
+    await cell(page, 1).locator('.jp-InputArea-editor').click();
+    await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
+    await statusText(page, 'GPU suspended');
+    const typed = Date.now();
+    await page.keyboard.type(' ');
+    const resumedByEdit = await sliceResumed(page, kernelId, typed);
+
+    // Without it: resume on the cell's first CUDA call.
+    await api(page, 'PUT', 'lab/api/settings/jupyter-vgpu:plugin', {
+      raw: JSON.stringify({ wakeHint: false })
+    });
+    await page.close();
+    page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
+    await statusText(page, 'GPU suspended');
+    await cell(page, 2).locator('.jp-InputArea-editor').click();
+    const unhintedState = await sliceState(page, kernelId);
+    await watchFirstLine(page, settings.marker);
+    await page.keyboard.press('Shift+Enter');
+    const unhinted = { ...(await firstLineSeen(page)), stateBefore: unhintedState };
+    await sliceResumed(page, kernelId, Date.now());
+    return {
+      kernelId,
+      allocated,
+      resumedAfterMs,
+      restSeen,
+      kernelAfterWake,
+      promptAfterWake,
+      statusTexts,
+      statusAfterWake,
+      hinted,
+      unhinted,
+      running,
+      resumedByEdit
+    };
+  },
+
   /** A notebook on a sliced kernel: usage shows up, the sidebar resizes it, the cap's OOM line shows. */
   async slicedNotebook(browser) {
     const page = await openLab(browser, `tree/${settings.notebook}`);
