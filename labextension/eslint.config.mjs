@@ -29,9 +29,8 @@ export default defineConfig([
         ...globals.node
       },
       parserOptions: {
-        projectService: {
-          allowDefaultProject: ['test/*.ts']
-        },
+        // test/ has a tsconfig.json of its own, so each test file belongs to a project.
+        projectService: true,
         tsconfigRootDir: import.meta.dirname,
         sourceType: 'module'
       }
