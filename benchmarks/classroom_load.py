@@ -861,8 +861,8 @@ class CountingSuspender(Suspender):
         super().__init__(*arguments, **keywords)
         self.result = result
 
-    def suspend(self, allocation: Allocation, *, lock_timeout: float) -> Allocation:
-        suspended = super().suspend(allocation, lock_timeout=lock_timeout)
+    def suspend(self, allocation: Allocation, *, lock_timeout: float, release_wait: float = 0.0) -> Allocation:
+        suspended = super().suspend(allocation, lock_timeout=lock_timeout, release_wait=release_wait)
         if not allocation.suspended:
             with self.lock:
                 if suspended.lent:
