@@ -117,6 +117,8 @@ export class WakeHints {
     for (const kernelId of [...this._resuming]) {
       if (resumed(this._sliceOf(kernelId))) {
         this._setResuming(kernelId, false);
+        // Back: a later suspend is a new one, and the next sign of the user wakes it at once.
+        this._sent.delete(kernelId);
       }
     }
     const now = this._now();

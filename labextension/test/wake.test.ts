@@ -103,6 +103,19 @@ describe('debounce', () => {
     expect(sent).toEqual([KERNEL, KERNEL]);
   });
 
+  it('wakes a kernel suspended again at once once it was seen back, within the interval', async () => {
+    const { hints, sent, known } = harness({
+      [KERNEL]: { state: 'suspended' }
+    });
+    expect(hints.turnedTo(KERNEL, 'focus')).toBe(true);
+    await settled();
+    known.set(KERNEL, sliceModel({ kernel_id: KERNEL, state: 'running' }));
+    hints.update(); // the poll sees it back
+    known.set(KERNEL, sliceModel({ kernel_id: KERNEL, state: 'suspended' }));
+    expect(hints.turnedTo(KERNEL, 'edit')).toBe(true);
+    expect(sent).toEqual([KERNEL, KERNEL]);
+  });
+
   it('counts the interval per kernel', () => {
     const { hints, sent } = harness({
       a: { state: 'suspended' },
