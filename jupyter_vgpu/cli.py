@@ -34,6 +34,7 @@ from jupyter_vgpu.client import (
     describe_queue,
     gpu_memory_used,
     in_host_memory,
+    resize_waiting,
 )
 from jupyter_vgpu.model import (
     FULL_SHARE,
@@ -863,7 +864,12 @@ class ResizeApp(_ServerCommand):
             raise UsageError("nothing to change; give --memory, --cores and/or --policy")
         client = self.client()
         kernel_id = self.find_kernel(self.extra_args[0], client.slices())
-        limits = client.resize(kernel_id, **change)["limits"]
+        model = client.resize(kernel_id, **change)
+        waiting = resize_waiting(model)
+        if waiting is not None:
+            print(f"{kernel_id[:8]}: {waiting}")
+            return 0
+        limits = model["limits"]
         print(
             f"resized {kernel_id[:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}"
         )

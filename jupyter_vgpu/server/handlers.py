@@ -32,7 +32,7 @@ from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupp
 from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
 from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus, orphan_notice
+from jupyter_vgpu.manager import BATCH_KEY, BelowHeld, SliceManager, SliceRefused, SliceStatus, orphan_notice
 from jupyter_vgpu.model import SliceValueError, parse_device, parse_policy
 from jupyter_vgpu.model.sizes import MAX_SIZE, POLICIES
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
@@ -317,17 +317,20 @@ class SliceHandler(VGPUHandler):
         if not body:
             raise VGPUHTTPError(400, "nothing to change; send memory, cores and/or policy")
         try:
-            # A growth that does not fit first makes room by suspending idle kernels (issue 18).
-            await self.slices.resize_making_room(
+            # A growth that does not fit makes room (idle kernels suspended), else waits in line.
+            await self.slices.resize_in_line(
                 kernel_id, memory=body.get("memory"), cores=body.get("cores"), policy=body.get("policy")
             )
         except UnknownSlice as error:
             raise VGPUHTTPError(404, str(error)) from None
         except ValueError as error:
             raise VGPUHTTPError(400, str(error)) from None
-        except CapacityError as error:
+        except (CapacityError, BelowHeld) as error:
             raise VGPUHTTPError(409, str(error)) from None
         status = self.slices.status(self.slices.get(kernel_id))
+        waiting = self.slices.line.get(kernel_id)
+        # Accepted, not done: the slice keeps its size until the resize's turn (its ``queue``).
+        self.set_status(202 if waiting is not None and waiting.kind == "resize" else 200)
         self.finish(json.dumps(self.model(status, await self.session_paths())))
 
 

@@ -429,16 +429,14 @@ async def test_a_resize_that_does_not_fit_makes_room_by_suspending_an_idle_kerne
     await run_in_kernel(idle, "print('active later')")
 
     # 12 of 16 GiB promised: 16 GiB would need 8 more, and the idle kernel's 4 GiB are not enough,
-    # so it is refused without suspending anything.
-    with pytest.raises(HTTPClientError) as refused:
-        await patch(jp_fetch, grown, memory="16GiB")
-    assert refused.value.code == 409
-    assert json.loads(refused.value.response.body)["message"].startswith(
-        f"kernel {grown!r} cannot grow to 16GiB of GPU memory: GPU 1"
-    )
+    # so nothing is suspended: it waits in line (202) for the busy kernel's room.
+    waiting = await jp_fetch("api", "vgpu", "slices", grown, method="PATCH", body=json.dumps({"memory": "16GiB"}))
+    assert waiting.code == 202
+    assert json.loads(waiting.body)["queue"]["waiting_for"] == "8GiB more GPU memory (8GiB free)"
     assert [(await slice_of(jp_fetch, kernel))["state"] for kernel in (grown, busy, idle)] == ["running"] * 3
 
-    # 10 GiB needs 2 more: the idle kernel is suspended for it, not the busy one, nor the one that grows.
+    # 10 GiB (which replaces the waiting resize) needs 2 more: the idle kernel is suspended for it,
+    # not the busy one, nor the one that grows.
     resized = await patch(jp_fetch, grown, memory="10GiB")
     assert (resized["state"], resized["limits"]["memory_bytes"]) == ("running", 10 * GIB)
     made_room = await slice_of(jp_fetch, idle)
