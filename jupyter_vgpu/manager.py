@@ -73,8 +73,10 @@ IN_LINE_KEY = "in_line"
 # Metadata of a slice whose user turned to its kernel (the lab's sign, POST .../wake): {"at":
 # epoch seconds}; the idle policy and room making count the kernel active from then.
 WOKEN_KEY = "woken"
-# The capacity a device lacks that suspending idle kernels there can give back.
-DEVICE_ROOM = ("memory", "sm_share")
+# The capacity a device lacks that suspending idle kernels there can give back, and "line": a
+# node's broker has older requests of other users' servers go first (ledger/service.py's
+# BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
+DEVICE_ROOM = ("memory", "sm_share", "line")
 
 
 def orphan_notice(allocation: Allocation) -> str | None:
@@ -249,6 +251,10 @@ class SliceManager(LoggingConfigurable):
         self.defaults = defaults
         # Starts and resumes that do not fit yet wait here (see line.py); the server serves it.
         self.line = Line(make_room=self._make_room_for, log=self.log)
+        if hasattr(ledger, "wait_in_line"):
+            # A node's broker keeps one line across users' servers: each request this server
+            # tries holds its place there, from the time it first asked.
+            self.line.entered, self.line.left = self._entered_line, self._left_line
 
     def holder(self, allocation_or_kind: Allocation | str) -> Holder:
         kind = allocation_or_kind if isinstance(allocation_or_kind, str) else allocation_or_kind.holder
@@ -433,6 +439,19 @@ class SliceManager(LoggingConfigurable):
         except LeftLine as left:
             raise SliceRefused(f"It left the line for GPU room: {left}.", kind="capacity") from None
         return self.get(kernel_id)
+
+    def _entered_line(self, request: Request) -> None:
+        self.ledger.wait_in_line(  # type: ignore[attr-defined]
+            request.kernel_id,
+            kind=request.kind,
+            memory=request.memory,
+            sm_share=request.sm_share,
+            device_uuid=request.device_uuid,
+            since=request.since,
+        )
+
+    def _left_line(self, request: Request) -> None:
+        self.ledger.leave_line(request.kernel_id)  # type: ignore[attr-defined]
 
     def _refuse_if_never_fits(self, limits: SliceLimits, device) -> None:
         """Refuse at once a slice that would not fit even on an empty device."""
@@ -774,6 +793,8 @@ class SliceManager(LoggingConfigurable):
 def _waiting_for(short: CapacityError) -> str:
     """What a request in line waits for, from the refusal of its last attempt (and, where a
     broker is having other users' idle kernels suspended for it, that)."""
+    if short.resource == "line":
+        return str(short)  # the broker's sentence: whose turn it is ("its turn: 2 requests ... wait ahead of it")
     if short.resource == "memory":
         what = f"{format_size(short.requested - short.available)} more GPU memory ({format_size(short.available)} free)"
     elif short.resource == "sm_share":
