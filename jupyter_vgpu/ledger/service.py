@@ -20,7 +20,8 @@ POST     ``allocations/<kernel id>/suspend`` lend a checkpointed slice's room
 POST     ``allocations/<kernel id>/resume``  admit a suspended slice again: the allocation
 POST     ``reconcile``                       release ``{"dead": [{"kernel_id", "created_at"}]}``
                                              where still the same: ``{"released": [...]}``
-GET      ``line``                            ``{"line": [waiting request, ...]}``, oldest first
+GET      ``line``                            ``{"line": [waiting request, ...]}``, oldest first, each
+                                             with ``owner`` and ``renewed`` (when its server last tried it)
 PUT      ``line/<kernel id>``                register (or renew) a waiting request
                                              ``{"kind", "memory", "sm_share", "device", "since"}``
 DELETE   ``line/<kernel id>``                take it out of the line: ``{"left": whether it was in}``
@@ -506,6 +507,9 @@ class _Waiting:
             "sm_share": request.sm_share,
             "device": request.device_uuid,
             "since": request.since,
+            # When its server last renewed it (tried it): a registration not renewed for the
+            # line's ttl expires.
+            "renewed": self.renewed,
         }
 
 
@@ -556,7 +560,7 @@ class BrokerLine:
                 raise PermissionError(f"kernel {kernel_id!r} waits in line for another user")
             since = min(since, now if entry is None else entry.request.since)
             request = Request(kernel_id, kind, memory, sm_share, device, _never, since=since)
-            changed = entry is None or entry.record() != _Waiting(owner, request, now).record()
+            changed = entry is None or entry.record() | {"renewed": now} != _Waiting(owner, request, now).record()
             self._waiting[kernel_id] = _Waiting(owner, request, now)
             if changed:
                 self._save()
