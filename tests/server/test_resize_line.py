@@ -58,6 +58,8 @@ async def test_a_growth_that_does_not_fit_waits_in_line_and_happens_by_itself_wh
         "resize waits in line: 1st in line for GPU 1 · waiting for 2GiB more GPU memory (4GiB free). It happens by "
         "itself when room comes; until then the slice keeps 2GiB and 50 percent of the SMs."
     ), said
+    shown = (await run_in_kernel(grower, "%vgpu")).splitlines()
+    assert "  queue   1st in line for GPU 1 · waiting for 2GiB more GPU memory (4GiB free)" in shown, shown
     (request,) = line_of(jp_serverapp).requests()
     assert (request.kernel_id, request.kind, request.memory) == (grower, "resize", 4 * GIB)
     assert (await run_in_kernel(grower, "print(memory()[1])")).strip() == str(2 * GIB)
