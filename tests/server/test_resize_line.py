@@ -129,10 +129,9 @@ async def test_a_shrink_below_what_the_kernel_holds_is_refused_running_or_suspen
 
     code, refused = await patched(jp_fetch, kernel, memory="2GiB")
     assert code == 409
-    assert refused["message"].startswith(
-        f"kernel {kernel!r} cannot shrink to 2GiB: its processes hold "
-    ), refused["message"]
-    assert "on the GPU, which a smaller cap would not free; ask for " in refused["message"]
+    message = refused["message"]
+    assert message.startswith(f"kernel {kernel!r} cannot shrink to 2GiB: its processes hold "), message
+    assert "on the GPU, which a smaller cap would not free; ask for " in message
     assert (await slice_of(jp_fetch, kernel))["limits"]["memory_bytes"] == 4 * GIB
     # Down to what it holds (and a little room) is a cap like any other.
     room = -(-held // (1 << 20)) + 64
