@@ -21,7 +21,7 @@ from jupyter_server.auth import Authorizer, User
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
@@ -29,7 +29,7 @@ from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
+from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges, gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
 from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import BATCH_KEY, BelowHeld, SliceManager, SliceRefused, SliceStatus, orphan_notice
@@ -541,17 +541,15 @@ class MetricsHandler(VGPUHandler):
     async def get(self):
         registry = CollectorRegistry()
         add_device_gauges(registry, self.slices.ledger.devices_usage())
-        slice_labels = ["kernel_id", "device", "policy"]
-        limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
-        used = Gauge(
-            "vgpu_slice_memory_used_bytes",
-            "GPU memory a slice's processes hold (none while it is suspended: its memory is in host memory)",
-            slice_labels,
-            registry=registry,
-        )
-        share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
-        util = Gauge(
-            "vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry
+        limit, used, share, util = gauges(
+            registry,
+            ["kernel_id", "device", "policy"],
+            vgpu_slice_memory_limit_bytes="Memory cap of a slice",
+            vgpu_slice_memory_used_bytes=(
+                "GPU memory a slice's processes hold (none while it is suspended: its memory is in host memory)"
+            ),
+            vgpu_slice_sm_share_percent="SM share of a slice",
+            vgpu_slice_sm_utilization_percent="Measured SM utilisation of a slice",
         )
         statuses = self.slices.statuses()
         add_suspend_gauges(registry, [status.allocation for status in statuses])
