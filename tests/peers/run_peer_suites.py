@@ -57,7 +57,7 @@ SUITES = {
     "nbclient": Suite(
         "nbclient",
         paths=("tests",),
-        plugins=("asyncio", "flaky"),
+        plugins=("pytest_asyncio.plugin", "flaky.flaky_pytest_plugin"),
         packages=("flaky", "testpath", "xmltodict"),
         # pytest-asyncio newer than the one nbclient's config was written for warns about the
         # unset option, and nbclient's config makes every warning an error.
@@ -66,7 +66,7 @@ SUITES = {
     "jupyter_server": Suite(
         "jupyter_server",
         paths=("tests/services/kernels", "tests/services/sessions"),
-        plugins=("timeout", "flaky"),
+        plugins=("pytest_timeout", "flaky.flaky_pytest_plugin"),
         packages=("flaky",),
         # Tornado 6.6 deprecates how five of test_connection.py's tests make an HTTPServerRequest,
         # and the suite's config makes every warning an error: they fail so with ipykernel's own
@@ -153,8 +153,8 @@ def _is_sdist_of(path: Path, distribution: str, wanted: str) -> bool:
 
 
 def install_packages(suites: list[Suite], work: Path) -> Path:
-    target = work / "packages"
     packages = sorted({name for suite in suites for name in suite.packages})
+    target = work / "packages" / "+".join(packages)  # a kept --work folder may hold another set
     if packages and not target.exists():
         run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), *packages])
     return target
@@ -208,7 +208,10 @@ def run_suite(
     env = suite_environment(folder, packages, None if plain else prefix / "share" / "jupyter")
     if not plain:
         install_sliced_kernelspec(prefix, env)
+    # A pytest's own temporary folder too: pytest keeps a user's three newest and deletes the
+    # rest, another run's included, which a long suite beside other test runs would lose.
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "peer_check", "--color=no"]
+    command += [f"--basetemp={folder / 'tmp'}"]
     command += [arg for plugin in suite.plugins for arg in ("-p", plugin)]
     command += [*suite.options, *(f"--deselect={each}" for each in suite.deselect), *suite.paths, *pytest_args]
     print(f"== {name} in {project}, {'plain' if plain else 'sliced'} kernels", flush=True)
