@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from support import free_port, running, wait_for
+from support import folder_processes, free_port, wait_for
 
 HUB_TESTS = Path(__file__).resolve().parent
 PROXY = HUB_TESTS / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -223,24 +223,6 @@ class Hub:
 
     def processes(self) -> list[int]:
         return list(folder_processes(self.folder))
-
-
-def folder_processes(folder: Path) -> dict[int, list[str]]:
-    """The command lines of the live processes whose working folder or command line is in
-    ``folder``, by pid."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        inside = cwd == str(folder) or cwd.startswith(f"{folder}{os.sep}") or any(str(folder) in arg for arg in argv)
-        if inside and running(int(entry.name)):
-            found[int(entry.name)] = argv
-    return found
 
 
 def kernel_process(hub: Hub, user: str, kernel_id: str) -> int:

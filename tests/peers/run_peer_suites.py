@@ -77,6 +77,10 @@ SUITES = {
             "-W",
             "ignore:The start_line argument to HTTPServerRequest:DeprecationWarning",
         ),
+        # Its second connection's kernel_info request times out after 1 s with ipykernel's own
+        # kernel too (--plain, the test run alone): a failure of these versions together, not
+        # of slices.
+        deselect=("tests/services/kernels/test_connection.py::test_disconnect_resolves_orphaned_kernel_info_future",),
     ),
 }
 
@@ -154,7 +158,7 @@ def _is_sdist_of(path: Path, distribution: str, wanted: str) -> bool:
 
 def install_packages(suites: list[Suite], work: Path) -> Path:
     packages = sorted({name for suite in suites for name in suite.packages})
-    target = work / "packages" / "+".join(packages)  # a kept --work folder may hold another set
+    target = work / ("packages-" + "+".join(packages))  # a kept --work folder may hold another set
     if packages and not target.exists():
         run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), *packages])
     return target
