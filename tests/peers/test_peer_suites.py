@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from run_peer_suites import SLICED_NAME, Suite, Verdict, run_suite
 
-pytestmark = pytest.mark.slow
-
 # What the kernel itself says of its environment and process: proof from the inside that the
 # recorded start was the kernel that ran the cell.
 STARTS_PYTHON3 = """
