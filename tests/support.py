@@ -149,6 +149,24 @@ def running(pid: int) -> bool:
         return False
 
 
+def folder_processes(folder: Path) -> dict[int, list[str]]:
+    """The command lines of the live processes whose working folder or command line is in
+    ``folder``, by pid: what a test that ran processes there left running."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        inside = cwd == str(folder) or cwd.startswith(f"{folder}{os.sep}") or any(str(folder) in arg for arg in argv)
+        if inside and running(int(entry.name)):
+            found[int(entry.name)] = argv
+    return found
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""
