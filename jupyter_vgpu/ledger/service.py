@@ -632,7 +632,7 @@ class Lending:
                     memory, share = memory - item.memory_limit, share - item.sm_share
                 borrowers = sorted(
                     (item for item in here if item.holder == "local" and _borrowed_at(item) is not None),
-                    key=lambda item: -(_borrowed_at(item) or 0.0),
+                    key=lambda item: (-(_borrowed_at(item) or 0.0), -item.created_at),
                 )
                 chosen = []
                 for borrower in borrowers:

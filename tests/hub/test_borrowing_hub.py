@@ -45,9 +45,7 @@ for service in c.JupyterHub.services:
         service["environment"] = {**service.get("environment", {}), **SIM_STATE}
 c.Spawner.environment.update(SIM_STATE)
 """
-PAUSED = (
-    "paused: room on GPU 0 was taken back for a student within their guarantee; carries on when room frees"
-)
+PAUSED = "paused: room on GPU 0 was taken back for a student within their guarantee; carries on when room frees"
 # Bob's long cell: a pattern in 64 MiB of the GPU, then a CUDA call (cuMemGetInfo, which waits in
 # libvgpu.so while the slice is held back) and a read of the GPU every step, each step counted
 # in a file, until the test says stop; then the whole pattern is read back and compared.
@@ -164,9 +162,7 @@ def test_a_borrowers_kernel_is_paused_mid_cell_for_a_student_within_her_guarante
         # Alice stops: bob's kernel takes its room back and his cell carries on to its result.
         status, _ = hub.server("alice", alice, "DELETE", f"api/kernels/{alices}")
         assert status == 204
-        wait_for(
-            lambda: not allocations(hub, bob)[bobs]["metadata"].get("suspended"), 60, "bob's kernel resumed", 0.1
-        )
+        wait_for(lambda: not allocations(hub, bob)[bobs]["metadata"].get("suspended"), 60, "bob's kernel resumed", 0.1)
         wait_for(lambda: steps(counted) > before, 60, "bob's cell carrying on", interval=0.1)
         stop.write_text("")
         cell.thread.join(120)
