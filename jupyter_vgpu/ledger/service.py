@@ -526,6 +526,10 @@ class Lending:
     def admit(self, ledger: Ledger, admission: Admission) -> Allocation:
         """Admit a slice (Ledger.admit); where it takes its owner past their guarantee, only into
         room no kernel within its guarantee is owed (see :meth:`take_back`), marked as borrowing."""
+        # Only the service marks a slice as borrowing, whatever a client's metadata says.
+        if admission.metadata and BORROWING_KEY in admission.metadata:
+            unmarked = {name: value for name, value in admission.metadata.items() if name != BORROWING_KEY}
+            admission = replace(admission, metadata=unmarked)
         if not guarantees(admission.budget):
             return ledger.decide_admission(admission)
         with self._lock:
@@ -892,6 +896,12 @@ class MetadataHandler(LedgerHandler):
             raise _bad(
                 f"the metadata field {SUSPENDED_KEY!r} is set by POST .../suspend (after the service checks that "
                 "the slice's processes hold no device memory) and cleared by POST .../resume, not by a metadata update"
+            )
+        if BORROWING_KEY in fields:
+            # Whose room is taken back first is the service's decision, not its owner's word.
+            raise _bad(
+                f"the metadata field {BORROWING_KEY!r} is set by the service when a start or resume takes its owner "
+                "past their guarantee, not by a metadata update"
             )
         if SUSPEND_REQUESTED_KEY in fields:
             # Whose kernel makes room is the service's decision: nobody asks another's, nor declines.

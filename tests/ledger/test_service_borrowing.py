@@ -21,7 +21,7 @@ from jupyter_vgpu.ledger import (
 )
 from jupyter_vgpu.ledger.remote import RemoteLedger
 from jupyter_vgpu.ledger.service import Caller, Lending, Refusal, ledger_handlers
-from jupyter_vgpu.model import SliceLimits
+from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30
 PREFIX = "/services/vgpu/ledger"
@@ -79,7 +79,10 @@ def test_a_start_past_the_guarantee_borrows_only_free_room_and_makes_none(classr
     assert BORROWING_KEY not in bob.admit("b1", FOUR).metadata  # within his 4 GiB
     clock.now += 1
     assert bob.admit("b2", FOUR).metadata[BORROWING_KEY] == {"at": clock.now}  # 8 GiB: 4 borrowed
-    alice.admit("a1", FOUR)
+    # Whose room is taken back first is the broker's to say: no owner unmarks (or marks) a slice.
+    with pytest.raises(SliceValueError, match="'borrowing' is set by the service"):
+        bob.update_metadata("b2", **{BORROWING_KEY: None})
+    assert BORROWING_KEY not in alice.admit("a1", FOUR, metadata={BORROWING_KEY: {"at": 0}}).metadata
     alice.update_metadata("a1", **{ACTIVITY_KEY: {"last_activity": 0.0, "busy": False, "uses_gpu": True}})
 
     # The GPU is full; alice's kernel is idle. A borrower's start does not have it suspended.
