@@ -616,7 +616,9 @@ class Lending:
         ``claimant``'s slice of ``limits`` (within its owner's guarantee), ask the servers of the
         borrowing kernels there, most recent borrowing first, to suspend them even while they run
         a cell, and hold the room they give back for ``claimant``. Room already being made there
-        (kernels asked to suspend and not yet suspended) counts. What is being taken back, or None."""
+        (kernels asked to suspend and not yet suspended) counts; a borrower whose suspend the host
+        memory cap would refuse is not asked (its calls would only wait for nothing). What is being
+        taken back, or None."""
         if not self.make_room:
             return None
         with self._lock:
@@ -624,6 +626,7 @@ class Lending:
             self._lapse_take_backs(ledger, now)
             named = None if device is None else select_device(ledger.devices, device).uuid
             allocations = ledger.allocations()
+            in_host = sum(allocation.host_memory for allocation in allocations)
             for usage in ledger.devices_usage():
                 uuid = usage.device.uuid
                 if named not in (None, uuid):
@@ -639,11 +642,14 @@ class Lending:
                     key=lambda item: (-(_borrowed_at(item) or 0.0), -item.created_at),
                 )
                 chosen = []
+                host = math.inf if self.host_memory_cap is None else self.host_memory_cap - in_host
                 for borrower in borrowers:
                     if memory <= 0 and share <= 0:
                         break
-                    if borrower in asked or borrower.kernel_id == claimant:
+                    moved = borrower.memory_limit if _uses_gpu(borrower) else 0
+                    if borrower in asked or borrower.kernel_id == claimant or moved > host:
                         continue
+                    host -= moved
                     chosen.append(borrower)
                     memory, share = memory - borrower.memory_limit, share - borrower.sm_share
                 if memory > 0 or share > 0 or not (chosen or any(_taken_back(item) for item in asked)):

@@ -171,3 +171,32 @@ def test_where_no_budget_guarantees_less_than_it_allows_nothing_is_borrowing_nor
         client.close()
         server.stop()
         ledger.close()
+
+
+def test_a_borrower_whose_suspend_the_host_memory_cap_would_refuse_is_not_asked(service_loop, ledger_path, gpu):
+    """Its calls would wait for a suspend the broker then refuses: at the cap, the student within
+    her guarantee waits for room as any start does."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    taken: list[str] = []
+    lending = Lending(
+        make_room=True,
+        host_memory_cap=6 * GIB,
+        on_take_back=lambda allocation, asked: taken.append(allocation.kernel_id),
+    )
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=lending))
+    alice, bob = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob"))
+    try:
+        # 4 GiB of the 6 GiB cap held by alice's suspended kernel; bob borrows its lent room too.
+        alice.admit("a0", FOUR)
+        alice.suspend("a0", host_memory=4 * GIB)
+        for kernel_id in ("b1", "b2", "b3"):
+            bob.admit(kernel_id, FOUR)
+        with pytest.raises(CapacityError) as refused:
+            alice.admit("a1", FOUR)
+        assert refused.value.making_room == "" and taken == []
+        assert all(SUSPEND_REQUESTED_KEY not in item.metadata for item in bob.allocations())
+    finally:
+        alice.close()
+        bob.close()
+        server.stop()
+        ledger.close()
