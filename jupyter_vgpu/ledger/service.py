@@ -617,8 +617,10 @@ class Lending:
         borrowing kernels there, most recent borrowing first, to suspend them even while they run
         a cell, and hold the room they give back for ``claimant``. Room already being made there
         (kernels asked to suspend and not yet suspended) counts; a borrower whose suspend the host
-        memory cap would refuse is not asked (its calls would only wait for nothing). What is being
-        taken back, or None."""
+        memory cap would refuse is not asked (its calls would only wait for nothing). Where nothing
+        can be taken back, the room that frees next on the device closest to fitting it is held
+        for ``claimant`` all the same: it waits, and no borrower takes that room first. What is
+        being taken back, or None."""
         if not self.make_room:
             return None
         with self._lock:
@@ -627,10 +629,9 @@ class Lending:
             named = None if device is None else select_device(ledger.devices, device).uuid
             allocations = ledger.allocations()
             in_host = sum(allocation.host_memory for allocation in allocations)
-            for usage in ledger.devices_usage():
+            usages = [usage for usage in ledger.devices_usage() if named in (None, usage.device.uuid)]
+            for usage in usages:
                 uuid = usage.device.uuid
-                if named not in (None, uuid):
-                    continue
                 memory = limits.memory_limit - usage.memory_free
                 share = limits.sm_share - usage.share_free(limits.policy)
                 here = [item for item in allocations if item.device_uuid == uuid and not item.suspended]
@@ -661,6 +662,9 @@ class Lending:
                         self.on_take_back(asked_now, True)
                 self._claims[claimant] = Claim(uuid, limits.memory_limit, limits.sm_share, now)
                 return RoomTakenBack(usage.device.index, len(chosen) or sum(_taken_back(item) for item in asked))
+            if usages:
+                closest = max(usages, key=lambda usage: (usage.memory_free, -usage.device.index))
+                self._claims[claimant] = Claim(closest.device.uuid, limits.memory_limit, limits.sm_share, now)
             return None
 
     def lapse_take_backs(self, ledger: Ledger) -> list[Allocation]:

@@ -173,9 +173,11 @@ def test_where_no_budget_guarantees_less_than_it_allows_nothing_is_borrowing_nor
         ledger.close()
 
 
-def test_a_borrower_whose_suspend_the_host_memory_cap_would_refuse_is_not_asked(service_loop, ledger_path, gpu):
+def test_a_borrower_whose_suspend_the_host_memory_cap_would_refuse_is_not_asked_and_the_next_room_is_held(
+    service_loop, ledger_path, gpu
+):
     """Its calls would wait for a suspend the broker then refuses: at the cap, the student within
-    her guarantee waits for room as any start does."""
+    her guarantee waits for room, and the room that frees next is held for her."""
     ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
     taken: list[str] = []
     lending = Lending(
@@ -195,6 +197,11 @@ def test_a_borrower_whose_suspend_the_host_memory_cap_would_refuse_is_not_asked(
             alice.admit("a1", FOUR)
         assert refused.value.making_room == "" and taken == []
         assert all(SUSPEND_REQUESTED_KEY not in item.metadata for item in bob.allocations())
+        # The room that frees next is hers all the same: a borrower waiting for room does not take it.
+        bob.release("b3")
+        with pytest.raises(CapacityError, match="held for a kernel within its owner's guarantee"):
+            bob.admit("b5", FOUR)
+        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
     finally:
         alice.close()
         bob.close()
