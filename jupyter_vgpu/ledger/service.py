@@ -616,9 +616,9 @@ class Lending:
         ``claimant``'s slice of ``limits`` (within its owner's guarantee), ask the servers of the
         borrowing kernels there, most recent borrowing first, to suspend them even while they run
         a cell, and hold the room they give back for ``claimant``. Room already being made there
-        (kernels asked to suspend and not yet suspended) counts; a borrower whose suspend the host
-        memory cap would refuse is not asked (its calls would only wait for nothing). Where nothing
-        can be taken back, the room that frees next on the device closest to fitting it is held
+        (kernels asked to suspend and not yet suspended) counts. A borrower is asked even where the
+        host memory cap would refuse its suspend now: its server tries again at each tick while the
+        request lasts, and host memory frees as others resume. Where nothing can be taken back, the room that frees next on the device closest to fitting it is held
         for ``claimant`` all the same: it waits, and no borrower takes that room first. What is
         being taken back, or None."""
         if not self.make_room:
@@ -628,7 +628,6 @@ class Lending:
             self._lapse_take_backs(ledger, now)
             named = None if device is None else select_device(ledger.devices, device).uuid
             allocations = ledger.allocations()
-            in_host = sum(allocation.host_memory for allocation in allocations)
             usages = [usage for usage in ledger.devices_usage() if named in (None, usage.device.uuid)]
             for usage in usages:
                 uuid = usage.device.uuid
@@ -643,14 +642,11 @@ class Lending:
                     key=lambda item: (-(_borrowed_at(item) or 0.0), -item.created_at),
                 )
                 chosen = []
-                host = math.inf if self.host_memory_cap is None else self.host_memory_cap - in_host
                 for borrower in borrowers:
                     if memory <= 0 and share <= 0:
                         break
-                    moved = borrower.memory_limit if _uses_gpu(borrower) else 0
-                    if borrower in asked or borrower.kernel_id == claimant or moved > host:
+                    if borrower in asked or borrower.kernel_id == claimant:
                         continue
-                    host -= moved
                     chosen.append(borrower)
                     memory, share = memory - borrower.memory_limit, share - borrower.sm_share
                 if memory > 0 or share > 0 or not (chosen or any(_taken_back(item) for item in asked)):

@@ -173,37 +173,26 @@ def test_where_no_budget_guarantees_less_than_it_allows_nothing_is_borrowing_nor
         ledger.close()
 
 
-def test_a_borrower_whose_suspend_the_host_memory_cap_would_refuse_is_not_asked_and_the_next_room_is_held(
+def test_where_nothing_can_be_taken_back_the_room_that_frees_next_is_held_for_a_request_within_its_guarantee(
     service_loop, ledger_path, gpu
 ):
-    """Its calls would wait for a suspend the broker then refuses: at the cap, the student within
-    her guarantee waits for room, and the room that frees next is held for her."""
     ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
-    taken: list[str] = []
-    lending = Lending(
-        make_room=True,
-        host_memory_cap=6 * GIB,
-        on_take_back=lambda allocation, asked: taken.append(allocation.kernel_id),
-    )
-    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=lending))
-    alice, bob = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob"))
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=Lending(make_room=True)))
+    names = ("bob", "carol", "dave", "erin")
+    clients = {name: RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in names}
     try:
-        # 4 GiB of the 6 GiB cap held by alice's suspended kernel; bob borrows its lent room too.
-        alice.admit("a0", FOUR)
-        alice.suspend("a0", host_memory=4 * GIB)
-        for kernel_id in ("b1", "b2", "b3"):
-            bob.admit(kernel_id, FOUR)
+        for name in ("bob", "carol", "erin"):  # the GPU full, every kernel within its owner's guarantee
+            clients[name].admit(f"{name}-1", FOUR)
         with pytest.raises(CapacityError) as refused:
-            alice.admit("a1", FOUR)
-        assert refused.value.making_room == "" and taken == []
-        assert all(SUSPEND_REQUESTED_KEY not in item.metadata for item in bob.allocations())
-        # The room that frees next is hers all the same: a borrower waiting for room does not take it.
-        bob.release("b3")
+            clients["dave"].admit("dave-1", FOUR)
+        assert refused.value.making_room == ""  # no borrower to take room back from
+        # Carol's room frees: dave's (his start retries), not bob's, who would borrow it.
+        clients["carol"].release("carol-1")
         with pytest.raises(CapacityError, match="held for a kernel within its owner's guarantee"):
-            bob.admit("b5", FOUR)
-        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
+            clients["bob"].admit("bob-2", FOUR)
+        assert clients["dave"].admit("dave-1", FOUR).metadata.get(BORROWING_KEY) is None
     finally:
-        alice.close()
-        bob.close()
+        for client in clients.values():
+            client.close()
         server.stop()
         ledger.close()
