@@ -61,6 +61,16 @@ after 60 s) reads the class's clock.
   activity), the kernels' processes (LocalHolder with what it reads of them from the region and
   NVML given: 4 GiB once the kernel ran a cell) and the driver's checkpoint (moves those 4 GiB, or
   nothing for a kernel that has not used the GPU, which is then only lent).
+- the fair pool with borrowing (issue 25, item 4): the fair pool with the idle timer, where the
+  size guarantees its 4 GiB and may borrow 4 GiB more (``borrow: {memory: 4GiB}``), and a quarter
+  of the students (drawn from the seed) start 8 GiB kernels: borrowing, so admitted only into room
+  nobody within a guarantee needs, and taken back (suspended even mid-cell) when a start or cell
+  within its guarantee does not fit. In the other modes they start 4 GiB kernels like everyone.
+
+Time to guarantee: seconds of the class's clock from a start or a cell within its owner's
+guarantee that needs room (every request of the other modes; a non-borrower's in the borrowing
+mode) until it runs: the watcher passes it waited (0.5 s each) and the minutes, the checkpoints'
+copies not counted.
 
 The kernels are slices only, no processes: NVML shows nothing of them, so the broker's check
 before lending passes at once. After every minute: no device holds more than its memory
@@ -83,7 +93,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -336,8 +346,8 @@ def check_capacity(broker: Broker, sizes: dict[str, str]) -> list[str]:
         mine = [a for a in allocations if a.owner == owner]
         budget = classroom.budget_for({"profile": sizes[owner]}, ["students"])
         if (
-            sum(a.memory_limit for a in mine) > budget.memory
-            or sum(a.sm_share for a in mine) > budget.cores
+            sum(a.memory_limit for a in mine) > budget.max_memory
+            or sum(a.sm_share for a in mine) > budget.max_cores
             or (budget.kernels is not None and len(mine) > budget.kernels)
             or (budget.policy == "burst" and any(a.policy == "hard" for a in mine))
         ):
@@ -348,7 +358,7 @@ def check_capacity(broker: Broker, sizes: dict[str, str]) -> list[str]:
 SIZES_BY_USER: dict[str, str] = {}
 
 
-def percentile(samples: list[float], fraction: float) -> float:
+def percentile(samples: Sequence[float], fraction: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
@@ -372,16 +382,27 @@ gpus: {{count: 2, memory: 16GiB, burst_oversubscription: 2}}
 simulate: true
 broker: {{state_dir: broker-state}}
 sizes:
-  - {{name: notebook, memory: 4GiB, cores: 10, policy: burst, default: true, kernel: {{memory: 4GiB, cores: 10}}}}
+  - {{name: notebook, memory: 4GiB, cores: 10, policy: burst, default: true, kernel: {{memory: 4GiB, cores: 10}}{borrow}}}
 limits: {{kernels: 1}}
 oversubscribe: true
 idle: {{suspend_after: {suspend_after}m, suspend_host_memory: {host_memory}, cull_after: {cull_after}m}}
 """
 NOTEBOOK = SliceLimits(4 * GIB, 10, "burst")
+# A borrower's kernel in the borrowing mode: its 4 GiB guarantee and 4 GiB borrowed.
+BORROWING_NOTEBOOK = SliceLimits(8 * GIB, 10, "burst")
+BORROW = ", borrow: {memory: 4GiB}"
+BORROWING_MODE = "fair pool, borrowing"
 # The modes compared: (name, idle minutes before a kernel is suspended: None, the --suspend-after
-# option; 0 never). The fair pool twice: with the suspend mode's idle timer, and with room made
-# only when a start or a cell needs it (the server's default: no idle option set).
-MODES = (("cull-only", 0), ("suspend", None), ("fair pool", None), ("fair pool, on demand", 0))
+# option; 0 never). The fair pool three times: with the suspend mode's idle timer, with room made
+# only when a start or a cell needs it (the server's default: no idle option set), and with the
+# idle timer and borrowing.
+MODES = (
+    ("cull-only", 0),
+    ("suspend", None),
+    ("fair pool", None),
+    ("fair pool, on demand", 0),
+    (BORROWING_MODE, None),
+)
 # The fair pool's servers: seconds between two passes of a server's slice watcher (VGPUApp's
 # watch_interval default), and the most passes played out in one minute (they stop earlier, once a
 # pass changes nothing).
@@ -434,6 +455,7 @@ class ClassPlan:
     names: list[str]
     arrivals: list[int]
     cells: list[list[bool]]
+    borrowers: frozenset[str] = frozenset()  # who starts 8 GiB kernels in the borrowing mode
 
     @classmethod
     def draw(cls, seed: int, students: int, minutes: int, arrival_minutes: int, activity: float) -> ClassPlan:
@@ -441,7 +463,9 @@ class ClassPlan:
         names = [f"student-{number:02d}" for number in range(students)]
         arrivals = sorted(generator.randrange(arrival_minutes) for _ in names)
         cells = [[generator.random() < activity for _ in range(minutes)] for _ in names]
-        return cls(names, arrivals, cells)
+        # A generator of its own, so that the class the other modes play is the one drawn before.
+        borrowers = frozenset(random.Random(seed + 1).sample(names, max(1, students // 4)))
+        return cls(names, arrivals, cells, borrowers)
 
     def cell(self, number: int, minute: int) -> bool:
         """Whether student ``number`` runs a cell in ``minute`` (never in the minute they arrive:
@@ -473,6 +497,7 @@ class Student:
     reported: tuple[str, bool, float] | None = None  # (kernel, busy, last activity) its server last reported
     waiting: Waiting | None = None
     ran_this_minute: bool = False
+    limits: SliceLimits = NOTEBOOK  # what its kernels ask for
 
 
 @dataclass
@@ -484,6 +509,10 @@ class ModeResult:
     students_refused: set[str] = field(default_factory=set)
     refusals: int = 0  # answers "does not fit" to a start, a cell or a resume
     waits: list[int] = field(default_factory=list)  # minutes from a start or cell until it ran
+    # Seconds of the class's clock from a start or cell within its owner's guarantee that needed
+    # room until it ran (still waiting at the end: its wait so far).
+    guarantee_waits: list[float] = field(default_factory=list)
+    taken_back: int = 0  # borrowing kernels asked to give their room back
     start_waits: list[int] = field(default_factory=list)
     still_waiting: list[int] = field(default_factory=list)  # minutes waited so far, at the end
     culled: int = 0  # kernels stopped idle
@@ -522,10 +551,14 @@ class ClassRun:
         self.state = HubState(
             tokens={f"token-{name}": name for name in plan.names}, sizes=dict.fromkeys(plan.names, "notebook")
         )
+        self.borrowing = mode == BORROWING_MODE
         path = folder / "classroom.yaml"
         path.write_text(
             IDLE_CLASSROOM.format(
-                suspend_after=args.suspend_after, cull_after=args.cull_after, host_memory=args.host_memory
+                suspend_after=args.suspend_after,
+                cull_after=args.cull_after,
+                host_memory=args.host_memory,
+                borrow=BORROW if self.borrowing else "",
             )
         )
         self.classroom = load_classroom(path, hub_groups=None)
@@ -542,9 +575,23 @@ class ClassRun:
             # The broker's room-making reads the class's clock (its suspend requests time out after
             # 60 s of it); everything else of the broker is as `jupyter vgpu broker` runs it.
             broker.lending.clock = self.clock
+            publish = broker.lending.on_take_back
+
+            def taken_back(allocation: Allocation, asked: bool) -> None:
+                self.result.taken_back += asked
+                if publish is not None:
+                    publish(allocation, asked)
+
+            broker.lending.on_take_back = taken_back
             self.result.capacity = sum(usage.memory_capacity for usage in broker.ledger.devices_usage())
             self.people = [
-                Student(name, number, arrives, CountingLedger(ledger_url, f"token-{name}", timeout=60))
+                Student(
+                    name,
+                    number,
+                    arrives,
+                    CountingLedger(ledger_url, f"token-{name}", timeout=60),
+                    limits=BORROWING_NOTEBOOK if self.borrowing and name in self.plan.borrowers else NOTEBOOK,
+                )
                 for number, (name, arrives) in enumerate(zip(self.plan.names, self.plan.arrivals, strict=True))
             ]
             try:
@@ -555,6 +602,8 @@ class ClassRun:
         for student in self.people:
             if student.waiting is not None:
                 self.result.still_waiting.append(self.minutes - student.waiting.since)
+                if student.waiting.needs_room and self.within_guarantee(student):
+                    self.result.guarantee_waits.append((self.minutes - student.waiting.since) * 60.0)
         self.result.requests, self.result.request_seconds = CountingLedger.requests, CountingLedger.seconds
         self.result.wall_seconds = time.perf_counter() - began
         return self.result
@@ -579,6 +628,8 @@ class ClassRun:
         waiting = student.waiting
         assert waiting is not None
         self.result.waits.append(now - waiting.since)
+        if waiting.needs_room and self.within_guarantee(student):
+            self.result.guarantee_waits.append((now - waiting.since) * 60.0 + self.pass_number * WATCH_INTERVAL_S)
         if now > waiting.since or self.pass_number:
             self.result.waited[waiting.kind] += 1
         if now == waiting.since:
@@ -592,6 +643,10 @@ class ClassRun:
             student.ran_this_minute = True
         student.last_active = self.clock()
         student.waiting = None
+
+    def within_guarantee(self, student: Student) -> bool:
+        """Whether the student's requests are within their guarantee (a borrower's are not)."""
+        return student.limits.memory_limit <= NOTEBOOK.memory_limit
 
     def overtakes(self, student: Student, waiting: Waiting) -> bool:
         """Whether the student's start or cell runs while another student's, asked in an earlier
@@ -802,7 +857,7 @@ class StandInProcesses(LocalHolder):
         self.student, self.pid = student, pid
 
     def _held(self) -> int:
-        return NOTEBOOK.memory_limit if self.student.used_gpu else 0
+        return self.student.limits.memory_limit if self.student.used_gpu else 0
 
     def usage(self, allocation: Allocation) -> SliceUsage:
         if not self._held():
@@ -943,7 +998,7 @@ class StudentServer:
 
         async def start() -> None:
             try:
-                await self.slices.admit_in_line(kernel_id, NOTEBOOK, owner=student.name)
+                await self.slices.admit_in_line(kernel_id, student.limits, owner=student.name)
             except SliceRefused:
                 self.run.refused(student)
                 return
@@ -1088,7 +1143,8 @@ def play_class(mode: str, suspend_after: int, args: argparse.Namespace, plan: Cl
         return kind(mode, suspend_after, args, plan, minutes, Path(tmp)).run()
 
 
-def _minutes(samples: list[int], fraction: float | None = None) -> str:
+def _figure(samples: Sequence[float], fraction: float | None = None) -> str:
+    """A percentile (None: the largest) of minutes or seconds, as the table shows it."""
     if not samples:
         return "-"
     return f"{percentile(samples, fraction) if fraction is not None else max(samples):g}"
@@ -1113,7 +1169,8 @@ def class_comparison(args: argparse.Namespace) -> bool:
         f"their notebook (the kernel starts) within {arrival} min, {minutes} min in all; after that a student "
         f"runs a cell in a given minute with probability {args.activity:g}; seed {args.seed}. Suspend after "
         f"{args.suspend_after} min idle (suspend, fair pool; fair pool, on demand: never), stop after {args.cull_after} "
-        f"min idle; host memory cap {args.host_memory}. Waits in minutes of the class's clock (0: within the "
+        f"min idle; host memory cap {args.host_memory}. {BORROWING_MODE}: the size guarantees 4GiB and may borrow "
+        f"4GiB more, and {len(plan.borrowers)} students (drawn from the seed) start 8GiB kernels. Waits in minutes of the class's clock (0: within the "
         "minute it was asked); a start or cell still waiting at the end counts with its wait so far. GPU memory: "
         "memory-minutes reserved by running (not suspended or lent) kernels over the node's."
     )
@@ -1125,13 +1182,18 @@ def class_comparison(args: argparse.Namespace) -> bool:
         ("&nbsp;&nbsp;of them ran while one asked earlier still waited", lambda r: f"{r.overtook}"),
         (
             "wait p50 / p95 / max, min",
-            lambda r: " / ".join(_minutes(r.waits + r.still_waiting, f) for f in (0.5, 0.95, None)),
+            lambda r: " / ".join(_figure(r.waits + r.still_waiting, f) for f in (0.5, 0.95, None)),
         ),
         (
             "&nbsp;&nbsp;starts: p95 / max, min",
-            lambda r: f"{_minutes(r.start_waits, 0.95)} / {_minutes(r.start_waits)}",
+            lambda r: f"{_figure(r.start_waits, 0.95)} / {_figure(r.start_waits)}",
         ),
         ("still waiting at the end", lambda r: f"{len(r.still_waiting)}"),
+        (
+            "time to guarantee p50 / p95 / max, s",
+            lambda r: " / ".join(_figure(r.guarantee_waits, f) for f in (0.5, 0.95, None)),
+        ),
+        ("borrowing kernels taken back", lambda r: f"{r.taken_back}"),
         (
             "GPU memory reserved by running kernels",
             lambda r: f"{100 * r.reserved / (r.capacity / GIB * r.minutes):.0f} %",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from jupyter_vgpu.holders.region import LimitsPage, RegionError
-from jupyter_vgpu.ledger import Allocation
+from jupyter_vgpu.ledger import SUSPEND_REQUESTED_KEY, TAKE_BACK_KEY, Allocation
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,16 @@ class PagePublisher:
         requests): the broker's pages are its own to write, so it follows the ledger's lending."""
         self._guarded(allocation, lambda allocation: self._flag(allocation, suspended))
 
+    def set_taken_back(self, allocation: Allocation, taken_back: bool) -> None:
+        """Raise the page's suspended flag because borrowed room is taken back (ahead of the
+        suspend its server carries out), or lower it where that request lapsed."""
+
+        def flag(allocation: Allocation) -> None:
+            with LimitsPage.open(page_path(self.folder, allocation.kernel_id)) as page:
+                page.set_taken_back(taken_back)
+
+        self._guarded(allocation, flag)
+
     def _flag(self, allocation: Allocation, suspended: bool) -> None:
         with LimitsPage.open(page_path(self.folder, allocation.kernel_id)) as page:
             page.set_suspended(suspended)
@@ -74,7 +84,11 @@ class PagePublisher:
             if allocation.holder == "local":
                 kept.add(allocation.kernel_id)
                 self._guarded(allocation, self._update)
-                self.set_suspended(allocation, allocation.suspended)
+                request = allocation.metadata.get(SUSPEND_REQUESTED_KEY)
+                if not allocation.suspended and isinstance(request, dict) and request.get(TAKE_BACK_KEY) is True:
+                    self.set_taken_back(allocation, True)  # its calls still wait for the suspend
+                else:
+                    self.set_suspended(allocation, allocation.suspended)
         for path in self.folder.glob(f"*{PAGE_SUFFIX}"):
             if path.name[: -len(PAGE_SUFFIX)] not in kept:
                 path.unlink(missing_ok=True)

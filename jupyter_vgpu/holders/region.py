@@ -336,9 +336,27 @@ class LimitsPage(_MappedFile):
     def set_suspended(self, suspended: bool) -> None:
         """Tell the slice's processes it is suspended (set before the checkpoint, cleared after
         the resume): their hooked CUDA calls then count resume requests (Region.resume_requests)
-        and wait in libvgpu.so until it is cleared (or :meth:`leave_line`)."""
+        and wait in libvgpu.so until it is cleared (or :meth:`leave_line`). Clearing it clears
+        the reason of :meth:`set_taken_back` too."""
         with self._writing():
+            if not suspended:
+                self.raw.wait_reason = constants()["VGPU_WAIT_FOR_ROOM"]
             self.raw.suspended = int(suspended)
+
+    def set_taken_back(self, taken_back: bool) -> None:
+        """Borrowed room is being taken back from the slice (a classroom's broker): raise the
+        suspended flag with that reason ahead of the suspend, so that its processes' CUDA calls
+        wait in libvgpu.so (their GPU work drains before the driver's lock) and say why in the
+        cell's output; False: the request lapsed, clear both."""
+        consts = constants()
+        with self._writing():
+            self.raw.wait_reason = consts["VGPU_WAIT_TAKEN_BACK"] if taken_back else consts["VGPU_WAIT_FOR_ROOM"]
+            self.raw.suspended = int(taken_back)
+
+    @property
+    def taken_back(self) -> bool:
+        """Whether the page says the slice's room is taken back (see :meth:`set_taken_back`)."""
+        return bool(self.raw.suspended) and self.raw.wait_reason == constants()["VGPU_WAIT_TAKEN_BACK"]
 
     # -- the slice's place in line, while its processes wait for room ---------------------------
 

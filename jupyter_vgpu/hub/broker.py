@@ -168,12 +168,16 @@ class HubGate:
             budget = self.classroom.budget_for(chosen_options(user), groups)
         except ClassroomError as error:
             raise Refusal(403, f"{caller.name}: {error}", "Forbidden") from None
+        # A size that may borrow allows its maximum; the broker lends what is above the guarantee
+        # only from room nobody within a guarantee needs, and takes it back (Lending.take_back).
         return OwnerBudget(
-            memory=budget.memory,
-            sm_share=budget.cores,
+            memory=budget.max_memory,
+            sm_share=budget.max_cores,
             slices=budget.kernels,
             policy=budget.policy,
             label=f"{caller.name}'s GPU size {budget.size_name!r}",
+            guaranteed_memory=budget.memory if budget.borrow_memory else None,
+            guaranteed_sm_share=budget.cores if budget.borrow_cores else None,
         )
 
 
@@ -287,6 +291,8 @@ class Broker:
             # A start or resume that does not fit asks the servers of idle kernels (any user's) to
             # suspend them; each server suspends only its own (server/room.py).
             make_room=True,
+            # Borrowed room taken back: the kernel's calls wait in libvgpu.so from now on, and say why.
+            on_take_back=self.pages.set_taken_back,
         )
         # One fair line across the users' servers, kept beside the ledger (a restart keeps it).
         self.line = BrokerLine(classroom.state_dir / "line.json")
@@ -338,6 +344,9 @@ class Broker:
     async def _reconcile_safely(self) -> None:
         try:
             await self.reconcile_with_hub()
+            # A kernel whose server did not give its borrowed room back in time runs on.
+            for lapsed in await IOLoop.current().run_in_executor(None, self.lending.lapse_take_backs, self.ledger):
+                log.warning("kernel %s was not paused to give borrowed room back; it runs on", lapsed.kernel_id)
         except LedgerError:
             log.exception("reconciling with the hub failed")
 

@@ -54,8 +54,20 @@ _TOP_KEYS = (
 )
 _GPU_KEYS = ("count", "memory", "sms", "reserve", "burst_oversubscription", "placement")
 _BROKER_KEYS = ("port", "name", "state_dir")
-_SIZE_KEYS = ("name", "display_name", "description", "memory", "cores", "policy", "groups", "default", "kernel")
+_SIZE_KEYS = (
+    "name",
+    "display_name",
+    "description",
+    "memory",
+    "cores",
+    "policy",
+    "groups",
+    "default",
+    "kernel",
+    "borrow",
+)
 _KERNEL_KEYS = ("memory", "cores")
+_BORROW_KEYS = ("memory", "cores")
 _LIMIT_KEYS = ("kernels", "memory", "groups")
 _GROUP_LIMIT_KEYS = ("kernels", "memory")
 _IDLE_KEYS = ("lower_after", "floor_cores", "suspend_after", "suspend_host_memory", "cull_after")
@@ -69,6 +81,7 @@ KEY_SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": _BROKER_KEYS,
     "sizes[]": _SIZE_KEYS,
     "sizes[].kernel": _KERNEL_KEYS,
+    "sizes[].borrow": _BORROW_KEYS,
     "limits": _LIMIT_KEYS,
     "limits.groups.GROUP": _GROUP_LIMIT_KEYS,
     "idle": _IDLE_KEYS,
@@ -106,9 +119,10 @@ KEY_HELP: dict[str, str] = {
     "sizes[].display_name": "What the spawn form shows. Default: made from the name, memory and share, like "
     "'Small: 2GiB, 20% of a GPU'.",
     "sizes[].description": "A sentence under the name on the spawn form. Default: what the size gives.",
-    "sizes[].memory": f"Required. The memory all of the user's kernels share: {SIZE_HELP}; at most one GPU's "
-    "memory less its reserve.",
-    "sizes[].cores": "Required. The SM share all of the user's kernels share, in percent of one GPU (1 to 100).",
+    "sizes[].memory": f"Required. The memory all of the user's kernels share, guaranteed: {SIZE_HELP}; at most "
+    "one GPU's memory less its reserve.",
+    "sizes[].cores": "Required. The SM share all of the user's kernels share, guaranteed, in percent of one GPU (1 to "
+    "100).",
     "sizes[].policy": "hard (never above the share, the default) or burst (may use SMs others leave idle).",
     "sizes[].groups": "The groups whose members may pick the size. Absent: every user.",
     "sizes[].default": "true: the size the spawn form preselects (at most one size). Default false.",
@@ -116,6 +130,14 @@ KEY_HELP: dict[str, str] = {
     "budget divided by the user's kernel limit (none: the whole budget).",
     "sizes[].kernel.memory": "A kernel's default memory cap, at most the size's memory.",
     "sizes[].kernel.cores": "A kernel's default SM share in percent, at most the size's cores.",
+    "sizes[].borrow": "How far above its guarantee (`memory`, `cores`) the size may borrow room nobody uses (the "
+    "keys below; either may be left out: 0). Borrowed room is taken back when a user within their guarantee "
+    "needs it: the borrower's most recent borrowing kernel is paused (suspended, even mid-cell) until room frees. "
+    "Absent: no borrowing.",
+    "sizes[].borrow.memory": f"Memory the user may hold above the size's `memory`: {SIZE_HELP}; the two together at "
+    "most one GPU's memory less its reserve.",
+    "sizes[].borrow.cores": "SM share in percent the user may hold above the size's `cores`; the two together at most "
+    "100.",
     "limits.kernels": "Sliced kernels one user may run at once (1 or more).",
     "limits.memory": "The memory one user may hold in all, whatever the size; never below a size they may pick.",
     "limits.groups": "Limits per group, like `staff: {kernels: 6}` (the keys under `limits.groups.GROUP`); a user "
@@ -191,6 +213,9 @@ class Size:
     kernel_cores: int
     kernel_memory_given: bool = False
     kernel_cores_given: bool = False
+    # How far above the guarantee (memory, cores) the user may borrow room nobody uses.
+    borrow_memory: int = 0
+    borrow_cores: int = 0
 
     def kernel_slice(self, budget_memory: int, kernels: int | None) -> tuple[int, int]:
         """A kernel's default slice (memory, cores) for a user with this budget memory and kernel
@@ -234,7 +259,9 @@ class UserLimits:
 class Budget:
     """What one user's server may hold: the chosen size, its memory (capped by the user's memory
     limit) and SM share, its policy, how many sliced kernels at once (``None``: no limit), and a
-    kernel's default slice for this user (:meth:`Size.kernel_slice`)."""
+    kernel's default slice for this user (:meth:`Size.kernel_slice`). ``memory`` and ``cores`` are
+    guaranteed; ``borrow_memory`` and ``borrow_cores`` are how far above them the user may hold
+    room others leave unused (the size's ``borrow:``, the memory still capped by the user's limit)."""
 
     size_name: str
     memory: int
@@ -243,6 +270,18 @@ class Budget:
     kernels: int | None
     kernel_memory: int = 0
     kernel_cores: int = 0
+    borrow_memory: int = 0
+    borrow_cores: int = 0
+
+    @property
+    def max_memory(self) -> int:
+        """The most memory the user may hold, borrowed room included."""
+        return self.memory + self.borrow_memory
+
+    @property
+    def max_cores(self) -> int:
+        """The largest SM share the user may hold, borrowed room included."""
+        return self.cores + self.borrow_cores
 
 
 @dataclass(frozen=True)
@@ -347,14 +386,15 @@ class Classroom:
         size = self.size_for(user_options, groups)
         limits = self.limits_for(groups)
         memory = size.memory if limits.memory is None else min(size.memory, limits.memory)
-        return _budget(size, memory, limits.kernels)
+        return _budget(size, memory, limits.kernels, limits.memory)
 
     def strictest_budget(self, size: Size) -> Budget:
         """The budget that every user who may pick ``size`` gets at least (for a list that
         cannot tell users apart: the least generous of their limits)."""
         limits = [_user_limits(self.limits, picker) for picker in _pickers(size.groups, self.limits)]
         memory = _least([size.memory, *(limit.memory for limit in limits)])
-        return _budget(size, memory or size.memory, _least([limit.kernels for limit in limits]))
+        limit = _least([limit.memory for limit in limits])
+        return _budget(size, memory or size.memory, _least([limit.kernels for limit in limits]), limit)
 
 
 def _divide(memory: int, cores: int, kernels: int | None) -> tuple[int, int]:
@@ -364,8 +404,11 @@ def _divide(memory: int, cores: int, kernels: int | None) -> tuple[int, int]:
     return max(MIB, memory // share // MIB * MIB), max(1, cores // share)
 
 
-def _budget(size: Size, memory: int, kernels: int | None) -> Budget:
+def _budget(size: Size, memory: int, kernels: int | None, memory_limit: int | None = None) -> Budget:
     kernel_memory, kernel_cores = size.kernel_slice(memory, kernels)
+    # Borrowing never lifts the user's own memory limit (limits.memory: whatever the size).
+    most = size.memory + size.borrow_memory
+    borrow_memory = max(0, (most if memory_limit is None else min(most, memory_limit)) - memory)
     return Budget(
         size_name=size.name,
         memory=memory,
@@ -374,6 +417,8 @@ def _budget(size: Size, memory: int, kernels: int | None) -> Budget:
         kernels=kernels,
         kernel_memory=kernel_memory,
         kernel_cores=kernel_cores,
+        borrow_memory=borrow_memory,
+        borrow_cores=size.borrow_cores,
     )
 
 
@@ -712,6 +757,7 @@ def _read_sizes(
                 raise reader.error(f"{key}.default", f"sizes[{other}] is the default already; at most one size is")
         kernel = reader.mapping(entry.get("kernel"), f"{key}.kernel", _KERNEL_KEYS)
         kernel_memory, kernel_cores = _kernel_default(reader, kernel, key, memory, cores, groups, limits)
+        borrow_memory, borrow_cores = _borrow(reader, entry.get("borrow"), key, memory, cores, gpus)
         display_name = entry.get("display_name")
         display_name = (
             reader.text(display_name, f"{key}.display_name")
@@ -744,6 +790,8 @@ def _read_sizes(
                 kernel_cores=kernel_cores,
                 kernel_memory_given="memory" in kernel,
                 kernel_cores_given="cores" in kernel,
+                borrow_memory=borrow_memory,
+                borrow_cores=borrow_cores,
             )
         )
     return tuple(sizes)
@@ -774,6 +822,40 @@ def _kernel_default(
                 f"a kernel's default {kernel_cores}% is more than the size's budget {cores}% ({key}.cores)",
             )
     return kernel_memory, kernel_cores
+
+
+def _borrow(reader: _Reader, value: object, key: str, memory: int, cores: int, gpus: Gpus) -> tuple[int, int]:
+    """How far a size may borrow above its guarantee (memory bytes, cores percent): the file's
+    ``borrow:``, checked so that guarantee and borrowing together fit on one GPU."""
+    if value is None:
+        return 0, 0
+    if not isinstance(value, dict) or not value:
+        raise reader.error(
+            f"{key}.borrow",
+            f"must be a mapping like {{memory: 4GiB, cores: 30}} (how far above the size's memory and cores it may "
+            f"borrow; keys {', '.join(_BORROW_KEYS)}), not {_shown(value)}",
+        )
+    entry = reader.mapping(value, f"{key}.borrow", _BORROW_KEYS)
+    borrow_memory = borrow_cores = 0
+    if entry.get("memory") is not None:
+        borrow_memory = reader.parsed(parse_size, entry["memory"], f"{key}.borrow.memory")
+        if memory + borrow_memory > gpus.usable_memory:
+            raise reader.error(
+                f"{key}.borrow.memory",
+                f"{format_size(memory)} guaranteed and {format_size(borrow_memory)} borrowed make "
+                f"{format_size(memory + borrow_memory)}, more than one GPU's {format_size(gpus.usable_memory)}"
+                + (" (gpus.memory less gpus.reserve)" if gpus.reserve else " (gpus.memory)")
+                + f"; borrow at most {format_size(max(0, gpus.usable_memory - memory))}",
+            )
+    if entry.get("cores") is not None:
+        borrow_cores = reader.count(entry["cores"], f"{key}.borrow.cores", 0, 100)
+        if cores + borrow_cores > 100:
+            raise reader.error(
+                f"{key}.borrow.cores",
+                f"{cores}% guaranteed and {borrow_cores}% borrowed make {cores + borrow_cores}%, more than one GPU's "
+                f"100%; borrow at most {100 - cores}",
+            )
+    return borrow_memory, borrow_cores
 
 
 def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
@@ -948,8 +1030,10 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
         ENV_DEFAULT_MEMORY: exact_size(budget.kernel_memory),
         ENV_DEFAULT_CORES: str(budget.kernel_cores),
         ENV_DEFAULT_POLICY: size.policy,
-        ENV_SERVER_MEMORY_LIMIT: exact_size(budget.memory),
-        ENV_MAX_CORES: str(size.cores),
+        # The most the server may hold: its guarantee plus what it may borrow (the broker decides
+        # what is borrowed and takes it back).
+        ENV_SERVER_MEMORY_LIMIT: exact_size(budget.max_memory),
+        ENV_MAX_CORES: str(budget.max_cores),
     }
     if broker:
         environment[ENV_BROKER_URL] = classroom.broker_url

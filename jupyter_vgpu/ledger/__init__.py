@@ -8,10 +8,12 @@ the same contract tests (tests/ledger).
 
 from jupyter_vgpu.ledger.base import (
     ACTIVITY_KEY,
+    BORROWING_KEY,
     SUSPEND_REQUEST_TIMEOUT_S,
     SUSPEND_REQUESTED_KEY,
     SUSPEND_TIMINGS_KEY,
     SUSPENDED_KEY,
+    TAKE_BACK_KEY,
     Allocation,
     CapacityError,
     DeviceUsage,
@@ -27,10 +29,12 @@ from jupyter_vgpu.ledger.embedded import EmbeddedLedger
 
 __all__ = [
     "ACTIVITY_KEY",
+    "BORROWING_KEY",
     "SUSPENDED_KEY",
     "SUSPEND_REQUESTED_KEY",
     "SUSPEND_REQUEST_TIMEOUT_S",
     "SUSPEND_TIMINGS_KEY",
+    "TAKE_BACK_KEY",
     "Allocation",
     "CapacityError",
     "DeviceUsage",

@@ -33,6 +33,13 @@ SUSPEND_TIMINGS_KEY = "suspend_timings"
 ACTIVITY_KEY = "activity"
 SUSPEND_REQUESTED_KEY = "suspend_requested"
 SUSPEND_REQUEST_TIMEOUT_S = 60.0
+# Guarantees and borrowing in a classroom (a broker): a slice admitted or resumed while its owner
+# holds more than their guarantee (OwnerBudget.guaranteed_*) is marked {"at": epoch seconds} under
+# BORROWING_KEY. Where a request within its owner's guarantee does not fit, the broker takes
+# borrowed room back: its suspend request on the most recent borrowing kernel carries
+# TAKE_BACK_KEY (True), and the kernel's server suspends it even while it runs a cell.
+BORROWING_KEY = "borrowing"
+TAKE_BACK_KEY = "take_back"
 
 
 class LedgerError(RuntimeError):
@@ -87,7 +94,9 @@ class OwnerBudget:
     ``None`` is no limit. ``sm_share`` bounds the sum of the owner's shares; ``policy`` is the
     strongest policy the owner may ask for (a ``burst`` budget refuses ``hard`` slices, whose
     share is a promise to the owner that others pay for). ``label`` names the budget in refusals
-    (``"alice's size 'small'"``).
+    (``"alice's size 'small'"``). ``guaranteed_memory`` and ``guaranteed_sm_share``: where set
+    (a classroom size that may borrow), what of ``memory`` and ``sm_share`` is guaranteed; the
+    rest is borrowed from room nobody within a guarantee needs (None: all of it is guaranteed).
     """
 
     memory: int | None = None
@@ -95,6 +104,8 @@ class OwnerBudget:
     slices: int | None = None
     policy: str = "hard"
     label: str = "this budget"
+    guaranteed_memory: int | None = None
+    guaranteed_sm_share: int | None = None
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -75,9 +75,12 @@ from tornado.ioloop import IOLoop
 
 from jupyter_vgpu.ledger.base import (
     ACTIVITY_KEY,
+    BORROWING_KEY,
     SUSPEND_REQUEST_TIMEOUT_S,
     SUSPEND_REQUESTED_KEY,
     SUSPENDED_KEY,
+    TAKE_BACK_KEY,
+    Admission,
     Allocation,
     CapacityError,
     Ledger,
@@ -354,6 +357,63 @@ def _uses_gpu(allocation: Allocation) -> bool:
     return not isinstance(activity, dict) or activity.get("uses_gpu") is not False
 
 
+# -- guarantees and borrowing (a classroom's broker) --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Room taken back from borrowers for a kernel within its owner's guarantee, held for it."""
+
+    device_uuid: str
+    memory: int
+    sm_share: int
+    at: float
+
+
+@dataclass(frozen=True)
+class RoomTakenBack:
+    """Borrowing kernels asked to give their room back so that a kernel within its guarantee fits."""
+
+    device_index: int
+    kernels: int
+
+    def __str__(self) -> str:
+        many = self.kernels > 1
+        return (
+            f"room borrowed above a guarantee on GPU {self.device_index} is being taken back for it "
+            f"({self.kernels} borrowing kernel{'s are' if many else ' is'} being paused; their owners' servers do it "
+            "within seconds)"
+        )
+
+
+def guarantees(budget: OwnerBudget | None) -> bool:
+    """Whether ``budget`` guarantees less than it allows (a classroom size that may borrow)."""
+    return budget is not None and (budget.guaranteed_memory is not None or budget.guaranteed_sm_share is not None)
+
+
+def is_borrowing(budget: OwnerBudget | None, allocations: list[Allocation], owner: str, limits: SliceLimits) -> bool:
+    """Whether a slice of ``limits`` would take ``owner`` past their guarantee, counting what
+    their running (not suspended) slices hold on the devices."""
+    if budget is None or not guarantees(budget):
+        return False
+    running = [item for item in allocations if item.owner == owner and not item.suspended]
+    memory = sum(item.memory_limit for item in running) + limits.memory_limit
+    share = sum(item.sm_share for item in running) + limits.sm_share
+    over_memory = budget.guaranteed_memory is not None and memory > budget.guaranteed_memory
+    return over_memory or (budget.guaranteed_sm_share is not None and share > budget.guaranteed_sm_share)
+
+
+def _taken_back(allocation: Allocation) -> bool:
+    request = allocation.metadata.get(SUSPEND_REQUESTED_KEY)
+    return isinstance(request, dict) and request.get(TAKE_BACK_KEY) is True
+
+
+def _borrowed_at(allocation: Allocation) -> float | None:
+    mark = allocation.metadata.get(BORROWING_KEY)
+    at = mark.get("at") if isinstance(mark, dict) else None
+    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+
+
 @dataclass
 class Lending:
     """What a served ledger checks before it lends a suspended slice's room (the broker's rules).
@@ -373,8 +433,15 @@ class Lending:
     # kernels (any user's) to suspend them (request_room).
     make_room: bool = False
     clock: Callable[[], float] = time.time
+    # Told when a borrowing kernel is asked to give its room back (True) and when that request
+    # lapses unanswered (False): the broker raises its limits page's suspended flag at once, so
+    # that the kernel's CUDA calls wait in libvgpu.so and its GPU work drains before the lock.
+    on_take_back: Callable[[Allocation, bool], None] | None = None
     # One check-then-mark at a time, so two suspends cannot both fit under the cap.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Room that borrowed slices give back, held for the kernels within their guarantee it is
+    # taken back for (by kernel id), so that no borrower takes it first.
+    _claims: dict[str, Claim] = field(default_factory=dict, repr=False)
 
     def suspend(self, ledger: Ledger, kernel_id: str, host_memory: int, details: dict[str, Any] | None) -> Allocation:
         """Check, then mark the slice suspended (blocks: NVML and the ledger file)."""
@@ -469,12 +536,173 @@ class Lending:
         with self._lock:
             asked = _requested_at(allocation)
             activity = allocation.metadata.get(ACTIVITY_KEY)
-            if asked is None or not isinstance(activity, dict):
-                return allocation
+            if asked is None or not isinstance(activity, dict) or _taken_back(allocation):
+                return allocation  # borrowed room is taken back whether its kernel runs or not
             since = _idle_since(allocation)
             if since is not None and since <= asked:
                 return allocation
             return ledger.update_metadata(allocation.kernel_id, **{SUSPEND_REQUESTED_KEY: None})
+
+    # -- guarantees and borrowing -------------------------------------------------------------
+
+    def admit(self, ledger: Ledger, admission: Admission) -> Allocation:
+        """Admit a slice (Ledger.admit); where it takes its owner past their guarantee, only into
+        room no kernel within its guarantee is owed (see :meth:`take_back`), marked as borrowing."""
+        # Only the service marks a slice as borrowing, whatever a client's metadata says.
+        if admission.metadata and BORROWING_KEY in admission.metadata:
+            unmarked = {name: value for name, value in admission.metadata.items() if name != BORROWING_KEY}
+            admission = replace(admission, metadata=unmarked)
+        if not guarantees(admission.budget):
+            return ledger.decide_admission(admission)
+        with self._lock:
+            now = self.clock()
+            self._drop_lapsed_claims(now)
+            limits = admission.limits
+            if not is_borrowing(admission.budget, ledger.allocations(), admission.owner, limits):
+                allocation = ledger.decide_admission(admission)
+                self._claims.pop(admission.kernel_id, None)
+                return allocation
+            device = self._unclaimed_device(ledger, limits, admission.device, admission.kernel_id)
+            metadata = {**(admission.metadata or {}), BORROWING_KEY: {"at": now}}
+            return ledger.decide_admission(replace(admission, device=device, metadata=metadata))
+
+    def resume_within(self, ledger: Ledger, kernel_id: str, budget: OwnerBudget | None) -> Allocation:
+        """:meth:`resume`, where a resume past its owner's guarantee is admitted only into room no
+        kernel within its guarantee is owed, and marked as borrowing (or no longer)."""
+        if not guarantees(budget):
+            return self.resume(ledger, kernel_id)
+        with self._lock:
+            now = self.clock()
+            self._drop_lapsed_claims(now)
+            current = ledger.get(kernel_id)
+            borrowing = False
+            if current is not None and current.suspended:
+                borrowing = is_borrowing(budget, ledger.allocations(), current.owner, current.limits)
+                if borrowing:
+                    self._unclaimed_device(ledger, current.limits, current.device_uuid, kernel_id)
+        resumed = self.resume(ledger, kernel_id)
+        with self._lock:
+            self._claims.pop(kernel_id, None)
+            if borrowing or resumed.metadata.get(BORROWING_KEY) is not None:
+                resumed = ledger.update_metadata(kernel_id, **{BORROWING_KEY: {"at": now} if borrowing else None})
+            return resumed
+
+    def _unclaimed_device(self, ledger: Ledger, limits: SliceLimits, device: int | str | None, kernel_id: str) -> Any:
+        """The device a borrowing slice of ``limits`` may go to: ``device`` (None: where the
+        ledger places it) where no room is held for a kernel within its guarantee, else one that
+        has room beside what is held; raises CapacityError where none has."""
+        held = [claim for claimant, claim in self._claims.items() if claimant != kernel_id]
+        if not held:
+            return device
+        named = None if device is None else select_device(ledger.devices, device).uuid
+        fitting = []
+        for usage in ledger.devices_usage():
+            if named not in (None, usage.device.uuid):
+                continue
+            memory = sum(claim.memory for claim in held if claim.device_uuid == usage.device.uuid)
+            share = sum(claim.sm_share for claim in held if claim.device_uuid == usage.device.uuid)
+            if usage.memory_free - memory >= limits.memory_limit and usage.share_free(limits.policy) - share >= (
+                limits.sm_share
+            ):
+                fitting.append(usage)
+            elif named is not None or len(ledger.devices) == 1:
+                free = max(0, usage.memory_free - memory)
+                raise CapacityError(
+                    f"the {format_size(limits.memory_limit)} slice is above its owner's guarantee and borrows only "
+                    f"room nobody within a guarantee needs: {format_size(memory)} on GPU {usage.device.index} is held "
+                    f"for a kernel within its owner's guarantee, {format_size(free)} is free beside it",
+                    resource="memory",
+                    requested=limits.memory_limit,
+                    available=free,
+                )
+        if not fitting:
+            raise CapacityError(
+                f"the {format_size(limits.memory_limit)} slice is above its owner's guarantee and borrows only room "
+                "nobody within a guarantee needs: every GPU's free room is held for kernels within their guarantee",
+                resource="memory",
+                requested=limits.memory_limit,
+                available=0,
+            )
+        # The fullest device it fits on, as binpack would; the ledger checks it again.
+        return min(fitting, key=lambda usage: (usage.memory_free, usage.device.index)).device.index
+
+    def _drop_lapsed_claims(self, now: float) -> None:
+        for claimant, claim in list(self._claims.items()):
+            if now - claim.at > SUSPEND_REQUEST_TIMEOUT_S:
+                del self._claims[claimant]
+
+    def take_back(
+        self, ledger: Ledger, limits: SliceLimits, device: int | str | None, claimant: str
+    ) -> RoomTakenBack | None:
+        """Where the borrowed room on a device (``device`` where one is named) would make room for
+        ``claimant``'s slice of ``limits`` (within its owner's guarantee), ask the servers of the
+        borrowing kernels there, most recent borrowing first, to suspend them even while they run
+        a cell, and hold the room they give back for ``claimant``. Room already being made there
+        (kernels asked to suspend and not yet suspended) counts. A borrower is asked even where the
+        host memory cap would refuse its suspend now: its server tries again at each tick while the
+        request lasts, and host memory frees as others resume. Where nothing can be taken back, the room that frees next on the device closest to fitting it is held
+        for ``claimant`` all the same: it waits, and no borrower takes that room first. What is
+        being taken back, or None."""
+        if not self.make_room:
+            return None
+        with self._lock:
+            now = self.clock()
+            self._lapse_take_backs(ledger, now)
+            named = None if device is None else select_device(ledger.devices, device).uuid
+            allocations = ledger.allocations()
+            usages = [usage for usage in ledger.devices_usage() if named in (None, usage.device.uuid)]
+            for usage in usages:
+                uuid = usage.device.uuid
+                memory = limits.memory_limit - usage.memory_free
+                share = limits.sm_share - usage.share_free(limits.policy)
+                here = [item for item in allocations if item.device_uuid == uuid and not item.suspended]
+                asked = [item for item in here if _requested_at(item) is not None]
+                for item in asked:
+                    memory, share = memory - item.memory_limit, share - item.sm_share
+                borrowers = sorted(
+                    (item for item in here if item.holder == "local" and _borrowed_at(item) is not None),
+                    key=lambda item: (-(_borrowed_at(item) or 0.0), -item.created_at),
+                )
+                chosen = []
+                for borrower in borrowers:
+                    if memory <= 0 and share <= 0:
+                        break
+                    if borrower in asked or borrower.kernel_id == claimant:
+                        continue
+                    chosen.append(borrower)
+                    memory, share = memory - borrower.memory_limit, share - borrower.sm_share
+                if memory > 0 or share > 0 or not (chosen or any(_taken_back(item) for item in asked)):
+                    continue
+                for borrower in chosen:
+                    request = {"at": now, TAKE_BACK_KEY: True, "device_index": usage.device.index}
+                    asked_now = ledger.update_metadata(borrower.kernel_id, **{SUSPEND_REQUESTED_KEY: request})
+                    if self.on_take_back is not None:
+                        self.on_take_back(asked_now, True)
+                self._claims[claimant] = Claim(uuid, limits.memory_limit, limits.sm_share, now)
+                return RoomTakenBack(usage.device.index, len(chosen) or sum(_taken_back(item) for item in asked))
+            if usages:
+                closest = max(usages, key=lambda usage: (usage.memory_free, -usage.device.index))
+                self._claims[claimant] = Claim(closest.device.uuid, limits.memory_limit, limits.sm_share, now)
+            return None
+
+    def lapse_take_backs(self, ledger: Ledger) -> list[Allocation]:
+        """Withdraw the take-back requests that their servers did not carry out within
+        SUSPEND_REQUEST_TIMEOUT_S (their kernels' calls go on); returns the withdrawn."""
+        with self._lock:
+            return self._lapse_take_backs(ledger, self.clock())
+
+    def _lapse_take_backs(self, ledger: Ledger, now: float) -> list[Allocation]:
+        lapsed = []
+        for allocation in ledger.allocations():
+            asked = _requested_at(allocation)
+            if allocation.suspended or not _taken_back(allocation) or asked is None:
+                continue
+            if now - asked > SUSPEND_REQUEST_TIMEOUT_S:
+                withdrawn = ledger.update_metadata(allocation.kernel_id, **{SUSPEND_REQUESTED_KEY: None})
+                if self.on_take_back is not None:
+                    self.on_take_back(withdrawn, False)
+                lapsed.append(withdrawn)
+        return lapsed
 
 
 # -- one line across users' servers (issue 25) -------------------------------------------------
@@ -733,13 +961,31 @@ class LedgerHandler(web.RequestHandler):
             raise Refusal(503, str(error), "LedgerError") from None
 
     async def making_room(
-        self, refusal: Refusal, limits: SliceLimits, device: int | str | None, exclude: str = ""
+        self,
+        refusal: Refusal,
+        limits: SliceLimits,
+        device: int | str | None,
+        exclude: str = "",
+        *,
+        claimant: str = "",
+        owner: str = "",
+        budget: OwnerBudget | None = None,
     ) -> Refusal:
         """A refusal for lack of room on a device, telling where idle kernels are being asked to
-        suspend to make it (see Lending.request_room); others as they are."""
+        suspend to make it (see Lending.request_room), or, for ``claimant`` (a slice of ``owner``
+        within their guarantee, ``budget``), where borrowed room is being taken back (see
+        Lending.take_back); others as they are. A slice past its owner's guarantee makes no room:
+        it borrows only what nobody needs."""
         if refusal.body.get("error") != "CapacityError" or refusal.body.get("resource") not in ("memory", "sm_share"):
             return refusal
+        if guarantees(budget):
+            allocations = await self.decide(self.ledger.allocations)
+            if is_borrowing(budget, [item for item in allocations if item.kernel_id != exclude], owner, limits):
+                return refusal
+        room: RoomBeingMade | RoomTakenBack | None
         room = await self.decide(self.lending.request_room, self.ledger, limits, device, exclude)
+        if room is None and guarantees(budget):
+            room = await self.decide(self.lending.take_back, self.ledger, limits, device, claimant or exclude)
         if room is not None:
             refusal.body = {**refusal.body, "message": f"{refusal.body['message']}; {room}", "making_room": str(room)}
         return refusal
@@ -803,19 +1049,17 @@ class AllocationsHandler(LedgerHandler):
         except SliceValueError as error:
             raise Refusal(400, str(error), "SliceValueError") from None
         await self.in_turn(body["kernel_id"], limits.memory_limit, limits.sm_share, body["device"])
+        owner = self.caller.name or body["owner"]
+        budget = await self.own_budget()
+        admission = Admission(
+            body["kernel_id"], limits, owner, body["device"], body["metadata"], body["holder"], budget
+        )
         try:
-            allocation = await self.decide(
-                self.ledger.admit,
-                body["kernel_id"],
-                limits,
-                owner=self.caller.name or body["owner"],
-                device=body["device"],
-                metadata=body["metadata"],
-                holder=body["holder"],
-                budget=await self.own_budget(),
-            )
+            allocation = await self.decide(self.lending.admit, self.ledger, admission)
         except Refusal as refusal:
-            raise await self.making_room(refusal, limits, body["device"]) from None
+            raise await self.making_room(
+                refusal, limits, body["device"], claimant=body["kernel_id"], owner=owner, budget=budget
+            ) from None
         self.served(allocation.kernel_id)
         self.reply(asdict(allocation), status=201)
 
@@ -861,6 +1105,12 @@ class MetadataHandler(LedgerHandler):
                 f"the metadata field {SUSPENDED_KEY!r} is set by POST .../suspend (after the service checks that "
                 "the slice's processes hold no device memory) and cleared by POST .../resume, not by a metadata update"
             )
+        if BORROWING_KEY in fields:
+            # Whose room is taken back first is the service's decision, not its owner's word.
+            raise _bad(
+                f"the metadata field {BORROWING_KEY!r} is set by the service when a start or resume takes its owner "
+                "past their guarantee, not by a metadata update"
+            )
         if SUSPEND_REQUESTED_KEY in fields:
             # Whose kernel makes room is the service's decision: nobody asks another's, nor declines.
             raise _bad(
@@ -894,11 +1144,14 @@ class ResumeHandler(LedgerHandler):
         allocation = await self.owned(kernel_id)
         if allocation.suspended:
             await self.in_turn(kernel_id, allocation.memory_limit, allocation.sm_share, allocation.device_uuid)
+        budget = await self.own_budget(allocation)
         try:
-            resumed = await self.decide(self.lending.resume, self.ledger, kernel_id)
+            resumed = await self.decide(self.lending.resume_within, self.ledger, kernel_id, budget)
         except Refusal as refusal:
             limits = SliceLimits(allocation.memory_limit, allocation.sm_share, allocation.policy)
-            raise await self.making_room(refusal, limits, allocation.device_uuid, exclude=kernel_id) from None
+            raise await self.making_room(
+                refusal, limits, allocation.device_uuid, exclude=kernel_id, owner=allocation.owner, budget=budget
+            ) from None
         self.served(kernel_id)
         self.reply(asdict(resumed))
 

@@ -7,7 +7,9 @@ fit), at each tick of the slice watcher.
 The broker decides whose idle kernel makes room; only the kernel's own server acts on it, through
 the same suspend as an idle one (the broker lends the room only once NVML shows the kernel's
 processes hold none). A kernel that runs a cell, or ran since it was asked, is not suspended, and
-its next report makes the broker withdraw the request.
+its next report makes the broker withdraw the request; except borrowed room taken back for a
+kernel within its owner's guarantee (``take_back`` in the request), which is given back even
+mid-cell: the cell's CUDA calls wait, and it carries on when room frees.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from jupyter_vgpu.ledger import (
     ACTIVITY_KEY,
     SUSPEND_REQUEST_TIMEOUT_S,
     SUSPEND_REQUESTED_KEY,
+    TAKE_BACK_KEY,
     Allocation,
     LedgerError,
     UnknownSlice,
@@ -65,10 +68,16 @@ class RoomForOthers:
                 continue  # released meanwhile; or the broker is down, which the watcher reports
             request = allocation.metadata.get(SUSPEND_REQUESTED_KEY)
             at = request.get("at") if isinstance(request, dict) else None
-            if not isinstance(at, (int, float)) or activity["busy"] or activity["last_activity"] > at:
+            if not isinstance(at, (int, float)) or self.clock() - at > SUSPEND_REQUEST_TIMEOUT_S:
+                continue  # none, or the broker has asked others instead
+            if isinstance(request, dict) and request.get(TAKE_BACK_KEY) is True:
+                # Borrowed room, taken back for someone within their guarantee: even mid-cell. Its
+                # CUDA calls already wait in libvgpu.so (the broker raised its page's flag), so its
+                # GPU work drains before the lock; the cell carries on when the room is back.
+                await self.suspended.give_back_borrowed(allocation)
                 continue
-            if self.clock() - at > SUSPEND_REQUEST_TIMEOUT_S:
-                continue  # the broker has asked others instead
+            if activity["busy"] or activity["last_activity"] > at:
+                continue
             await self.suspended.suspend_for_others(allocation)
 
 

@@ -222,9 +222,19 @@ class SuspendedKernels:
         kernel (server/room.py); whether it is suspended."""
         return await self._suspend_to_make_room(allocation, "another user's kernel") is not None
 
-    async def _suspend_to_make_room(self, candidate: Allocation, for_whom: str) -> Allocation | None:
-        """Suspend ``candidate`` to make room for ``for_whom``, telling its user so; None (logged)
-        where it cannot be suspended."""
+    async def give_back_borrowed(self, allocation: Allocation) -> bool:
+        """Suspend a kernel whose borrowed room the node's broker takes back for a kernel within
+        its owner's guarantee, even one running a cell (its calls wait in libvgpu.so, so its GPU
+        work drains within the lock's timeout); whether it is suspended. Its cell carries on when
+        it is resumed (it is busy, so it joins the line at once)."""
+        why = taken_back_notice(allocation)
+        return await self._suspend_to_make_room(allocation, "", notice=why) is not None
+
+    async def _suspend_to_make_room(
+        self, candidate: Allocation, for_whom: str, *, notice: str = ""
+    ) -> Allocation | None:
+        """Suspend ``candidate`` to make room for ``for_whom``, telling its user so (``notice``
+        where given); None (logged) where it cannot be suspended."""
         try:
             suspended = await asyncio.to_thread(
                 self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
@@ -232,7 +242,7 @@ class SuspendedKernels:
         except (NotSupported, CheckpointError, UnknownSlice) as why:
             self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
             return None
-        self._notice(suspended, suspended_notice(f"suspended to make room for {for_whom}", suspended))
+        self._notice(suspended, notice or suspended_notice(f"suspended to make room for {for_whom}", suspended))
         return suspended
 
     def _idle_on_device(
@@ -306,6 +316,15 @@ class SuspendedKernels:
             self.slices.ledger.update_metadata(allocation.kernel_id, **{SUSPEND_NOTICE_KEY: {"refused": why}})
         except UnknownSlice:
             pass
+
+
+def taken_back_notice(allocation: Allocation) -> str:
+    """What a borrower is told when its borrowed room is taken back (the same words libvgpu.so
+    writes in the cell's output)."""
+    return (
+        f"paused: room on GPU {allocation.device_index} was taken back for a student within their guarantee; "
+        "carries on when room frees"
+    )
 
 
 def suspended_notice(why: str, suspended: Allocation) -> str:

@@ -101,6 +101,20 @@ static void format_waiting(char *out, size_t size, const struct vgpu_limits_page
     format_device(device, sizeof device, page);
     uint32_t position, eta;
     read_queue(page, &position, &eta);
+    if (__atomic_load_n(&page->wait_reason, __ATOMIC_RELAXED) == VGPU_WAIT_TAKEN_BACK) {
+        /* An estimate only where the publisher knows one: no made-up time. */
+        char when[40] = "";
+        if (position != 0 && eta != VGPU_QUEUE_NO_ESTIMATE) {
+            char about[32];
+            format_eta(about, sizeof about, eta);
+            snprintf(when, sizeof when, ", %s", about);
+        }
+        snprintf(out, size,
+                 "paused: room on %s was taken back for a student within their guarantee; carries on when room "
+                 "frees%s",
+                 device, when);
+        return;
+    }
     if (position != 0 && eta != VGPU_QUEUE_NO_ESTIMATE) {
         char when[32];
         format_eta(when, sizeof when, eta);

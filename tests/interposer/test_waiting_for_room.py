@@ -127,3 +127,30 @@ def test_leaving_the_line_fails_the_wait_and_the_frameworks_retry_with_out_of_me
     assert probe.wait_for("later") == str(CUDA_SUCCESS)
     assert probe.said() == BACK
     assert probe.finish() == ""
+
+
+TAKEN_BACK = (
+    "jupyter-vgpu: paused: room on GPU 0 was taken back for a student within their guarantee; carries on when "
+    "room frees"
+)
+
+
+def test_a_running_slice_whose_borrowed_room_is_taken_back_waits_saying_why_with_an_estimate_only_where_known(
+    env, make_slice, room_probe
+):
+    slice_env, region = make_slice(env)
+    probe = room_probe(slice_env)
+    assert probe.ask("ctx first", "first") == str(CUDA_SUCCESS)  # running, mid-cell
+
+    region.page.set_taken_back(True)  # the broker, ahead of the suspend its server carries out
+    probe.send(f"alloc grown {MIB}")
+    assert probe.said() == TAKEN_BACK
+    requests_reach(region, 1)
+    region.set_queue(1, 40)
+    assert probe.said() == f"{TAKEN_BACK}, about 40 s"
+
+    region.set_suspended(False)  # the room is back: the reason goes with the flag
+    assert probe.wait_for("grown") == str(CUDA_SUCCESS)
+    assert probe.said() == BACK
+    assert not region.page.taken_back
+    assert probe.finish() == ""

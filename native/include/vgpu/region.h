@@ -58,6 +58,10 @@
 
 #define VGPU_QUEUE_NO_ESTIMATE 0xFFFFFFFF
 
+/* Why the slice's calls wait while `suspended` is set (the page's wait_reason). */
+#define VGPU_WAIT_FOR_ROOM 0
+#define VGPU_WAIT_TAKEN_BACK 1
+
 /* One published copy of the slice's limits: 64 bytes. */
 struct vgpu_limits {
     uint64_t sequence;     /* odd while a writer is filling this copy */
@@ -133,7 +137,10 @@ struct vgpu_limits_page {
                                  trimmed, the frameworks' caches emptied) and answers in its
                                  slot (pools_answered, frameworks_answered); never what the
                                  program still holds */
-    uint8_t reserved2[32];
+    uint32_t wait_reason;     /* VGPU_WAIT_TAKEN_BACK while borrowed room is taken back from the
+                                 slice for someone within their guarantee (a classroom's broker):
+                                 its waiting calls say so; VGPU_WAIT_FOR_ROOM otherwise */
+    uint8_t reserved2[28];
     struct vgpu_limits limits[2];
 };
 
