@@ -209,7 +209,8 @@ class VGPUMagics(Magics):
         and frees nothing.
 
         ``%vgpu panel`` shows every sliced kernel of this server with memory and SM bars, and
-        controls to resize each; it refreshes about once a second in the background.
+        controls to resize this kernel's slice (other kernels are resized from JupyterLab's
+        sidebar or ``jupyter vgpu resize``); it refreshes about once a second in the background.
 
         The kernel reaches its Jupyter server with a credential of its own, which allows reading
         slices and resizing this kernel's slice only.

@@ -55,7 +55,8 @@ def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.Label, widgets.HBo
 
 
 class SliceRow:
-    """One sliced kernel: what it holds and uses, and controls to resize it."""
+    """One sliced kernel: what it holds and uses, and, where the panel's client may resize it,
+    controls to do so."""
 
     def __init__(self, model: dict[str, Any], devices: list[dict[str, Any]], panel: SlicePanel):
         self.kernel_id = model["kernel_id"]
@@ -66,25 +67,28 @@ class SliceRow:
         self.memory_bar, self.memory_label, memory = _bar_with_label()
         self.sm_bar, self.sm_label, sm = _bar_with_label()
         self.policy = widgets.Label()
-        self.memory_input = widgets.Text(description="memory", style=_LABELLED, layout=widgets.Layout(width="12em"))
-        self.cores_input = widgets.BoundedIntText(
-            min=1, max=100, description="SM share %", style=_LABELLED, layout=widgets.Layout(width="11em")
-        )
-        self.policy_input = widgets.Dropdown(
-            options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em")
-        )
-        self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
-        self.apply_button.on_click(lambda _button: self.apply())
         self.message = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
         self.warnings = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
-        controls = widgets.HBox(
-            [self.memory_input, self.cores_input, self.policy_input, self.apply_button],
-            layout=widgets.Layout(margin=_INDENT, align_items="center", grid_gap="0.5em"),
-        )
-        self.widget = widgets.VBox(
-            [_row(self.name, self.device, memory, sm, self.policy), self.warnings, controls, self.message],
-            layout=widgets.Layout(margin="0 0 0.6em 0"),
-        )
+        children: list[widgets.Widget] = [_row(self.name, self.device, memory, sm, self.policy), self.warnings]
+        # The server answers a kernel's resize of another kernel's slice with 403 (its credential
+        # writes only its own): controls it could never use are not shown at all.
+        self.resizable = panel.may_resize(self.kernel_id)
+        if self.resizable:
+            self.memory_input = widgets.Text(description="memory", style=_LABELLED, layout=widgets.Layout(width="12em"))
+            self.cores_input = widgets.BoundedIntText(
+                min=1, max=100, description="SM share %", style=_LABELLED, layout=widgets.Layout(width="11em")
+            )
+            self.policy_input = widgets.Dropdown(
+                options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em")
+            )
+            self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
+            self.apply_button.on_click(lambda _button: self.apply())
+            controls = widgets.HBox(
+                [self.memory_input, self.cores_input, self.policy_input, self.apply_button],
+                layout=widgets.Layout(margin=_INDENT, align_items="center", grid_gap="0.5em"),
+            )
+            children += [controls, self.message]
+        self.widget = widgets.VBox(children, layout=widgets.Layout(margin="0 0 0.6em 0"))
         self.update(model, devices)
 
     def update(self, model: dict[str, Any], devices: list[dict[str, Any]]) -> None:
@@ -120,7 +124,8 @@ class SliceRow:
                 *(f'<span style="color: var(--jp-info-color1, #0288d1)">{_escape(text)}</span>' for text in info),
             ]
         )
-        self._follow_limits(limits)
+        if self.resizable:
+            self._follow_limits(limits)
 
     def _follow_limits(self, limits: dict[str, Any]) -> None:
         """Controls show the current limits, except where the user has typed something else."""
@@ -190,6 +195,11 @@ class SlicePanel(widgets.VBox):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.children = [self.header, self.status]
+
+    def may_resize(self, kernel_id: str) -> bool:
+        """Whether the panel's client may resize that kernel's slice: a kernel's own credential
+        resizes only its own slice (server/handlers.py's KernelScope); a user's token, any."""
+        return not self.client.kernel_id or kernel_id == self.client.kernel_id
 
     def refresh(self) -> None:
         """Ask the server for every slice and show what it says (or why it cannot)."""
