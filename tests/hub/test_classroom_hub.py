@@ -116,6 +116,20 @@ def test_two_users_get_slices_within_the_sizes_they_chose_and_a_kernel_over_the_
         assert limits_page == str(hub.folder / "broker-state" / "limits" / f"{kernels[0]}.limits")
 
 
+def test_a_students_server_offers_only_the_sliced_kernel_and_starts_no_unsliced_one(hub):
+    """The launcher lists /api/kernelspecs: no "Python 3 (ipykernel)" card, whose kernels would use
+    the GPU outside the broker's accounting, and no start of it through the REST API either."""
+    erin = hub.user_token("erin")
+    hub.start_server("erin", {"profile": "small"})
+    status, specs = hub.server("erin", erin, "GET", "api/kernelspecs")
+    assert status == 200, specs
+    assert (specs["default"], sorted(specs["kernelspecs"])) == ("python3-vgpu", ["python3-vgpu"])
+    status, refusal = hub.start_kernel("erin", erin, kernelspec="python3")
+    assert (status, refusal["message"]) == (404, "no kernelspec named 'python3' on this server; it offers python3-vgpu")
+    status, kernels = hub.server("erin", erin, "GET", "api/kernels")
+    assert (status, kernels) == (200, [])
+
+
 def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(hub, teacher):
     carol, dave = hub.user_token("carol"), hub.user_token("dave")
     hub.start_server("carol", {})  # no choice: the default size
