@@ -509,6 +509,7 @@ class VGPUApp(ExtensionApp):
             lock_timeout=self.suspend_lock_timeout,
             host_memory_cap=parse_size(cap) if cap not in ("", "0") else _half_the_ram(),
             log=self.log,
+            sessions=self._server.session_manager,
         )
         self.settings[SUSPEND_SETTING] = suspended
         manager.others_room_wait = self.room_wait if self.broker_url else 0.0
