@@ -20,6 +20,7 @@ from typing import Any
 from jupyter_server.auth import Authorizer, User
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.services.sessions.sessionmanager import ModelName
 from jupyter_server.utils import url_path_join
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -491,7 +492,7 @@ class KernelsHandler(VGPUHandler):
             # does, and JupyterLab opening that notebook finds this kernel. A folder is only where
             # the kernel runs (JupyterLab's "New notebook on a GPU slice..." opens its own session).
             await self.session_manager.create_session(
-                path=path, name=path.rsplit("/", 1)[-1], type="notebook", kernel_id=kernel_id
+                path=path, name=ModelName(path.rsplit("/", 1)[-1]), type="notebook", kernel_id=kernel_id
             )
         model = self.kernel_manager.kernel_model(kernel_id)
         paths = await self.session_paths()
