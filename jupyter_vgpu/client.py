@@ -299,7 +299,7 @@ def slice_name(model: dict[str, Any]) -> str:
 
 def device_label(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     """``1 · Sim Large`` for a slice's device (the name from GET devices, when it lists it); for a
-    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4096 MiB, 30%)``;
+    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4GiB, 30%)``;
     ``any GPU`` for a start waiting in line for whichever GPU has room first."""
     if model.get("device") is None and model.get("state") == "queued":
         return "any GPU"

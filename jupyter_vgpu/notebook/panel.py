@@ -25,7 +25,7 @@ from jupyter_vgpu.client import (
     slice_name,
     slice_notice,
 )
-from jupyter_vgpu.model.sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
+from jupyter_vgpu.model.sizes import POLICIES, SliceValueError, exact_size, format_size, parse_size
 
 REFRESH_SECONDS = 1.0
 _COLUMN_WIDTHS = ("14em", "16em", "16em", "14em", "5em")
@@ -37,15 +37,6 @@ def _row(*children: widgets.Widget) -> widgets.HBox:
     for child, width in zip(children, _COLUMN_WIDTHS, strict=True):
         child.layout.width = width
     return widgets.HBox(list(children), layout=widgets.Layout(align_items="center"))
-
-
-def exact_size(size: int) -> str:
-    """A size for the memory control that parses back to exactly ``size`` (``format_size``
-    rounds 1400MiB to 1.4GiB, which Apply would then send as a change nobody asked for)."""
-    text = format_size(size)
-    if parse_size(text) == size:
-        return text
-    return f"{size // MIB}MiB" if size % MIB == 0 else f"{size}B"
 
 
 def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.Label, widgets.HBox]:
@@ -128,7 +119,9 @@ class SliceRow:
             self._follow_limits(limits)
 
     def _follow_limits(self, limits: dict[str, Any]) -> None:
-        """Controls show the current limits, except where the user has typed something else."""
+        """Controls show the current limits, except where the user has typed something else.
+        The memory control holds an exact size: format_size rounds 1400MiB to 1.4GiB, which Apply
+        would then send as a change nobody asked for."""
         previous, self.limits = self.limits, dict(limits)
         if not previous or self.memory_input.value == exact_size(previous["memory_bytes"]):
             self.memory_input.value = exact_size(limits["memory_bytes"])
