@@ -282,6 +282,20 @@ def describe_queue(model: dict[str, Any]) -> str | None:
     return " · ".join(parts)
 
 
+# What a slice's state means where its name alone does not say it (server/api.yaml's wording),
+# for the views that show states: jupyter vgpu status (under the table) and %vgpu.
+STATE_MEANINGS = {
+    "unused": "the slice is held, but no process of the kernel uses the GPU in it: none has made a CUDA call "
+    "yet, or those that did have ended",
+}
+
+
+def state_meaning(state: str) -> str | None:
+    """``unused: the slice is held, ...`` for a state that needs saying, else None."""
+    meaning = STATE_MEANINGS.get(state)
+    return f"{state}: {meaning}" if meaning else None
+
+
 def slice_notice(model: dict[str, Any]) -> str | None:
     """What the server's idle policy says of the slice (``notice``), except where it is only what
     the slice waits for in the line, which :func:`describe_queue` says with its place."""

@@ -32,6 +32,7 @@ from jupyter_vgpu.client import (
     in_host_memory,
     slice_name,
     slice_notice,
+    state_meaning,
 )
 from jupyter_vgpu.model.sizes import (
     POLICY_HELP,
@@ -92,6 +93,7 @@ def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     return "\n".join(
         [
             f"GPU slice of {slice_name(model)} ({model['kernel_id']}), {model['state']}",
+            *([f"  state   {meaning}"] if (meaning := state_meaning(model["state"])) else []),
             f"  device  {device_label(model, devices)}",
             _memory_line(model),
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
