@@ -39,9 +39,11 @@ def _row(*children: widgets.Widget) -> widgets.HBox:
     return widgets.HBox(list(children), layout=widgets.Layout(align_items="center"))
 
 
-def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.Label, widgets.HBox]:
-    bar = widgets.FloatProgress(min=0.0, max=1.0, value=0.0, layout=widgets.Layout(width="7em"))
-    label = widgets.Label()
+def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.HTML, widgets.HBox]:
+    bar = widgets.FloatProgress(min=0.0, max=1.0, value=0.0, layout=widgets.Layout(width="7em", flex="0 0 auto"))
+    # HTML, not a Label: a Label's text is cut with an ellipsis where the column is too narrow
+    # ("12GiB in host memory (susp…"); HTML wraps onto a second line instead.
+    label = widgets.HTML()
     return bar, label, widgets.HBox([bar, label])
 
 
@@ -92,7 +94,7 @@ class SliceRow:
         self.memory_bar.value = float(min(on_gpu, limits["memory_bytes"]))
         self.memory_bar.bar_style = "danger" if on_gpu >= limits["memory_bytes"] else ""
         held_none = {"lent": "none on the GPU (lent)", "queued": "none yet (queued)"}.get(model.get("state", ""))
-        self.memory_label.value = (
+        self.memory_label.value = _escape(
             in_host_memory(model)
             or (held_none and f"{held_none} / {format_size(limits['memory_bytes'])}")
             or f"{format_size(on_gpu)} / {format_size(limits['memory_bytes'])}"
