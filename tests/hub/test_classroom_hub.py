@@ -26,7 +26,7 @@ gpus: {count: 2, memory: 16GiB}
 simulate: true
 broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
-  students: [alice, bob, carol, dave, erin, frank, gina]
+  students: [alice, bob, carol, dave, erin, frank, gina, hana]
   staff: [teacher]
 admins: [teacher]
 sizes:
@@ -119,14 +119,14 @@ def test_two_users_get_slices_within_the_sizes_they_chose_and_a_kernel_over_the_
 def test_a_students_server_offers_only_the_sliced_kernel_and_starts_no_unsliced_one(hub):
     """The launcher lists /api/kernelspecs: no "Python 3 (ipykernel)" card, whose kernels would use
     the GPU outside the broker's accounting, and no start of it through the REST API either."""
-    erin = hub.user_token("erin")
-    hub.start_server("erin", {"profile": "small"})
-    status, specs = hub.server("erin", erin, "GET", "api/kernelspecs")
+    hana = hub.user_token("hana")
+    hub.start_server("hana", {"profile": "small"})
+    status, specs = hub.server("hana", hana, "GET", "api/kernelspecs")
     assert status == 200, specs
     assert (specs["default"], sorted(specs["kernelspecs"])) == ("python3-vgpu", ["python3-vgpu"])
-    status, refusal = hub.start_kernel("erin", erin, kernelspec="python3")
+    status, refusal = hub.start_kernel("hana", hana, kernelspec="python3")
     assert (status, refusal["message"]) == (404, "no kernelspec named 'python3' on this server; it offers python3-vgpu")
-    status, kernels = hub.server("erin", erin, "GET", "api/kernels")
+    status, kernels = hub.server("hana", hana, "GET", "api/kernels")
     assert (status, kernels) == (200, [])
 
 
