@@ -41,7 +41,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from jupyter_client import BlockingKernelClient  # noqa: E402
-from support import CUDA_PRELUDE, CheckpointTarget, JupyterProcess, compile_sim_program, write_vgpu_kernelspec  # noqa: E402
+from support import (  # noqa: E402
+    CUDA_PRELUDE,
+    CheckpointTarget,
+    JupyterProcess,
+    compile_sim_program,
+    write_vgpu_kernelspec,
+    written_with_a_pattern,
+)
 
 from jupyter_vgpu.holders.checkpoint import CheckpointController  # noqa: E402
 from jupyter_vgpu.model import use_simulator  # noqa: E402
@@ -58,12 +65,8 @@ HOLD = (
     + """
 pointer = ctypes.c_uint64()
 assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t({size})) == 0
-assert cuda.cuMemsetD8_v2(pointer, 0x5A, ctypes.c_size_t(1 << 20)) == 0
-def intact():
-    back = (ctypes.c_ubyte * (1 << 20))()
-    assert cuda.cuMemcpyDtoH_v2(back, pointer, ctypes.c_size_t(1 << 20)) == 0
-    return bytes(back) == b'\\x5a' * (1 << 20)
 """
+    + written_with_a_pattern("pointer", 1 << 20)
 )
 FIRST_LINE = f"print({MARKER!r}, allocate(1 << 20), flush=True)\nprint('intact', intact())"
 
