@@ -35,6 +35,7 @@ from jupyter_vgpu.client import (
     gpu_memory_used,
     in_host_memory,
     resize_waiting,
+    state_meaning,
 )
 from jupyter_vgpu.model import (
     FULL_SHARE,
@@ -758,6 +759,9 @@ class StatusApp(_ServerCommand):
                 print(f"{'':<10}warning: {warning}")
         if not slices:
             print("(no slices)")
+        for state in dict.fromkeys(item["state"] for item in slices):
+            if meaning := state_meaning(state):
+                print(meaning)
         for device in client.devices():
             # Memory the GPU holds beyond the slices: not free, whatever the caps leave.
             outside, over_cap = device.get("memory_outside_bytes", 0), device.get("memory_over_cap_bytes", 0)

@@ -297,6 +297,20 @@ def resize_waiting(model: dict[str, Any]) -> str | None:
     )
 
 
+# What a slice's state means where its name alone does not say it (server/api.yaml's wording),
+# for the views that show states: jupyter vgpu status (under the table) and %vgpu.
+STATE_MEANINGS = {
+    "unused": "the slice is held, but no process of the kernel uses the GPU in it: none has made a CUDA call "
+    "yet, or those that did have ended",
+}
+
+
+def state_meaning(state: str) -> str | None:
+    """``unused: the slice is held, ...`` for a state that needs saying, else None."""
+    meaning = STATE_MEANINGS.get(state)
+    return f"{state}: {meaning}" if meaning else None
+
+
 def slice_notice(model: dict[str, Any]) -> str | None:
     """What the server's idle policy says of the slice (``notice``), except where it is only what
     the slice waits for in the line, which :func:`describe_queue` says with its place."""
@@ -314,7 +328,7 @@ def slice_name(model: dict[str, Any]) -> str:
 
 def device_label(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     """``1 · Sim Large`` for a slice's device (the name from GET devices, when it lists it); for a
-    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4096 MiB, 30%)``;
+    pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4GiB, 30%)``;
     ``any GPU`` for a start waiting in line for whichever GPU has room first."""
     if model.get("device") is None and model.get("state") == "queued":
         return "any GPU"

@@ -412,7 +412,7 @@ class SliceManager(LoggingConfigurable):
                 reason = refused.__cause__
                 if not isinstance(reason, CapacityError) or reason.resource not in DEVICE_ROOM:
                     raise
-                request.short, request.waiting_for = reason, _waiting_for(reason)
+                request.short, request.waiting_for = reason, waiting_for_room(reason)
                 return False
 
         async def attempt_async() -> bool:
@@ -426,7 +426,7 @@ class SliceManager(LoggingConfigurable):
             self._device_uuid(device),
             attempt_async,
             policy=limits.policy,
-            waiting_for=_waiting_for(short),
+            waiting_for=waiting_for_room(short),
             short=short,
             labels={**(metadata or {}), "owner": owner},
         )
@@ -515,7 +515,7 @@ class SliceManager(LoggingConfigurable):
             except CapacityError as short:
                 if short.resource not in DEVICE_ROOM:
                     raise
-                request.short, request.waiting_for = short, _waiting_for(short)
+                request.short, request.waiting_for = short, waiting_for_room(short)
                 return False
 
         async def attempt_async() -> bool:
@@ -548,7 +548,7 @@ class SliceManager(LoggingConfigurable):
             current.device_uuid,
             attempt_async,
             policy=wanted.policy,
-            waiting_for=_waiting_for(short),
+            waiting_for=waiting_for_room(short),
             short=short,
         )
         # As for a start: room is made at once where nobody waits for the device.
@@ -790,7 +790,7 @@ class SliceManager(LoggingConfigurable):
         self.release_gone(allocation)
 
 
-def _waiting_for(short: CapacityError) -> str:
+def waiting_for_room(short: CapacityError) -> str:
     """What a request in line waits for, from the refusal of its last attempt (and, where a
     broker is having other users' idle kernels suspended for it, that)."""
     if short.resource == "line":
@@ -826,5 +826,6 @@ __all__ = [
     "orphan_notice",
     "served_elsewhere",
     "start_refusal",
+    "waiting_for_room",
     "woken_at",
 ]

@@ -74,9 +74,22 @@ ADMIN_ROLE = "vgpu-admin"
 BROKER_SCOPES = ["list:users", "read:users", "read:users:groups", "read:servers"]
 LOCAL = "local"
 KUBERNETES = "kubernetes"
+# The kernelspec jupyter-vgpu installs (kernels/python3-vgpu): what students may start by default.
+SLICED_KERNELSPECS = ("python3-vgpu",)
+# The single-user server's options that hide every other kernelspec, the unsliced "Python 3
+# (ipykernel)" included, and make the first allowed one the default (the launcher's and
+# POST /api/sessions' without a name).
+_ALLOWED_ARG = "--KernelSpecManager.allowed_kernelspecs="
+_DEFAULT_ARG = "--MappingKernelManager.default_kernel_name="
 
 
-def configure(c: Config, path: str | Path, *, spawner: str | None = None) -> Classroom:
+def configure(
+    c: Config,
+    path: str | Path,
+    *,
+    spawner: str | None = None,
+    kernelspecs: Iterable[str] | None = SLICED_KERNELSPECS,
+) -> Classroom:
     """Configure a JupyterHub from a classroom file; returns the loaded :class:`Classroom`.
 
     Merges with what ``c`` has already (services, roles, groups, scopes are added to, never
@@ -88,9 +101,19 @@ def configure(c: Config, path: str | Path, *, spawner: str | None = None) -> Cla
     scopes, the broker's role, ``custom:vgpu:use!user`` and access to the broker for every user
     (``c.JupyterHub.extra_user_scopes``, or the hub's own ``user`` role where ``load_roles``
     defines one), the ``vgpu-admin`` role for ``admins`` and ``admin_groups``, the same two scopes
-    on every server's token, and the options form with ``apply_user_options``. KubeSpawner gets
-    ``profile_list``. Both get ``load_groups``.
+    on every server's token, the options form with ``apply_user_options``, and single-user
+    servers that offer only the ``kernelspecs`` named (by default the sliced ``python3-vgpu``; the
+    first is the default kernel): a kernel of the unsliced "Python 3 (ipykernel)" would use the GPU
+    outside the broker's accounting. ``kernelspecs=None`` leaves the servers' kernelspecs as they
+    are. KubeSpawner gets ``profile_list`` (its pod's slice holds every kernel of the pod). Both
+    get ``load_groups``.
     """
+    # Checked at run time: a hub's config file is not type-checked (a bare "python3-vgpu" would
+    # otherwise be taken letter by letter).
+    offered = None if kernelspecs is None else [kernelspecs] if isinstance(kernelspecs, str) else list(kernelspecs)
+    names_given = offered and all(isinstance(name, str) for name in offered) and all(offered)
+    if offered is not None and not names_given:
+        raise ValueError(f"kernelspecs={kernelspecs!r}: give kernelspec names, or None to keep every kernelspec")
     hub_groups = _current(c.JupyterHub, "load_groups", {})
     classroom = load_classroom(path, hub_groups=list(hub_groups))
     kind = _spawner_kind(c, spawner)
@@ -99,6 +122,8 @@ def configure(c: Config, path: str | Path, *, spawner: str | None = None) -> Cla
         _configure_kubespawner(c, classroom)
     else:
         _configure_local(c, classroom)
+        if offered is not None:
+            c.Spawner.args = _kernelspec_args(classroom, _current(c.Spawner, "args", []), offered)
     return classroom
 
 
@@ -218,6 +243,18 @@ def _configure_local(c: Config, classroom: Classroom) -> None:
     c.Spawner.options_from_form = _mark(options_from_form)
     hub_apply = _current(c.Spawner, "apply_user_options", None)
     c.Spawner.apply_user_options = _then(apply_user_options(classroom), getattr(hub_apply, _HUB_HOOK, hub_apply))
+
+
+def _kernelspec_args(classroom: Classroom, args: list[str], kernelspecs: list[str]) -> list[str]:
+    """The single-user servers' ``args`` with the options that offer only ``kernelspecs``."""
+    ours = [*(_ALLOWED_ARG + name for name in kernelspecs), _DEFAULT_ARG + kernelspecs[0]]
+    theirs = [arg for arg in args if str(arg).startswith((_ALLOWED_ARG, _DEFAULT_ARG)) and arg not in ours]
+    if theirs:
+        raise ClassroomError(
+            f"{classroom.path}: c.Spawner.args sets {', '.join(theirs)} already; configure() sets the "
+            "kernelspecs students may start (kernelspecs=[...]); pass kernelspecs=None to keep yours"
+        )
+    return [arg for arg in args if arg not in ours] + ours
 
 
 def _is_ours(service: dict[str, Any]) -> bool:

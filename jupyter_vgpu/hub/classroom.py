@@ -24,7 +24,7 @@ import yaml
 
 from jupyter_vgpu.ledger.embedded import PLACEMENTS
 from jupyter_vgpu.model import SliceValueError, format_size, parse_policy, parse_size, parse_sm_share
-from jupyter_vgpu.model.sizes import SIZE_HELP
+from jupyter_vgpu.model.sizes import SIZE_HELP, exact_size
 
 MIB = 1 << 20
 DEFAULT_SERVICE_NAME = "vgpu"
@@ -992,19 +992,6 @@ SERVER_ENVIRONMENT = (
     ENV_IDLE_SUSPEND_AFTER,
     ENV_SUSPEND_HOST_MEMORY,
 )
-
-
-def exact_size(size: int) -> str:
-    """A size as text that parses back to exactly ``size`` bytes: ``1GiB`` where
-    :func:`format_size` is exact (it rounds to 0.1), else whole MiB, else bytes."""
-    text = format_size(size)
-    try:
-        exact = parse_size(text) == size
-    except SliceValueError:
-        exact = False
-    if exact:
-        return text
-    return f"{size // MIB}MiB" if size % MIB == 0 else f"{size}B"
 
 
 def server_environment(

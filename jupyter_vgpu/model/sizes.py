@@ -109,6 +109,19 @@ def format_size(size: int) -> str:
     return f"{size}B"
 
 
+def exact_size(size: int) -> str:
+    """A size as text that parses back to exactly ``size`` bytes: ``1GiB`` where
+    :func:`format_size` is exact (it rounds to 0.1), else whole MiB, else bytes."""
+    text = format_size(size)
+    try:
+        exact = parse_size(text) == size
+    except SliceValueError:
+        exact = False
+    if exact:
+        return text
+    return f"{size // MIB}MiB" if size % MIB == 0 else f"{size}B"
+
+
 def parse_sm_share(value: str | float) -> int:
     """An SM share in percent: an integer 1..100 (a trailing ``%`` is allowed in text). A float
     that is a whole number (JSON ``10.0``, an integer to JSON Schema) is that integer."""

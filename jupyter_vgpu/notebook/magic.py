@@ -33,6 +33,7 @@ from jupyter_vgpu.client import (
     resize_waiting,
     slice_name,
     slice_notice,
+    state_meaning,
 )
 from jupyter_vgpu.model.sizes import (
     POLICY_HELP,
@@ -93,6 +94,7 @@ def describe_slice(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     return "\n".join(
         [
             f"GPU slice of {slice_name(model)} ({model['kernel_id']}), {model['state']}",
+            *([f"  state   {meaning}"] if (meaning := state_meaning(model["state"])) else []),
             f"  device  {device_label(model, devices)}",
             _memory_line(model),
             f"  SM      {usage['sm_util']:.1f}% measured of {limits['cores']}% share",
@@ -211,7 +213,8 @@ class VGPUMagics(Magics):
         room comes. Shrinking the memory below what the kernel holds is refused with what it holds.
 
         ``%vgpu panel`` shows every sliced kernel of this server with memory and SM bars, and
-        controls to resize each; it refreshes about once a second in the background.
+        controls to resize this kernel's slice (other kernels are resized from JupyterLab's
+        sidebar or ``jupyter vgpu resize``); it refreshes about once a second in the background.
 
         The kernel reaches its Jupyter server with a credential of its own, which allows reading
         slices and resizing this kernel's slice only.

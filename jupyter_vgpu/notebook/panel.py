@@ -25,7 +25,7 @@ from jupyter_vgpu.client import (
     slice_name,
     slice_notice,
 )
-from jupyter_vgpu.model.sizes import MIB, POLICIES, SliceValueError, format_size, parse_size
+from jupyter_vgpu.model.sizes import POLICIES, SliceValueError, exact_size, format_size, parse_size
 
 REFRESH_SECONDS = 1.0
 _COLUMN_WIDTHS = ("14em", "16em", "16em", "14em", "5em")
@@ -39,23 +39,17 @@ def _row(*children: widgets.Widget) -> widgets.HBox:
     return widgets.HBox(list(children), layout=widgets.Layout(align_items="center"))
 
 
-def exact_size(size: int) -> str:
-    """A size for the memory control that parses back to exactly ``size`` (``format_size``
-    rounds 1400MiB to 1.4GiB, which Apply would then send as a change nobody asked for)."""
-    text = format_size(size)
-    if parse_size(text) == size:
-        return text
-    return f"{size // MIB}MiB" if size % MIB == 0 else f"{size}B"
-
-
-def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.Label, widgets.HBox]:
-    bar = widgets.FloatProgress(min=0.0, max=1.0, value=0.0, layout=widgets.Layout(width="7em"))
-    label = widgets.Label()
+def _bar_with_label() -> tuple[widgets.FloatProgress, widgets.HTML, widgets.HBox]:
+    bar = widgets.FloatProgress(min=0.0, max=1.0, value=0.0, layout=widgets.Layout(width="7em", flex="0 0 auto"))
+    # HTML, not a Label: a Label's text is cut with an ellipsis where the column is too narrow
+    # ("12GiB in host memory (susp…"); HTML wraps onto a second line instead.
+    label = widgets.HTML()
     return bar, label, widgets.HBox([bar, label])
 
 
 class SliceRow:
-    """One sliced kernel: what it holds and uses, and controls to resize it."""
+    """One sliced kernel: what it holds and uses, and, where the panel's client may resize it,
+    controls to do so."""
 
     def __init__(self, model: dict[str, Any], devices: list[dict[str, Any]], panel: SlicePanel):
         self.kernel_id = model["kernel_id"]
@@ -66,25 +60,28 @@ class SliceRow:
         self.memory_bar, self.memory_label, memory = _bar_with_label()
         self.sm_bar, self.sm_label, sm = _bar_with_label()
         self.policy = widgets.Label()
-        self.memory_input = widgets.Text(description="memory", style=_LABELLED, layout=widgets.Layout(width="12em"))
-        self.cores_input = widgets.BoundedIntText(
-            min=1, max=100, description="SM share %", style=_LABELLED, layout=widgets.Layout(width="11em")
-        )
-        self.policy_input = widgets.Dropdown(
-            options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em")
-        )
-        self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
-        self.apply_button.on_click(lambda _button: self.apply())
         self.message = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
         self.warnings = widgets.HTML(layout=widgets.Layout(margin=_INDENT))
-        controls = widgets.HBox(
-            [self.memory_input, self.cores_input, self.policy_input, self.apply_button],
-            layout=widgets.Layout(margin=_INDENT, align_items="center", grid_gap="0.5em"),
-        )
-        self.widget = widgets.VBox(
-            [_row(self.name, self.device, memory, sm, self.policy), self.warnings, controls, self.message],
-            layout=widgets.Layout(margin="0 0 0.6em 0"),
-        )
+        children: list[widgets.Widget] = [_row(self.name, self.device, memory, sm, self.policy), self.warnings]
+        # The server answers a kernel's resize of another kernel's slice with 403 (its credential
+        # writes only its own): controls it could never use are not shown at all.
+        self.resizable = panel.may_resize(self.kernel_id)
+        if self.resizable:
+            self.memory_input = widgets.Text(description="memory", style=_LABELLED, layout=widgets.Layout(width="12em"))
+            self.cores_input = widgets.BoundedIntText(
+                min=1, max=100, description="SM share %", style=_LABELLED, layout=widgets.Layout(width="11em")
+            )
+            self.policy_input = widgets.Dropdown(
+                options=POLICIES, description="policy", style=_LABELLED, layout=widgets.Layout(width="10em")
+            )
+            self.apply_button = widgets.Button(description="Apply", layout=widgets.Layout(width="6em", flex="0 0 auto"))
+            self.apply_button.on_click(lambda _button: self.apply())
+            controls = widgets.HBox(
+                [self.memory_input, self.cores_input, self.policy_input, self.apply_button],
+                layout=widgets.Layout(margin=_INDENT, align_items="center", grid_gap="0.5em"),
+            )
+            children += [controls, self.message]
+        self.widget = widgets.VBox(children, layout=widgets.Layout(margin="0 0 0.6em 0"))
         self.update(model, devices)
 
     def update(self, model: dict[str, Any], devices: list[dict[str, Any]]) -> None:
@@ -97,7 +94,7 @@ class SliceRow:
         self.memory_bar.value = float(min(on_gpu, limits["memory_bytes"]))
         self.memory_bar.bar_style = "danger" if on_gpu >= limits["memory_bytes"] else ""
         held_none = {"lent": "none on the GPU (lent)", "queued": "none yet (queued)"}.get(model.get("state", ""))
-        self.memory_label.value = (
+        self.memory_label.value = _escape(
             in_host_memory(model)
             or (held_none and f"{held_none} / {format_size(limits['memory_bytes'])}")
             or f"{format_size(on_gpu)} / {format_size(limits['memory_bytes'])}"
@@ -120,10 +117,13 @@ class SliceRow:
                 *(f'<span style="color: var(--jp-info-color1, #0288d1)">{_escape(text)}</span>' for text in info),
             ]
         )
-        self._follow_limits(limits)
+        if self.resizable:
+            self._follow_limits(limits)
 
     def _follow_limits(self, limits: dict[str, Any]) -> None:
-        """Controls show the current limits, except where the user has typed something else."""
+        """Controls show the current limits, except where the user has typed something else.
+        The memory control holds an exact size: format_size rounds 1400MiB to 1.4GiB, which Apply
+        would then send as a change nobody asked for."""
         previous, self.limits = self.limits, dict(limits)
         if not previous or self.memory_input.value == exact_size(previous["memory_bytes"]):
             self.memory_input.value = exact_size(limits["memory_bytes"])
@@ -190,6 +190,11 @@ class SlicePanel(widgets.VBox):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.children = [self.header, self.status]
+
+    def may_resize(self, kernel_id: str) -> bool:
+        """Whether the panel's client may resize that kernel's slice: a kernel's own credential
+        resizes only its own slice (server/handlers.py's KernelScope); a user's token, any."""
+        return not self.client.kernel_id or kernel_id == self.client.kernel_id
 
     def refresh(self) -> None:
         """Ask the server for every slice and show what it says (or why it cannot)."""

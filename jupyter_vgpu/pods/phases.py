@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_vgpu.model.sizes import MIB, format_size
+
 HAMI_NODE = "hami.io/vgpu-node"
 HAMI_DEVICES = "hami.io/vgpu-devices-allocated"
 # Container waiting reasons that do not get better by themselves within a kernel start.
@@ -52,14 +54,15 @@ class PodState:
 
 def hami_gpu(annotations: dict[str, str]) -> str:
     """The GPU HAMi gave the pod, from ``hami.io/vgpu-devices-allocated``
-    (``GPU-UUID,NVIDIA,<MiB>,<cores>:;`` per container): ``GPU-UUID (4096 MiB, 30%)``."""
+    (``GPU-UUID,NVIDIA,<MiB>,<cores>:;`` per container): ``GPU-UUID (4GiB, 30%)``, the size as every
+    view writes it (format_size)."""
     text = annotations.get(HAMI_DEVICES, "")
     for container in text.split(";"):
         for device in container.split(":"):
             parts = device.split(",")
             if parts and parts[0].strip():
                 if len(parts) >= 4 and parts[2].strip().isdigit() and parts[3].strip().isdigit():
-                    return f"{parts[0].strip()} ({parts[2].strip()} MiB, {parts[3].strip()}%)"
+                    return f"{parts[0].strip()} ({format_size(int(parts[2]) * MIB)}, {parts[3].strip()}%)"
                 return parts[0].strip()
     return ""
 

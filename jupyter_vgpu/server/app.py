@@ -45,7 +45,7 @@ from jupyter_vgpu.pods.cluster import default_namespace
 from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
 from jupyter_vgpu.server.adopt import adopt_survivors, this_server
-from jupyter_vgpu.server.errors import StartRefusalLog, refusal_for_http
+from jupyter_vgpu.server.errors import StartRefusalLog, VGPUHTTPError, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
 from jupyter_vgpu.server.room import RoomForOthers
@@ -507,6 +507,7 @@ class VGPUApp(ExtensionApp):
             lock_timeout=self.suspend_lock_timeout,
             host_memory_cap=parse_size(cap) if cap not in ("", "0") else _half_the_ram(),
             log=self.log,
+            sessions=self._server.session_manager,
         )
         self.settings[SUSPEND_SETTING] = suspended
         manager.release_wait = self.suspend_release_wait
@@ -672,10 +673,19 @@ def _line_aware(kernel_manager, slices: SliceManager) -> None:
       only when its websocket connects (a 500, no message JupyterLab shows).
     - Shutting down a kernel whose start waits in the line takes it out of the line first:
       jupyter_client's shutdown of a pending kernel awaits its start, which would keep the client
-      waiting until the kernel had room; no hook runs before that wait."""
+      waiting until the kernel had room; no hook runs before that wait.
+    - A kernelspec that ``KernelSpecManager.allowed_kernelspecs`` leaves out is refused (404):
+      jupyter_client only hides it from the listings and starts it by name all the same, so a
+      classroom's hidden unsliced "Python 3 (ipykernel)" would still start from the REST API."""
     start = kernel_manager.start_kernel
 
     async def start_kernel(*args: Any, **kwargs: Any) -> str:
+        name = kwargs.get("kernel_name") or kernel_manager.default_kernel_name
+        allowed = kernel_manager.kernel_spec_manager.allowed_kernelspecs
+        if allowed and name not in allowed:
+            raise VGPUHTTPError(
+                404, f"no kernelspec named {name!r} on this server; it offers {', '.join(sorted(allowed))}"
+            )
         kernel_id: str = await ensure_async(start(*args, **kwargs))
         await started_or_queued(kernel_manager, slices, kernel_id)
         return kernel_id

@@ -20,6 +20,7 @@ from typing import Any
 from jupyter_server.auth import Authorizer, User
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.services.sessions.sessionmanager import ModelName
 from jupyter_server.utils import url_path_join
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -40,6 +41,7 @@ from jupyter_vgpu.provisioning.local import PROVISIONER_NAME
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME
 from jupyter_vgpu.server.errors import VGPUHTTPError
 from jupyter_vgpu.server.idle import IDLE_SETTING, idle_notice
+from jupyter_vgpu.server.sessions import session_paths
 from jupyter_vgpu.server.suspend import SUSPEND_LOCK_TIMEOUT_SETTING, SUSPEND_SETTING, SuspendedKernels
 
 AUTH_RESOURCE = "vgpu"
@@ -262,8 +264,7 @@ class VGPUHandler(APIHandler):
         return slice_model(status, session_paths, self.slices.line.place(status.allocation.kernel_id))
 
     async def session_paths(self) -> dict[str, str]:
-        sessions = await self.session_manager.list_sessions()
-        return {session["kernel"]["id"]: session.get("path", "") for session in sessions if session.get("kernel")}
+        return await session_paths(self.session_manager)
 
 
 class DevicesHandler(VGPUHandler):
@@ -488,8 +489,16 @@ class KernelsHandler(VGPUHandler):
             if isinstance(refusal, VGPUHTTPError):
                 raise
             raise VGPUHTTPError(409 if refusal.kind == "capacity" else 400, str(refusal)) from None
+        path = body.get("path") or ""
+        if path.endswith(".ipynb") and kernel_id in self.kernel_manager:
+            # A session names the kernel after its notebook in every view, as POST /api/sessions
+            # does, and JupyterLab opening that notebook finds this kernel. A folder is only where
+            # the kernel runs (JupyterLab's "New notebook on a GPU slice..." opens its own session).
+            await self.session_manager.create_session(
+                path=path, name=ModelName(path.rsplit("/", 1)[-1]), type="notebook", kernel_id=kernel_id
+            )
         model = self.kernel_manager.kernel_model(kernel_id)
-        paths = {kernel_id: body.get("path") or ""}
+        paths = await self.session_paths()
         request = self.slices.line.get(kernel_id)
         if request is not None and self.slices.ledger.get(kernel_id) is None:
             slice_ = queued_start_model(request, self.slices.line.place(kernel_id), paths)

@@ -24,10 +24,10 @@ import logging
 import time
 from typing import Any
 
+from jupyter_vgpu.client import slice_name
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.ledger import (
-    SUSPEND_TIMINGS_KEY,
     SUSPENDED_KEY,
     Allocation,
     CapacityError,
@@ -35,15 +35,27 @@ from jupyter_vgpu.ledger import (
     UnknownSlice,
 )
 from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, WOKEN_KEY, RoomWanted, SliceManager, woken_at
+from jupyter_vgpu.manager import (
+    DEVICE_ROOM,
+    IN_LINE_KEY,
+    ORPHANED_KEY,
+    WOKEN_KEY,
+    RoomWanted,
+    SliceManager,
+    waiting_for_room,
+    woken_at,
+)
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
+from jupyter_vgpu.server.sessions import session_paths
 
 # Where the handlers find VGPUApp.suspend_lock_timeout (seconds a process may take to finish its
 # GPU work before a suspend leaves the kernel running).
 SUSPEND_LOCK_TIMEOUT_SETTING = "jupyter_vgpu_suspend_lock_timeout"
 # Where the slice watcher finds the server's SuspendedKernels.
 SUSPEND_SETTING = "jupyter_vgpu_suspended_kernels"
+# The most kernels a waiting kernel's notice names as holding its room ("and 4 more" after them).
+NAMED_HOLDERS = 3
 
 
 class SuspendedKernels:
@@ -58,13 +70,18 @@ class SuspendedKernels:
         lock_timeout: float = 5.0,
         host_memory_cap: int | None = None,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+        sessions: Any = None,
     ):
         self.slices = slices
         self.kernels = kernels  # jupyter_server's MappingKernelManager
+        self.sessions = sessions  # jupyter_server's SessionManager: the notebooks notices name kernels by
         self.suspend_after = suspend_after
         self.lock_timeout = lock_timeout
         self.host_memory_cap = host_memory_cap
         self.log = log or logging.getLogger(__name__)
+        # What was last logged of each kernel, by topic: a wait retried at every pass of the line
+        # (several a second) logs at INFO only when what it says changes, at DEBUG otherwise.
+        self._said: dict[tuple[str, str], str] = {}
 
     # -- resume on demand ----------------------------------------------------------------------
 
@@ -114,7 +131,7 @@ class SuspendedKernels:
                 if short.resource not in DEVICE_ROOM:
                     raise
                 request.short = short
-                request.waiting_for = _waiting(allocation, short)
+                request.waiting_for = await self._waiting(allocation, short)
                 self._notice(allocation, request.waiting_for)
                 return False
             except CheckpointError as failed:
@@ -160,6 +177,7 @@ class SuspendedKernels:
                 holder.show_place(allocation, place.position, place.eta_seconds)
 
     def _resumed(self, kernel_id: str) -> None:
+        self._forget_said(kernel_id)
         with contextlib.suppress(UnknownSlice):
             self.slices.ledger.update_metadata(kernel_id, **{IN_LINE_KEY: None, SUSPEND_NOTICE_KEY: None})
         self.log.info("jupyter_vgpu: kernel %s resumed", kernel_id)
@@ -173,12 +191,12 @@ class SuspendedKernels:
             await asyncio.to_thread(self.slices.resume, kernel_id)
         except CapacityError as short:
             if short.resource not in DEVICE_ROOM or not await self._make_room(allocation, short, allocations):
-                self._notice(allocation, _waiting(allocation, short))
+                self._notice(allocation, await self._waiting(allocation, short))
                 return False
             try:
                 await asyncio.to_thread(self.slices.resume, kernel_id)
             except CapacityError as still:
-                self._notice(allocation, _waiting(allocation, still))
+                self._notice(allocation, await self._waiting(allocation, still))
                 return False
         self.slices.line.leave(kernel_id, "resumed")
         self._resumed(kernel_id)
@@ -240,8 +258,9 @@ class SuspendedKernels:
                 self.slices.suspend, candidate.kernel_id, lock_timeout=self.lock_timeout
             )
         except (NotSupported, CheckpointError, UnknownSlice) as why:
-            self.log.info("jupyter_vgpu: kernel %s not suspended to make room: %s", candidate.kernel_id, why)
+            self._say(candidate.kernel_id, "room", f"not suspended to make room: {why}")
             return None
+        self._forget_said(candidate.kernel_id)
         self._notice(suspended, notice or suspended_notice(f"suspended to make room for {for_whom}", suspended))
         return suspended
 
@@ -295,14 +314,46 @@ class SuspendedKernels:
             self._refused(allocation, f"not suspended when idle: {why}")
             return False
         except CheckpointError as busy:
-            self.log.info("jupyter_vgpu: idle kernel %s not suspended this time: %s", kernel_id, busy)
+            self._say(kernel_id, "idle", f"not suspended when idle this time: {busy}")
             return False  # tried again at the next tick
+        self._forget_said(kernel_id)
         notice = suspended_notice(f"suspended after {format_duration(self.suspend_after)} idle", suspended)
         self._notice(suspended, notice)
         self.log.info("jupyter_vgpu: kernel %s %s", kernel_id, notice)
         return True
 
     # -- notices -------------------------------------------------------------------------------
+
+    def _say(self, kernel_id: str, topic: str, text: str) -> None:
+        """Log ``text`` of a kernel: at INFO where it is not what was last said on ``topic``, else
+        at DEBUG."""
+        unchanged = self._said.get((kernel_id, topic)) == text
+        self._said[(kernel_id, topic)] = text
+        self.log.log(logging.DEBUG if unchanged else logging.INFO, "jupyter_vgpu: kernel %s %s", kernel_id, text)
+
+    def _forget_said(self, kernel_id: str) -> None:
+        for key in [key for key in self._said if key[0] == kernel_id]:
+            del self._said[key]
+
+    async def _waiting(self, allocation: Allocation, short: CapacityError) -> str:
+        """A suspended kernel's notice while it waits for room on its device, logged once while it
+        says the same: how much is missing there and which kernels hold the room, named as every
+        view names them (their notebook, else their short id), never what they are doing."""
+        holders = [
+            other.kernel_id
+            for other in self.slices.ledger.allocations()
+            if other.device_uuid == allocation.device_uuid
+            and other.kernel_id != allocation.kernel_id
+            and not other.suspended
+        ]
+        paths: dict[str, str] = {}
+        if holders and self.sessions is not None:
+            with contextlib.suppress(Exception):  # a notice without notebook names is still true
+                paths = await session_paths(self.sessions)
+        names = [slice_name({"kernel_id": kernel_id, "path": paths.get(kernel_id, "")}) for kernel_id in holders]
+        text = waiting_notice(allocation, short, names)
+        self._say(allocation.kernel_id, "wait", text)
+        return text
 
     def _notice(self, allocation: Allocation, text: str | None) -> None:
         try:
@@ -329,22 +380,18 @@ def taken_back_notice(allocation: Allocation) -> str:
 
 def suspended_notice(why: str, suspended: Allocation) -> str:
     """A suspended kernel's notice: why, what its processes gave back first (cached memory they
-    did not use), how much moved to host memory, and about how long its resume will take: its
-    memory copied back over the same link, so about the seconds the suspend took (1 s at the
-    least), where they are known. "suspended after 20 min idle: released 2GiB cached by PyTorch;
-    1.5GiB moved to host memory; resumes when a cell runs, about 1 s"."""
+    did not use), how much moved to host memory, and what resumes it. No time: a resume first
+    waits for its room on the GPU, for as long as others hold it. "suspended after 20 min idle:
+    released 2GiB cached by PyTorch; 1.5GiB moved to host memory; resumes when a cell runs"."""
     if suspended.lent:
         return (
             f"{why.replace('suspended', 'lent', 1)}: it had not used the GPU, so nothing moved; its first CUDA "
             "call takes its room back"
         )
-    timings = suspended.metadata.get(SUSPEND_TIMINGS_KEY)
-    took = timings.get("suspend") if isinstance(timings, dict) else None
-    about = f", about {format_duration(max(1.0, float(took)))}" if isinstance(took, (int, float)) else ""
     released = released_text(suspended)
     return (
         f"{why}: {released + '; ' if released else ''}{format_size(suspended.host_memory)} moved to host memory; "
-        f"resumes when a cell runs{about}"
+        "resumes when a cell runs"
     )
 
 
@@ -378,15 +425,21 @@ def _could_make_up(short: CapacityError, candidates: list[Allocation]) -> bool:
     return bool(candidates)
 
 
-def _waiting(allocation: Allocation, short: CapacityError) -> str:
-    gpu = f"GPU {allocation.device_index}"
-    if short.resource == "memory":
-        wanted = format_size(short.requested - short.available)
-        return (
-            f"waiting for {wanted} on {gpu}, held by running kernels ({format_size(short.requested)} in all); "
-            "this kernel resumes when it is free"
-        )
-    return f"waiting for room on {gpu}: {short}; this kernel resumes when it is free"
+def waiting_notice(allocation: Allocation, short: CapacityError, holders: list[str]) -> str:
+    """What a suspended kernel waits for on its device, in the words of a start waiting in line,
+    and who holds that room: "waiting for 8GiB more GPU memory (4GiB free) on GPU 1, held by
+    train.ipynb and kernel 1c2e3f4a; this kernel resumes when it is free"."""
+    if holders:
+        named = holders[:NAMED_HOLDERS]
+        more = len(holders) - len(named)
+        if more:
+            named.append(f"{more} more")
+        held = "held by " + (named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}")
+    else:
+        # None of the slices this server's ledger lists: a program outside any slice, the
+        # device's reserve, or (with a broker) another user's kernels.
+        held = "held outside this server's slices"
+    return f"waiting for {waiting_for_room(short)} on GPU {allocation.device_index}, {held}; this kernel resumes when it is free"
 
 
 __all__ = ["SUSPEND_LOCK_TIMEOUT_SETTING", "SUSPEND_SETTING", "SuspendedKernels"]

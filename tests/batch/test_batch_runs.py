@@ -19,9 +19,13 @@ NO_SERVER_NOTE = "  note    started without a vGPU server (a batch run): its siz
 
 
 def slice_lines(printed: str, cap: str) -> list[str]:
-    """What %vgpu printed, with the first line (the kernel's id and state) checked and cut."""
+    """What %vgpu printed, with the first line (the kernel's id and state) checked and cut, and the
+    line saying what `unused` means where it is that."""
     lines = printed.splitlines()
-    assert re.fullmatch(r"GPU slice of kernel ([0-9a-f]{8}) \(\1[0-9a-f-]{28}\), (unused|running)", lines[0]), lines[0]
+    shown = re.fullmatch(r"GPU slice of kernel ([0-9a-f]{8}) \(\1[0-9a-f-]{28}\), (unused|running)", lines[0])
+    assert shown, lines[0]
+    if shown[2] == "unused":
+        assert lines.pop(1).startswith("  state   unused: the slice is held, but no process of the kernel uses"), lines
     assert lines[1:5] == [
         "  device  0 · jupyter-vgpu test GPU",
         f"  memory  0B used of {cap} cap",

@@ -783,6 +783,30 @@ const scenarios = {
     await cell(page, 0).locator('.cm-content').fill(settings.code);
     const total = await runCell(page, 0, 'total');
     return { free, invalid, status, total };
+  },
+
+  /**
+   * %vgpu panel in settings.notebook (cell 0 allocates GPU memory, cell 1 shows the panel); the
+   * kernel suspended through REST while the panel refreshes in its own thread (no cell runs, so
+   * nothing resumes it): its row's memory label, and whether the page cuts it.
+   */
+  async panelSuspended(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    await runCell(page, 0, 'allocated 0');
+    await runCell(page, 1, 'memory used / cap');
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    await api(page, 'POST', `api/vgpu/slices/${kernelId}/suspend`);
+    const label = cell(page, 1)
+      .locator('.widget-label, .widget-html-content', { hasText: 'in host memory' })
+      .first();
+    await label.waitFor();
+    return {
+      label: await label.evaluate(node => ({
+        text: node.textContent,
+        cut: node.scrollWidth > node.clientWidth
+      }))
+    };
   }
 };
 

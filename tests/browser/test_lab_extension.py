@@ -101,6 +101,14 @@ def test_a_suspended_notebook_shows_in_the_sidebar_and_resumes_by_a_cell_or_the_
     assert (slice_["kernel_id"], slice_["state"], slice_["host_memory_bytes"]) == (seen["kernelId"], "running", 0)
 
 
+def test_the_panel_shows_a_suspended_kernels_memory_label_whole(lab, drive, cuda_prelude):
+    notebook = lab.write_notebook(
+        "panel.ipynb", [cuda_prelude + "print('allocated', allocate(300 << 20))", "%vgpu panel"]
+    )
+    seen = drive("panelSuspended", notebook=notebook)
+    assert seen["label"] == {"text": "300MiB in host memory (suspended)", "cut": False}
+
+
 def test_memory_a_program_holds_outside_any_slice_shows_under_the_device_until_it_ends(lab, drive, browser_gpu_env):
     outside = hold_outside(browser_gpu_env, 2 * GIB)
     try:

@@ -57,6 +57,19 @@ def test_status_says_what_a_gpu_holds_outside_any_slice_and_over_caps(vgpu, runn
     assert last == "GPU 0: 2GiB in use outside any slice, 9GiB over its slice's cap; 1GiB free for slices"
 
 
+def test_status_says_once_under_the_table_what_unused_means(vgpu, running_server):
+    running_server.slices[0]["state"] = running_server.slices[1]["state"] = "unused"
+    status = vgpu("status")
+    assert status.returncode == 0, status.stderr
+    explained = [line for line in status.stdout.splitlines() if line.startswith("unused: ")]
+    assert explained == [
+        (
+            "unused: the slice is held, but no process of the kernel uses the GPU in it: none has made a CUDA call "
+            "yet, or those that did have ended"
+        )
+    ]
+
+
 def test_a_server_named_by_url_is_asked_with_jupyter_token(vgpu, cli_env, stand_in_server):
     without = vgpu("status", "--server", stand_in_server.url)
     assert (without.returncode, without.stderr.strip()) == (1, "jupyter vgpu status: Forbidden (HTTP 403)")

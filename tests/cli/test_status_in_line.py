@@ -53,7 +53,8 @@ def test_status_shows_where_each_waiting_start_stands_and_what_it_waits_for(vgpu
         started = vgpu("status", env=server.env)
 
         assert started.returncode == 0, started.stderr
-        rows = status_rows(started.stdout)
+        *rows, explained = status_rows(started.stdout)
+        assert explained.startswith("unused: the slice is held, but no process of the kernel uses the GPU"), explained
         assert [row[:10].strip() for row in rows] == [first, second], started.stdout
         assert all(f"{'0':>4}{'0 / 1GiB':>22}" in row and row.endswith("unused") for row in rows), started.stdout
         assert "in line" not in started.stdout

@@ -26,7 +26,7 @@ gpus: {count: 2, memory: 16GiB}
 simulate: true
 broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
-  students: [alice, bob, carol, dave, erin, frank, gina]
+  students: [alice, bob, carol, dave, erin, frank, gina, hana]
   staff: [teacher]
 admins: [teacher]
 sizes:
@@ -114,6 +114,20 @@ def test_two_users_get_slices_within_the_sizes_they_chose_and_a_kernel_over_the_
         assert (hub_token, jpy_token) == ("None", "None")
         # The cap the kernel obeys is on the broker's page, not one its server wrote.
         assert limits_page == str(hub.folder / "broker-state" / "limits" / f"{kernels[0]}.limits")
+
+
+def test_a_students_server_offers_only_the_sliced_kernel_and_starts_no_unsliced_one(hub):
+    """The launcher lists /api/kernelspecs: no "Python 3 (ipykernel)" card, whose kernels would use
+    the GPU outside the broker's accounting, and no start of it through the REST API either."""
+    hana = hub.user_token("hana")
+    hub.start_server("hana", {"profile": "small"})
+    status, specs = hub.server("hana", hana, "GET", "api/kernelspecs")
+    assert status == 200, specs
+    assert (specs["default"], sorted(specs["kernelspecs"])) == ("python3-vgpu", ["python3-vgpu"])
+    status, refusal = hub.start_kernel("hana", hana, kernelspec="python3")
+    assert (status, refusal["message"]) == (404, "no kernelspec named 'python3' on this server; it offers python3-vgpu")
+    status, kernels = hub.server("hana", hana, "GET", "api/kernels")
+    assert (status, kernels) == (200, [])
 
 
 def test_a_user_cannot_see_or_change_another_users_slices_and_a_vgpu_admin_can(hub, teacher):

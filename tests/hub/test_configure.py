@@ -189,6 +189,50 @@ def test_configure_twice_replaces_its_own(classroom_path):
     assert c.JupyterHub.load_groups["students"] == {"users": ["alice", "bob"]}
 
 
+ONLY_SLICED = [
+    "--KernelSpecManager.allowed_kernelspecs=python3-vgpu",
+    "--MappingKernelManager.default_kernel_name=python3-vgpu",
+]
+
+
+def test_servers_offer_only_the_sliced_kernelspecs_unless_told_otherwise(classroom_path):
+    """The unsliced "Python 3 (ipykernel)" would use the GPU outside the broker's accounting."""
+    c = Config()
+    c.Spawner.args = ["--allow-root"]
+    configure(c, classroom_path)
+    configure(c, classroom_path)  # again: its own arguments once
+    assert c.Spawner.args == ["--allow-root", *ONLY_SLICED]
+
+    c = Config()
+    configure(c, classroom_path, kernelspecs=["pytorch-vgpu", "python3-vgpu"])
+    assert c.Spawner.args == [
+        "--KernelSpecManager.allowed_kernelspecs=pytorch-vgpu",
+        "--KernelSpecManager.allowed_kernelspecs=python3-vgpu",
+        "--MappingKernelManager.default_kernel_name=pytorch-vgpu",
+    ]
+
+    c = Config()
+    configure(c, classroom_path, kernelspecs="python3-vgpu")  # one name, not its letters
+    assert c.Spawner.args == ONLY_SLICED
+
+    c = Config()
+    configure(c, classroom_path, kernelspecs=None)  # the way out: every kernelspec, as installed
+    assert "args" not in c.Spawner
+
+    c = Config()
+    configure(c, classroom_path, spawner="kubernetes")  # the pod's HAMi slice holds every kernel
+    assert "args" not in c.Spawner
+
+    c = Config()
+    c.Spawner.args = ["--KernelSpecManager.allowed_kernelspecs=python3"]
+    with pytest.raises(ClassroomError, match=r"sets --KernelSpecManager.allowed_kernelspecs=python3 already.*None"):
+        configure(c, classroom_path)
+    c = Config()
+    with pytest.raises(ValueError, match=r"give kernelspec names, or None"):
+        configure(c, classroom_path, kernelspecs=[])
+    assert c == Config()  # refused before anything is set
+
+
 def test_refuses_what_it_would_overwrite(classroom_path):
     c = Config()
     c.JupyterHub.services = [{"name": "vgpu", "url": "http://127.0.0.1:1"}]

@@ -152,6 +152,10 @@ def test_vgpu_in_a_kernel_no_server_started_shows_the_slice_from_its_region(batc
     shell.run_line_magic("vgpu", "")
     assert capsys.readouterr().out.splitlines() == [
         "GPU slice of kernel 7a0b1c2d (7a0b1c2d-0000-4000-8000-000000000007), unused",
+        (
+            "  state   unused: the slice is held, but no process of the kernel uses the GPU in it: none has made a "
+            "CUDA call yet, or those that did have ended"
+        ),
         "  device  0",
         "  memory  0B used of 3GiB cap",
         "  SM      0.0% measured of 40% share",
@@ -167,7 +171,7 @@ def test_vgpu_shows_limits_a_server_set_in_the_region_since(batch_shell, capsys,
     region.set_limits(memory_limit=1 << 30, sm_share=25, policy="hard")
     shell.run_line_magic("vgpu", "")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2:] == [
+    assert lines[3:] == [
         "  memory  0B used of 1GiB cap",
         "  SM      0.0% measured of 25% share",
         "  policy  hard",
@@ -179,7 +183,7 @@ def test_vgpu_shows_limits_a_server_set_in_the_region_since(batch_shell, capsys,
 def test_a_region_without_a_cap_shows_none(batch_shell, capsys):
     shell, _ = batch_shell(memory=0)  # `jupyter vgpu run` without --memory
     shell.run_line_magic("vgpu", "")
-    assert capsys.readouterr().out.splitlines()[2] == "  memory  0B used of no cap"
+    assert capsys.readouterr().out.splitlines()[3] == "  memory  0B used of no cap"
 
 
 def test_resize_in_a_batch_kernel_says_how_to_choose_the_size_of_the_run(batch_shell, capsys, monkeypatch, tmp_path):

@@ -43,8 +43,8 @@ def test_vgpu_in_a_lent_kernel_whose_cell_waits_for_its_room_says_where_it_stand
         assert shown[0] == f"GPU slice of kernel {kernel_id[:8]} ({kernel_id}), lent"
         assert shown[2] == "  memory  none on the GPU: its room is lent to others until its first GPU call; 1GiB cap"
         assert shown[5] == (
-            "  queue   1st in line for GPU 0 · waiting for 1GiB on GPU 0, held by running kernels (1GiB in all); "
-            "this kernel resumes when it is free"
+            "  queue   1st in line for GPU 0 · waiting for 1GiB more GPU memory (0B free) on GPU 0, "
+            "held outside this server's slices; this kernel resumes when it is free"
         ), shown
         # The same words as every view: the server's queue, through the one wording function.
         listed = server.slice_of(kernel_id)

@@ -91,14 +91,26 @@ def test_a_cap_that_format_size_would_round_is_not_sent_back_changed(client, sli
 
 
 def test_a_refusal_is_shown_in_its_row(panel, client):
-    client.refusal = RequestRefused(409, "device 0 has 1GiB of memory free; the slice asks for 3GiB more")
-    other = panel.rows["abcdef012345"]
-    other.cores_input.value = 80
-    other.apply_button.click()
-    assert client.resizes == [("abcdef012345", {"cores": "80"})]
-    assert "refused: device 0 has 1GiB of memory free; the slice asks for 3GiB more" in other.message.value
-    assert other.sm_label.value == "61 / 50 %"
-    assert panel.rows["own-kernel"].message.value == ""
+    client.refusal = RequestRefused(409, "device 1 has 1GiB of memory free; the slice asks for 3GiB more")
+    own = panel.rows["own-kernel"]
+    own.cores_input.value = 80
+    own.apply_button.click()
+    assert client.resizes == [("own-kernel", {"cores": "80"})]
+    assert "refused: device 1 has 1GiB of memory free; the slice asks for 3GiB more" in own.message.value
+    assert own.sm_label.value == "12 / 30 %"
+
+
+def test_only_the_rows_the_client_may_resize_have_controls(panel, client, slice_model):
+    """A kernel's credential resizes its own slice only; a user's token (kernel_id "") any."""
+    own, other = (panel.rows[k] for k in ("own-kernel", "abcdef012345"))
+    assert own.resizable and own.apply_button in own.widget.children[2].children
+    assert not other.resizable and len(other.widget.children) == 2  # its numbers and notices only
+    assert not hasattr(other, "apply_button")
+    client.kernel_id = ""
+    shown = SlicePanel(client)
+    shown.refresh()
+    assert all(row.resizable and len(row.widget.children) == 4 for row in shown.rows.values())
+    shown.close()
 
 
 def test_a_bad_size_is_refused_before_anything_is_sent(panel, client):

@@ -64,6 +64,16 @@ def test_no_install_line_in_the_docs_asks_pypi_for_jupyter_vgpu():
     assert not asked, f"these install jupyter-vgpu from PyPI, where it is not: {asked}"
 
 
+def test_readme_s_install_section_says_what_brings_jupyterlab_with_a_wheel():
+    """A wheel's dependencies leave JupyterLab out: README's install section says so in the line
+    of docs/server.md's block, which the test below runs as written."""
+    readme = (ROOT / "README.md").read_text()
+    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    server = marked_block(ROOT / "docs" / "server.md", "server-install")
+    (wheel_line,) = [line for line in server.splitlines() if "jupyterlab" in line.split()]
+    assert f"`{wheel_line}`" in " ".join(install.split()), install
+
+
 def run(command: str | list[str], **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
     if result.returncode != 0:

@@ -52,7 +52,7 @@ async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_agai
 
     shown = (await run_in_kernel(kernel_id, "%vgpu")).splitlines()
     assert shown[0] == f"GPU slice of kernel {kernel_id[:8]} ({kernel_id}), running"
-    assert shown[1] == f"  device  pod {pod} on node-a · GPU-standin-0 (4096 MiB, 30%)"
+    assert shown[1] == f"  device  pod {pod} on node-a · GPU-standin-0 (4GiB, 30%)"
     assert re.fullmatch(r"  memory  5\d\dMiB used of 2GiB cap", shown[2]), shown[2]
 
     resized = await jp_fetch("api", "vgpu", "slices", kernel_id, method="PATCH", body=json.dumps({"memory": "1GiB"}))

@@ -53,7 +53,7 @@ async def test_a_pod_kernel_starts_runs_and_shuts_down_against_standin(
     model = reply["slice"]
     assert (model["holder"], model["state"]) == ("pod", "running")
     assert model["limits"] == {"memory_bytes": 2 * GIB, "cores": 30, "policy": "hard"}
-    assert model["location"]["node"] == "node-a" and model["location"]["gpu"] == "GPU-standin-0 (4096 MiB, 30%)"
+    assert model["location"]["node"] == "node-a" and model["location"]["gpu"] == "GPU-standin-0 (4GiB, 30%)"
     name = model["location"]["pod"]
     pod, secret = standin.pod(name), standin.secret(name)
     container = pod["spec"]["containers"][0]

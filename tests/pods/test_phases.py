@@ -70,8 +70,8 @@ def test_a_running_pod_names_hamis_node_and_gpu():
     annotations = {"hami.io/vgpu-node": "gpu-node-1", "hami.io/vgpu-devices-allocated": "GPU-8f2c1d,NVIDIA,4096,30:;"}
     running = {"name": "kernel", "state": {"running": {"startedAt": "2026-11-23T10:00:00Z"}}}
     state = pod_state(pod("Running", containers=[running], ip="10.1.2.3", annotations=annotations))
-    assert state.ready and (state.node, state.gpu, state.ip) == ("gpu-node-1", "GPU-8f2c1d (4096 MiB, 30%)", "10.1.2.3")
-    assert state.message == "the kernel runs on node gpu-node-1, GPU GPU-8f2c1d (4096 MiB, 30%)"
+    assert state.ready and (state.node, state.gpu, state.ip) == ("gpu-node-1", "GPU-8f2c1d (4GiB, 30%)", "10.1.2.3")
+    assert state.message == "the kernel runs on node gpu-node-1, GPU GPU-8f2c1d (4GiB, 30%)"
 
 
 def test_a_running_pod_without_an_ip_is_still_starting():
@@ -108,6 +108,6 @@ def test_a_deleted_pod_is_gone_and_a_deleting_one_is_stopping():
 
 
 def test_hami_gpu_reads_uuid_memory_and_cores_and_tolerates_other_shapes():
-    assert hami_gpu({"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1024,25:;"}) == "GPU-a (1024 MiB, 25%)"
+    assert hami_gpu({"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1024,25:;"}) == "GPU-a (1GiB, 25%)"
     assert hami_gpu({"hami.io/vgpu-devices-allocated": "GPU-b"}) == "GPU-b"
     assert hami_gpu({}) == ""

@@ -173,3 +173,30 @@ async def test_vgpu_panel_in_a_kernel_refreshes_while_kernels_come_and_go(jp_fet
     assert (
         await run_in_kernel(kernel_id, rows_once.format(count=1))
     ).strip() == f"['kernel {kernel_id[:8]} (this kernel)']"
+
+
+async def test_vgpu_panel_offers_resize_controls_only_on_this_kernels_row(jp_fetch, vgpu_kernelspec, run_in_kernel):
+    """The kernel's credential resizes its own slice only: the other kernel's row shows its
+    numbers and no controls, and this kernel's controls really resize it through the server."""
+    kernel_id = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
+    other = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB")
+    await run_in_kernel(kernel_id, "%vgpu panel")
+    shown = await run_in_kernel(
+        kernel_id,
+        "import time\n"
+        "panel = get_ipython().magics_manager.registry['VGPUMagics'].panel\n"
+        "deadline = time.monotonic() + 20\n"
+        "while len(panel.rows) != 2 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "for kernel, row in sorted(panel.rows.items()):\n"
+        "    print(kernel, hasattr(row, 'apply_button'), len(row.widget.children))\n"
+        f"own = panel.rows[{kernel_id!r}]\n"
+        "own.memory_input.value = '2GiB'\n"
+        "own.apply_button.click()\n"
+        "print(own.message.value)\n",
+    )
+    assert shown.splitlines() == [
+        *sorted([f"{kernel_id} True 4", f"{other} False 2"]),
+        "resized: memory cap 2GiB, SM share 50%, policy hard",
+    ]
+    assert (await slice_of(jp_fetch, kernel_id))["limits"]["memory_bytes"] == 2 * GIB

@@ -51,6 +51,18 @@ async def test_devices_report_capacity_and_what_slices_hold(jp_fetch, vgpu_kerne
     )
 
 
+async def test_a_kernel_started_for_a_notebook_is_named_after_it_in_every_listing(jp_fetch, vgpu_kernelspec):
+    """The path a start names is the notebook's (a session, as POST /api/sessions makes), not only
+    in the reply; a folder is only where the kernel runs."""
+    kernel_id, sliced = await start_sliced(jp_fetch, vgpu_kernelspec, path="work/analysis.ipynb")
+    folder_kernel, in_folder = await start_sliced(jp_fetch, vgpu_kernelspec, path="work")
+    assert (sliced["path"], in_folder["path"]) == ("work/analysis.ipynb", "")
+    listed = {item["kernel_id"]: item["path"] for item in await fetch_json(jp_fetch, "api", "vgpu", "slices")}
+    assert listed == {kernel_id: "work/analysis.ipynb", folder_kernel: ""}
+    (session,) = await fetch_json(jp_fetch, "api", "sessions")
+    assert (session["path"], session["type"], session["kernel"]["id"]) == ("work/analysis.ipynb", "notebook", kernel_id)
+
+
 async def test_kernel_started_with_a_slice_runs_inside_it(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude):
     kernel_id, sliced = await start_sliced(jp_fetch, vgpu_kernelspec, memory="2GiB", cores=30, policy="burst")
     assert sliced["limits"] == {"memory_bytes": 2 * GIB, "cores": 30, "policy": "burst"}

@@ -46,7 +46,10 @@ async def test_vgpu_and_its_panel_say_a_waiting_suspended_kernels_memory_is_in_h
     # A's cell runs Python only (no CUDA call, which would wait for the resume): it shows its slice.
     shown = (await asyncio.wait_for(run_in_kernel(a, SHOW_WHILE_WAITING), 60)).splitlines()
 
-    waiting = "waiting for 8GiB on GPU 1, held by running kernels (12GiB in all); this kernel resumes when it is free"
+    waiting = (
+        f"waiting for 8GiB more GPU memory (4GiB free) on GPU 1, held by kernel {b[:8]}; "
+        "this kernel resumes when it is free"
+    )
     assert shown[:6] == [
         f"GPU slice of kernel {a[:8]} ({a}), suspended",
         "  device  1 · Sim Large",
