@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from jupyter_client import BlockingKernelClient  # noqa: E402
+from private_machine import private_machine  # noqa: E402
 from support import CUDA_PRELUDE, CheckpointTarget, JupyterProcess, compile_sim_program, write_vgpu_kernelspec  # noqa: E402
 
 from jupyter_vgpu.holders.checkpoint import CheckpointController  # noqa: E402
@@ -211,4 +212,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with private_machine("vgpu-bench-suspend-"):
+        main()

@@ -100,6 +100,15 @@ class Hub:
                     }}
                 ]
                 jupyter_vgpu.hub.configure(c, {str(self.classroom)!r})
+                # The hub's simulated GPU (the broker's, the servers' and their kernels') is its
+                # own: the hub passes neither the test session's XDG_RUNTIME_DIR (tests/conftest.py)
+                # nor any other variable of its own environment to what it starts, so they would
+                # share the user's default one in /dev/shm with whatever else runs on the machine.
+                SIM_STATE = {{"VGPU_SIM_STATE": "{folder}/simulated-gpu.state"}}
+                for service in c.JupyterHub.services:
+                    if service["name"] == "vgpu":
+                        service["environment"] = {{**service.get("environment", {{}}), **SIM_STATE}}
+                c.Spawner.environment.update(SIM_STATE)
                 """
             )
             + textwrap.dedent(extra_config)
@@ -228,6 +237,9 @@ def run_in_hub_kernel(hub: Hub, user: str, kernel_id: str, code: str, timeout: f
 
     client = BlockingKernelClient(connection_file=str(kernel_connection_file(hub, user, kernel_id)))
     client.load_connection_file()
+    # The heartbeat's default (1 s without an answer) takes a kernel that is still starting on a
+    # loaded machine for a dead one, and wait_for_ready then gives up on it.
+    client.hb_channel.time_to_dead = timeout
     client.start_channels()
     try:
         client.wait_for_ready(timeout=timeout)

@@ -35,17 +35,11 @@ sizes:
 limits: {kernels: 3}
 oversubscribe: true
 """
-# The broker asks the hub every second which users still run a server (default: 30 s). The
-# simulated GPU's shared state is this hub's own (VGPU_SIM_STATE: the broker, the servers and their
-# kernels), so no other test's simulated device is touched.
+# The broker asks the hub every second which users still run a server (default: 30 s).
 FAST_RECONCILE = """
-import os
-SIM_STATE = {"VGPU_SIM_STATE": os.path.join(os.getcwd(), "simulated-gpu.state")}
 for service in c.JupyterHub.services:
     if service["name"] == "vgpu":
         service["command"] = [*service["command"], "--reconcile-interval", "1"]
-        service["environment"] = {**service.get("environment", {}), **SIM_STATE}
-c.Spawner.environment.update(SIM_STATE)
 """
 GiB = 1 << 30
 CHECK_SLICE = (
