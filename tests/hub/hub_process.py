@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from support import free_port, wait_for
+from support import free_port, kernel_client, wait_for
 
 HUB_TESTS = Path(__file__).resolve().parent
 PROXY = HUB_TESTS / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -233,14 +233,7 @@ def kernel_connection_file(hub: Hub, user: str, kernel_id: str) -> Path:
 def run_in_hub_kernel(hub: Hub, user: str, kernel_id: str, code: str, timeout: float = 60) -> str:
     """The stdout of ``code`` run in a kernel of ``user``'s server, over the kernel's own channels
     (stderr, where libvgpu.so writes its out-of-memory line, is left out)."""
-    from jupyter_client import BlockingKernelClient
-
-    client = BlockingKernelClient(connection_file=str(kernel_connection_file(hub, user, kernel_id)))
-    client.load_connection_file()
-    # The heartbeat's default (1 s without an answer) takes a kernel that is still starting on a
-    # loaded machine for a dead one, and wait_for_ready then gives up on it.
-    client.hb_channel.time_to_dead = timeout
-    client.start_channels()
+    client = kernel_client(kernel_connection_file(hub, user, kernel_id), timeout)
     try:
         client.wait_for_ready(timeout=timeout)
         chunks: list[str] = []

@@ -104,6 +104,7 @@ class Prometheus:
         interval = {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL}
         config.write_text(json.dumps({"global": interval, "scrape_configs": jobs}))
         self.url = f"http://127.0.0.1:{free_port()}/"
+        self.targets_seen: list[tuple[str, str, str]] = []  # (job, health, last error) of each
         self.log = folder / "prometheus.log"
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
@@ -120,34 +121,35 @@ class Prometheus:
         try:
             wait_for(self.scraped_twice, 120, "Prometheus to scrape every target twice", interval=0.2)
         except BaseException:
-            print(f"Prometheus' targets: {self.targets()}\n{self.log.read_text()[-4000:]}")
+            print(f"Prometheus' targets: {self.targets_seen}\n{self.log.read_text()[-4000:]}")
             self.stop()
             raise
 
     def api(self, path: str, **parameters: str):
-        """The ``data`` of a GET api/v1/``path``; an error Prometheus answers raises with its message."""
+        """The ``data`` of a GET api/v1/``path``. A refusal raises AssertionError with Prometheus'
+        message, except 503 (an OSError), which it answers while it opens its storage."""
         url = f"{self.url}api/v1/{path}?{urllib.parse.urlencode(parameters)}"
         try:
             with urllib.request.urlopen(url, timeout=30) as reply:
                 return json.loads(reply.read())["data"]
         except urllib.error.HTTPError as error:
+            if error.code == 503:
+                raise
             raise AssertionError(f"{path} {parameters}: {error.code} {error.read().decode()}") from None
 
-    def targets(self) -> list[tuple[str, str, str]]:
-        """(job, health, last error) of every target."""
-        try:
-            targets = self.api("targets")["activeTargets"]
-        except OSError:
-            return []
-        return [(target["labels"]["job"], target["health"], target["lastError"]) for target in targets]
-
     def scraped_twice(self) -> bool:
+        """Whether every target is up and scraped twice (a query over a range needs two samples)."""
         if self.process.poll() is not None:
             raise AssertionError(f"prometheus exited ({self.process.returncode}):\n{self.log.read_text()[-4000:]}")
-        targets = self.targets()
-        if not targets or any(health != "up" for _, health, _ in targets):
+        try:
+            targets = self.api("targets")["activeTargets"]
+            self.targets_seen = [(target["labels"]["job"], target["health"], target["lastError"]) for target in targets]
+            if not targets or any(target["health"] != "up" for target in targets):
+                return False
+            scrapes = self.query("count_over_time(up[5m])")
+        except OSError:
             return False
-        return all(float(series["value"][1]) >= 2 for series in self.query("count_over_time(up[5m])"))
+        return len(scrapes) == len(targets) and all(float(series["value"][1]) >= 2 for series in scrapes)
 
     def query(self, expr: str) -> list[dict]:
         """The series an instant query answers (``/api/v1/query``, as Grafana asks)."""

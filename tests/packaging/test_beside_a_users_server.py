@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from private_machine import PLACES
-from support import CUDA_PRELUDE, JUPYTER, JupyterProcess
+from support import CUDA_PRELUDE, JUPYTER, JupyterProcess, kernel_client, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)  # every smoke, one after another
@@ -59,33 +59,25 @@ def user(tmp_path_factory):
     )
     try:
         kernel = server.api("POST", "api/kernels", {"name": "python3-vgpu"})["id"]
-        held = subprocess.run(
-            [sys.executable, "-c", KERNEL_RUNS, kernel, HOLD_ALL],
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert held.stdout.strip() == "0", held.stderr  # CUDA_SUCCESS: the whole GPU is the kernel's
+        # Where the user's own tools find it: Jupyter's runtime folder under their home.
+        connection_file = folder / "home" / ".local" / "share" / "jupyter" / "runtime" / f"kernel-{kernel}.json"
+        wait_for(connection_file.is_file, 120, "the user's kernel's connection file", interval=0.1)
+        client = kernel_client(connection_file, timeout=120)
+        try:
+            client.wait_for_ready(timeout=120)
+            printed: list[str] = []
+            reply = client.execute_interactive(
+                HOLD_ALL,
+                timeout=120,
+                output_hook=lambda message: printed.append(message["content"].get("text", "")),
+            )
+        finally:
+            client.stop_channels()
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert "".join(printed).strip() == "0"  # CUDA_SUCCESS: the whole GPU is the kernel's
         yield environment, server
     finally:
         server.stop()
-
-
-# Runs code in a kernel of the user's server, found as the user's own tools find it (their
-# runtime folder).
-KERNEL_RUNS = """
-import sys
-from jupyter_client import BlockingKernelClient, find_connection_file
-client = BlockingKernelClient(connection_file=find_connection_file(f"kernel-{sys.argv[1]}.json"))
-client.load_connection_file()
-client.hb_channel.time_to_dead = 60  # a kernel still starting is not a dead one
-client.start_channels()
-client.wait_for_ready(timeout=60)
-reply = client.execute_interactive(sys.argv[2], timeout=60)
-assert reply["content"]["status"] == "ok", reply
-"""
 
 
 def test_the_users_own_programs_beside_their_server_share_its_ledger_and_its_simulated_gpu(user):
