@@ -101,9 +101,10 @@ class Hub:
                 ]
                 jupyter_vgpu.hub.configure(c, {str(self.classroom)!r})
                 # The hub's simulated GPU (the broker's, the servers' and their kernels') is its
-                # own: the hub passes neither the test session's XDG_RUNTIME_DIR (tests/conftest.py)
-                # nor any other variable of its own environment to what it starts, so they would
-                # share the user's default one in /dev/shm with whatever else runs on the machine.
+                # own: the hub passes only a few variables of its environment (PATH, PYTHONPATH,
+                # LANG...) to what it starts, not the test session's XDG_RUNTIME_DIR
+                # (tests/conftest.py), so they would share the default state file in /dev/shm with
+                # whatever else runs on the machine.
                 SIM_STATE = {{"VGPU_SIM_STATE": "{folder}/simulated-gpu.state"}}
                 for service in c.JupyterHub.services:
                     if service["name"] == "vgpu":
