@@ -49,6 +49,7 @@ from support import (  # noqa: E402
     compile_sim_program,
     kernel_client,
     write_vgpu_kernelspec,
+    written_with_a_pattern,
 )
 
 from jupyter_vgpu.holders.checkpoint import CheckpointController  # noqa: E402
@@ -66,12 +67,8 @@ HOLD = (
     + """
 pointer = ctypes.c_uint64()
 assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t({size})) == 0
-assert cuda.cuMemsetD8_v2(pointer, 0x5A, ctypes.c_size_t(1 << 20)) == 0
-def intact():
-    back = (ctypes.c_ubyte * (1 << 20))()
-    assert cuda.cuMemcpyDtoH_v2(back, pointer, ctypes.c_size_t(1 << 20)) == 0
-    return bytes(back) == b'\\x5a' * (1 << 20)
 """
+    + written_with_a_pattern("pointer", 1 << 20)
 )
 FIRST_LINE = f"print({MARKER!r}, allocate(1 << 20), flush=True)\nprint('intact', intact())"
 

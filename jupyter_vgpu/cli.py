@@ -34,6 +34,7 @@ from jupyter_vgpu.client import (
     describe_queue,
     gpu_memory_used,
     in_host_memory,
+    resize_waiting,
 )
 from jupyter_vgpu.model import (
     FULL_SHARE,
@@ -127,6 +128,16 @@ class _StrictOptions(JupyterApp):
 
 # flags, aliases and subcommands are traitlets' class-level tables, which Application annotates
 # as instance attributes (a ClassVar here is a mypy error) and only reads: RUF012 does not apply.
+def _aliases(app: str, *options: str) -> dict[str, str]:
+    """traitlets' aliases of an app's options, in the order given: ``trait`` is the option
+    ``--trait`` (``_`` written ``-``), ``alias=trait`` another name for it."""
+    aliases = {}
+    for option in options:
+        alias, _, trait = option.rpartition("=")
+        aliases[(alias or trait).replace("_", "-")] = f"{app}.{trait}"
+    return aliases
+
+
 class _VGPUSubcommand(_StrictOptions):
     version = __version__
 
@@ -199,13 +210,7 @@ jupyter vgpu run --simulate --memory 512MiB -- python -c "import pynvml; ..."
         "a server's kernels hold).",
     )
 
-    aliases = {  # noqa: RUF012 -- traitlets' class-level table
-        "memory": "RunApp.memory",
-        "cores": "RunApp.cores",
-        "policy": "RunApp.policy",
-        "device": "RunApp.device",
-        "ledger": "RunApp.ledger",
-    }
+    aliases = _aliases("RunApp", "memory", "cores", "policy", "device", "ledger")
     flags = {  # noqa: RUF012 -- traitlets' class-level table
         "simulate": ({"RunApp": {"simulate": True}}, _GPUCommand.simulate.help),
         "no-server": ({"RunApp": {"ledger": "none"}}, "Run in a slice no server's ledger counts (RunApp.ledger=none)."),
@@ -414,7 +419,7 @@ class DoctorApp(_GPUCommand):
     region_dir = Unicode(
         "", config=True, help="The server's folder of region files to check. Empty: <jupyter runtime dir>/vgpu/regions."
     )
-    aliases = {"ledger": "DoctorApp.ledger_path", "region-dir": "DoctorApp.region_dir"}  # noqa: RUF012 -- traitlets' class-level table
+    aliases = _aliases("DoctorApp", "ledger=ledger_path", "region_dir")
     flags = {"simulate": ({"DoctorApp": {"simulate": True}}, _GPUCommand.simulate.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def _paths(self) -> tuple[Path, list[Path]]:
@@ -725,7 +730,7 @@ class StatusApp(_ServerCommand):
     service = Unicode(
         "vgpu", config=True, help="For --all: the broker's service name in the hub (the classroom file's broker.name)."
     )
-    aliases = {"server": "StatusApp.server", "broker": "StatusApp.broker", "service": "StatusApp.service"}  # noqa: RUF012 -- traitlets' class-level table
+    aliases = _aliases("StatusApp", "server", "broker", "service")
     flags = {"all": ({"StatusApp": {"show_all": True}}, show_all.help)}  # noqa: RUF012 -- traitlets' class-level table
 
     def run(self) -> int:
@@ -838,12 +843,7 @@ class ResizeApp(_ServerCommand):
     memory = Unicode("", config=True, help="New memory cap: 512MiB, 4GiB, 4G or MiB.")
     cores = Unicode("", config=True, help="New SM share in percent, 1..100.")
     policy = Unicode("", config=True, help="New policy: hard or burst.")
-    aliases = {  # noqa: RUF012 -- traitlets' class-level table
-        "memory": "ResizeApp.memory",
-        "cores": "ResizeApp.cores",
-        "policy": "ResizeApp.policy",
-        "server": "ResizeApp.server",
-    }
+    aliases = _aliases("ResizeApp", "memory", "cores", "policy", "server")
 
     def run(self) -> int:
         if len(self.extra_args) != 1:
@@ -863,7 +863,12 @@ class ResizeApp(_ServerCommand):
             raise UsageError("nothing to change; give --memory, --cores and/or --policy")
         client = self.client()
         kernel_id = self.find_kernel(self.extra_args[0], client.slices())
-        limits = client.resize(kernel_id, **change)["limits"]
+        model = client.resize(kernel_id, **change)
+        waiting = resize_waiting(model)
+        if waiting is not None:
+            print(f"{kernel_id[:8]}: {waiting}")
+            return 0
+        limits = model["limits"]
         print(
             f"resized {kernel_id[:8]}: memory {format_size(limits['memory_bytes'])}, cores {limits['cores']} %, policy {limits['policy']}"
         )
@@ -890,7 +895,7 @@ class ResizeApp(_ServerCommand):
 class SuspendApp(_ServerCommand):
     name = "jupyter-vgpu-suspend"
     description = "Suspend a kernel: its GPU memory moves to host memory and its slice's room is lent: jupyter vgpu suspend KERNEL_ID."
-    aliases = {"server": "SuspendApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+    aliases = _aliases("SuspendApp", "server")
     verb = "suspend"
 
     def run(self) -> int:
@@ -927,7 +932,7 @@ class ResumeApp(SuspendApp):
     description = (
         "Resume a suspended kernel (its room on the GPU first, then its memory): jupyter vgpu resume KERNEL_ID."
     )
-    aliases = {"server": "ResumeApp.server"}  # noqa: RUF012 -- traitlets' class-level table
+    aliases = _aliases("ResumeApp", "server")
     verb = "resume"
 
 
@@ -971,15 +976,9 @@ class KernelspecInstallApp(_GPUCommand):
         help="Install in PREFIX/share/jupyter/kernels, e.g. a virtual or conda environment's folder, as "
         "`jupyter kernelspec install --prefix` does. Empty: system-wide, or this user's with --user.",
     )
-    aliases = {  # noqa: RUF012 -- traitlets' class-level table
-        "prefix": "KernelspecInstallApp.prefix",
-        "memory": "KernelspecInstallApp.memory",
-        "cores": "KernelspecInstallApp.cores",
-        "policy": "KernelspecInstallApp.policy",
-        "device": "KernelspecInstallApp.device",
-        "name": "KernelspecInstallApp.kernel_name",
-        "display-name": "KernelspecInstallApp.display_name",
-    }
+    aliases = _aliases(
+        "KernelspecInstallApp", "prefix", "memory", "cores", "policy", "device", "name=kernel_name", "display_name"
+    )
     flags = {  # noqa: RUF012 -- traitlets' class-level table
         "user": ({"KernelspecInstallApp": {"user": True}}, user.help),
         "sys-prefix": (
@@ -1188,13 +1187,7 @@ jupyter vgpu pod-manifest --image IMAGE --VGPUPodProvisioner.namespace=students
     )
     cores = Unicode("", config=True, help="SM share in percent. Empty: the kernelspec's, else the server's default.")
     policy = Unicode("", config=True, help="hard or burst. Empty: the kernelspec's, else the server's default.")
-    aliases = {  # noqa: RUF012 -- traitlets' class-level table
-        "kernel": "PodManifestApp.kernel",
-        "image": "PodManifestApp.image",
-        "memory": "PodManifestApp.memory",
-        "cores": "PodManifestApp.cores",
-        "policy": "PodManifestApp.policy",
-    }
+    aliases = _aliases("PodManifestApp", "kernel", "image", "memory", "cores", "policy")
 
     def start(self) -> None:
         import uuid
@@ -1257,7 +1250,7 @@ class BrokerApp(_StrictOptions):
         config=True,
         help="Seconds between asking the hub which users still run a server (others' slices are given back).",
     )
-    aliases = {"classroom": "BrokerApp.classroom", "reconcile-interval": "BrokerApp.reconcile_interval"}  # noqa: RUF012 -- traitlets' class-level table
+    aliases = _aliases("BrokerApp", "classroom", "reconcile_interval")
 
     def start(self) -> None:
         if not self.classroom:
@@ -1279,7 +1272,7 @@ class HubProfilesApp(_StrictOptions):
     description = "Print, as JSON, the KubeSpawner profile_list a classroom file makes (all sizes, or a group's)."
     config_file_name = Unicode("", config=True, help="The classroom file (YAML).")
     groups = List(Unicode(), config=True, help="Only the sizes these JupyterHub groups may pick. Empty: every size.")
-    aliases = {"config": "HubProfilesApp.config_file_name", "group": "HubProfilesApp.groups"}  # noqa: RUF012 -- traitlets' class-level table
+    aliases = _aliases("HubProfilesApp", "config=config_file_name", "group=groups")
 
     def start(self) -> None:
         from jupyter_vgpu.hub.classroom import ClassroomError, load_classroom

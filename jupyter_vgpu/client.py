@@ -282,6 +282,21 @@ def describe_queue(model: dict[str, Any]) -> str | None:
     return " · ".join(parts)
 
 
+def resize_waiting(model: dict[str, Any]) -> str | None:
+    """What a resize that waits in line (the server answered 202: the slice as it is, with its
+    ``queue``) says, as ``%vgpu resize`` and ``jupyter vgpu resize`` print it; None for a resize
+    that was done."""
+    place = describe_queue(model)
+    if place is None:
+        return None
+    limits = model["limits"]
+    return (
+        f"resize waits in line: {place}. It happens by itself when room comes; until then the slice keeps "
+        f"{format_size(limits['memory_bytes'])} and {limits['cores']} percent of the SMs. `%vgpu` or "
+        "`jupyter vgpu status` shows where it stands; another resize replaces it, a smaller one leaves the line"
+    )
+
+
 def slice_notice(model: dict[str, Any]) -> str | None:
     """What the server's idle policy says of the slice (``notice``), except where it is only what
     the slice waits for in the line, which :func:`describe_queue` says with its place."""

@@ -12,8 +12,11 @@ through the line in order:
   idles, the room it took comes back to them at the next pass that makes room. It is never given
   room-making of its own, so nobody is overtaken for ever.
 
+The same rule orders a node's broker's line across users' servers (ledger/service.py's
+``BrokerLine`` calls :func:`may_go_before`), so that the order holds across servers too.
+
 The line knows nothing of kernels, ledgers or holders: each request brings its own ``attempt``
-(True once it is done), and the slice manager builds requests from starts and resumes.
+(True once it is done), and the slice manager builds requests from starts, resumes and resizes.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# What a request may be: a kernel start, or a suspended (or lent) kernel taking its room back.
-KINDS = ("start", "resume")
+# What a request may be: a kernel start, a suspended (or lent) kernel taking its room back, or a
+# running kernel's slice growing (its ``memory`` and ``sm_share`` are then what it grows by).
+KINDS = ("start", "resume", "resize")
 
 
 class LeftLine(Exception):
@@ -64,6 +68,13 @@ class Request:
         return self.memory < other.memory and self.sm_share <= other.sm_share
 
 
+def may_go_before(request: Request, ahead: list[Request]) -> bool:
+    """Whether ``request`` may be tried while the requests ``ahead`` of it (earlier, still
+    waiting) wait: where none competes for its device, or it is smaller than every one that does
+    (backfill), so that it delays nobody ahead for longer than its running cells."""
+    return all(request.smaller_than(other) for other in ahead if other.covers(request))
+
+
 @dataclass(frozen=True)
 class Place:
     """Where a request stands: ``position`` 1 is next; ``eta_seconds`` None where the server
@@ -82,14 +93,20 @@ class Line:
         *,
         make_room: Callable[[Request], Awaitable[bool]] | None = None,
         published: Callable[[Request, Place], None] | None = None,
+        entered: Callable[[Request], None] | None = None,
+        left: Callable[[Request], None] | None = None,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         retry_interval: float = 0.5,
     ):
         """``make_room(request)`` makes room for the first request on its device (whether it
         fits now); ``published(request, place)`` is told each request's place after every pass
-        in which it changed (a suspended kernel's processes show it in the cell's output)."""
+        in which it changed (a suspended kernel's processes show it in the cell's output);
+        ``entered(request)`` is called before each attempt and ``left(request)`` once a request
+        leaves unserved (a node's broker keeps its place among other servers' requests)."""
         self.make_room = make_room
         self.published = published
+        self.entered = entered
+        self.left = left
         self.log = log or logging.getLogger(__name__)
         self.retry_interval = retry_interval
         self._requests: dict[str, Request] = {}
@@ -174,6 +191,7 @@ class Line:
         if request is None:
             return False
         self._forget(request)
+        self._tell_left(request)
         if request.done is not None and not request.done.done():
             request.done.set_exception(LeftLine(why))
         self.log.info("jupyter_vgpu: kernel %s left the line: %s", kernel_id, why)
@@ -211,7 +229,7 @@ class Line:
             if request.kernel_id not in self._requests:
                 continue  # left during this pass
             ahead = [other for other in blocked if other.covers(request)]
-            if ahead and not all(request.smaller_than(other) for other in ahead):
+            if not may_go_before(request, ahead):
                 blocked.append(request)
                 continue
             if await self._try(request, make_room=not ahead):
@@ -221,6 +239,11 @@ class Line:
         self._publish()
 
     async def _try(self, request: Request, *, make_room: bool) -> bool:
+        if self.entered is not None:
+            try:
+                self.entered(request)
+            except Exception as error:  # noqa: BLE001 - the attempt itself says whether it may go
+                self.log.warning("jupyter_vgpu: kernel %s's place in line not kept: %s", request.kernel_id, error)
         try:
             if await request.attempt():
                 return True
@@ -228,6 +251,7 @@ class Line:
                 return await request.attempt()
         except Exception as error:  # noqa: BLE001 - a request that can no longer be had leaves with why
             self._forget(request)
+            self._tell_left(request)
             if request.done is not None and not request.done.done():
                 request.done.set_exception(error)
             else:
@@ -240,6 +264,13 @@ class Line:
             request.done.set_result(None)
         waited = time.time() - request.since
         self.log.info("jupyter_vgpu: kernel %s got its GPU room after %.1f s in line", request.kernel_id, waited)
+
+    def _tell_left(self, request: Request) -> None:
+        if self.left is not None:
+            try:
+                self.left(request)
+            except Exception as error:  # noqa: BLE001 - its place elsewhere expires by itself
+                self.log.warning("jupyter_vgpu: kernel %s's place in line not given up: %s", request.kernel_id, error)
 
     def _forget(self, request: Request) -> None:
         if self._requests.get(request.kernel_id) is request:
@@ -261,4 +292,4 @@ class Line:
                     self.published(request, place)
 
 
-__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request"]
+__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request", "may_go_before"]

@@ -8,7 +8,6 @@ Imports go one way: handlers and provisioners -> manager -> ledger, holders.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -74,8 +73,10 @@ IN_LINE_KEY = "in_line"
 # Metadata of a slice whose user turned to its kernel (the lab's sign, POST .../wake): {"at":
 # epoch seconds}; the idle policy and room making count the kernel active from then.
 WOKEN_KEY = "woken"
-# The capacity a device lacks that suspending idle kernels there can give back.
-DEVICE_ROOM = ("memory", "sm_share")
+# The capacity a device lacks that suspending idle kernels there can give back, and "line": a
+# node's broker has older requests of other users' servers go first (ledger/service.py's
+# BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
+DEVICE_ROOM = ("memory", "sm_share", "line")
 
 
 def orphan_notice(allocation: Allocation) -> str | None:
@@ -128,6 +129,14 @@ def held_by_batch_run(allocation: Allocation) -> bool:
     return isinstance(pid, int) and pid > 0 and bool(start_time) and process_start_time(pid) == start_time
 
 
+class BelowHeld(Exception):
+    """A resize whose memory cap is below what the kernel holds; ``held``: those bytes."""
+
+    def __init__(self, message: str, *, held: int):
+        super().__init__(message)
+        self.held = held
+
+
 class SliceRefused(Exception):
     """A slice that cannot be had; ``kind`` is ``capacity`` (no room: try less or stop a
     kernel), ``invalid`` (the request itself is wrong) or ``cluster`` (a pod kernel the cluster
@@ -137,10 +146,6 @@ class SliceRefused(Exception):
     def __init__(self, message: str, *, kind: str):
         super().__init__(message)
         self.kind = kind
-
-
-# How often a start or resize waiting for other users' kernels to be suspended tries again.
-ROOM_RETRY_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,10 @@ class SliceManager(LoggingConfigurable):
         self.defaults = defaults
         # Starts and resumes that do not fit yet wait here (see line.py); the server serves it.
         self.line = Line(make_room=self._make_room_for, log=self.log)
+        if hasattr(ledger, "wait_in_line"):
+            # A node's broker keeps one line across users' servers: each request this server
+            # tries holds its place there, from the time it first asked.
+            self.line.entered, self.line.left = self._entered_line, self._left_line
 
     def holder(self, allocation_or_kind: Allocation | str) -> Holder:
         kind = allocation_or_kind if isinstance(allocation_or_kind, str) else allocation_or_kind.holder
@@ -304,15 +313,36 @@ class SliceManager(LoggingConfigurable):
 
     def resize(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
         """Re-decide a slice (values in the parse() vocabulary) and put the new limits in force
-        for every process in it. Raises UnknownSlice, SliceValueError, CapacityError."""
+        for every process in it. Raises UnknownSlice, SliceValueError, CapacityError, and
+        BelowHeld for a memory cap below what the kernel holds."""
         current = self.get(kernel_id)
         wanted = current.limits.changed(memory=memory, cores=cores, policy=policy)
         self.holder(current).check_limits(current, wanted)
+        if wanted.memory_limit < current.memory_limit:
+            self._refuse_below_held(current, wanted.memory_limit)
         allocation = self.ledger.resize(
             kernel_id, memory_limit=wanted.memory_limit, sm_share=wanted.sm_share, policy=wanted.policy
         )
         self.holder(allocation).apply_limits(allocation)
         return allocation
+
+    def _refuse_below_held(self, current: Allocation, memory_limit: int) -> None:
+        """Refuse a cap below what the kernel holds (issue 27): it would free nothing (memory in
+        use is never taken back), and a suspended kernel could not restore its memory under it."""
+        if current.suspended:
+            held, where = current.host_memory, "suspended, it holds"
+            what = "in host memory, all of which its resume puts back on the GPU"
+        else:
+            held, where = self.holder(current).usage(current).memory_used, "its processes hold"
+            what = "on the GPU, which a smaller cap would not free"
+        if memory_limit >= held:
+            return
+        raise BelowHeld(
+            f"kernel {current.kernel_id!r} cannot shrink to {format_size(memory_limit)}: {where} "
+            f"{format_size(held)} {what}; ask for {format_size(held)} or more, or free memory in the kernel "
+            "first (del what you no longer need; torch.cuda.empty_cache())",
+            held=held,
+        )
 
     def stop_processes(self, allocation: Allocation) -> list[str]:
         """Stop every process of the slice of a kernel that is gone (children that outlived it
@@ -340,6 +370,9 @@ class SliceManager(LoggingConfigurable):
         return self.release(allocation.kernel_id)
 
     def release(self, kernel_id: str) -> Allocation | None:
+        waiting = self.line.get(kernel_id)
+        if waiting is not None and waiting.kind == "resize":
+            self.line.leave(kernel_id, "its kernel is gone")
         allocation = self.ledger.release(kernel_id)
         for holder in self.holders.values():
             holder.release(kernel_id)
@@ -350,10 +383,6 @@ class SliceManager(LoggingConfigurable):
     # Makes room for a start or a resize that does not fit by suspending idle kernels on the
     # device (server/suspend.py), where the server's suspend policy is on; whether it fits now.
     room_maker: Callable[[RoomWanted], Awaitable[bool]] | None = None
-    # Seconds a start or a resize waits, trying again, while a node's broker has other users'
-    # idle kernels suspended to make room for it (their servers do it at their next tick); 0:
-    # refused at once with the broker's "being suspended to make room" message.
-    others_room_wait: float = 0.0
     # Seconds a sliced kernel outlives its server, for a restarted one to adopt it (VGPUApp.kernel_survival).
     kernel_survival: float = 0.0
     # Seconds a suspend waits for the kernel's processes to give back cached device memory first
@@ -411,6 +440,19 @@ class SliceManager(LoggingConfigurable):
             raise SliceRefused(f"It left the line for GPU room: {left}.", kind="capacity") from None
         return self.get(kernel_id)
 
+    def _entered_line(self, request: Request) -> None:
+        self.ledger.wait_in_line(  # type: ignore[attr-defined]
+            request.kernel_id,
+            kind=request.kind,
+            memory=request.memory,
+            sm_share=request.sm_share,
+            device_uuid=request.device_uuid,
+            since=request.since,
+        )
+
+    def _left_line(self, request: Request) -> None:
+        self.ledger.leave_line(request.kernel_id)  # type: ignore[attr-defined]
+
     def _refuse_if_never_fits(self, limits: SliceLimits, device) -> None:
         """Refuse at once a slice that would not fit even on an empty device."""
         usages = self.ledger.devices_usage()
@@ -440,76 +482,80 @@ class SliceManager(LoggingConfigurable):
         maker lends what nobody uses and suspends idle kernels there until it could fit."""
         if self.room_maker is None:
             return False
-        limits_fit = SliceLimits(request.memory, request.sm_share, request.policy)
 
         def fits() -> bool:
+            # A resize's request is what it grows by, which may be no SM share at all.
             return any(
-                usage.fits(limits_fit)
+                usage.memory_free >= request.memory and usage.share_free(request.policy) >= request.sm_share
                 for usage in self.ledger.devices_usage()
                 if request.device_uuid in (None, usage.device.uuid)
             )
 
-        for_whom = "a new kernel" if request.kind == "start" else "a kernel that ran again"
+        for_whom = {"start": "a new kernel", "resize": "a kernel that grows"}.get(
+            request.kind, "a kernel that ran again"
+        )
         short = request.short if isinstance(request.short, CapacityError) else None
         wanted = RoomWanted(fits, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
         return await self.room_maker(wanted)
 
-    async def resize_making_room(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
-        """:meth:`resize`, except that a growth that does not fit on the slice's device first
-        makes room by suspending idle kernels there (never this one) where a room maker is set."""
-        return await self._making_room(
-            lambda: self.resize(kernel_id, memory=memory, cores=cores, policy=policy),
-            self.get(kernel_id).device_uuid,
-            "a kernel that grows",
-            exclude=kernel_id,
-        )
+    async def resize_in_line(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
+        """:meth:`resize`, except that a growth of a running kernel that does not fit on its
+        device now waits in the line (room is made for it as for a start) and happens by itself
+        when room comes: the slice is returned as it is, its place in ``line.place(kernel_id)``.
+        A resize replaces the kernel's waiting one (a shrink too, which never waits); a growth
+        that can never fit on the device, or a suspended kernel's, is refused (CapacityError)."""
+        waiting = self.line.get(kernel_id)
+        if waiting is not None and waiting.kind == "resize":
+            self.line.leave(kernel_id, "replaced by a later resize")
 
-    async def _making_room(
-        self, attempt: Callable[[], Allocation], device_uuid: str | None, for_whom: str, *, exclude: str = ""
-    ) -> Allocation:
-        """``attempt()`` (a start or a resize); where it is refused for lack of room and a room
-        maker is set, the room maker suspends idle kernels on the device (see :class:`RoomWanted`)
-        and tries it again after each until it fits. Raises the last refusal where it never does."""
-        try:
-            return attempt()
-        except (SliceRefused, CapacityError) as refusal:
-            lacks_room, short = _room_shortfall(refusal)
-            if not lacks_room:
-                raise
-            if self.room_maker is None:
-                return await self._waiting_for_others(attempt, refusal)
-            last: Exception = refusal
-        done: list[Allocation] = []
-
-        def fits() -> bool:
-            nonlocal last
+        def attempt() -> bool:
             try:
-                done.append(attempt())
+                self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
                 return True
-            except (SliceRefused, CapacityError) as refused:
-                if not _room_shortfall(refused)[0]:
+            except CapacityError as short:
+                if short.resource not in DEVICE_ROOM:
                     raise
-                last = refused
+                request.short, request.waiting_for = short, _waiting_for(short)
                 return False
 
-        if await self.room_maker(RoomWanted(fits, device_uuid, for_whom, exclude=exclude, short=short)) and done:
-            return done[0]
-        return await self._waiting_for_others(attempt, last)
+        async def attempt_async() -> bool:
+            return attempt()
 
-    async def _waiting_for_others(self, attempt: Callable[[], Allocation], refusal: Exception) -> Allocation:
-        """Where ``refusal`` says the broker is having other users' idle kernels suspended for this
-        start or resize, ``attempt()`` again every ROOM_RETRY_INTERVAL_S until it fits, for at most
-        ``others_room_wait`` seconds; raises the last refusal where it never does."""
-        deadline = time.monotonic() + self.others_room_wait
-        while _room_being_made_elsewhere(refusal) and time.monotonic() < deadline:
-            await asyncio.sleep(ROOM_RETRY_INTERVAL_S)
-            try:
-                return attempt()
-            except (SliceRefused, CapacityError) as refused:
-                if not _room_shortfall(refused)[0]:
-                    raise
-                refusal = refused
-        raise refusal
+        try:
+            return self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
+        except CapacityError as refusal:
+            current = self.get(kernel_id)
+            if refusal.resource not in DEVICE_ROOM or current.suspended or kernel_id in self.line:
+                raise
+            short = refusal
+        wanted = current.limits.changed(memory=memory, cores=cores, policy=policy)
+        device = next(
+            (usage for usage in self.ledger.devices_usage() if usage.device.uuid == current.device_uuid), None
+        )
+        if device is not None and wanted.memory_limit > device.memory_capacity:
+            raise CapacityError(
+                f"{short} (GPU {device.device.index} has {format_size(device.memory_capacity)} in all: "
+                f"{format_size(wanted.memory_limit)} can never fit)",
+                resource="memory",
+                requested=wanted.memory_limit,
+                available=short.available,
+            )
+        request = Request(
+            kernel_id,
+            "resize",
+            max(0, wanted.memory_limit - current.memory_limit),
+            max(0, wanted.sm_share - current.sm_share),
+            current.device_uuid,
+            attempt_async,
+            policy=wanted.policy,
+            waiting_for=_waiting_for(short),
+            short=short,
+        )
+        # As for a start: room is made at once where nobody waits for the device.
+        if not self.line.waiting_for(request) and await self._make_room_for(request) and attempt():
+            return self.get(kernel_id)
+        self.line.join(request)
+        return self.get(kernel_id)
 
     def _device_uuid(self, device) -> str | None:
         """The UUID of the device a start asks for (an index or a UUID), None for any."""
@@ -747,6 +793,8 @@ class SliceManager(LoggingConfigurable):
 def _waiting_for(short: CapacityError) -> str:
     """What a request in line waits for, from the refusal of its last attempt (and, where a
     broker is having other users' idle kernels suspended for it, that)."""
+    if short.resource == "line":
+        return str(short)  # the broker's sentence: whose turn it is ("its turn: 2 requests ... wait ahead of it")
     if short.resource == "memory":
         what = f"{format_size(short.requested - short.available)} more GPU memory ({format_size(short.available)} free)"
     elif short.resource == "sm_share":
@@ -754,26 +802,6 @@ def _waiting_for(short: CapacityError) -> str:
     else:
         what = str(short)
     return f"{what}; {short.making_room}" if short.making_room else what
-
-
-def _room_being_made_elsewhere(refusal: Exception) -> bool:
-    """Whether a refused start (SliceRefused) or resize (CapacityError) was answered by a broker
-    that is having other users' idle kernels suspended to make room for it."""
-    cause = refusal.__cause__ if isinstance(refusal, SliceRefused) else refusal
-    return isinstance(cause, CapacityError) and bool(cause.making_room)
-
-
-def _room_shortfall(refusal: Exception) -> tuple[bool, CapacityError | None]:
-    """Whether a refused start (SliceRefused) or resize (CapacityError) lacked room that
-    suspending kernels may give back, and what it said is missing on a device, if it did (a start
-    also lacks room past the server's own limits, which do not count suspended slices)."""
-    if isinstance(refusal, SliceRefused):
-        cause = refusal.__cause__
-        short = cause if isinstance(cause, CapacityError) and cause.resource in DEVICE_ROOM else None
-        return refusal.kind == "capacity", short
-    if isinstance(refusal, CapacityError) and refusal.resource in DEVICE_ROOM:
-        return True, refusal
-    return False, None
 
 
 def _digest(credential: str) -> str:
@@ -789,6 +817,7 @@ __all__ = [
     "ORPHANED_KEY",
     "SERVER_KEY",
     "WOKEN_KEY",
+    "BelowHeld",
     "RoomWanted",
     "SliceManager",
     "SliceRefused",

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import subprocess
 import threading
 import uuid
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import kmock
 from kmock._internal import apps
+from support import folder_processes, wait_for
 
 from jupyter_vgpu.pods.manifest import SECRET_DIR
 
@@ -253,15 +255,21 @@ class Kubelet(threading.Thread):
         ):
             env.pop(name, None)  # a pod starts clean, not with this test process's variables
         with open(self.folder / f"{pod['metadata']['name']}.log", "w") as log:  # the child keeps its own descriptor
-            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            # A session of its own, as a container: stopping the pod ends every process in it.
+            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self):
+        """Ends every pod's processes, the kernel its agent started included (it outlived its
+        agent's SIGKILL before), and waits until none is left."""
         self.stopped.set()
         self.join(10)
         for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        wait_for(lambda: not folder_processes(self.folder), 30, "every pod's processes to end", interval=0.05)
 
 
 class Scheduler(threading.Thread):

@@ -149,6 +149,24 @@ def running(pid: int) -> bool:
         return False
 
 
+def folder_processes(folder: Path) -> dict[int, list[str]]:
+    """The command lines of the live processes whose working folder or command line is in
+    ``folder``, by pid: what a test that ran processes there left running."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        inside = cwd == str(folder) or cwd.startswith(f"{folder}{os.sep}") or any(str(folder) in arg for arg in argv)
+        if inside and running(int(entry.name)):
+            found[int(entry.name)] = argv
+    return found
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""
@@ -408,6 +426,12 @@ class JupyterProcess:
             return error.code, json.loads(error.read())["message"]
         raise AssertionError(f"{method} {path} was not refused")
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
     def kill(self) -> None:
         """SIGKILL, as a crash or the OOM killer would: no shutdown, nothing released."""
         self.process.send_signal(signal.SIGKILL)
@@ -435,6 +459,23 @@ class JupyterProcess:
             self.process.wait()
             return None
         return time.monotonic() - started
+
+
+def printed_by_cell(client, code: str, timeout: float) -> str:
+    """Runs ``code`` as a cell through a kernel client whose channels are started (and stopped
+    after); what the cell printed. The cell must succeed."""
+    try:
+        client.wait_for_ready(timeout=60)
+        chunks: list[str] = []
+        reply = client.execute_interactive(
+            code,
+            timeout=timeout,
+            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(chunks)
+    finally:
+        client.stop_channels()
 
 
 class VGPUServer(JupyterProcess):
@@ -529,6 +570,21 @@ def allocate(size):
     pointer = ctypes.c_uint64()
     return cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size))
 """
+
+
+def written_with_a_pattern(pointer: str, size: int) -> str:
+    """Kernel code (after CUDA_PRELUDE): the first ``size`` bytes (in whole patterns) of the device
+    memory at ``pointer``, a ctypes.c_uint64 the code allocated, written with a pattern; then
+    ``intact()`` says whether they still hold it (after a suspend and resume)."""
+    return f"""
+pattern = bytes(range(251)) * ({size} // 251)
+assert cuda.cuMemcpyHtoD_v2({pointer}, pattern, ctypes.c_size_t(len(pattern))) == 0
+def intact():
+    back = ctypes.create_string_buffer(len(pattern))
+    assert cuda.cuMemcpyDtoH_v2(back, {pointer}, ctypes.c_size_t(len(pattern))) == 0
+    return back.raw == pattern
+"""
+
 
 # A program outside any slice: allocates what its argument says, says so, and holds it until its
 # stdin closes.

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_vgpu.holders.base import SliceUsage
-from jupyter_vgpu.holders.region import ProcessUsage
+from jupyter_vgpu.holders.region import PROCESS_FIELDS, ProcessUsage
 from jupyter_vgpu.ledger import Allocation, CapacityError
 from jupyter_vgpu.model import SliceLimits, format_size
 from jupyter_vgpu.pods.cluster import Cluster, ClusterError
@@ -24,7 +24,7 @@ from jupyter_vgpu.pods.phases import PodState
 
 POD_KEY, GRANT_KEY = "pod", "grant"  # the allocation's metadata: {"name", "namespace"}, {"memory_bytes", "cores"}
 # What an in-pod agent reports of each process: the region's per-process figures, by name.
-PROCESS_REPORT_FIELDS = tuple(f.name for f in fields(ProcessUsage))
+PROCESS_REPORT_FIELDS = PROCESS_FIELDS  # what a pod agent reports of each process
 
 
 def grant_of(allocation: Allocation) -> SliceLimits | None:

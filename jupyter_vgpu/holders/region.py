@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +101,11 @@ class ProcessUsage:
     @property
     def used(self) -> int:
         return self.allocated + self.driver_reserved
+
+
+# What a process's usage says, by name: a region's slot (vgpu_proc_slot) and a pod agent's report
+# (holders/pod.py) carry the same fields.
+PROCESS_FIELDS = tuple(field.name for field in fields(ProcessUsage))
 
 
 def proc_stat(pid: int) -> list[bytes]:
@@ -575,17 +580,7 @@ class Region(_MappedFile):
         compare-and-swap, which Python cannot do on shared memory without racing a claimant.
         """
         return [
-            ProcessUsage(
-                pid=slot.pid,
-                allocated=slot.allocated,
-                driver_reserved=slot.driver_reserved,
-                launches=slot.launches,
-                throttled_ns=slot.throttled_ns,
-                sm_util_permille=slot.sm_util_permille,
-                oom_refusals=slot.oom_refusals,
-                resume_requests=slot.resume_requests,
-                managed_allocations=slot.managed_allocations,
-            )
+            ProcessUsage(**{name: getattr(slot, name) for name in PROCESS_FIELDS})
             for slot in self._slots()
             if slot.pid > 0 and process_start_time(slot.pid) == slot.start_time
         ]

@@ -45,7 +45,15 @@ from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
 from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
-from jupyter_vgpu.ledger.service import Caller, Gate, LedgerHandler, Lending, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import (
+    BrokerLine,
+    Caller,
+    Gate,
+    LedgerHandler,
+    Lending,
+    Refusal,
+    ledger_handlers,
+)
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
 NO_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
@@ -192,8 +200,10 @@ class MetricsHandler(LedgerHandler):
         gate: Gate,
         lending: Lending | None = None,
         groups: Mapping[str, tuple[str, ...]] = NO_GROUPS,
+        *,
+        line: BrokerLine | None = None,
     ) -> None:
-        super().initialize(ledger, gate, lending)
+        super().initialize(ledger, gate, lending, line=line)
         self.groups = groups  # the owners' groups, as the gate last read them from the hub
 
     async def get(self) -> None:
@@ -278,6 +288,8 @@ class Broker:
             # suspend them; each server suspends only its own (server/room.py).
             make_room=True,
         )
+        # One fair line across the users' servers, kept beside the ledger (a restart keeps it).
+        self.line = BrokerLine(classroom.state_dir / "line.json")
         auth = HubAuth(api_url=api_url, api_token=api_token, cache_max_age=60)
         self.users = HubUsers(api_url, api_token)
         self.gate = HubGate(classroom, auth, self.users)
@@ -290,7 +302,7 @@ class Broker:
                 MetricsHandler,
                 {"ledger": self.ledger, "gate": self.gate, "groups": self.gate.groups},
             ),
-            *ledger_handlers(f"{self.prefix}ledger", self.ledger, self.gate, lending=self.lending),
+            *ledger_handlers(f"{self.prefix}ledger", self.ledger, self.gate, lending=self.lending, line=self.line),
         ]
         return web.Application(handlers)
 

@@ -10,15 +10,23 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from jupyter_vgpu.ledger.base import SUSPEND_TIMINGS_KEY, Allocation, DeviceUsage
 
+DEVICE_LABELS = ["device", "uuid"]
+
+
+def gauges(registry: CollectorRegistry, labels: list[str], **documented: str) -> list[Gauge]:
+    """Gauges with one set of labels, in the order given: each metric's name, then its help."""
+    return [Gauge(name, text, labels, registry=registry) for name, text in documented.items()]
+
 
 def add_device_gauges(registry: CollectorRegistry, usages: Iterable[DeviceUsage]) -> None:
     """Capacity, promised memory and promised SM share of each device, labelled by index and UUID."""
-    labels = ["device", "uuid"]
-    capacity = Gauge("vgpu_device_memory_capacity_bytes", "Device memory slices may hold", labels, registry=registry)
-    allocated = Gauge(
-        "vgpu_device_memory_allocated_bytes", "Device memory promised to slices", labels, registry=registry
+    capacity, allocated, shares = gauges(
+        registry,
+        DEVICE_LABELS,
+        vgpu_device_memory_capacity_bytes="Device memory slices may hold",
+        vgpu_device_memory_allocated_bytes="Device memory promised to slices",
+        vgpu_device_sm_share_allocated_percent="SM share promised to slices",
     )
-    shares = Gauge("vgpu_device_sm_share_allocated_percent", "SM share promised to slices", labels, registry=registry)
     for usage in usages:
         device = (str(usage.device.index), usage.device.uuid)
         capacity.labels(*device).set(usage.memory_capacity)
@@ -29,19 +37,17 @@ def add_device_gauges(registry: CollectorRegistry, usages: Iterable[DeviceUsage]
 def add_suspend_gauges(registry: CollectorRegistry, allocations: list[Allocation]) -> None:
     """Suspended slices and the host memory they hold, per device; each slice's last suspend and
     resume durations (seconds), where it has been suspended."""
-    device_labels, slice_labels = ["device", "uuid"], ["kernel_id", "device"]
-    count = Gauge("vgpu_device_suspended_slices", "Suspended slices", device_labels, registry=registry)
-    host = Gauge(
-        "vgpu_device_suspended_host_memory_bytes",
-        "Host memory holding suspended slices' device memory",
-        device_labels,
-        registry=registry,
+    count, host = gauges(
+        registry,
+        DEVICE_LABELS,
+        vgpu_device_suspended_slices="Suspended slices",
+        vgpu_device_suspended_host_memory_bytes="Host memory holding suspended slices' device memory",
     )
     seconds = {
         step: Gauge(
             f"vgpu_slice_last_{step}_seconds",
             f"Seconds the slice's last {step} took (lock, copy and release; or room, copy back and unlock)",
-            slice_labels,
+            ["kernel_id", "device"],
             registry=registry,
         )
         for step in ("suspend", "resume")

@@ -299,6 +299,21 @@ class RemoteLedger(Ledger):
         body = {"dead": [{"kernel_id": a.kernel_id, "created_at": a.created_at} for a in dead]}
         return self._call("POST", "/reconcile", body, read=lambda reply: _listed(reply, "released", _allocation))
 
+    # -- the node's line (a broker's; not part of the Ledger protocol) -------------------------
+
+    def wait_in_line(
+        self, kernel_id: str, *, kind: str, memory: int, sm_share: int, device_uuid: str | None, since: float
+    ) -> None:
+        """Register (or renew) a request of this server's line in the service's line, with the
+        time it first asked: the service then lets no later request overtake it (see
+        ledger/service.py's BrokerLine). A registration not renewed for a while expires."""
+        body = {"kind": kind, "memory": memory, "sm_share": sm_share, "device": device_uuid, "since": since}
+        self._call("PUT", _line_path(kernel_id), body, read=lambda reply: reply)
+
+    def leave_line(self, kernel_id: str) -> None:
+        """Take a request of this server's line out of the service's line."""
+        self._call("DELETE", _line_path(kernel_id), read=lambda reply: reply)
+
     # -- HTTP ------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, read: Callable[[Any], T]) -> T:
@@ -425,6 +440,10 @@ def _no_budget(budget: OwnerBudget | None) -> None:
 def _why(error: Exception) -> str:
     """``Connection refused`` rather than ``[Errno 111] Connection refused``."""
     return error.strerror if isinstance(error, OSError) and error.strerror else f"{type(error).__name__}: {error}"
+
+
+def _line_path(kernel_id: object) -> str:
+    return "/line/" + _slice_path(kernel_id).rpartition("/")[2]
 
 
 def _slice_path(kernel_id: object) -> str:

@@ -20,6 +20,11 @@ POST     ``allocations/<kernel id>/suspend`` lend a checkpointed slice's room
 POST     ``allocations/<kernel id>/resume``  admit a suspended slice again: the allocation
 POST     ``reconcile``                       release ``{"dead": [{"kernel_id", "created_at"}]}``
                                              where still the same: ``{"released": [...]}``
+GET      ``line``                            ``{"line": [waiting request, ...]}``, oldest first, each
+                                             with ``owner`` and ``renewed`` (when its server last tried it)
+PUT      ``line/<kernel id>``                register (or renew) a waiting request
+                                             ``{"kind", "memory", "sm_share", "device", "since"}``
+DELETE   ``line/<kernel id>``                take it out of the line: ``{"left": whether it was in}``
 =======  ==================================  ==================================================
 
 Records are the dataclasses of :mod:`jupyter_vgpu.ledger.base` as JSON objects, field for field.
@@ -41,19 +46,28 @@ of room on a device records ``suspend_requested`` on the longest-idle kernels th
 cell, whoever owns them, and its refusal says so. Their servers suspend them at their next check
 (through ``.../suspend``, checked like any other). Only the service sets or clears that field: a
 metadata update naming ``suspended`` or ``suspend_requested`` is refused (400).
+
+One fair line across users (a :class:`BrokerLine`, the broker): each user's server has a line of
+its own (line.py) and registers every request it tries with the time it first asked (``PUT
+line/<kernel id>``, renewed at each try); a start, a resume or a growth on a device is admitted
+only where no older registered request there would be delayed by it (line.py's rule), else it is
+refused with ``resource`` ``line`` (409), which its server takes as "wait in line", not as "no".
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import json
 import math
+import os
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from tornado import httputil, web
@@ -72,6 +86,7 @@ from jupyter_vgpu.ledger.base import (
     SliceExists,
     UnknownSlice,
 )
+from jupyter_vgpu.line import KINDS, Request, may_go_before
 from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError, format_size, select_device
 
 # Far more than any decision needs (a reconcile of a few thousand dead kernels fits), small
@@ -211,6 +226,13 @@ RESIZE_FIELDS = {
     "policy": (_optional(_text), None),
 }
 RECONCILE_FIELDS = {"dead": (_dead, _REQUIRED)}
+LINE_FIELDS: FieldSpec = {
+    "kind": (_text, "start"),
+    "memory": (_whole, _REQUIRED),
+    "sm_share": (_whole, 0),
+    "device": (_optional(_text), None),
+    "since": (_created_at, _REQUIRED),
+}
 SUSPEND_FIELDS = {"host_memory": (_whole, _REQUIRED), "details": (_optional(_metadata), None)}
 
 
@@ -455,6 +477,142 @@ class Lending:
             return ledger.update_metadata(allocation.kernel_id, **{SUSPEND_REQUESTED_KEY: None})
 
 
+# -- one line across users' servers (issue 25) -------------------------------------------------
+
+# Seconds a waiting request stays registered without its server renewing it (a server renews its
+# requests at every try, a few times a second while they wait): one whose server died or gave up
+# then stops holding the line up.
+LINE_TTL_S = 30.0
+# CapacityError.resource of a request refused because older ones wait ahead of it.
+LINE_RESOURCE = "line"
+
+
+async def _never() -> bool:
+    return False
+
+
+@dataclass
+class _Waiting:
+    owner: str
+    request: Request
+    renewed: float
+
+    def record(self) -> dict[str, Any]:
+        request = self.request
+        return {
+            "kernel_id": request.kernel_id,
+            "owner": self.owner,
+            "kind": request.kind,
+            "memory": request.memory,
+            "sm_share": request.sm_share,
+            "device": request.device_uuid,
+            "since": request.since,
+            # When its server last renewed it (tried it): a registration not renewed for the
+            # line's ttl expires.
+            "renewed": self.renewed,
+        }
+
+
+class BrokerLine:
+    """The requests users' servers have waiting for room on the node's devices, in the order they
+    first asked: the order line.py keeps in one server, kept across servers.
+
+    A registration is a :class:`~jupyter_vgpu.line.Request` (its memory and SM share: what a
+    resize grows by); :meth:`ahead` applies line.py's rule to it (:func:`may_go_before`). Kept in
+    ``path`` (JSON, beside the ledger file), so a broker restart keeps the order; a registration
+    its server does not renew for ``ttl`` seconds is dropped (a restarted broker gives each one
+    ``ttl`` seconds from its start)."""
+
+    def __init__(self, path: Path | None = None, *, ttl: float = LINE_TTL_S, clock: Callable[[], float] = time.time):
+        self.path, self.ttl, self.clock = path, ttl, clock
+        self._lock = threading.Lock()
+        self._waiting: dict[str, _Waiting] = {}
+        if path is not None and path.is_file():
+            now = clock()
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                for item in json.loads(path.read_text()):
+                    request = Request(
+                        item["kernel_id"],
+                        item["kind"],
+                        int(item["memory"]),
+                        int(item["sm_share"]),
+                        item["device"],
+                        _never,
+                        since=float(item["since"]),
+                    )
+                    self._waiting[request.kernel_id] = _Waiting(str(item["owner"]), request, now)
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """Every registration, oldest first."""
+        with self._lock:
+            self._expire()
+            return [entry.record() for entry in self._ordered()]
+
+    def register(
+        self, owner: str, kernel_id: str, kind: str, memory: int, sm_share: int, device: str | None, since: float
+    ) -> dict[str, Any]:
+        """Register a waiting request, or renew it: its place is the earliest time it was said to
+        have first asked (never later than now). Raises PermissionError for another owner's."""
+        with self._lock:
+            now = self.clock()
+            entry = self._waiting.get(kernel_id)
+            if entry is not None and entry.owner != owner:
+                raise PermissionError(f"kernel {kernel_id!r} waits in line for another user")
+            since = min(since, now if entry is None else entry.request.since)
+            request = Request(kernel_id, kind, memory, sm_share, device, _never, since=since)
+            changed = entry is None or entry.record() | {"renewed": now} != _Waiting(owner, request, now).record()
+            self._waiting[kernel_id] = _Waiting(owner, request, now)
+            if changed:
+                self._save()
+            return self._waiting[kernel_id].record()
+
+    def leave(self, kernel_id: str, owner: str | None = None) -> bool:
+        """Take a request out of the line (``owner``'s only, where given); whether it was there."""
+        with self._lock:
+            entry = self._waiting.get(kernel_id)
+            if entry is None or (owner is not None and entry.owner != owner):
+                return False
+            del self._waiting[kernel_id]
+            self._save()
+            return True
+
+    def ahead(self, kernel_id: str, memory: int, sm_share: int, device: str | None) -> list[Request]:
+        """The older requests that a request of this size on ``device`` (None: any) would delay
+        (empty where it may go: none is there, or it is smaller than each, line.py's backfill).
+        Its own registration, if any, gives its place; else it is a newcomer, behind everyone."""
+        with self._lock:
+            self._expire()
+            own = self._waiting.get(kernel_id)
+            since = own.request.since if own is not None else math.inf
+            request = Request(kernel_id, "start", memory, sm_share, device, _never, since=since)
+            ahead = [
+                entry.request
+                for entry in self._ordered()
+                if entry.request.kernel_id != kernel_id
+                and entry.request.since < since
+                and entry.request.covers(request)
+            ]
+            return [] if may_go_before(request, ahead) else ahead
+
+    def _ordered(self) -> list[_Waiting]:
+        return sorted(self._waiting.values(), key=lambda entry: entry.request.since)
+
+    def _expire(self) -> None:
+        now = self.clock()
+        stale = [kernel_id for kernel_id, entry in self._waiting.items() if now - entry.renewed > self.ttl]
+        for kernel_id in stale:
+            del self._waiting[kernel_id]
+        if stale:
+            self._save()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps([entry.record() for entry in self._ordered()]))
+        os.replace(temporary, self.path)
+
+
 # -- handlers ----------------------------------------------------------------------------------
 
 
@@ -462,10 +620,13 @@ class LedgerHandler(web.RequestHandler):
     """What every route shares: token authentication, JSON bodies and replies, refusals as JSON,
     and ledger calls off the event loop."""
 
-    def initialize(self, ledger: Ledger, gate: Gate, lending: Lending | None = None) -> None:
+    def initialize(
+        self, ledger: Ledger, gate: Gate, lending: Lending | None = None, *, line: BrokerLine | None = None
+    ) -> None:
         self.ledger = ledger
         self.gate = gate
         self.lending = lending or Lending()
+        self.line = line
 
     def set_default_headers(self) -> None:
         # Decisions and usage change from one moment to the next; nothing on the way may keep them.
@@ -587,6 +748,36 @@ class LedgerHandler(web.RequestHandler):
         # tornado has already decoded the path segment (and refused one that is not UTF-8).
         return _kernel_id("the kernel id", segment)
 
+    async def in_turn(self, kernel_id: str, memory: int, sm_share: int, device: int | str | None) -> None:
+        """Refuse (409, resource ``line``) a start, resume or growth that older requests of the
+        node's line wait ahead of; nothing where the service keeps no line."""
+        if self.line is None:
+            return
+        chosen = None
+        if device is not None:
+            with contextlib.suppress(ValueError):  # a device that is not there: the ledger says so
+                chosen = select_device(await self.decide(lambda: self.ledger.devices), device)
+        uuid = None if chosen is None else chosen.uuid
+        ahead = await self.decide(self.line.ahead, kernel_id, memory, sm_share, uuid)
+        if not ahead:
+            return
+        where = "any GPU" if chosen is None else f"GPU {chosen.index}"
+        many = len(ahead) > 1
+        raise Refusal(
+            409,
+            f"its turn: {len(ahead)} request{'s' if many else ''} of the node's users asked earlier for room on "
+            f"{where} and {'wait' if many else 'waits'} ahead of it",
+            "CapacityError",
+            resource=LINE_RESOURCE,
+            requested=memory,
+            available=0,
+        )
+
+    def served(self, kernel_id: str) -> None:
+        """The kernel's request was granted: it no longer waits."""
+        if self.line is not None:
+            self.line.leave(kernel_id)
+
 
 class DevicesHandler(LedgerHandler):
     async def get(self) -> None:
@@ -611,6 +802,7 @@ class AllocationsHandler(LedgerHandler):
             limits = SliceLimits(body["memory_limit"], body["sm_share"], body["policy"])
         except SliceValueError as error:
             raise Refusal(400, str(error), "SliceValueError") from None
+        await self.in_turn(body["kernel_id"], limits.memory_limit, limits.sm_share, body["device"])
         try:
             allocation = await self.decide(
                 self.ledger.admit,
@@ -624,6 +816,7 @@ class AllocationsHandler(LedgerHandler):
             )
         except Refusal as refusal:
             raise await self.making_room(refusal, limits, body["device"]) from None
+        self.served(allocation.kernel_id)
         self.reply(asdict(allocation), status=201)
 
 
@@ -634,8 +827,17 @@ class SliceHandler(LedgerHandler):
     async def patch(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
         body = self.body(RESIZE_FIELDS)
-        budget = await self.own_budget(await self.owned(kernel_id))
-        self.reply(asdict(await self.decide(self.ledger.resize, kernel_id, **body, budget=budget)))
+        current = await self.owned(kernel_id)
+        grows = (
+            max(0, (body["memory_limit"] or current.memory_limit) - current.memory_limit),
+            max(0, (body["sm_share"] or current.sm_share) - current.sm_share),
+        )
+        if any(grows) and not current.suspended:
+            await self.in_turn(kernel_id, *grows, current.device_uuid)
+        budget = await self.own_budget(current)
+        resized = await self.decide(self.ledger.resize, kernel_id, **body, budget=budget)
+        self.served(kernel_id)
+        self.reply(asdict(resized))
 
     async def delete(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
@@ -690,11 +892,14 @@ class ResumeHandler(LedgerHandler):
     async def post(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
         allocation = await self.owned(kernel_id)
+        if allocation.suspended:
+            await self.in_turn(kernel_id, allocation.memory_limit, allocation.sm_share, allocation.device_uuid)
         try:
             resumed = await self.decide(self.lending.resume, self.ledger, kernel_id)
         except Refusal as refusal:
             limits = SliceLimits(allocation.memory_limit, allocation.sm_share, allocation.policy)
             raise await self.making_room(refusal, limits, allocation.device_uuid, exclude=kernel_id) from None
+        self.served(kernel_id)
         self.reply(asdict(resumed))
 
 
@@ -710,6 +915,50 @@ class ReconcileHandler(LedgerHandler):
         self.reply({"released": [asdict(allocation) for allocation in released]})
 
 
+class LineHandler(LedgerHandler):
+    """The node's line (a :class:`BrokerLine`): a caller sees, registers and takes out its own
+    requests only (an admin, every one)."""
+
+    def prepare_line(self) -> BrokerLine:
+        if self.line is None:
+            raise Refusal(404, "this ledger service keeps no line: nothing waits here", "NotFound")
+        return self.line
+
+    async def get(self) -> None:
+        waiting = self.prepare_line().waiting()
+        self.reply({"line": [item for item in waiting if self.caller.admin or item["owner"] == self.caller.name]})
+
+
+class LineEntryHandler(LineHandler):
+    async def put(self, kernel_id: str) -> None:
+        line = self.prepare_line()
+        kernel_id = self.kernel_id(kernel_id)
+        body = self.body(LINE_FIELDS)
+        if body["kind"] not in KINDS:
+            raise _bad(f"kind must be one of {', '.join(KINDS)}, not {body['kind'][:40]!r}")
+        for name in ("memory", "sm_share"):
+            if body[name] < 0:
+                raise _bad(f"{name} must be zero or more, not {body[name]}")
+        try:
+            record = line.register(
+                self.caller.name,
+                kernel_id,
+                body["kind"],
+                body["memory"],
+                body["sm_share"],
+                body["device"],
+                body["since"],
+            )
+        except PermissionError as error:
+            raise Refusal(403, str(error), "NotYourSlice") from None
+        self.reply(record)
+
+    async def delete(self, kernel_id: str) -> None:
+        line = self.prepare_line()
+        kernel_id = self.kernel_id(kernel_id)
+        self.reply({"left": line.leave(kernel_id, None if self.caller.admin else self.caller.name)})
+
+
 class NotFoundHandler(LedgerHandler):
     """Any other path under the prefix: a JSON 404 (after authentication, so that it tells a
     stranger nothing), which a client can tell apart from a wrong address."""
@@ -721,17 +970,18 @@ class NotFoundHandler(LedgerHandler):
 
 
 def ledger_handlers(
-    prefix: str, ledger: Ledger, access: str | Gate, *, lending: Lending | None = None
+    prefix: str, ledger: Ledger, access: str | Gate, *, lending: Lending | None = None, line: BrokerLine | None = None
 ) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:
     """The routes that serve ``ledger`` under ``prefix`` (``/services/vgpu/ledger``), for a tornado
     ``Application`` (or ``add_handlers``), to clients that present ``access`` (one token whose
     holder may do everything) or that ``access`` (a :class:`Gate`) accepts; a suspend is checked
-    as ``lending`` says (none: recorded as asked)."""
+    as ``lending`` says (none: recorded as asked); with a ``line``, starts, resumes and growths
+    go in the order of the node's line."""
     gate = TokenGate(access) if isinstance(access, str) else access
     if prefix and not prefix.startswith("/"):
         raise ValueError(f"the ledger service's prefix must start with '/', not {prefix!r}")
     base = re.escape(prefix.rstrip("/"))
-    options = {"ledger": ledger, "gate": gate, "lending": lending or Lending()}
+    options = {"ledger": ledger, "gate": gate, "lending": lending or Lending(), "line": line}
     segment = "([^/]+)"
     return [
         (rf"{base}/devices", DevicesHandler, options),
@@ -742,5 +992,7 @@ def ledger_handlers(
         (rf"{base}/allocations/{segment}/suspend", SuspendHandler, options),
         (rf"{base}/allocations/{segment}/resume", ResumeHandler, options),
         (rf"{base}/reconcile", ReconcileHandler, options),
+        (rf"{base}/line", LineHandler, options),
+        (rf"{base}/line/{segment}", LineEntryHandler, options),
         (rf"{base}/.*", NotFoundHandler, options),
     ]

@@ -30,6 +30,7 @@ from jupyter_vgpu.client import (
     describe_queue,
     device_label,
     in_host_memory,
+    resize_waiting,
     slice_name,
     slice_notice,
 )
@@ -205,8 +206,9 @@ class VGPUMagics(Magics):
         ``%vgpu resize --memory 6GiB --cores 40 --policy burst`` asks the server for new limits
         (any of the three) and prints the outcome: the limits granted, or the reason the server
         refused (for example what is free on the device). Every process of the kernel obeys the
-        new limits on its next CUDA call; shrinking below what is in use refuses new allocations
-        and frees nothing.
+        new limits on its next CUDA call. A growth that does not fit yet waits in the GPU's line:
+        the magic returns at once saying where it stands, and the resize happens by itself when
+        room comes. Shrinking the memory below what the kernel holds is refused with what it holds.
 
         ``%vgpu panel`` shows every sliced kernel of this server with memory and SM bars, and
         controls to resize each; it refreshes about once a second in the background.
@@ -258,7 +260,9 @@ class VGPUMagics(Magics):
         except RequestRefused as error:
             print(f"resize refused: {error.message}")
             return
-        print(f"resize granted: {describe_limits(model)}")
+        # A growth that waits for room returns at once: a cell that blocked would keep the kernel
+        # busy, and a busy kernel is never suspended, so it could hold up the room it waits for.
+        print(resize_waiting(model) or f"resize granted: {describe_limits(model)}")
 
     def _show_panel(self, client: ServerClient) -> None:
         from IPython.display import display

@@ -27,6 +27,7 @@ import os
 import signal
 import sqlite3
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -387,18 +388,19 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         return 1
 
     async def kill(self, restart: bool = False) -> None:
-        if self._adopted_start_time is None:
-            await super().kill(restart=restart)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                await self.send_signal(signal.SIGKILL)
+        await self._stop(super().kill, signal.SIGKILL, restart)
 
     async def terminate(self, restart: bool = False) -> None:
+        await self._stop(super().terminate, signal.SIGTERM, restart)
+
+    async def _stop(self, own: Callable[..., Awaitable[None]], signum: int, restart: bool) -> None:
+        """``own``, LocalProvisioner's way to stop its child; an adopted kernel is no child of this
+        server: it gets ``signum`` (it may have ended already)."""
         if self._adopted_start_time is None:
-            await super().terminate(restart=restart)
+            await own(restart=restart)
         else:
             with contextlib.suppress(ProcessLookupError):
-                await self.send_signal(signal.SIGTERM)
+                await self.send_signal(signum)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         """jupyter_client's record of this kernel (its pid, ...) plus what tells the process apart

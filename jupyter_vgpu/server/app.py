@@ -257,10 +257,8 @@ class VGPUApp(ExtensionApp):
     room_wait = Float(
         30.0,
         config=True,
-        help="With a broker (a classroom): seconds a resize that does not fit waits, trying again, while the "
-        "broker has other users' idle kernels suspended to make room for it (their servers do it at their next "
-        "check); past it, or with 0, it is refused with the broker's message. A kernel start or a resume waits "
-        "in the line instead, as long as it takes.",
+        help="No longer used, kept so that configurations that set it still load: a resize that does not fit "
+        "waits in the line now, as a kernel start or a resume does, as long as it takes.",
     )
 
     kernel_survival = Float(
@@ -511,7 +509,6 @@ class VGPUApp(ExtensionApp):
             log=self.log,
         )
         self.settings[SUSPEND_SETTING] = suspended
-        manager.others_room_wait = self.room_wait if self.broker_url else 0.0
         manager.release_wait = self.suspend_release_wait
         # A start, resume or resize that does not fit lends the room of idle kernels that have not
         # used the GPU, then suspends idle kernels (losslessly), whatever the idle timers say.

@@ -21,7 +21,7 @@ from jupyter_server.auth import Authorizer, User
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 
@@ -29,10 +29,10 @@ from jupyter_vgpu.client import CREDENTIAL_HEADER
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.pod import PROCESS_REPORT_FIELDS
 from jupyter_vgpu.ledger import CapacityError, DeviceUsage, LedgerError, NotSupported, UnknownSlice
-from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
+from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges, gauges
 from jupyter_vgpu.ledger.remote import SliceForbidden
 from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import BATCH_KEY, SliceManager, SliceRefused, SliceStatus, orphan_notice
+from jupyter_vgpu.manager import BATCH_KEY, BelowHeld, SliceManager, SliceRefused, SliceStatus, orphan_notice
 from jupyter_vgpu.model import SliceValueError, parse_device, parse_policy
 from jupyter_vgpu.model.sizes import MAX_SIZE, POLICIES
 from jupyter_vgpu.provisioning.base import MANAGER_SETTING
@@ -317,17 +317,20 @@ class SliceHandler(VGPUHandler):
         if not body:
             raise VGPUHTTPError(400, "nothing to change; send memory, cores and/or policy")
         try:
-            # A growth that does not fit first makes room by suspending idle kernels (issue 18).
-            await self.slices.resize_making_room(
+            # A growth that does not fit makes room (idle kernels suspended), else waits in line.
+            await self.slices.resize_in_line(
                 kernel_id, memory=body.get("memory"), cores=body.get("cores"), policy=body.get("policy")
             )
         except UnknownSlice as error:
             raise VGPUHTTPError(404, str(error)) from None
         except ValueError as error:
             raise VGPUHTTPError(400, str(error)) from None
-        except CapacityError as error:
+        except (CapacityError, BelowHeld) as error:
             raise VGPUHTTPError(409, str(error)) from None
         status = self.slices.status(self.slices.get(kernel_id))
+        waiting = self.slices.line.get(kernel_id)
+        # Accepted, not done: the slice keeps its size until the resize's turn (its ``queue``).
+        self.set_status(202 if waiting is not None and waiting.kind == "resize" else 200)
         self.finish(json.dumps(self.model(status, await self.session_paths())))
 
 
@@ -538,17 +541,15 @@ class MetricsHandler(VGPUHandler):
     async def get(self):
         registry = CollectorRegistry()
         add_device_gauges(registry, self.slices.ledger.devices_usage())
-        slice_labels = ["kernel_id", "device", "policy"]
-        limit = Gauge("vgpu_slice_memory_limit_bytes", "Memory cap of a slice", slice_labels, registry=registry)
-        used = Gauge(
-            "vgpu_slice_memory_used_bytes",
-            "GPU memory a slice's processes hold (none while it is suspended: its memory is in host memory)",
-            slice_labels,
-            registry=registry,
-        )
-        share = Gauge("vgpu_slice_sm_share_percent", "SM share of a slice", slice_labels, registry=registry)
-        util = Gauge(
-            "vgpu_slice_sm_utilization_percent", "Measured SM utilisation of a slice", slice_labels, registry=registry
+        limit, used, share, util = gauges(
+            registry,
+            ["kernel_id", "device", "policy"],
+            vgpu_slice_memory_limit_bytes="Memory cap of a slice",
+            vgpu_slice_memory_used_bytes=(
+                "GPU memory a slice's processes hold (none while it is suspended: its memory is in host memory)"
+            ),
+            vgpu_slice_sm_share_percent="SM share of a slice",
+            vgpu_slice_sm_utilization_percent="Measured SM utilisation of a slice",
         )
         statuses = self.slices.statuses()
         add_suspend_gauges(registry, [status.allocation for status in statuses])

@@ -294,8 +294,9 @@ export function sliceSummary(slice: ISliceModel): string {
  * "GPU suspended · 300MiB in host memory"; for a lent one "GPU lent · 4GiB back at its first GPU
  * call"; for a queued start where it stands and what it waits for, "GPU queued · 2nd in line for
  * GPU 0 · about 40 s · waiting for 6GiB more GPU memory (4GiB free)"; a suspended or lent kernel
- * whose cell waits for its room adds its place ("· 1st in line for GPU 0"). A running local
- * slice's text is the summary alone.
+ * whose cell waits for its room adds its place ("· 1st in line for GPU 0"), and so does a
+ * running one whose growth waits in line ("GPU 1.0 / 2.0 GiB · SM 12 / 50 % · resize 1st in line
+ * for GPU 1"). A running local slice's text is otherwise the summary alone.
  */
 export function sliceStatusText(
   slice: ISliceModel,
@@ -325,6 +326,10 @@ export function sliceStatusText(
         );
   }
   const summary = sliceSummary(slice);
+  if (place) {
+    // A running kernel waits in the line only for a resize that grows its slice.
+    return trans.__('%1 · resize %2', summary, place);
+  }
   return slice.holder === 'pod' && slice.state !== 'running'
     ? trans.__('%1 · %2', summary, stateLabel(slice.state, trans))
     : summary;

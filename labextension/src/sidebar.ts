@@ -276,10 +276,19 @@ class SliceRow {
     }
     this._apply.disabled = true;
     try {
-      await resizeSlice(this.kernelId, check.request);
+      const resized = await resizeSlice(this.kernelId, check.request);
       this._memory.value = this._cores.value = '';
       this._policyTouched = false;
-      this._say(this._trans.__('Resized.'), false);
+      // A growth that does not fit yet waits in line (202): done by itself when room comes.
+      this._say(
+        resized.queue
+          ? this._trans.__(
+              'Waits in line: %1. It happens by itself when room comes.',
+              queueText(resized, this._trans)
+            )
+          : this._trans.__('Resized.'),
+        false
+      );
       await this._store.refresh();
     } catch (error) {
       this._say((error as Error).message, true);

@@ -153,6 +153,26 @@ describe('a place in line', () => {
   });
 });
 
+describe('a running kernel whose resize waits in line', () => {
+  it('shows the place of its resize in the status bar and the whole of it in the sidebar', () => {
+    const growing = sliceModel({
+      state: 'running',
+      queue: {
+        position: 1,
+        eta_seconds: null,
+        waiting_for: '4GiB more GPU memory (4GiB free)'
+      }
+    });
+    expect(sliceWaits(growing)).toBe(true);
+    expect(sliceStatusText(growing, trans)).toBe(
+      `${sliceStatusText(sliceModel({ state: 'running', queue: null }), trans)} · resize 1st in line for GPU 1`
+    );
+    expect(queueText(growing, trans)).toBe(
+      '1st in line for GPU 1 · waiting for 4GiB more GPU memory (4GiB free)'
+    );
+  });
+});
+
 describe('a queued start', () => {
   it('shows its place and what it waits for in the status bar', () => {
     expect(sliceWaits(queued())).toBe(true);

@@ -41,6 +41,17 @@ gc.collect()
 """
 
 
+def run_a_batch_kernel(jupyter, notebook, cells) -> None:
+    """The next batch kernel: a notebook run by `jupyter execute` with the vGPU kernelspec."""
+    result = jupyter(
+        "execute",
+        "--kernel_name=python3-vgpu",
+        "--VGPUProvisioner.simulate=True",
+        str(notebook("nb.ipynb", cells.NVML_TOTAL)),
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_next_batch_start_clears_what_an_abandoned_nbclient_kernel_left(
     user_env, jupyter, notebook, cells, standalone_regions
 ):
@@ -59,13 +70,7 @@ def test_the_next_batch_start_clears_what_an_abandoned_nbclient_kernel_left(
     left = sorted(path.name for path in standalone_regions.iterdir())
     assert region.name in left and f"{region.name}.limits" in left  # what issue 27 #17 found piling up
 
-    result = jupyter(
-        "execute",
-        "--kernel_name=python3-vgpu",
-        "--VGPUProvisioner.simulate=True",
-        str(notebook("nb.ipynb", cells.NVML_TOTAL)),
-    )
-    assert result.returncode == 0, result.stderr
+    run_a_batch_kernel(jupyter, notebook, cells)
     assert sorted(path.name for path in standalone_regions.iterdir()) == []  # its own, shut down, too
 
 
@@ -76,13 +81,7 @@ def test_the_next_batch_start_leaves_a_region_in_use_alone(user_env, jupyter, no
     holder.new_region("in-use", SliceLimits(1 << 30), DEVICE).close()
     holder.mark_owners("in-use", os.getpid())
     try:
-        result = jupyter(
-            "execute",
-            "--kernel_name=python3-vgpu",
-            "--VGPUProvisioner.simulate=True",
-            str(notebook("nb.ipynb", cells.NVML_TOTAL)),
-        )
-        assert result.returncode == 0, result.stderr
+        run_a_batch_kernel(jupyter, notebook, cells)
         assert sorted(path.name for path in standalone_regions.iterdir()) == [
             "in-use.owners",
             "in-use.region",

@@ -361,6 +361,42 @@ const scenarios = {
   },
 
   /**
+   * A growth that waits in line (issue 25): a notebook on a sliced kernel that allocated GPU
+   * memory (cell 0); the sidebar's form grows it past what is free (a program outside any slice
+   * holds the rest): the form says it waits, the status bar adds its place, the sidebar's queue
+   * line says where it stands. Then it prints settings.roomMarker for the test to free the GPU,
+   * and the resize happens by itself: the bar shows the new cap, the place is gone.
+   */
+  async resizeWaits(browser) {
+    const { page, kernelId } = await firstCellRunWithSidebar(browser, 'allocated 0');
+    const row = sliceRow(page, kernelId);
+    const form = await resizeFromSidebar(page, kernelId, settings.memory, 'Waits in line');
+    const item = page.locator('.jp-vgpu-StatusItem.jp-vgpu-mod-waiting');
+    await item.waitFor();
+    const queueLine = row.locator('.jp-vgpu-Queue');
+    await queueLine.waitFor();
+    const waiting = {
+      form,
+      status: await item.innerText(),
+      sidebarQueue: await queueLine.innerText(),
+      sidebarState: await row.getAttribute('data-state')
+    };
+    await page.screenshot({ path: `${settings.screenshots}/resize-waiting.png` });
+
+    console.log(settings.roomMarker); // the test frees the GPU now
+    await row.locator('[data-bar="memory"]', { hasText: settings.grownBar }).waitFor();
+    await page.locator('.jp-vgpu-StatusItem:not(.jp-vgpu-mod-waiting)').waitFor();
+    return {
+      kernelId,
+      waiting,
+      grown: {
+        status: await page.locator('.jp-vgpu-StatusItem').innerText(),
+        queueLineShown: await queueLine.isVisible()
+      }
+    };
+  },
+
+  /**
    * A notebook on a sliced kernel that allocated GPU memory (cell 0), suspended through REST: the
    * sidebar shows it suspended with a Resume button, and its next cell (1) resumes it. Then the
    * sidebar's Suspend button suspends it, its Resume button is refused while another kernel

@@ -333,3 +333,42 @@ def test_a_new_notebook_on_a_full_gpu_waits_in_line_in_view_then_its_kernel_star
     assert "ran 42" in started["output"]
     (slice_,) = lab.api("GET", "api/vgpu/slices")
     assert (slice_["kernel_id"], slice_["path"], slice_["queue"]) == (seen["kernelId"], seen["path"], None)
+
+
+def test_a_resize_that_does_not_fit_waits_in_line_in_view_then_happens_by_itself(
+    lab, drive, browser_gpu_env, cuda_prelude
+):
+    notebook = lab.write_notebook("growing.ipynb", [cuda_prelude + "print('allocated', allocate(300 << 20))"])
+    outside = hold_outside(browser_gpu_env, 6 * GIB)  # 6 of the 8 GiB, outside any slice
+
+    def free_the_gpu():
+        outside.stdin.close()
+        outside.wait(30)
+
+    try:
+        seen = drive(
+            "resizeWaits",
+            when={ROOM_MARKER: free_the_gpu},
+            roomMarker=ROOM_MARKER,
+            notebook=notebook,
+            memory="4GiB",
+            grownBar="/ 4.0 GiB",
+        )
+    finally:
+        if outside.poll() is None:
+            free_the_gpu()
+
+    print(json.dumps(seen, indent=1))
+    waiting, grown = seen["waiting"], seen["grown"]
+    place = "1st in line for GPU 0"
+    assert waiting["form"]["refused"] is False
+    assert waiting["form"]["text"].startswith(f"Waits in line: {place} · waiting for ")
+    assert waiting["form"]["text"].endswith("It happens by itself when room comes.")
+    assert waiting["status"].startswith("GPU 0.3 / 1.0 GiB · SM ")
+    assert waiting["status"].endswith(f" · resize {place}")
+    assert waiting["sidebarQueue"].startswith(f"{place} · waiting for ")
+    assert waiting["sidebarState"] == "running"
+    assert grown["status"].startswith("GPU 0.3 / 4.0 GiB") and "resize" not in grown["status"]
+    assert grown["queueLineShown"] is False
+    (slice_,) = lab.api("GET", "api/vgpu/slices")
+    assert (slice_["limits"]["memory_bytes"], slice_["queue"]) == (4 * GIB, None)

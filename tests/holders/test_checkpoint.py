@@ -24,6 +24,15 @@ def env(sim_env) -> dict[str, str]:
     return dict(sim_env)
 
 
+def moved_to_host_and_back(env: dict[str, str], kernel) -> list[tuple[int, int]]:
+    """Suspends a target's process and resumes it, its pattern checked intact after; what the
+    suspend moved to host memory, (pid, bytes) per process."""
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+    controller(env, "resume", processes=suspension["processes"])
+    assert kernel.ask("verify", "intact") == "1"
+    return [(process["pid"], process["memory"]) for process in suspension["processes"]]
+
+
 def test_suspend_frees_a_slices_memory_for_others_and_resume_brings_its_pattern_back(env, checkpoint_targets):
     kernel, worker = checkpoint_targets(env, "64M"), checkpoint_targets(env, "32M")
     suspension = controller(env, "suspend", pids=[kernel.pid, worker.pid], lock_timeout=5)
@@ -153,10 +162,7 @@ def test_memory_a_pool_keeps_is_released_on_request_and_not_carried_to_host_memo
     assert nvml_reading(env)["processes"] == {str(kernel.pid): 32 * MIB}
     assert region.used_bytes() == 32 * MIB
 
-    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
-    assert [(p["pid"], p["memory"]) for p in suspension["processes"]] == [(kernel.pid, 32 * MIB)]
-    controller(env, "resume", processes=suspension["processes"])
-    assert kernel.ask("verify", "intact") == "1"
+    assert moved_to_host_and_back(env, kernel) == [(kernel.pid, 32 * MIB)]
 
 
 def test_without_a_release_request_the_pools_reserve_goes_to_host_memory(env, make_slice, checkpoint_targets):
@@ -164,10 +170,7 @@ def test_without_a_release_request_the_pools_reserve_goes_to_host_memory(env, ma
     slice_env, _ = make_slice(env)
     kernel = checkpoint_targets(slice_env, "32M")
     assert kernel.ask("pooled 64M", "pooled") == str(CUDA_SUCCESS)
-    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
-    assert [(p["pid"], p["memory"]) for p in suspension["processes"]] == [(kernel.pid, 96 * MIB)]
-    controller(env, "resume", processes=suspension["processes"])
-    assert kernel.ask("verify", "intact") == "1"
+    assert moved_to_host_and_back(env, kernel) == [(kernel.pid, 96 * MIB)]
 
 
 def test_the_region_tells_a_slice_that_used_managed_memory(env, make_slice, checkpoint_targets):

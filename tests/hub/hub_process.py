@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from support import free_port, kernel_client, wait_for
+from support import folder_processes, free_port, kernel_client, wait_for
 
 HUB_TESTS = Path(__file__).resolve().parent
 PROXY = HUB_TESTS / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -120,7 +120,7 @@ class Hub:
                 cwd=folder,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its proxy and servers go with it on teardown
+                start_new_session=True,  # a group of its own, for the SIGKILL of teardown (see stop)
             )
         try:
             wait_for(lambda: self._answers(self.api, 200), START_TIMEOUT_S, "the hub's API to answer")
@@ -215,12 +215,33 @@ class Hub:
                 self.process.wait(60)
             except subprocess.TimeoutExpired:
                 pass
-        # Whatever of its session is left (servers, kernels, the proxy, the broker).
+        # Whatever of its session is left (servers, the proxy, the broker).
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.process.wait()
+        # Kernels run in sessions of their own, and a suspended one outlives its server by design:
+        # each process still at work in the hub's folder (a kernel's cwd is its user's home there)
+        # goes too, so that no test leaves one behind.
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not self.processes(), 30, "every process of the hub's folder to end", interval=0.05)
+
+    def processes(self) -> list[int]:
+        return list(folder_processes(self.folder))
+
+
+def kernel_process(hub: Hub, user: str, kernel_id: str) -> int:
+    """The pid of a kernel of ``user``'s server (the process started with its connection file)."""
+    connection_file = str(kernel_connection_file(hub, user, kernel_id))
+    pids = [pid for pid, argv in folder_processes(hub.folder).items() if connection_file in argv]
+    if len(pids) != 1:
+        raise HubError(f"{len(pids)} processes run with {connection_file}")
+    return pids[0]
 
 
 def kernel_connection_file(hub: Hub, user: str, kernel_id: str) -> Path:

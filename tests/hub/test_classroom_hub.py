@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hub_process import Hub, kernel_connection_file, run_in_hub_kernel
-from support import CUDA_PRELUDE, JUPYTER, dashboard_misreads, wait_for
+from hub_process import Hub, kernel_connection_file, kernel_process, run_in_hub_kernel
+from support import CUDA_PRELUDE, JUPYTER, dashboard_misreads, running, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -363,9 +363,16 @@ def test_a_start_that_does_not_fit_waits_while_another_students_idle_kernel_is_s
         kims = started_kernel(hub, "kim", kim)
         wait_for(lambda: kims in allocations(hub, kim), 60, "kim's kernel admitted")
 
-        suspended = her_slice()
+        # Her server writes the notice just after the suspension that let kim's kernel in.
+        suspended = wait_for(
+            lambda: (item := her_slice())["metadata"].get("suspend_notice") and item, 30, "jo's suspend notice"
+        )
         assert suspended["metadata"].get("suspended"), suspended
         assert suspended["metadata"]["suspend_notice"].startswith("suspended to make room for another user's kernel")
         assert suspended["metadata"].get("suspend_requested") is None
+        hers = kernel_process(hub, "jo", kernel)
     finally:
         hub.stop()
+    # A suspended kernel outlives its server (a restarted one adopts it); the test that started
+    # it ends it, so that no run leaves it behind.
+    assert not running(hers)

@@ -144,3 +144,19 @@ async def test_places_are_published_when_they_change():
     line.leave("a", "interrupted")
     await line.serve()
     assert published[-1] == ("b", 1)
+
+
+async def test_a_broker_is_told_of_each_attempt_and_of_each_request_that_leaves_unserved():
+    told: list[tuple[str, str]] = []
+    gpu = Device(memory=3)
+    line = Line(
+        entered=lambda request: told.append(("entered", request.kernel_id)),
+        left=lambda request: told.append(("left", request.kernel_id)),
+    )
+    line.join(gpu.request("big", 4, since=1))  # tried, waits
+    line.join(gpu.request("blocked", 5, since=2))  # behind it and not smaller: never tried
+    line.join(gpu.request("small", 2, since=3))  # backfills: tried and served
+    await line.serve()
+    assert told == [("entered", "big"), ("entered", "small")]  # served: nothing more to tell
+    line.leave("blocked", "shut down")
+    assert told[-1] == ("left", "blocked")

@@ -4,7 +4,7 @@ whose cell waits in the line for its room: it says where it stands, in the same 
 
 from __future__ import annotations
 
-from support import VGPUServer, hold_outside, wait_for
+from support import VGPUServer, hold_outside, printed_by_cell, wait_for
 
 GIB = 1 << 30
 
@@ -24,19 +24,7 @@ while not (client.slice()["queue"] or {}).get("waiting_for"):
 
 def run_cell(server: VGPUServer, kernel_id: str, code: str) -> str:
     """Run ``code`` in the kernel over its own channels; its printed output."""
-    client = server.kernel_client(kernel_id)
-    try:
-        client.wait_for_ready(timeout=60)
-        chunks: list[str] = []
-        reply = client.execute_interactive(
-            code,
-            timeout=90,
-            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return "".join(chunks)
-    finally:
-        client.stop_channels()
+    return printed_by_cell(server.kernel_client(kernel_id), code, timeout=90)
 
 
 def test_vgpu_in_a_lent_kernel_whose_cell_waits_for_its_room_says_where_it_stands(sim_env, tmp_path):

@@ -15,19 +15,26 @@ from jupyter_vgpu.notebook.release import release_framework_caches
 GIB = 1 << 30
 
 
+class StandInCache:
+    """A framework's cache of device memory: ``held`` bytes until emptied; each call that empties
+    it is recorded in ``calls`` as ``name``."""
+
+    def __init__(self, held: int, calls: list[str], name: str):
+        self.held, self.calls, self.name = held, calls, name
+
+    def empty(self) -> None:
+        self.calls.append(self.name)
+        self.held = 0
+
+
 def stand_in_torch(initialized: bool, reserved: int) -> types.ModuleType:
     torch = types.ModuleType("torch")
     calls: list[str] = []
-    state = {"reserved": reserved}
-
-    def empty_cache() -> None:
-        calls.append("empty_cache")
-        state["reserved"] = 0
-
+    cache = StandInCache(reserved, calls, "empty_cache")
     torch.cuda = types.SimpleNamespace(
         is_initialized=lambda: initialized,
-        memory_reserved=lambda: state["reserved"],
-        empty_cache=empty_cache,
+        memory_reserved=lambda: cache.held,
+        empty_cache=cache.empty,
         calls=calls,
     )
     return torch
@@ -36,13 +43,8 @@ def stand_in_torch(initialized: bool, reserved: int) -> types.ModuleType:
 def stand_in_cupy(total: int) -> types.ModuleType:
     cupy = types.ModuleType("cupy")
     calls: list[str] = []
-    state = {"total": total}
-
-    def free_all_blocks() -> None:
-        calls.append("device")
-        state["total"] = 0
-
-    device = types.SimpleNamespace(total_bytes=lambda: state["total"], free_all_blocks=free_all_blocks)
+    cache = StandInCache(total, calls, "device")
+    device = types.SimpleNamespace(total_bytes=lambda: cache.held, free_all_blocks=cache.empty)
     pinned = types.SimpleNamespace(free_all_blocks=lambda: calls.append("pinned"))
     cupy.get_default_memory_pool = lambda: device
     cupy.get_default_pinned_memory_pool = lambda: pinned

@@ -9,6 +9,7 @@ import json
 import pytest
 import tornado.httpclient
 from kube_standin import OWNER, kernel_status, running_status
+from support import folder_processes, wait_for
 
 from jupyter_vgpu.pods.manifest import KERNEL_LABEL, MANAGED_BY, OWNER_LABEL, SERVER_LABEL
 
@@ -239,3 +240,20 @@ async def test_a_restarted_server_deletes_the_pods_its_predecessor_left_against_
     assert [pod["metadata"]["name"] for pod in standin.pods()] == ["jvgpu-someone-else-1"]
     assert standin.secret("jvgpu-left-1") is None and standin.secret("jvgpu-left-2") is None
     assert standin.secret("jvgpu-someone-else-1") is not None
+
+
+async def test_a_stopped_kubelet_leaves_no_process_of_its_pods_behind_against_standin(
+    jp_fetch, pod_kernelspec, kubelet
+):
+    """As a node ends every process of a container it stops, the stand-in's Kubelet ends the
+    kernel each pod's agent started, not only the agent (the kernel outlived its agent's SIGKILL:
+    runs of these tests on the shared machine left such kernels behind)."""
+    await start(jp_fetch, pod_kernelspec, memory="1GiB", cores=10)
+    # The start is answered once the pod runs; its agent starts the kernel then.
+    wait_for(
+        lambda: any("ipykernel_launcher" in argv for argv in folder_processes(kubelet.folder).values()),
+        60,
+        "the pod's kernel to start",
+    )
+    kubelet.stop()
+    assert folder_processes(kubelet.folder) == {}

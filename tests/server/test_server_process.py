@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from jupyter_client import BlockingKernelClient
 from jupyter_client.channels import HBChannel
-from support import JUPYTER, JupyterProcess, hold_outside, running, wait_for, write_vgpu_kernelspec
+from support import JUPYTER, JupyterProcess, hold_outside, printed_by_cell, running, wait_for, write_vgpu_kernelspec
 
 GIB = 1 << 30
 
@@ -63,18 +63,7 @@ def run_code(env: dict[str, str], kernel_id: str, code: str) -> str:
     client = BlockingKernelClient(connection_file=str(Path(env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
     client.load_connection_file()
     client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        chunks = []
-        reply = client.execute_interactive(
-            code,
-            timeout=60,
-            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return "".join(chunks)
-    finally:
-        client.stop_channels()
+    return printed_by_cell(client, code, timeout=60)
 
 
 def vgpu_cli(env, *args):

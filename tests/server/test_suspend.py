@@ -15,6 +15,7 @@ import re
 
 import pynvml
 import pytest
+from support import written_with_a_pattern
 from test_idle_policy import eventually
 from tornado.httpclient import HTTPClientError
 
@@ -26,18 +27,15 @@ LARGE = 1  # the 16 GiB device of the server tests' simulated machine
 
 # Kernel code (after the CUDA prelude): 12 GiB held, the last 64 MiB of it written with a pattern
 # (the simulated driver copies only memory that was written, so the host copy stays small).
-HOLD_12_GIB_WITH_A_PATTERN = """
+HOLD_12_GIB_WITH_A_PATTERN = (
+    """
 untouched, written = ctypes.c_uint64(), ctypes.c_uint64()
 assert cuda.cuMemAlloc_v2(ctypes.byref(untouched), ctypes.c_size_t((12 << 30) - (64 << 20))) == 0
 assert cuda.cuMemAlloc_v2(ctypes.byref(written), ctypes.c_size_t(64 << 20)) == 0
-pattern = bytes(range(251)) * ((64 << 20) // 251)
-assert cuda.cuMemcpyHtoD_v2(written, pattern, ctypes.c_size_t(len(pattern))) == 0
-def intact():
-    back = ctypes.create_string_buffer(len(pattern))
-    assert cuda.cuMemcpyDtoH_v2(back, written, ctypes.c_size_t(len(pattern))) == 0
-    return back.raw == pattern
-print(intact())
 """
+    + written_with_a_pattern("written", 64 << 20)
+    + "print(intact())\n"
+)
 
 
 @pytest.fixture
@@ -101,6 +99,39 @@ def kernel_pid(jp_serverapp, kernel_id: str) -> int:
     return jp_serverapp.kernel_manager.get_kernel(kernel_id).provisioner.process.pid
 
 
+async def kernels_holding(
+    jp_fetch, kernelspec, run_in_kernel, cuda_prelude, count: int, held: int, **fields
+) -> list[str]:
+    """``count`` kernels started on the large GPU with ``fields``, then each holding ``held``
+    bytes, in order: the last one was active last."""
+    kernels = [await start_sliced(jp_fetch, kernelspec, device=LARGE, **fields) for _ in range(count)]
+    for kernel in kernels:
+        assert (await run_in_kernel(kernel, cuda_prelude + f"print(allocate({held}))")).strip() == "0"
+    return kernels
+
+
+async def suspended_beside_a_kernel_in_its_room(jp_fetch, kernelspec, run_in_kernel, cuda_prelude) -> tuple[str, str]:
+    """A, holding 12 GiB with a pattern (``intact()`` checks it), suspended: off the GPU; then B
+    admitted to the room A lent, holding all of its 12 GiB. (A, B)."""
+    a = await start_sliced(jp_fetch, kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
+    await post(jp_fetch, a, "suspend")
+    assert nvml_device(LARGE) == {"free": 16 * GIB, "pids": set()}
+    b = await start_sliced(jp_fetch, kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    return a, b
+
+
+async def suspended_when_idle(jp_fetch, kernel_id: str) -> dict:
+    """The slice once the idle policy has suspended it and its notice says so."""
+
+    async def suspended():
+        model = await slice_of(jp_fetch, kernel_id)
+        return model if model["state"] == "suspended" and model["notice"] else None
+
+    return await eventually(suspended, 30, "the idle kernel suspended, with its notice")
+
+
 async def test_a_suspended_kernels_memory_is_lent_and_comes_back_intact_when_resumed(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
 ):
@@ -160,12 +191,7 @@ async def test_the_next_cell_of_a_suspended_kernel_waits_saying_why_until_its_ro
 ):
     """The issue's walk-through: A (12 GiB with a pattern) suspended, B admitted 12 GiB and
     running a cell; A's next cell waits, its notice says for what, until B shuts down."""
-    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
-    await post(jp_fetch, a, "suspend")
-    assert nvml_device(LARGE) == {"free": 16 * GIB, "pids": set()}
-    b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    a, b = await suspended_beside_a_kernel_in_its_room(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude)
     # B runs a cell (never suspended to make room), a long one: the kernel's own wait, ended by its shutdown.
     b_cell = await running_a_long_cell(jp_serverapp, b)
 
@@ -192,11 +218,7 @@ async def _state_is(jp_serverapp, kernel_id: str, state: str) -> bool:
 async def test_resume_makes_room_by_suspending_an_idle_kernel(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
 ):
-    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
-    await post(jp_fetch, a, "suspend")
-    b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    a, b = await suspended_beside_a_kernel_in_its_room(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude)
 
     # A runs again while B is idle: B is suspended to make room, and A resumes intact.
     assert (await asyncio.wait_for(run_in_kernel(a, "print(intact())"), 60)).strip() == "True"
@@ -245,11 +267,7 @@ async def test_an_idle_kernel_is_suspended_and_its_next_cell_resumes_it(
     code = "pointer = ctypes.c_uint64()\nprint(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(1 << 30)))"
     assert (await run_in_kernel(kernel, cuda_prelude + code)).strip() == "0"
 
-    async def suspended():
-        model = await slice_of(jp_fetch, kernel)
-        return model if model["state"] == "suspended" and model["notice"] else None
-
-    model = await eventually(suspended, 30, "the idle kernel suspended, with its notice")
+    model = await suspended_when_idle(jp_fetch, kernel)
     assert model["host_memory_bytes"] == GIB
     # The notice says about how long the resume will take: the seconds the suspend took (the
     # metric's), 1 s at the least.
@@ -330,10 +348,9 @@ async def test_a_kernel_whose_process_does_not_finish_its_gpu_work_in_time_stays
 async def test_a_kernel_start_that_does_not_fit_makes_room_by_suspending_the_longest_idle_kernel(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
 ):
-    older = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
-    newer = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
-    for kernel in (older, newer):
-        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    older, newer = await kernels_holding(
+        jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude, 2, 4 << 30, memory="6GiB"
+    )
     await run_in_kernel(newer, "print('active later')")
 
     # 12 of 16 GiB are promised: an 8 GiB start fits once one 6 GiB kernel is suspended, the one idle longest.
@@ -419,26 +436,22 @@ async def running_a_long_cell(jp_serverapp, kernel_id: str) -> Cell:
 async def test_a_resize_that_does_not_fit_makes_room_by_suspending_an_idle_kernel_never_a_busy_one_nor_itself(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
 ):
-    grown, busy, idle = [
-        await start_sliced(jp_fetch, vgpu_kernelspec, memory="4GiB", cores=20, device=LARGE) for _ in range(3)
-    ]
     # Last active in this order: the one that grows, then the busy one (its cell starts), then the idle one.
-    for kernel in (grown, busy, idle):
-        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(2 << 30))")).strip() == "0"
+    grown, busy, idle = await kernels_holding(
+        jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude, 3, 2 << 30, memory="4GiB", cores=20
+    )
     busy_cell = await running_a_long_cell(jp_serverapp, busy)
     await run_in_kernel(idle, "print('active later')")
 
     # 12 of 16 GiB promised: 16 GiB would need 8 more, and the idle kernel's 4 GiB are not enough,
-    # so it is refused without suspending anything.
-    with pytest.raises(HTTPClientError) as refused:
-        await patch(jp_fetch, grown, memory="16GiB")
-    assert refused.value.code == 409
-    assert json.loads(refused.value.response.body)["message"].startswith(
-        f"kernel {grown!r} cannot grow to 16GiB of GPU memory: GPU 1"
-    )
+    # so nothing is suspended: it waits in line (202) for the busy kernel's room.
+    waiting = await jp_fetch("api", "vgpu", "slices", grown, method="PATCH", body=json.dumps({"memory": "16GiB"}))
+    assert waiting.code == 202
+    assert json.loads(waiting.body)["queue"]["waiting_for"] == "8GiB more GPU memory (8GiB free)"
     assert [(await slice_of(jp_fetch, kernel))["state"] for kernel in (grown, busy, idle)] == ["running"] * 3
 
-    # 10 GiB needs 2 more: the idle kernel is suspended for it, not the busy one, nor the one that grows.
+    # 10 GiB (which replaces the waiting resize) needs 2 more: the idle kernel is suspended for it,
+    # not the busy one, nor the one that grows.
     resized = await patch(jp_fetch, grown, memory="10GiB")
     assert (resized["state"], resized["limits"]["memory_bytes"]) == ("running", 10 * GIB)
     made_room = await slice_of(jp_fetch, idle)
@@ -459,10 +472,9 @@ async def test_a_resize_that_does_not_fit_makes_room_by_suspending_an_idle_kerne
 async def test_a_kernel_start_that_does_not_fit_never_suspends_a_kernel_running_a_cell(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude, suspend_settings
 ):
-    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
-    idle = await start_sliced(jp_fetch, vgpu_kernelspec, memory="6GiB", device=LARGE)
-    for kernel in (busy, idle):
-        assert (await run_in_kernel(kernel, cuda_prelude + "print(allocate(4 << 30))")).strip() == "0"
+    busy, idle = await kernels_holding(
+        jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude, 2, 4 << 30, memory="6GiB"
+    )
     # The busy kernel was last active before the idle one: idle longest, were it not running a cell.
     busy_cell = await running_a_long_cell(jp_serverapp, busy)
     await run_in_kernel(idle, "print('active later')")
@@ -482,16 +494,14 @@ async def test_a_kernel_start_that_does_not_fit_never_suspends_a_kernel_running_
 # here) put in sys.modules as if the program had imported it: its "cache" is 1 GiB of real device
 # memory (cuMemAlloc_v2, as PyTorch's caching allocator holds its blocks) that empty_cache() frees
 # through the driver, recording the call. The real PyTorch check is benchmarks/framework_checks.py's.
-POOL_AND_STAND_IN_TORCH = """
+POOL_AND_STAND_IN_TORCH = (
+    """
 import sys, types
 held = ctypes.c_uint64()
 assert cuda.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(256 << 20)) == 0
-pattern = bytes(range(251)) * ((256 << 20) // 251)
-assert cuda.cuMemcpyHtoD_v2(held, pattern, ctypes.c_size_t(len(pattern))) == 0
-def intact():
-    back = ctypes.create_string_buffer(len(pattern))
-    assert cuda.cuMemcpyDtoH_v2(back, held, ctypes.c_size_t(len(pattern))) == 0
-    return back.raw == pattern
+"""
+    + written_with_a_pattern("held", 256 << 20)
+    + """
 pool, freed = ctypes.c_void_p(), ctypes.c_uint64()
 assert cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), device) == 0
 keep_all = ctypes.c_uint64(2**64 - 1)
@@ -516,6 +526,7 @@ torch = sys.modules["torch"] = types.ModuleType("torch")
 torch.cuda = StandInCuda()
 print("ready")
 """
+)
 
 
 @pytest.mark.parametrize("suspend_settings", [{"idle_suspend_after": 1.0}])
@@ -527,11 +538,7 @@ async def test_a_suspend_releases_a_pools_reserve_and_a_stand_in_torch_cache_and
     # What the kernel holds on the device: 256 MiB, the pool's 2 GiB and the "cache"'s 1 GiB.
     assert nvml_device(LARGE)["free"] == 16 * GIB - (256 << 20) - 3 * GIB
 
-    async def suspended():
-        model = await slice_of(jp_fetch, kernel)
-        return model if model["state"] == "suspended" and model["notice"] else None
-
-    model = await eventually(suspended, 30, "the idle kernel suspended, with its notice")
+    model = await suspended_when_idle(jp_fetch, kernel)
     assert model["host_memory_bytes"] == 256 << 20  # only what the program still holds moved
     assert model["notice"].startswith(
         "suspended after 1 s idle: released 1GiB cached by PyTorch and 2GiB kept by the driver's memory pools; "

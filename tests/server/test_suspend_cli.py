@@ -3,6 +3,7 @@ on the simulated GPU): the kernel's memory leaves the GPU and comes back intact.
 
 from __future__ import annotations
 
+from support import written_with_a_pattern
 from test_server_process import KERNEL_NAME, Server, run_code, user_env, vgpu_cli, vgpu_kernelspec_dir
 
 __all__ = ["user_env", "vgpu_kernelspec_dir"]  # the fixtures this module takes from there
@@ -10,13 +11,7 @@ __all__ = ["user_env", "vgpu_kernelspec_dir"]  # the fixtures this module takes 
 PATTERN = """
 pointer = ctypes.c_uint64()
 assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(1 << 30)) == 0
-pattern = bytes(range(251)) * 4096
-assert cuda.cuMemcpyHtoD_v2(pointer, pattern, ctypes.c_size_t(len(pattern))) == 0
-def intact():
-    back = ctypes.create_string_buffer(len(pattern))
-    assert cuda.cuMemcpyDtoH_v2(back, pointer, ctypes.c_size_t(len(pattern))) == 0
-    return back.raw == pattern
-"""
+""" + written_with_a_pattern("pointer", 251 * 4096)
 
 
 def test_cli_suspends_and_resumes_a_kernel_of_the_running_server(user_env, tmp_path, cuda_prelude):

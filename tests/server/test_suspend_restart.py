@@ -14,21 +14,26 @@ import shutil
 from pathlib import Path
 
 import pytest
-import test_server_process
 from support import hold_outside, wait_for
 from test_orphans import reaper, running
-from test_server_process import KERNEL_NAME, Server, run_code, vgpu_cli
+from test_server_process import (
+    KERNEL_NAME,
+    Server,
+    patient_heartbeat,
+    run_code,
+    user_env,
+    vgpu_cli,
+    vgpu_kernelspec_dir,
+)
 from test_suspend_cli import PATTERN
 
 from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.manager import IN_LINE_KEY
 
 GIB = 1 << 30
-user_env = test_server_process.user_env
-vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
-patient_heartbeat = test_server_process.patient_heartbeat
 pytestmark = pytest.mark.usefixtures("patient_heartbeat")
-__all__ = ["reaper", "user_env", "vgpu_kernelspec_dir"]  # the fixtures this module takes from elsewhere
+# The fixtures this module takes from elsewhere.
+__all__ = ["patient_heartbeat", "reaper", "user_env", "vgpu_kernelspec_dir"]
 
 
 def suspended_kernel(server: Server, env: dict[str, str], cuda_prelude: str) -> tuple[str, int]:
@@ -62,8 +67,7 @@ def test_a_kernel_suspended_when_its_server_is_killed_is_adopted_and_resumed_aft
     server.kill()
     connection_file(user_env, unreachable).unlink()
 
-    restarted = Server(tmp_path, user_env)
-    try:
+    with Server(tmp_path, user_env) as restarted:
         # Found suspended and adopted, their processes kept; the unreachable one stopped and
         # released as any orphan.
         listed = {item["kernel_id"]: item for item in restarted.api("GET", "api/vgpu/slices")}
@@ -96,8 +100,6 @@ def test_a_kernel_suspended_when_its_server_is_killed_is_adopted_and_resumed_aft
         assert restarted.api("GET", "api/vgpu/slices") == []
         assert all_free(restarted)
         wait_for(lambda: reaper([pid, by_cell_pid, unreachable_pid]), 10, "the kernels' processes reaped")
-    finally:
-        restarted.stop()
 
 
 def test_a_suspended_kernel_that_cannot_be_adopted_is_kept_and_stopped_after_idle_cull_after(
@@ -108,8 +110,7 @@ def test_a_suspended_kernel_that_cannot_be_adopted_is_kept_and_stopped_after_idl
     server.kill()
     shutil.rmtree(vgpu_kernelspec_dir / "kernels" / KERNEL_NAME)  # its kernelspec is gone: no adoption
 
-    restarted = Server(tmp_path, user_env, "--VGPUApp.idle_cull_after=2")
-    try:
+    with Server(tmp_path, user_env, "--VGPUApp.idle_cull_after=2") as restarted:
         assert restarted.api("GET", "api/kernels") == []
         assert restarted.api("GET", f"api/vgpu/slices/{kernel_id}")["notice"] == (
             f"suspended when its server stopped; Jupyter does not list it again: its 1GiB stay in host memory "
@@ -125,8 +126,6 @@ def test_a_suspended_kernel_that_cannot_be_adopted_is_kept_and_stopped_after_idl
         assert not running(pid)
         wait_for(lambda: reaper([pid]), 10, "the kernel's process reaped")
         assert not os.listdir(tmp_path / "regions")
-    finally:
-        restarted.stop()
 
 
 def test_a_resume_waiting_in_line_keeps_its_place_across_a_server_sigkill(

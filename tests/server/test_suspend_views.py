@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from support import dashboard_misreads
-from test_suspend import HOLD_12_GIB_WITH_A_PATTERN, LARGE, post, running_a_long_cell, slice_of, start_sliced
+from test_suspend import LARGE, post, running_a_long_cell, slice_of, start_sliced, suspended_beside_a_kernel_in_its_room
 
 from jupyter_vgpu.client import gpu_memory_used, in_host_memory
 
@@ -39,12 +39,8 @@ panel.close()
 async def test_vgpu_and_its_panel_say_a_waiting_suspended_kernels_memory_is_in_host_memory(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
 ):
-    a = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(a, cuda_prelude + HOLD_12_GIB_WITH_A_PATTERN)).strip() == "True"
-    await post(jp_fetch, a, "suspend")
-    # B holds the room and runs a cell (never suspended to make room): A's next cell cannot resume it.
-    b = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(b, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    a, b = await suspended_beside_a_kernel_in_its_room(jp_fetch, vgpu_kernelspec, run_in_kernel, cuda_prelude)
+    # B runs a cell (never suspended to make room): A's next cell cannot resume it.
     b_cell = await running_a_long_cell(jp_serverapp, b)
 
     # A's cell runs Python only (no CUDA call, which would wait for the resume): it shows its slice.

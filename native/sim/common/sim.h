@@ -56,6 +56,22 @@
 /* Occupancy weights are fixed point: SIM_WEIGHT_ONE means every SM of the device. */
 #define SIM_WEIGHT_ONE 65536u
 
+/* The body of an entry point that answers one value, in either library: `checked`, the call's
+ * checks as the library makes them, gives its status (0: success); then `value` is stored
+ * through `out`. */
+#define SIM_CHECKED_ANSWER(status_type, checked, out, value)                                                           \
+    status_type result = (checked);                                                                                    \
+    if (result == 0)                                                                                                   \
+        *(out) = (value);                                                                                              \
+    return result
+
+/* SIM_CHECKED_ANSWER of a handle: `lookup` checks the call and finds `object` (a `type` *, the
+ * thing the handle names), and `value` is an expression of it. Each library wraps it for its
+ * kinds of handle (DEVICE_ANSWER, STREAM_ANSWER, ...). */
+#define SIM_ANSWER(status_type, type, object, lookup, out, value)                                                      \
+    type *object;                                                                                                      \
+    SIM_CHECKED_ANSWER(status_type, lookup, out, value)
+
 /* ---- device model (spec.c) ------------------------------------------------------------ */
 
 struct sim_device_spec {

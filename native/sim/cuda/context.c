@@ -216,13 +216,17 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return result;
 }
 
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* A release deactivates the primary context with its last retain (releasing one never retained
+ * is refused); a reset deactivates it whatever its retains. */
+static CUresult release_primary(CUdevice dev, int reset)
 {
     struct CUctx_st *ctx;
     CUresult result = lock_primary(dev, 1, &ctx);
     if (result != CUDA_SUCCESS)
         return result;
-    if (ctx->retains == 0)
+    if (reset)
+        deactivate(ctx);
+    else if (ctx->retains == 0)
         result = CUDA_ERROR_INVALID_CONTEXT;
     else if (--ctx->retains == 0)
         deactivate(ctx);
@@ -230,15 +234,14 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return result;
 }
 
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return release_primary(dev, 0);
+}
+
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    struct CUctx_st *ctx;
-    CUresult result = lock_primary(dev, 1, &ctx);
-    if (result != CUDA_SUCCESS)
-        return result;
-    deactivate(ctx);
-    pthread_mutex_unlock(&sim_cuda.lock);
-    return CUDA_SUCCESS;
+    return release_primary(dev, 1);
 }
 
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
@@ -334,13 +337,14 @@ static CUresult named_or_current(CUcontext ctx, struct CUctx_st **found, int arg
     return result;
 }
 
+/* The body of a context query: `value`, an expression of the context `ctx` names (`found`; NULL:
+ * the current context). */
+#define CONTEXT_ANSWER(ctx, out, value)                                                                                \
+    SIM_ANSWER(CUresult, struct CUctx_st, found, named_or_current(ctx, &found, (out) != NULL), out, value)
+
 CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 {
-    struct CUctx_st *found;
-    CUresult result = named_or_current(ctx, &found, device != NULL);
-    if (result == CUDA_SUCCESS)
-        *device = found->device->ordinal;
-    return result;
+    CONTEXT_ANSWER(ctx, device, found->device->ordinal);
 }
 
 CUresult cuCtxSynchronize_v2(CUcontext ctx)
@@ -356,30 +360,18 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx)
 
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
-    struct CUctx_st *found;
-    CUresult result = named_or_current(ctx, &found, version != NULL);
-    if (result == CUDA_SUCCESS)
-        *version = 3020; /* what every context made by a driver since CUDA 3.2 answers */
-    return result;
+    CONTEXT_ANSWER(ctx, version, 3020); /* what every context made by a driver since CUDA 3.2 answers */
 }
 
 CUresult cuCtxGetFlags(unsigned int *flags)
 {
-    struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx, flags != NULL);
-    if (result == CUDA_SUCCESS)
-        *flags = ctx->flags;
-    return result;
+    CONTEXT_ANSWER(NULL, flags, found->flags);
 }
 
 /* Unique while the process lives: contexts are never freed, only marked destroyed. */
 CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 {
-    struct CUctx_st *found;
-    CUresult result = named_or_current(ctx, &found, ctxId != NULL);
-    if (result == CUDA_SUCCESS)
-        *ctxId = (unsigned long long)(uintptr_t)found;
-    return result;
+    CONTEXT_ANSWER(ctx, ctxId, (unsigned long long)(uintptr_t)found);
 }
 
 CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
@@ -425,11 +417,7 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 
 CUresult cuCtxGetCacheConfig(CUfunc_cache *pconfig)
 {
-    struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx, pconfig != NULL);
-    if (result == CUDA_SUCCESS)
-        *pconfig = ctx->cache_config;
-    return result;
+    CONTEXT_ANSWER(NULL, pconfig, found->cache_config);
 }
 
 CUresult cuCtxSetCacheConfig(CUfunc_cache config)

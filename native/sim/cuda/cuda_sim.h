@@ -340,6 +340,15 @@ static inline CUresult sim_ready(void)
     return state == SIM_DEINITIALISED ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+/* The ready check, then the lock taken (on success only: the caller releases it). */
+static inline CUresult sim_ready_locked(void)
+{
+    CUresult result = sim_ready();
+    if (result == CUDA_SUCCESS)
+        pthread_mutex_lock(&sim_cuda.lock);
+    return result;
+}
+
 /* A call checked as the driver checks it: not initialised first, then INVALID_VALUE unless
  * `arguments_valid`. The caller's expression must not read through its pointers: it is
  * evaluated before the ready check. */
@@ -355,6 +364,9 @@ struct sim_cuda_device *sim_device(CUdevice ordinal);
 /* The initialised driver's device `ordinal`, or the error the driver gives: not initialised
  * first, then an invalid device, then INVALID_VALUE unless `arguments_valid` (as sim_check). */
 CUresult sim_device_ready(CUdevice ordinal, struct sim_cuda_device **device, int arguments_valid);
+/* The body of a device query: `value`, an expression of the `device` ordinal `dev` names. */
+#define DEVICE_ANSWER(dev, out, value)                                                                                 \
+    SIM_ANSWER(CUresult, struct sim_cuda_device, device, sim_device_ready(dev, &device, (out) != NULL), out, value)
 
 /* Records that `handle` is a live object of `kind` (so calls can tell it from garbage); 0 when
  * out of memory. */
@@ -402,6 +414,12 @@ void sim_free_context_memory(struct CUctx_st *ctx);
  * is held. */
 uintptr_t sim_address_take(uint64_t span, int *in_arena);
 void sim_address_give(uintptr_t address, uint64_t span, int in_arena);
+/* What every kind of linear memory (cuMemAlloc's, a graph allocation's, an IPC import's) starts
+ * as: `size` bytes on a device at `span` bytes of address space (sim_address_take), base 0 when
+ * none is left. The lock is held. */
+struct sim_allocation sim_linear_take(struct sim_cuda_device *device, uint64_t size, uint64_t span);
+/* The allocation that starts at `address`, or NULL; the lock is held. */
+struct sim_allocation *sim_allocation_at(CUdeviceptr address);
 /* Gives back the pages of linear memory (its bytes are gone; the addresses stay reserved) and
  * forgets its poison marks; the lock is held. */
 void sim_linear_pages_drop(struct sim_allocation *allocation);
@@ -466,14 +484,22 @@ void sim_pools_synchronised(void);
 
 /* A function of a module, found or made (lock not held); NULL out of memory. */
 struct CUfunc_st *sim_module_function(struct CUmod_st *module, const char *name);
-/* A new module (a library where `is_library`); NULL out of memory. */
-struct CUmod_st *sim_module_new(int is_library);
+/* Loads a new module (a library where `is_library`) into *module; OUT_OF_MEMORY if it cannot. */
+CUresult sim_module_load(int is_library, struct CUmod_st **module);
 
 struct CUstream_st *sim_stream_new(struct CUctx_st *ctx, unsigned int flags); /* lock held */
 void sim_stream_retire(struct CUstream_st *stream);                           /* lock held */
 /* The stream a handle names (NULL and the special handles: the current context's default
  * stream), after the ready check. */
 CUresult sim_stream_resolve(CUstream handle, struct CUstream_st **stream);
+/* Opens an entry point that works on a stream, as VGPU_HOOK_REAL opens a hook: declares `stream`,
+ * the stream `handle` names, and `result`, and returns the error when it names none. */
+#define SIM_STREAM_OR_RETURN(handle)                                                                                   \
+    struct CUstream_st *stream;                                                                                        \
+    CUresult result = sim_stream_resolve(handle, &stream);                                                             \
+    if (__builtin_expect(result != CUDA_SUCCESS, 0))                                                                   \
+    return result
+
 /* When every kernel queued in a context so far ends (takes the lock). */
 uint64_t sim_context_tail(struct CUctx_st *ctx);
 

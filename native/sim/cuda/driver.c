@@ -531,11 +531,7 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device, bytes != NULL);
-    if (result == CUDA_SUCCESS)
-        *bytes = device->view->spec->memory;
-    return result;
+    DEVICE_ANSWER(dev, bytes, device->view->spec->memory);
 }
 
 /* ---- peers and the PCI bus ----------------------------------------------------------------- */

@@ -163,10 +163,7 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
 
 CUresult cuStreamSynchronize(CUstream hStream)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     if (stream->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sim_sleep_until(atomic_load(&stream->tail_ns));
@@ -176,10 +173,7 @@ CUresult cuStreamSynchronize(CUstream hStream)
 
 CUresult cuStreamQuery(CUstream hStream)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     return atomic_load(&stream->tail_ns) > sim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
@@ -190,31 +184,23 @@ static CUresult resolve_for_query(CUstream hStream, const void *out, struct CUst
     return result == CUDA_SUCCESS && !out ? CUDA_ERROR_INVALID_VALUE : result;
 }
 
+/* The body of a stream property read: `value`, an expression of the resolved `stream`. */
+#define STREAM_ANSWER(hStream, out, value)                                                                             \
+    SIM_ANSWER(CUresult, struct CUstream_st, stream, resolve_for_query(hStream, out, &stream), out, value)
+
 CUresult cuStreamGetPriority(CUstream hStream, int *priority)
 {
-    struct CUstream_st *stream;
-    CUresult result = resolve_for_query(hStream, priority, &stream);
-    if (result == CUDA_SUCCESS)
-        *priority = stream->priority;
-    return result;
+    STREAM_ANSWER(hStream, priority, stream->priority);
 }
 
 CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 {
-    struct CUstream_st *stream;
-    CUresult result = resolve_for_query(hStream, flags, &stream);
-    if (result == CUDA_SUCCESS)
-        *flags = stream->flags;
-    return result;
+    STREAM_ANSWER(hStream, flags, stream->flags);
 }
 
 CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 {
-    struct CUstream_st *stream;
-    CUresult result = resolve_for_query(hStream, pctx, &stream);
-    if (result == CUDA_SUCCESS)
-        *pctx = stream->ctx;
-    return result;
+    STREAM_ANSWER(hStream, pctx, stream->ctx);
 }
 
 /* No green contexts here: a stream belongs to an ordinary context. */
@@ -228,40 +214,26 @@ CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreen
 
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
 {
-    struct CUstream_st *stream;
-    CUresult result = resolve_for_query(hStream, device, &stream);
-    if (result == CUDA_SUCCESS)
-        *device = stream->ctx->device->ordinal;
-    return result;
+    STREAM_ANSWER(hStream, device, stream->ctx->device->ordinal);
 }
 
 /* Unique while the stream lives: its address (streams are recycled, never freed). */
 CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId)
 {
-    struct CUstream_st *stream;
-    CUresult result = resolve_for_query(hStream, streamId, &stream);
-    if (result == CUDA_SUCCESS)
-        *streamId = (unsigned long long)(uintptr_t)stream;
-    return result;
+    STREAM_ANSWER(hStream, streamId, (unsigned long long)(uintptr_t)stream);
 }
 
 CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
-    struct CUstream_st *stream;
-    CUresult result = resolve_for_query(hStream, captureStatus, &stream);
-    if (result == CUDA_SUCCESS)
-        *captureStatus = stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-    return result;
+    STREAM_ANSWER(hStream, captureStatus,
+                  stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
 /* Work queued on the stream after this waits for the event's work: the stream's timeline moves
  * to the event's time. */
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     if (!hEvent || hEvent->magic != SIM_EVENT_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     if (Flags != CU_EVENT_WAIT_DEFAULT)
@@ -368,10 +340,7 @@ CUresult cuEventDestroy_v2(CUevent hEvent)
  * stream). Recording into a capturing stream adds nothing to the graph: not modelled. */
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     if (!valid_event(hEvent))
         return CUDA_ERROR_INVALID_HANDLE;
     if (stream->capture)
@@ -432,14 +401,15 @@ CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEn
 
 /* ---- modules ------------------------------------------------------------------------------ */
 
-struct CUmod_st *sim_module_new(int is_library)
+CUresult sim_module_load(int is_library, struct CUmod_st **module)
 {
     struct CUmod_st *loaded = calloc(1, sizeof *loaded);
-    if (loaded) {
-        loaded->magic = SIM_MODULE_MAGIC;
-        loaded->is_library = is_library;
-    }
-    return loaded;
+    if (!loaded)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    loaded->magic = SIM_MODULE_MAGIC;
+    loaded->is_library = is_library;
+    *module = loaded;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
@@ -449,21 +419,16 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     if (result != CUDA_SUCCESS)
         return result;
     /* Any image loads: the simulator never runs the code, only prices launches of it. */
-    struct CUmod_st *loaded = sim_module_new(0);
-    if (!loaded)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *module = loaded;
-    return CUDA_SUCCESS;
+    return sim_module_load(0, module);
 }
 
 /* Unloaded modules and their functions keep their memory, marked dead, so a stale handle is
  * refused (INVALID_HANDLE) instead of read after free. They are few and small. */
 CUresult cuModuleUnload(CUmodule hmod)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
     if (hmod && hmod->magic == SIM_MODULE_MAGIC) {
         hmod->magic = SIM_DEAD_MAGIC;
         for (struct CUfunc_st *function = hmod->functions; function; function = function->next)
@@ -568,10 +533,7 @@ static CUresult capture(struct CUstream_st *stream, const struct sim_launch *lau
 static CUresult launch(CUfunction f, const struct sim_launch *launch, CUstream hStream, void **kernelParams,
                        void **extra)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (__builtin_expect(result != CUDA_SUCCESS, 0))
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     if (!f || f->magic != SIM_FUNCTION_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     if (kernelParams && extra)
@@ -641,36 +603,37 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
 
 /* ---- graphs ------------------------------------------------------------------------------- */
 
+/* A new empty graph, registered as a live handle; NULL out of memory. */
+static struct CUgraph_st *new_graph(void)
+{
+    struct CUgraph_st *graph = calloc(1, sizeof *graph);
+    if (graph && !sim_register_handle(graph, SIM_HANDLE_GRAPH)) {
+        free(graph);
+        graph = NULL;
+    }
+    return graph;
+}
+
 CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
     if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
         return sim_ready() == CUDA_SUCCESS ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : sim_ready();
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
         mode != CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
     if (stream->capture)
         return CUDA_ERROR_ILLEGAL_STATE;
-    struct CUgraph_st *graph = calloc(1, sizeof *graph);
+    struct CUgraph_st *graph = new_graph();
     if (!graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!sim_register_handle(graph, SIM_HANDLE_GRAPH)) {
-        free(graph);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     stream->capture = graph;
     return CUDA_SUCCESS;
 }
 
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     if (!phGraph)
         return CUDA_ERROR_INVALID_VALUE;
     if (!stream->capture)
@@ -685,13 +648,9 @@ CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
     CUresult result = sim_check(phGraph && flags == 0);
     if (result != CUDA_SUCCESS)
         return result;
-    struct CUgraph_st *graph = calloc(1, sizeof *graph);
+    struct CUgraph_st *graph = new_graph();
     if (!graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!sim_register_handle(graph, SIM_HANDLE_GRAPH)) {
-        free(graph);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     *phGraph = graph;
     return CUDA_SUCCESS;
 }
@@ -896,10 +855,9 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraph
 static CUresult update(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *info)
 {
     *info = (CUgraphExecUpdateResultInfo){.result = CU_GRAPH_EXEC_UPDATE_ERROR};
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
     result = CUDA_ERROR_INVALID_VALUE;
     if (sim_handle_is(hGraphExec, SIM_HANDLE_GRAPH_EXEC) && sim_handle_is(hGraph, SIM_HANDLE_GRAPH)) {
         /* Memory nodes cannot be updated here: an executable that has them, or a graph, is refused. */
@@ -942,10 +900,7 @@ CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *
  * individual launches (the graph's dependencies cannot shorten a serial device's work). */
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     pthread_mutex_lock(&sim_cuda.lock);
     int known = sim_handle_is(hGraphExec, SIM_HANDLE_GRAPH_EXEC);
     pthread_mutex_unlock(&sim_cuda.lock);
@@ -978,10 +933,9 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
     int known = sim_map_take(&sim_cuda.handles, (uintptr_t)hGraphExec, NULL) == 0;
     if (known)
         free_exec(hGraphExec); /* its allocations' memory stays in the graph pool until trimmed */
@@ -1035,44 +989,23 @@ CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
     return result;
 }
 
-CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+/* What an allocation node's parameters say: its memory's device, size and address. */
+static CUDA_MEM_ALLOC_NODE_PARAMS alloc_node_params(const struct CUgraphNode_st *node)
 {
-    CUresult result = check_node(hNode, type);
-    if (result == CUDA_SUCCESS)
-        *type = hNode->type;
-    return result;
-}
-
-CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
-{
-    CUresult result = check_node_of_type(hNode, params_out, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
-    if (result != CUDA_SUCCESS)
-        return result;
-    const struct sim_allocation *memory = &hNode->block->allocation;
-    *params_out = (CUDA_MEM_ALLOC_NODE_PARAMS){
+    const struct sim_allocation *memory = &node->block->allocation;
+    return (CUDA_MEM_ALLOC_NODE_PARAMS){
         .poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
                       .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = memory->device->ordinal}},
         .bytesize = memory->size,
         .dptr = memory->base,
     };
-    return CUDA_SUCCESS;
 }
 
-CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
+/* What a kernel node's parameters say: its launch and context. */
+static CUDA_KERNEL_NODE_PARAMS kernel_node_params(const struct CUgraphNode_st *node)
 {
-    CUresult result = check_node_of_type(hNode, dptr_out, CU_GRAPH_NODE_TYPE_MEM_FREE);
-    if (result == CUDA_SUCCESS)
-        *dptr_out = hNode->freed;
-    return result;
-}
-
-CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)
-{
-    CUresult result = check_node_of_type(hNode, nodeParams, CU_GRAPH_NODE_TYPE_KERNEL);
-    if (result != CUDA_SUCCESS)
-        return result;
-    const struct sim_launch *launch = &hNode->launch;
-    *nodeParams = (CUDA_KERNEL_NODE_PARAMS){
+    const struct sim_launch *launch = &node->launch;
+    return (CUDA_KERNEL_NODE_PARAMS){
         .func = launch->function,
         .gridDimX = launch->grid[0],
         .gridDimY = launch->grid[1],
@@ -1081,9 +1014,31 @@ CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAM
         .blockDimY = launch->block[1],
         .blockDimZ = launch->block[2],
         .sharedMemBytes = launch->shared_bytes,
-        .ctx = hNode->ctx,
+        .ctx = node->ctx,
     };
-    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    SIM_CHECKED_ANSWER(CUresult, check_node(hNode, type), type, hNode->type);
+}
+
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
+{
+    SIM_CHECKED_ANSWER(CUresult, check_node_of_type(hNode, params_out, CU_GRAPH_NODE_TYPE_MEM_ALLOC), params_out,
+                       alloc_node_params(hNode));
+}
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
+{
+    SIM_CHECKED_ANSWER(CUresult, check_node_of_type(hNode, dptr_out, CU_GRAPH_NODE_TYPE_MEM_FREE), dptr_out,
+                       hNode->freed);
+}
+
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    SIM_CHECKED_ANSWER(CUresult, check_node_of_type(hNode, nodeParams, CU_GRAPH_NODE_TYPE_KERNEL), nodeParams,
+                       kernel_node_params(hNode));
 }
 
 /* No node here is a child graph (a graph launched into a capture is inlined). */

@@ -55,21 +55,12 @@ CUresult sim_graph_block_new(struct sim_cuda_device *device, uint64_t size, stru
     if (!block)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t span = (size + SIM_GRAPH_ALIGNMENT - 1) / SIM_GRAPH_ALIGNMENT * SIM_GRAPH_ALIGNMENT;
-    int in_arena;
-    uintptr_t address = sim_address_take(span, &in_arena);
-    if (!address) {
+    block->allocation = sim_linear_take(device, size, span);
+    if (!block->allocation.base) {
         free(block);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    block->allocation = (struct sim_allocation){
-        .base = address,
-        .size = size,
-        .span = span,
-        .kind = SIM_ALLOCATION_LINEAR,
-        .device = device,
-        .in_arena = in_arena,
-        .graph = block,
-    };
+    block->allocation.graph = block;
     block->owners = 1;
     link_block(block);
     *out = block;
@@ -92,10 +83,8 @@ void sim_graph_block_free(struct sim_graph_block *block)
 /* The live graph allocation that starts at `address`, or NULL. */
 static struct sim_graph_block *live_block(CUdeviceptr address)
 {
-    uintptr_t value;
-    if (sim_map_get(&sim_cuda.allocations, address, &value) != 0)
-        return NULL;
-    return ((struct sim_allocation *)value)->graph;
+    struct sim_allocation *allocation = sim_allocation_at(address);
+    return allocation ? allocation->graph : NULL;
 }
 
 static void raise(uint64_t *high, uint64_t value)

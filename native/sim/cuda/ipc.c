@@ -115,9 +115,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     if (result != CUDA_SUCCESS)
         return result;
     pthread_mutex_lock(&sim_cuda.lock);
-    uintptr_t value;
-    struct sim_allocation *allocation =
-        sim_map_get(&sim_cuda.allocations, dptr, &value) == 0 ? (struct sim_allocation *)value : NULL;
+    struct sim_allocation *allocation = sim_allocation_at(dptr);
     result = allocation && exportable(allocation) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (result == CUDA_SUCCESS && !allocation->share)
         result = share(allocation);
@@ -189,25 +187,19 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
         return CUDA_SUCCESS;
     }
     result = CUDA_ERROR_INVALID_VALUE;
-    int fd = open_exported(&h, span), in_arena = 0;
-    uintptr_t address = fd >= 0 ? sim_address_take(span, &in_arena) : 0;
+    int fd = open_exported(&h, span);
+    struct sim_allocation space = fd >= 0 ? sim_linear_take(ctx->device, h.size, span) : (struct sim_allocation){0};
+    uintptr_t address = space.base;
     struct sim_ipc_share *shared = address ? calloc(1, sizeof *shared) : NULL;
     allocation = shared ? calloc(1, sizeof *allocation) : NULL;
     if (allocation &&
         mmap((void *)address, span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED) {
         *shared =
             (struct sim_ipc_share){.fd = fd, .serial = h.serial, .imported = 1, .opens = 1, .exporter = h.exporter};
-        *allocation = (struct sim_allocation){
-            .base = address,
-            .size = h.size,
-            .span = span,
-            .kind = SIM_ALLOCATION_LINEAR,
-            .device = ctx->device,
-            .ctx = ctx,
-            .in_arena = in_arena,
-            .host_access = PROT_READ | PROT_WRITE,
-            .share = shared,
-        };
+        *allocation = space;
+        allocation->ctx = ctx;
+        allocation->host_access = PROT_READ | PROT_WRITE;
+        allocation->share = shared;
         if (sim_map_put(&sim_cuda.allocations, address, (uintptr_t)allocation) == 0) {
             *pdptr = address;
             pthread_mutex_unlock(&sim_cuda.lock);
@@ -219,7 +211,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
         result = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (address)
-        sim_address_give(address, span, in_arena);
+        sim_address_give(address, span, space.in_arena);
     pthread_mutex_unlock(&sim_cuda.lock);
     if (fd >= 0)
         close(fd);
@@ -230,13 +222,10 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    uintptr_t value;
-    struct sim_allocation *allocation =
-        sim_map_get(&sim_cuda.allocations, dptr, &value) == 0 ? (struct sim_allocation *)value : NULL;
+    struct sim_allocation *allocation = sim_allocation_at(dptr);
     result = CUDA_ERROR_INVALID_VALUE;
     if (allocation && allocation->share && allocation->share->imported) {
         if (--allocation->share->opens == 0) {

@@ -79,6 +79,19 @@ static struct CUfunc_st *function_of(CUfunction hfunc)
     return hfunc && hfunc->magic == SIM_FUNCTION_MAGIC ? hfunc : NULL;
 }
 
+/* The body of a query of what a library, kernel or function handle leads to: `checked`, the
+ * call's ready and argument checks; then `object`, what `lookup` finds through the handle (called
+ * only once the checks pass: INVALID_HANDLE if it finds nothing), answered through `out` as
+ * `value`. */
+#define LOOKUP_ANSWER(checked, type, object, lookup, out, value)                                                       \
+    CUresult result = (checked);                                                                                       \
+    type *object = result == CUDA_SUCCESS ? (lookup) : NULL;                                                           \
+    if (result == CUDA_SUCCESS && !object)                                                                             \
+        result = CUDA_ERROR_INVALID_HANDLE;                                                                            \
+    if (result == CUDA_SUCCESS)                                                                                        \
+        *(out) = (value);                                                                                              \
+    return result
+
 CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
                            unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
                            unsigned int numLibraryOptions)
@@ -87,12 +100,13 @@ CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *j
     CUresult result = sim_check(library && code);
     if (result != CUDA_SUCCESS)
         return result;
-    struct CUmod_st *loaded = sim_module_new(1);
-    if (!loaded)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    answer_jit_options(numJitOptions, jitOptions, jitOptionsValues);
-    *library = (CUlibrary)loaded;
-    return CUDA_SUCCESS;
+    struct CUmod_st *loaded;
+    result = sim_module_load(1, &loaded);
+    if (result == CUDA_SUCCESS) {
+        answer_jit_options(numJitOptions, jitOptions, jitOptionsValues);
+        *library = (CUlibrary)loaded;
+    }
+    return result;
 }
 
 CUresult cuLibraryUnload(CUlibrary library)
@@ -123,39 +137,20 @@ CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *na
 CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx, pMod != NULL);
-    if (result != CUDA_SUCCESS)
-        return result;
-    struct CUmod_st *module = library_of(library);
-    if (!module)
-        return CUDA_ERROR_INVALID_HANDLE;
-    *pMod = module;
-    return CUDA_SUCCESS;
+    LOOKUP_ANSWER(sim_current_context(&ctx, pMod != NULL), struct CUmod_st, module, library_of(library), pMod, module);
 }
 
 CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
     struct CUctx_st *ctx;
-    CUresult result = sim_current_context(&ctx, pFunc != NULL);
-    if (result != CUDA_SUCCESS)
-        return result;
-    struct CUfunc_st *function = kernel_of(kernel);
-    if (!function)
-        return CUDA_ERROR_INVALID_HANDLE;
-    *pFunc = function;
-    return CUDA_SUCCESS;
+    LOOKUP_ANSWER(sim_current_context(&ctx, pFunc != NULL), struct CUfunc_st, function, kernel_of(kernel), pFunc,
+                  function);
 }
 
 CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel)
 {
-    CUresult result = sim_check(pLib != NULL);
-    if (result != CUDA_SUCCESS)
-        return result;
-    struct CUfunc_st *function = kernel_of(kernel);
-    if (!function)
-        return CUDA_ERROR_INVALID_HANDLE;
-    *pLib = (CUlibrary)function->module;
-    return CUDA_SUCCESS;
+    LOOKUP_ANSWER(sim_check(pLib != NULL), struct CUfunc_st, function, kernel_of(kernel), pLib,
+                  (CUlibrary)function->module);
 }
 
 static CUresult name_of(const char **name, struct CUfunc_st *function)
@@ -180,12 +175,7 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc)
 
 CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc)
 {
-    CUresult result = sim_check(hmod != NULL);
-    if (result == CUDA_SUCCESS && !function_of(hfunc))
-        result = CUDA_ERROR_INVALID_HANDLE;
-    if (result == CUDA_SUCCESS)
-        *hmod = hfunc->module;
-    return result;
+    LOOKUP_ANSWER(sim_check(hmod != NULL), struct CUfunc_st, function, function_of(hfunc), hmod, function->module);
 }
 
 /* ---- function attributes and occupancy -------------------------------------------------------- */

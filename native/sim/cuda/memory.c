@@ -95,18 +95,10 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
     }
     uint64_t span = round_up(size, SIM_HOST_PAGE);
     pthread_mutex_lock(&sim_cuda.lock);
-    int in_arena;
-    uintptr_t address = sim_address_take(span, &in_arena);
-    *allocation = (struct sim_allocation){
-        .base = address,
-        .size = size,
-        .span = span,
-        .kind = SIM_ALLOCATION_LINEAR,
-        .device = device,
-        .ctx = ctx,
-        .pool = pool,
-        .in_arena = in_arena,
-    };
+    *allocation = sim_linear_take(device, size, span);
+    allocation->ctx = ctx;
+    allocation->pool = pool;
+    uintptr_t address = allocation->base;
     if (address && sim_map_put(&sim_cuda.allocations, address, (uintptr_t)allocation) == 0) {
         if (pool)
             sim_pool_took(pool, charged);
@@ -115,7 +107,7 @@ static CUresult allocate_linear(struct sim_cuda_device *device, struct CUctx_st 
         return CUDA_SUCCESS;
     }
     if (address)
-        sim_address_give(address, span, in_arena);
+        sim_address_give(address, span, allocation->in_arena);
     if (pool)
         pool->used -= reused;
     pthread_mutex_unlock(&sim_cuda.lock);
@@ -141,6 +133,26 @@ void sim_address_give(uintptr_t address, uint64_t span, int in_arena)
         arena_give(address, span);
     else
         munmap((void *)address, span);
+}
+
+struct sim_allocation sim_linear_take(struct sim_cuda_device *device, uint64_t size, uint64_t span)
+{
+    int in_arena;
+    uintptr_t address = sim_address_take(span, &in_arena);
+    return (struct sim_allocation){
+        .base = address,
+        .size = size,
+        .span = span,
+        .kind = SIM_ALLOCATION_LINEAR,
+        .device = device,
+        .in_arena = in_arena,
+    };
+}
+
+struct sim_allocation *sim_allocation_at(CUdeviceptr address)
+{
+    uintptr_t value;
+    return sim_map_get(&sim_cuda.allocations, address, &value) == 0 ? (struct sim_allocation *)value : NULL;
 }
 
 void sim_linear_pages_drop(struct sim_allocation *allocation)
@@ -175,17 +187,13 @@ void sim_release_linear(struct sim_allocation *allocation)
 
 static CUresult free_linear(CUdeviceptr dptr)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
-    uintptr_t value;
     /* Not the start of a live allocation, or memory opened from another process (closed with
      * cuIpcCloseMemHandle): refused, never a crash. */
     result = CUDA_ERROR_INVALID_VALUE;
-    struct sim_allocation *allocation = NULL;
-    if (sim_map_get(&sim_cuda.allocations, dptr, &value) == 0)
-        allocation = (struct sim_allocation *)value;
+    struct sim_allocation *allocation = sim_allocation_at(dptr);
     if (allocation && allocation->kind == SIM_ALLOCATION_LINEAR &&
         !(allocation->share && allocation->share->imported)) {
         sim_map_take(&sim_cuda.allocations, dptr, NULL);
@@ -264,9 +272,9 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
      * resident where it was allocated. */
     if (result == CUDA_SUCCESS && (result = allocate_linear(ctx->device, ctx, NULL, bytesize, dptr)) == CUDA_SUCCESS) {
         pthread_mutex_lock(&sim_cuda.lock);
-        uintptr_t allocation;
-        if (sim_map_get(&sim_cuda.allocations, *dptr, &allocation) == 0)
-            ((struct sim_allocation *)allocation)->managed = 1;
+        struct sim_allocation *allocation = sim_allocation_at(*dptr);
+        if (allocation)
+            allocation->managed = 1;
         pthread_mutex_unlock(&sim_cuda.lock);
     }
     return result;
@@ -282,10 +290,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
  * (NVML still lists it) until a trim or a synchronisation gives it back. */
 static CUresult allocate_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
-    struct CUstream_st *stream;
-    CUresult result = sim_stream_resolve(hStream, &stream);
-    if (result != CUDA_SUCCESS)
-        return result;
+    SIM_STREAM_OR_RETURN(hStream);
     struct CUmemPoolHandle_st *from = sim_pool_to_draw(stream->ctx->device, pool);
     if (!from)
         return CUDA_ERROR_INVALID_VALUE;
@@ -480,10 +485,9 @@ static void unmap_mappings(size_t first, int count)
 
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
     uintptr_t reserved;
     result = CUDA_ERROR_INVALID_VALUE;
     if (sim_map_get(&sim_cuda.reservations, ptr, &reserved) == 0 && reserved == size) {
@@ -544,10 +548,9 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
     size_t first;
     int count = mappings_tiling(ptr, size, &first);
     if (count > 0)
@@ -671,10 +674,9 @@ static CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int l
 
 static CUresult destroy_array(void *handle, enum sim_handle_kind kind)
 {
-    CUresult result = sim_ready();
+    CUresult result = sim_ready_locked();
     if (result != CUDA_SUCCESS)
         return result;
-    pthread_mutex_lock(&sim_cuda.lock);
     result = CUDA_ERROR_INVALID_HANDLE;
     if (sim_handle_is(handle, kind)) {
         sim_map_take(&sim_cuda.handles, (uintptr_t)handle, NULL);

@@ -132,11 +132,7 @@ void sim_pools_synchronised(void)
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
-    struct sim_cuda_device *device;
-    CUresult result = sim_device_ready(dev, &device, pool_out != NULL);
-    if (result == CUDA_SUCCESS)
-        *pool_out = device->default_pool;
-    return result;
+    DEVICE_ANSWER(dev, pool_out, device->default_pool);
 }
 
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)

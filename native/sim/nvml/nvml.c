@@ -165,6 +165,10 @@ static nvmlReturn_t device_of(nvmlDevice_t handle, struct sim_device_view **devi
     return result;
 }
 
+/* The body of a device query: `value`, an expression of the `device` behind `handle`. */
+#define HANDLE_ANSWER(handle, out, value)                                                                              \
+    SIM_ANSWER(nvmlReturn_t, struct sim_device_view, device, device_of(handle, &device, (out) != NULL), out, value)
+
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
     return initialised() ? copy_string(version, length, SIM_DRIVER_VERSION) : NVML_ERROR_UNINITIALIZED;
@@ -230,11 +234,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t handle, unsigned int *index)
 {
-    struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device, index != NULL);
-    if (result == NVML_SUCCESS)
-        *index = (unsigned int)device->index;
-    return result;
+    HANDLE_ANSWER(handle, index, (unsigned int)device->index);
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t handle, char *name, unsigned int length)
@@ -281,11 +281,7 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t handle, int *major,
 
 nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t handle, unsigned int *numCores)
 {
-    struct sim_device_view *device;
-    nvmlReturn_t result = device_of(handle, &device, numCores != NULL);
-    if (result == NVML_SUCCESS)
-        *numCores = device->spec->sms * SIM_CORES_PER_SM;
-    return result;
+    HANDLE_ANSWER(handle, numCores, device->spec->sms * SIM_CORES_PER_SM);
 }
 
 /* Device totals over every process; a dead process's memory is freed first, as the driver
