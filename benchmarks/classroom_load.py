@@ -86,7 +86,6 @@ import contextlib
 import logging
 import os
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -100,7 +99,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
+from private_machine import private_machine  # noqa: E402
 from tornado import web  # noqa: E402
 from tornado.httpserver import HTTPServer  # noqa: E402
 from tornado.netutil import bind_sockets  # noqa: E402
@@ -1303,22 +1304,6 @@ def admission(args: argparse.Namespace) -> bool:
     return not (errors or spread_problems or burst_problems)
 
 
-@contextlib.contextmanager
-def private_machine() -> Iterator[Path]:
-    """A runtime folder and a simulated GPU of this run's own (issue 27): the simulated GPU's state
-    file and the servers' regions in a fresh folder, never the user's shared ones in /dev/shm or
-    their Jupyter runtime folder, whatever else (a user's own JupyterLab on the simulated GPU) runs
-    on this machine. Removed at the end."""
-    folder = Path(tempfile.mkdtemp(prefix="vgpu-classroom-bench-"))
-    os.environ["VGPU_SIM_STATE"] = str(folder / "simulated-gpu.state")
-    os.environ["JUPYTER_RUNTIME_DIR"] = str(folder / "runtime")
-    os.environ["TMPDIR"] = str(folder)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1348,7 +1333,7 @@ def main() -> None:
     args = parser.parse_args()
     # Refusals are answers: tornado logs each 409 as a warning, which would bury the table.
     logging.getLogger("tornado.access").setLevel(logging.ERROR)
-    with private_machine():
+    with private_machine("vgpu-classroom-bench-"):
         admitted = args.class_only or admission(args)
         within_capacity = class_comparison(args)
     if not admitted or not within_capacity:

@@ -37,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from private_machine import private_machine  # noqa: E402
 
 from jupyter_vgpu.holders.region import Region  # noqa: E402
 
@@ -211,4 +214,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with private_machine("vgpu-bench-calls-"):
+        main()

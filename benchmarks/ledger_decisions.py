@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from private_machine import private_machine  # noqa: E402
 
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid  # noqa: E402
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger  # noqa: E402
@@ -208,4 +211,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with private_machine("vgpu-bench-ledger-"):
+        main()

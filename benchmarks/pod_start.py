@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import kmock  # noqa: E402
 from kube_standin import Kubelet, StandIn, StandInEmulator  # noqa: E402
+from private_machine import private_machine  # noqa: E402
 from support import JupyterProcess, free_port  # noqa: E402
 
 from jupyter_vgpu.pods.manifest import CONNECTION_FILE  # noqa: E402
@@ -255,4 +256,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with private_machine("vgpu-bench-pods-"):
+        main()

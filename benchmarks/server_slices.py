@@ -22,6 +22,7 @@ from pathlib import Path
 from jupyter_client import BlockingKernelClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from private_machine import private_machine
 from support import JupyterProcess
 
 TOKEN = "vgpu-benchmark"
@@ -118,4 +119,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with private_machine("vgpu-bench-server-"):
+        main()

@@ -41,11 +41,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from jupyter_client import BlockingKernelClient  # noqa: E402
+from private_machine import private_machine  # noqa: E402
 from support import (  # noqa: E402
     CUDA_PRELUDE,
     CheckpointTarget,
     JupyterProcess,
     compile_sim_program,
+    kernel_client,
     write_vgpu_kernelspec,
     written_with_a_pattern,
 )
@@ -124,9 +126,7 @@ def cell_after_suspend(workdir: Path, size: int, repeats: int) -> None:
     client, kernel_id = None, None
     try:
         kernel_id = server.api("POST", "api/vgpu/kernels", {"name": "vgpu-bench"})["kernel"]["id"]
-        client = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel_id}.json"))
-        client.load_connection_file()
-        client.start_channels()
+        client = kernel_client(runtime / f"kernel-{kernel_id}.json", timeout=120)
         client.wait_for_ready(timeout=120)
         reply = client.execute_interactive(HOLD.format(size=size), timeout=120)
         assert reply["content"]["status"] == "ok", reply["content"]
@@ -214,4 +214,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with private_machine("vgpu-bench-suspend-"):
+        main()

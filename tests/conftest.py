@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from private_machine import private_machine_environment
 from support import CUDA_PRELUDE
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -22,6 +23,18 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 SIM_DEVICE_DEFAULT = "name=jupyter-vgpu test GPU,memory=16GiB,sms=100,context_memory=0"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_machine(tmp_path_factory):
+    """Every test's processes on a machine of the session's own (tests/private_machine.py): a
+    user's own JupyterLab with jupyter-vgpu, or another test session, on this machine is neither
+    joined (its ledger) nor shared (its simulated GPU). Tests that need a place of their own still
+    set it; this is what the rest inherit."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in private_machine_environment(tmp_path_factory.mktemp("machine")).items():
+            patch.setenv(name, value)
+        yield
 
 
 @dataclass(frozen=True)
@@ -344,7 +357,9 @@ SLOW_TESTS = (
     "docs/test_site_commands.py::test_the_commands_that_need_no_server_run_as_written",
     "docs/test_site_commands.py::test_the_commands_for_a_running_server_run_as_written_against_one",
     "hub/test_classroom_hub.py",
+    "hub/test_prometheus_scrape.py",
     "hub/test_spawn_form.py",
+    "packaging/test_beside_a_users_server.py",
     "packaging/test_install_docs.py",
     "packaging/test_wheel.py",
     "peers/test_peer_suites.py",

@@ -518,14 +518,23 @@ class VGPUServer(JupyterProcess):
     def kernel_client(self, kernel_id: str, timeout: float = 60):
         """A client of the kernel over its own channels (its connection file, written once its
         start is under way: a start answers before), channels started."""
-        from jupyter_client import BlockingKernelClient
-
         connection_file = Path(self.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"
         wait_for(connection_file.is_file, timeout, f"kernel {kernel_id}'s connection file", interval=0.1)
-        client = BlockingKernelClient(connection_file=str(connection_file))
-        client.load_connection_file()
-        client.start_channels()
-        return client
+        return kernel_client(connection_file, timeout)
+
+
+def kernel_client(connection_file: Path, timeout: float = 60):
+    """A BlockingKernelClient of the kernel of ``connection_file``, channels started, that takes
+    the kernel for dead only after ``timeout`` seconds without a heartbeat: the default (1 s)
+    takes a kernel still starting on a loaded machine for a dead one, and wait_for_ready then
+    gives up on it."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=str(connection_file))
+    client.load_connection_file()
+    client.hb_channel.time_to_dead = timeout
+    client.start_channels()
+    return client
 
 
 # Program code for NVIDIA's cuda-bindings: `cu` (cuda.bindings.driver), ok(answer) -> the values of a

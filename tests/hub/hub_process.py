@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from support import folder_processes, free_port, wait_for
+from support import folder_processes, free_port, kernel_client, wait_for
 
 HUB_TESTS = Path(__file__).resolve().parent
 PROXY = HUB_TESTS / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -100,6 +100,16 @@ class Hub:
                     }}
                 ]
                 jupyter_vgpu.hub.configure(c, {str(self.classroom)!r})
+                # The hub's simulated GPU (the broker's, the servers' and their kernels') is its
+                # own: the hub passes only a few variables of its environment (PATH, PYTHONPATH,
+                # LANG...) to what it starts, not the test session's XDG_RUNTIME_DIR
+                # (tests/conftest.py), so they would share the default state file in /dev/shm with
+                # whatever else runs on the machine.
+                SIM_STATE = {{"VGPU_SIM_STATE": "{folder}/simulated-gpu.state"}}
+                for service in c.JupyterHub.services:
+                    if service["name"] == "vgpu":
+                        service["environment"] = {{**service.get("environment", {{}}), **SIM_STATE}}
+                c.Spawner.environment.update(SIM_STATE)
                 """
             )
             + textwrap.dedent(extra_config)
@@ -245,11 +255,7 @@ def kernel_connection_file(hub: Hub, user: str, kernel_id: str) -> Path:
 def run_in_hub_kernel(hub: Hub, user: str, kernel_id: str, code: str, timeout: float = 60) -> str:
     """The stdout of ``code`` run in a kernel of ``user``'s server, over the kernel's own channels
     (stderr, where libvgpu.so writes its out-of-memory line, is left out)."""
-    from jupyter_client import BlockingKernelClient
-
-    client = BlockingKernelClient(connection_file=str(kernel_connection_file(hub, user, kernel_id)))
-    client.load_connection_file()
-    client.start_channels()
+    client = kernel_client(kernel_connection_file(hub, user, kernel_id), timeout)
     try:
         client.wait_for_ready(timeout=timeout)
         chunks: list[str] = []
