@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,14 @@ SLICES = {
 }
 
 
+def without_interposer(env: dict[str, str]) -> dict[str, str]:
+    """A slice's environment without the interposer: LD_PRELOAD renamed, every variable and its
+    length kept. The program and the driver see an environment of the same size either way: the
+    simulated driver reads variables on some calls, and the environment's size moves the stack,
+    so a run with two variables fewer measured those differences as the interposer's cost."""
+    return {("NO_PRELOAD" if name == "LD_PRELOAD" else name): value for name, value in env.items()}
+
+
 def pinned_cpus(threads: int) -> set[int] | None:
     """The CPUs a row with `threads` launching threads is pinned to: the last ones this process
     may use, so that its runs do not wander between CPUs; None where there are too few."""
@@ -188,7 +197,7 @@ def main() -> None:
             return float(out.stdout)
 
         if args.against:
-            compare_builds(args.against, build_revision(args.against, workdir), vgpu, slice_env, base, timed, rounds)
+            compare_builds(args.against, build_revision(args.against, workdir), vgpu, workdir, slice_env, timed, rounds)
             return
 
         slices = {name: slice_env(name, **limits)[0] for name, limits in SLICES.items()}
@@ -196,7 +205,7 @@ def main() -> None:
         for label, call, threads, slice_name, goal, devices in CALL_ROWS:
             direct, interposed = [], []
             for _ in range(repeats):  # alternate so drift in machine load hits both alike
-                direct.append(timed(base, call, threads, devices))
+                direct.append(timed(without_interposer(slices[slice_name]), call, threads, devices))
                 interposed.append(timed(slices[slice_name], call, threads, devices))
             # The fastest of many runs: the run least disturbed by the rest of a noisy machine.
             d, i = min(direct), min(interposed)
@@ -262,14 +271,18 @@ def main() -> None:
         )
 
 
-def compare_builds(revision: str, before: Path, after: Path, slice_env, base, timed, rounds: int) -> None:
+def compare_builds(revision: str, before: Path, after: Path, workdir: Path, slice_env, timed, rounds: int) -> None:
     """The per-call rows for REV's libvgpu.so (`before`) and this tree's (`after`), side by side."""
     runs_per_round = 3
-    builds = {"direct": None, "before": before, "after": after}
+    # Both libraries and both builds' regions at paths of one length: environments of one size.
+    libraries = {}
+    for build, library, folder in (("before", before, "a"), ("after", after, "b")):
+        (workdir / folder).mkdir()
+        libraries[build] = shutil.copy2(library, workdir / folder / "libvgpu.so")
+    builds = ("direct", "before", "after")
     envs = {
-        (build, name): slice_env(f"{build}-{name}", library, **limits)[0]
-        for build, library in builds.items()
-        if library
+        (build, name): slice_env(f"{build[0]}-{name}", Path(libraries[build]), **limits)[0]
+        for build in ("before", "after")
         for name, limits in SLICES.items()
     }
     added: dict[tuple[int, str], list[float]] = {}
@@ -280,7 +293,11 @@ def compare_builds(revision: str, before: Path, after: Path, slice_env, base, ti
             fastest = {build: float("inf") for build in builds}
             for _ in range(runs_per_round):
                 for build in order:
-                    env = base if build == "direct" else envs[(build, slice_name)]
+                    env = (
+                        without_interposer(envs[("after", slice_name)])
+                        if build == "direct"
+                        else envs[(build, slice_name)]
+                    )
                     fastest[build] = min(fastest[build], timed(env, call, threads, devices, cpus))
             for build in ("before", "after"):
                 added.setdefault((row, build), []).append(fastest[build] - fastest["direct"])
