@@ -5,8 +5,11 @@ reaches a running program.
     python benchmarks/interposer_overhead.py --smoke    # a few seconds, as CI runs it
 
 Runs the same program (benchmarks/bench_calls.c) straight on the simulated driver and under
-libvgpu.so, side by side and alternating, and reports the fastest run of each. The simulated
-driver's kernels last 1 ns here so launch timings measure the call path, not the device.
+libvgpu.so, side by side and alternating, and reports the fastest run of each, in the same
+environment (LD_PRELOAD renamed for the runs without it). A run's figure is the CPU time of its
+process per call: every thread, the program's and libvgpu.so's own (the limiter's controller,
+the monitor), and not the time other programs ran on a busy machine. The simulated driver's
+kernels last 1 ns here so launch timings measure the call path, not the device.
 
 Start-up (benchmarks/bench_startup.c): exec to exit of a small program making about 1000
 driver calls (a context, then allocations, frees, memory queries and launches), and of the
@@ -194,7 +197,9 @@ def main() -> None:
                 text=True,
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
-            return float(out.stdout)
+            # CPU time, not wall: on a machine busy with other programs a run's wall time counts
+            # the time they ran; its CPU time counts the program's threads and libvgpu.so's own.
+            return float(out.stdout.split()[1])
 
         if args.against:
             compare_builds(args.against, build_revision(args.against, workdir), vgpu, workdir, slice_env, timed, rounds)
