@@ -527,7 +527,6 @@ struct vgpu_controller {
     double rate;  /* tokens per second while limited */
     uint64_t last_tick_ns;
     uint64_t last_control_ns;
-    int64_t caught_up_seen; /* the region's tokens_caught_up the last refill counted */
 };
 
 struct vgpu_pacing_state {

@@ -21,11 +21,8 @@
  *  - hard: the rate always applies, over any window from a tick's length up, so the pool
  *    banks nothing: a refill the slice leaves undrawn is kept only up to a thread's batch, an
  *    idle slice's pool holds one token (its next launch takes a batch on credit), and a late
- *    tick does not make up for time nobody waited in. Tokens saved up would be spent above the
- *    share in whichever window follows (a notebook's next cell after a pause). Time launches
- *    waited through while the controller's tick was late (its thread waiting for a CPU) is not
- *    lost: a waiting launch refills the pool for it at the controller's rate (catch_up()), so a
- *    busy machine does not cost the slice its share. Only windows in which
+ *    tick does not make up for the time missed. Tokens saved up would be spent above the share
+ *    in whichever window follows (a notebook's next cell after a pause). Only windows in which
  *    the slice was held back at every tick wind the integral up, so neither an idle pause nor
  *    the window in which a burst ends reads as a rate set too low. burst: the pool stays open
  *    while no process outside the slice uses the device, and closes to the share within one
@@ -498,17 +495,10 @@ static int64_t take_back_grants(struct vgpu_region *region, struct vgpu_proc_slo
 
 static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
-    /* From the last refill of the pool: this controller's tick, or a launch's catch-up after it
-     * (a new controller's first refill pays for one tick at most). */
-    uint64_t since = __atomic_exchange_n(&region->refilled_until_ns, now_ns, __ATOMIC_ACQ_REL);
-    if (since < c->last_tick_ns)
-        since = c->last_tick_ns;
-    uint64_t elapsed = now_ns > since ? now_ns - since : 0;
-    /* A tick this late refills only what a tick may: the tokens of the time missed, given at
-     * once, would be a burst above the rate in the window after it, and the window the late
-     * tick fell in says nothing about the rate (integrate()). The time missed while launches
-     * waited for tokens is not lost: they caught up on it themselves (catch_up()); what is
-     * dropped here is time nobody waited in, which a hard share banks nothing for. */
+    uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
+    /* A tick this late (the controller did not get a CPU) refills only what a tick may: the
+     * tokens of the time missed, given at once, would be a burst above the rate in the window
+     * after it, and the window the late tick fell in says nothing about the rate (integrate()). */
     uint64_t missed = elapsed > LATE_TICK_NS ? elapsed - LATE_TICK_NS : 0;
     elapsed -= missed;
     c->last_tick_ns = now_ns;
@@ -530,14 +520,11 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
     int64_t returned = take_back_grants(region, waiting, &waiting_count);
     int64_t whole = (int64_t)owed, keep = (int64_t)reserve, each = 0;
     int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
-    int64_t available, next, drawn_since, caught_up;
+    int64_t available, next, drawn_since;
     int idle;
     do {
-        /* Drawn since the last refill: from the pool (with what launches caught up on put into
-         * it), and from the grants it made. A catch-up that lands between these two loads is
-         * counted at the next tick; its tokens are drawn by then or left in the pool. */
-        caught_up = __atomic_load_n(&region->tokens_caught_up, __ATOMIC_ACQUIRE);
-        drawn_since = (c->pool_after_refill + (caught_up - c->caught_up_seen) - level) + (c->granted - returned);
+        /* Drawn since the last refill: from the pool, and from the grants it made. */
+        drawn_since = (c->pool_after_refill - level) + (c->granted - returned);
         /* A new controller's first refill cannot tell; a launch started it. */
         idle = waiting_count == 0 && c->pool_known && drawn_since <= 0;
         if (!limited) {
@@ -559,7 +546,6 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
             next = available - each * waiting_count;
         }
     } while (!__atomic_compare_exchange_n(&region->tokens, &level, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
-    c->caught_up_seen = caught_up;
     for (uint32_t i = 0; i < waiting_count && each > 0; i++)
         __atomic_fetch_add(&waiting[i]->granted, each, __ATOMIC_ACQ_REL);
 
@@ -635,7 +621,6 @@ static void controller_reset(struct vgpu_controller *c, struct vgpu_region *regi
     /* The first refill, at once, pays for the tick that begins then: the slice is launching (a
      * launch started this controller), and its pool holds at most a token. */
     c->last_tick_ns = now_ns - TICK_NS;
-    c->caught_up_seen = __atomic_load_n(&region->tokens_caught_up, __ATOMIC_ACQUIRE);
     c->last_control_ns = now_ns;
     c->last_draw_ns = now_ns;
     c->window_clean = 1;
@@ -818,33 +803,6 @@ static int draw_from(int64_t *budget, uint64_t take)
     return 1;
 }
 
-/* A launch has waited for tokens since `waiting_since` and the controller's refill is late: its
- * thread waits for a CPU on a busy machine (or is stopped). The slice must not lose its share to
- * that: the launch refills the pool itself, at the rate the controller set, for the time since
- * the last refill that a launch of the slice waited through (not the time before: nobody wanted
- * tokens then, and a hard share banks nothing). Only while the controller is alive by its
- * heartbeat: a controller gone longer is replaced (keep_controller_alive), and the rate it set
- * may be for limits resized since. Whoever moves `refilled_until_ns` first pays for the span. */
-static void catch_up(struct vgpu_region *region, uint64_t waiting_since, uint64_t now)
-{
-    uint64_t until = __atomic_load_n(&region->refilled_until_ns, __ATOMIC_ACQUIRE);
-    uint64_t beat = __atomic_load_n(&region->controller_heartbeat_ns, __ATOMIC_ACQUIRE);
-    uint64_t per_second = __atomic_load_n(&region->tokens_per_second, __ATOMIC_RELAXED);
-    if (!until || now < until + LATE_TICK_NS || now >= beat + LEASE_SUSPECT_NS || !per_second ||
-        __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE) >= POOL_OPEN_FLOOR)
-        return;
-    if (!__atomic_compare_exchange_n(&region->refilled_until_ns, &until, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-        return; /* the controller or another launch refilled meanwhile */
-    uint64_t from = until > waiting_since ? until : waiting_since;
-    int64_t tokens = (int64_t)((double)per_second * (double)(now - from) / 1e9);
-    if (tokens <= 0)
-        return;
-    /* The pool first, then the total the controller counts draws by (refill()). */
-    __atomic_fetch_add(&region->tokens, tokens, __ATOMIC_ACQ_REL);
-    __atomic_fetch_add(&region->tokens_caught_up, tokens, __ATOMIC_ACQ_REL);
-    refill_announce(region);
-}
-
 /* The thread's cache cannot pay for the launch: take a batch from this process's grant or the
  * slice's pool, waiting for the controller's next refill while both are empty. */
 static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, uint64_t cost)
@@ -880,7 +838,6 @@ static __attribute__((noinline)) void draw_tokens(struct thread_cache *cache, ui
         if (wait_started) {
             now = vgpu_now_ns();
             keep_controller_alive(region, now);
-            catch_up(region, wait_started, now);
         } else {
             wait_started = now;
         }

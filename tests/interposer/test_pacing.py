@@ -18,7 +18,6 @@ it says little: it launches ahead into a queue and keeps the device fed through 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import signal
@@ -452,84 +451,6 @@ def test_burst_uses_an_idle_device_and_yields_within_200ms(programs, device_env,
         "200-700 ms after another slice started, the burst slice",
     )
     assert shared[other.pid] >= 40 * (1 - other.cpu_starved(since_us, until_us)), shared
-
-
-class ThreadHeldOff:
-    """Holds one thread of another process off the CPU for `off_s`, lets it run for `on_s`, over
-    and over (ptrace stops that thread alone), as a busy machine does to a thread that waits for
-    a CPU; a stopped thread is not waiting on a run queue, so the load's measured CPU waits stay
-    those of its other threads. Every ptrace request comes from the one thread that attached."""
-
-    SEIZE, INTERRUPT, CONT, DETACH = 0x4206, 0x4207, 7, 17
-    WALL = 0x40000000
-
-    def __init__(self, tid: int, off_s: float, on_s: float):
-        self.tid, self.off_s, self.on_s = tid, off_s, on_s
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.stopping = threading.Event()
-        self.errors: list[str] = []
-        self.held_s = 0.0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _request(self, request: int) -> None:
-        if self.libc.ptrace(request, self.tid, None, None) != 0:
-            raise OSError(ctypes.get_errno(), f"ptrace({request}) on thread {self.tid}")
-
-    def _stop(self) -> None:
-        self._request(self.INTERRUPT)
-        os.waitpid(self.tid, self.WALL)
-
-    def _run(self) -> None:
-        try:
-            self._request(self.SEIZE)
-            while not self.stopping.is_set():
-                self._stop()
-                stopped = time.monotonic()
-                self.stopping.wait(self.off_s)
-                self._request(self.CONT)
-                self.held_s += time.monotonic() - stopped
-                self.stopping.wait(self.on_s)
-            self._stop()
-            self._request(self.DETACH)
-        except OSError as error:
-            self.errors.append(str(error))
-
-    def release(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=5)
-        assert not self.errors, self.errors
-
-
-def thread_named(pid: int, name: str) -> int | None:
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            if (task / "comm").read_text().strip() == name:
-                return int(task.name)
-        except OSError:
-            continue
-    return None
-
-
-def test_the_share_holds_while_the_controller_thread_gets_no_cpu(programs, device_env, make_slice):
-    """The controller's thread (vgpu-pacer) held off the CPU 20 ms of every 25 ms, as on a
-    machine whose CPUs are busy, while the load's launching thread runs: the slice still gets its
-    share. A refill that comes late must not cost the slice the time its launches waited through
-    (they catch up on it themselves), nor may that make it exceed the share."""
-    load_program, monitor = programs
-    share = 60
-    slice_env, _region = make_slice(device_env, sm_share=share, policy="hard")
-    load = start_load(load_program, slice_env, seconds=3.2)
-    pacer = wait_for(lambda: thread_named(load.pid, "vgpu-pacer"), 2.0)
-    assert pacer, "the load's process started no controller thread"
-    held_off = ThreadHeldOff(pacer, off_s=0.020, on_s=0.005)
-
-    measured = window(monitor, device_env, load, 1.5, 2.5)[load.pid]
-    held_off.release()
-    load.finish()
-
-    assert held_off.held_s > 1.0, f"the controller was held off only {held_off.held_s:.2f} s"
-    assert_share_held(measured, share, load.starved_in(1.5, 2.5), "with the controller held off the CPU")
 
 
 # ---- resize, graphs, fail-over -------------------------------------------------------------------

@@ -153,11 +153,7 @@ struct vgpu_region {
     uint64_t tokens_per_second;       /* refill rate the controller settled on */
     uint32_t device_busy_permille;    /* utilisation of the device by processes outside the slice */
     uint32_t refill_epoch;            /* bumped by every refill that waiting launches should see: their futex */
-    /* CLOCK_MONOTONIC up to which the pool has been refilled: by the controller's ticks, or by a
-     * launch that waited for tokens while the controller's tick was late; 0 before the first. */
-    uint64_t refilled_until_ns;
-    int64_t tokens_caught_up; /* tokens such launches added to the pool, ever */
-    uint64_t reserved3[1];
+    uint64_t reserved3[3];
 
     /* Highest slot index ever claimed + 1, so that sums stop early. */
     uint32_t procs_high_water;
