@@ -5,8 +5,11 @@ reaches a running program.
     python benchmarks/interposer_overhead.py --smoke    # a few seconds, as CI runs it
 
 Runs the same program (benchmarks/bench_calls.c) straight on the simulated driver and under
-libvgpu.so, side by side and alternating, and reports the fastest run of each. The simulated
-driver's kernels last 1 ns here so launch timings measure the call path, not the device.
+libvgpu.so, side by side and alternating, and reports the fastest run of each, in the same
+environment (LD_PRELOAD renamed for the runs without it). A run's figure is the CPU time of its
+process per call: every thread, the program's and libvgpu.so's own (the limiter's controller,
+the monitor), and not the time other programs ran on a busy machine. The simulated driver's
+kernels last 1 ns here so launch timings measure the call path, not the device.
 
 Start-up (benchmarks/bench_startup.c): exec to exit of a small program making about 1000
 driver calls (a context, then allocations, frees, memory queries and launches), and of the
@@ -21,6 +24,17 @@ on that device's timeline (one atomic word every launch of every process updates
 baseline itself swings with how the two threads collide there), and each on its own simulated
 device, where the driver shares nothing between them and any cost the interposer adds by
 making threads contend shows undiluted.
+
+    python benchmarks/interposer_overhead.py --against b33eae6   # that commit's libvgpu.so beside this tree's
+
+--against REV judges a change to the interposer: it builds REV's libvgpu.so from git (`git archive`,
+that revision's own native/build.py) beside this tree's, and times the per-call rows for the driver
+alone, REV's interposer and this tree's, all over this tree's simulated driver and bench program,
+in rounds: each round runs the three one after the other, in an order that rotates from round to
+round, several times each, pinned to as many CPUs as the row has threads (where the machine lets
+it). A round's "added" is its fastest run under an interposer minus its fastest on the driver; the
+table gives both builds' median over the rounds with their range, and the median and range of the
+difference within each round, so drift in the machine's load hits both builds alike.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,10 +59,23 @@ from private_machine import private_machine  # noqa: E402
 from jupyter_vgpu.holders.region import Region  # noqa: E402
 
 GOALS_NS = {"launch": 10, "launch_limited": 30, "alloc_free": 150, "mem_get_info": 50, "get_proc_address": 200}
-HAMI_CORE_NS = {"launch": 21, "alloc_free": 665, "mem_get_info": 578, "get_proc_address": 2100}
 STARTUP_GOAL_MS = 0.5  # added to a process's start-up, 1000 calls or none
-HAMI_CORE_STARTUP_MS = 3.0  # issue 8: ~4 ms under HAMi-core for a program that runs in ~1 ms bare
 DEVICE = "name=bench GPU,memory=80GiB,sms=132,context_memory=0,block_ns=1"
+
+
+def build_revision(revision: str, workdir: Path) -> Path:
+    """libvgpu.so of `revision`, built from git by that revision's own native/build.py."""
+    source = workdir / "revision"
+    source.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", revision, "native"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    output = workdir / "revision-native"
+    subprocess.run(
+        [sys.executable, str(source / "native" / "build.py"), str(output)], check=True, stdout=subprocess.DEVNULL
+    )
+    return output / "libvgpu.so"
 
 
 def build(workdir: Path) -> tuple[Path, Path, Path, Path, Path]:
@@ -86,15 +114,65 @@ def device_uuid(env: dict[str, str]) -> str:
     ).stdout.strip()
 
 
+# The per-call rows: label, bench_calls's call, threads, the slice it runs in, goal (None: no
+# goal, the row shows the simulator's contention), simulated devices.
+CALL_ROWS: tuple[tuple[str, str, int, str, str | None, int], ...] = (
+    ("cuLaunchKernel, 1 thread, no SM limit", "launch", 1, "capped", "launch", 1),
+    ("cuLaunchKernel, 2 threads, no SM limit", "launch", 2, "capped", "launch", 2),
+    ("  the 2 threads on one device's timeline", "launch", 2, "capped", None, 1),
+    ("cuLaunchKernel, 1 thread, limiter on (50 %)", "launch", 1, "limited", "launch_limited", 1),
+    ("cuLaunchKernel, 2 threads, limiter on (50 %)", "launch", 2, "limited", "launch_limited", 2),
+    ("  the 2 threads on one device's timeline", "launch", 2, "limited", None, 1),
+    ("cuMemAlloc_v2 + cuMemFree_v2 (capped)", "alloc_free", 1, "capped", "alloc_free", 1),
+    ("cuMemGetInfo_v2 (capped)", "mem_get_info", 1, "capped", "mem_get_info", 1),
+    ('cuGetProcAddress_v2 ("cuMemAlloc")', "get_proc_address", 1, "unlimited", "get_proc_address", 1),
+)
+SLICES = {
+    "unlimited": {"memory_limit": 0},
+    "capped": {"memory_limit": 64 << 30},
+    "limited": {"memory_limit": 64 << 30, "sm_share": 50},
+}
+
+
+def without_interposer(env: dict[str, str]) -> dict[str, str]:
+    """A slice's environment without the interposer: LD_PRELOAD renamed, every variable and its
+    length kept. The program and the driver see an environment of the same size either way: the
+    simulated driver reads variables on some calls, and the environment's size moves the stack,
+    so a run with two variables fewer measured those differences as the interposer's cost."""
+    return {("NO_PRELOAD" if name == "LD_PRELOAD" else name): value for name, value in env.items()}
+
+
+def pinned_cpus(threads: int) -> set[int] | None:
+    """The CPUs a row with `threads` launching threads is pinned to: the last ones this process
+    may use, so that its runs do not wander between CPUs; None where there are too few."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return set(allowed[-threads:]) if len(allowed) >= threads else None
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}..{max(values):.1f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="few iterations: proves the benchmark runs")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="build libvgpu.so of git revision REV too and compare it with this tree's, call by call, "
+        "in interleaved pinned rounds (the other parts of the benchmark are skipped)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=9, help="rounds of --against (each runs the driver alone and both builds 3 times)"
+    )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be 1 or more, not {args.rounds}")
     iterations = {"launch": 200_000, "alloc_free": 100_000, "mem_get_info": 1_000_000, "get_proc_address": 200_000}
-    repeats, resizes, startups = (11, 200, 51)
+    repeats, resizes, startups, rounds = (11, 200, 51, args.rounds)
     if args.smoke:
         iterations = {name: count // 100 for name, count in iterations.items()}
-        repeats, resizes, startups = (1, 10, 3)
+        repeats, resizes, startups, rounds = (1, 10, 3, 1)
 
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-") as tmp:
         workdir = Path(tmp)
@@ -103,15 +181,11 @@ def main() -> None:
         base.update(LD_LIBRARY_PATH=str(sim_dir), VGPU_SIM_STATE=str(workdir / "sim.state"), VGPU_SIM_DEVICES=DEVICE)
         uuid = device_uuid(base)
 
-        def slice_env(name: str, **limits) -> tuple[dict[str, str], Region]:
+        def slice_env(name: str, library: Path = vgpu, **limits) -> tuple[dict[str, str], Region]:
             region = Region.create(workdir / f"{name}.region", device_uuid=uuid, device_index=0, **limits)
-            return {**base, "LD_PRELOAD": str(vgpu), "VGPU_REGION": str(region.path)}, region
+            return {**base, "LD_PRELOAD": str(library), "VGPU_REGION": str(region.path)}, region
 
-        unlimited, _ = slice_env("unlimited", memory_limit=0)
-        capped, _ = slice_env("capped", memory_limit=64 << 30)
-        limited, _ = slice_env("limited", memory_limit=64 << 30, sm_share=50)
-
-        def timed(env, call: str, threads: int, devices: int) -> float:
+        def timed(env, call: str, threads: int, devices: int, cpus: set[int] | None = None) -> float:
             if devices > 1:  # the same device again, under its own index and UUID; its own state
                 env = {
                     **env,
@@ -124,35 +198,27 @@ def main() -> None:
                 check=True,
                 capture_output=True,
                 text=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
-            return float(out.stdout)
+            # CPU time, not wall: on a machine busy with other programs a run's wall time counts
+            # the time they ran; its CPU time counts the program's threads and libvgpu.so's own.
+            return float(out.stdout.split()[1])
 
-        def compare(
-            label: str, call: str, threads: int, env: dict[str, str], goal: str | None, devices: int = 1
-        ) -> tuple:
+        if args.against:
+            compare_builds(args.against, build_revision(args.against, workdir), vgpu, workdir, slice_env, timed, rounds)
+            return
+
+        slices = {name: slice_env(name, **limits)[0] for name, limits in SLICES.items()}
+        print(f"\n{'call':<46}{'direct ns':>11}{'vgpu ns':>10}{'added ns':>10}{'goal':>7}")
+        for label, call, threads, slice_name, goal, devices in CALL_ROWS:
             direct, interposed = [], []
             for _ in range(repeats):  # alternate so drift in machine load hits both alike
-                direct.append(timed(base, call, threads, devices))
-                interposed.append(timed(env, call, threads, devices))
+                direct.append(timed(without_interposer(slices[slice_name]), call, threads, devices))
+                interposed.append(timed(slices[slice_name], call, threads, devices))
             # The fastest of many runs: the run least disturbed by the rest of a noisy machine.
             d, i = min(direct), min(interposed)
-            hami = HAMI_CORE_NS.get(goal.replace("_limited", "")) if goal else None
-            return label, d, i, i - d, GOALS_NS[goal] if goal else "-", hami
-
-        rows = [
-            compare("cuLaunchKernel, 1 thread, no SM limit", "launch", 1, capped, "launch"),
-            compare("cuLaunchKernel, 2 threads, no SM limit", "launch", 2, capped, "launch", devices=2),
-            compare("  the 2 threads on one device's timeline", "launch", 2, capped, None),
-            compare("cuLaunchKernel, 1 thread, limiter on (50 %)", "launch", 1, limited, "launch_limited"),
-            compare("cuLaunchKernel, 2 threads, limiter on (50 %)", "launch", 2, limited, "launch_limited", devices=2),
-            compare("  the 2 threads on one device's timeline", "launch", 2, limited, None),
-            compare("cuMemAlloc_v2 + cuMemFree_v2 (capped)", "alloc_free", 1, capped, "alloc_free"),
-            compare("cuMemGetInfo_v2 (capped)", "mem_get_info", 1, capped, "mem_get_info"),
-            compare('cuGetProcAddress_v2 ("cuMemAlloc")', "get_proc_address", 1, unlimited, "get_proc_address"),
-        ]
-        print(f"\n{'call':<46}{'direct ns':>11}{'vgpu ns':>10}{'added ns':>10}{'goal':>7}{'HAMi-core':>11}")
-        for label, d, i, added, goal, hami in rows:
-            print(f"{label:<46}{d:>11.1f}{i:>10.1f}{added:>10.1f}{goal:>7}{(str(hami) if hami else '-'):>11}")
+            print(f"{label:<46}{d:>11.1f}{i:>10.1f}{i - d:>10.1f}{GOALS_NS[goal] if goal else '-':>7}")
+        capped = slices["capped"]
 
         # Start-up: the spawner runs bare itself and gives LD_PRELOAD to the slice's runs only.
         # A later process of a slice counts its context at the size the slice's first process
@@ -177,19 +243,19 @@ def main() -> None:
 
         print(
             f"\n{'process start-up, exec to exit, ' + str(startups) + ' runs':<46}{'bare ms':>11}{'vgpu ms':>10}"
-            f"{'added ms':>10}{'goal':>7}{'HAMi-core':>11}"
+            f"{'added ms':>10}{'goal':>7}"
         )
         # The goal is for the processes a slice starts (workers, subprocesses); its first
         # process, the kernel itself, starts once.
-        for label, runs, goal, hami in (
-            ("about 1000 driver calls", startup_runs(capped, startups, 1000), STARTUP_GOAL_MS, HAMI_CORE_STARTUP_MS),
-            ("  the same, a slice's first process", first_process_runs(startups), "-", "-"),
-            ("no driver call", startup_runs(capped, startups, 0), STARTUP_GOAL_MS, "-"),
+        for label, runs, goal in (
+            ("about 1000 driver calls", startup_runs(capped, startups, 1000), STARTUP_GOAL_MS),
+            ("  the same, a slice's first process", first_process_runs(startups), "-"),
+            ("no driver call", startup_runs(capped, startups, 0), STARTUP_GOAL_MS),
         ):
             bare, sliced = zip(*runs, strict=True)
             for how, pick in (("fastest", min), ("median", statistics.median)):
                 d, i = pick(bare), pick(sliced)
-                print(f"{label + ', ' + how:<46}{d:>11.3f}{i:>10.3f}{i - d:>10.3f}{goal:>7}{hami:>11}")
+                print(f"{label + ', ' + how:<46}{d:>11.3f}{i:>10.3f}{i - d:>10.3f}{goal:>7}")
 
         # Resize latency: publish a new cap, see when a program polling cuMemGetInfo notices it.
         env, region = slice_env("resize", memory_limit=1 << 30)
@@ -210,6 +276,52 @@ def main() -> None:
         print(
             f"\nresize latency (publish -> next cuMemGetInfo sees it), {resizes} resizes: "
             f"p50 {p50:.1f} us, p99 {p99:.1f} us, max {latencies[-1]:.1f} us"
+        )
+
+
+def compare_builds(revision: str, before: Path, after: Path, workdir: Path, slice_env, timed, rounds: int) -> None:
+    """The per-call rows for REV's libvgpu.so (`before`) and this tree's (`after`), side by side."""
+    runs_per_round = 3
+    # Both libraries and both builds' regions at paths of one length: environments of one size.
+    libraries = {}
+    for build, library, folder in (("before", before, "a"), ("after", after, "b")):
+        (workdir / folder).mkdir()
+        libraries[build] = shutil.copy2(library, workdir / folder / "libvgpu.so")
+    builds = ("direct", "before", "after")
+    envs = {
+        (build, name): slice_env(f"{build[0]}-{name}", Path(libraries[build]), **limits)[0]
+        for build in ("before", "after")
+        for name, limits in SLICES.items()
+    }
+    added: dict[tuple[int, str], list[float]] = {}
+    for round_ in range(rounds):
+        for row, (_label, call, threads, slice_name, _goal, devices) in enumerate(CALL_ROWS):
+            cpus = pinned_cpus(threads)
+            order = list(builds)[round_ % 3 :] + list(builds)[: round_ % 3]
+            fastest = {build: float("inf") for build in builds}
+            for _ in range(runs_per_round):
+                for build in order:
+                    env = (
+                        without_interposer(envs[("after", slice_name)])
+                        if build == "direct"
+                        else envs[(build, slice_name)]
+                    )
+                    fastest[build] = min(fastest[build], timed(env, call, threads, devices, cpus))
+            for build in ("before", "after"):
+                added.setdefault((row, build), []).append(fastest[build] - fastest["direct"])
+    pinned = {threads: pinned_cpus(threads) for threads in {row[2] for row in CALL_ROWS}}
+    print(
+        f"\nadded ns per call, {revision} (before) against this tree (after): median (range) of {rounds} rounds, "
+        f"each the fastest of {runs_per_round} runs; pinned to CPUs "
+        + ", ".join(f"{sorted(cpus) if cpus else 'none'} ({threads} thread(s))" for threads, cpus in pinned.items())
+    )
+    print(f"{'call':<46}{'before':>22}{'after':>22}{'after - before':>24}{'goal':>7}")
+    for row, (label, _call, _threads, _slice, goal, _devices) in enumerate(CALL_ROWS):
+        before_added, after_added = added[(row, "before")], added[(row, "after")]
+        difference = [a - b for a, b in zip(after_added, before_added, strict=True)]
+        print(
+            f"{label:<46}{spread(before_added):>22}{spread(after_added):>22}{spread(difference):>24}"
+            f"{GOALS_NS[goal] if goal else '-':>7}"
         )
 
 

@@ -175,8 +175,10 @@ enum vgpu_called_id {
     VGPU_CALLED_COUNT
 };
 /* clang-format on */
+/* Inline (end of file) like vgpu_real: an allocation asks the driver for its context through it. */
+static inline void *vgpu_called(enum vgpu_called_id id);
 void *vgpu_real_called(enum vgpu_called_id id);
-#define VGPU_CALLED(name) ((vgpu_pfn_##name)vgpu_real_called(VGPU_CALLED_##name))
+#define VGPU_CALLED(name) ((vgpu_pfn_##name)vgpu_called(VGPU_CALLED_##name))
 
 #define VGPU_REAL_UNRESOLVED 0
 #define VGPU_REAL_MISSING 1
@@ -367,7 +369,7 @@ uint64_t vgpu_table_take_context(uint64_t context);
 
 #define VGPU_ALLOC_SHARDS 64
 struct vgpu_alloc_shard {
-    pthread_mutex_t lock;
+    _Atomic uint32_t lock;            /* a futex word (alloc_table.c) */
     struct vgpu_alloc_entry *entries; /* capacity entries, power of two; NULL until used */
     uint32_t capacity;
     uint32_t used; /* live + deleted: what probing has to walk over */
@@ -729,6 +731,12 @@ static inline void *vgpu_real(enum vgpu_hook_id id)
 {
     uintptr_t cached = atomic_load_explicit(&vgpu_state.resolve.real_entry[id], memory_order_acquire);
     return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_lookup(id);
+}
+
+static inline void *vgpu_called(enum vgpu_called_id id)
+{
+    uintptr_t cached = atomic_load_explicit(&vgpu_state.resolve.called_entry[id], memory_order_acquire);
+    return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_called(id);
 }
 
 static inline uint64_t vgpu_estimated_driver_memory(void)

@@ -16,7 +16,6 @@ struct vgpu_state vgpu_state = {
     .resolve = {.names_once = PTHREAD_ONCE_INIT, .reverse_once = PTHREAD_ONCE_INIT},
     .region = {.init_once = PTHREAD_ONCE_INIT, .messages_once = PTHREAD_ONCE_INIT, .slot_index = -1},
     .waiting = {.fork_handler_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
-    .alloc_table = {.shards = {[0 ... VGPU_ALLOC_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}}},
     .driver_memory = {.fork_handler_once = PTHREAD_ONCE_INIT, .nvml_lock = PTHREAD_MUTEX_INITIALIZER},
     .monitor = {.handlers_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
     .charge = {.graph_lock = PTHREAD_MUTEX_INITIALIZER, .pool_lock = PTHREAD_MUTEX_INITIALIZER},

@@ -43,14 +43,19 @@ int sim_driver_version_parse(const char *text, int *version, char *error, size_t
 
 int sim_driver_version(void)
 {
-    struct sim_env env;
-    sim_env_read(&env);
-    int version;
+    /* Read once per process, as a real driver's version is fixed: cuGetProcAddress asks on every
+     * call, and reading the environment each time made every call's cost grow with the length of
+     * the environment (an interposer's own variables then read as its overhead). */
+    static _Atomic int known;
+    int version = atomic_load_explicit(&known, memory_order_relaxed);
+    if (version)
+        return version;
     char error[160];
     /* Malformed, cuInit fails and says why (sim_machine_open); until then the default stands. */
-    return sim_driver_version_parse(env.driver_version, &version, error, sizeof error) == 0
-               ? version
-               : SIM_DEFAULT_DRIVER_VERSION;
+    if (sim_driver_version_parse(non_empty(getenv("VGPU_SIM_DRIVER_VERSION")), &version, error, sizeof error) != 0)
+        version = SIM_DEFAULT_DRIVER_VERSION;
+    atomic_store_explicit(&known, version, memory_order_relaxed);
+    return version;
 }
 
 const char *sim_proc_root(void)
