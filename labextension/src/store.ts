@@ -30,9 +30,22 @@ export class SliceStore {
     return this._devices;
   }
 
-  /** Why the last poll failed ('' when it did not), for the sidebar to say. */
+  /**
+   * Why the last poll failed ('' when it did not), for the sidebar to say. While it fails no
+   * slice or device is listed: what the server said last may be about kernels that are gone.
+   */
   get error(): string {
     return this._error;
+  }
+
+  /** How many fetches have begun: a view notes it when it says something about a slice. */
+  get asked(): number {
+    return this._asked;
+  }
+
+  /** Which fetch (counted as `asked`) the slices come from: answers older than it are dropped. */
+  get shown(): number {
+    return this._shown;
   }
 
   sliceOf(kernelId: string | undefined): ISliceModel | undefined {
@@ -49,18 +62,27 @@ export class SliceStore {
 
   /** Fetch now (after a resize or a start), instead of waiting for the next tick. */
   async refresh(): Promise<void> {
+    const asked = ++this._asked;
+    let answer: [ISliceModel[], IDeviceModel[]];
     try {
-      [this._slices, this._devices] = await Promise.all([
-        listSlices(),
-        listDevices()
-      ]);
-      this._error = '';
+      answer = await Promise.all([listSlices(), listDevices()]);
     } catch (error) {
-      this._error = (error as Error).message;
-      this._changed.emit();
+      if (asked > this._shown) {
+        this._shown = asked;
+        this._slices = [];
+        this._devices = [];
+        this._error = (error as Error).message;
+        this._changed.emit();
+      }
       throw error; // lets the poll back off while the server is away
     }
-    this._changed.emit();
+    // A poll and a refresh after an action overlap: the older answer must not undo the newer.
+    if (asked > this._shown) {
+      this._shown = asked;
+      [this._slices, this._devices] = answer;
+      this._error = '';
+      this._changed.emit();
+    }
   }
 
   dispose(): void {
@@ -72,5 +94,7 @@ export class SliceStore {
   private _slices: ISliceModel[] = [];
   private _devices: IDeviceModel[] = [];
   private _error = '';
+  private _asked = 0;
+  private _shown = 0;
   private _changed = new Signal<this, void>(this);
 }
