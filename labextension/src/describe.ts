@@ -352,7 +352,7 @@ export function sliceStatusText(
   }
   if (slice.state === 'suspending') {
     return trans.__(
-      'GPU suspending… · moving %1 to host memory',
+      'GPU suspending · moving %1 to host memory',
       formatSize(slice.usage.memory_bytes)
     );
   }
@@ -375,8 +375,8 @@ export function sliceStatusText(
 
 /**
  * The status item's text while the server says the slice is resuming, and from the lab's wake
- * (the user turned to the kernel) until it is back: "GPU resuming… · 300MiB back from host
- * memory" ("GPU resuming… · 1st in line for GPU 0" where it waits for room; "GPU resuming… ·
+ * (the user turned to the kernel) until it is back: "GPU resuming · 300MiB coming back from host
+ * memory" ("GPU resuming · 1st in line for GPU 0" where it waits for room; "GPU resuming ·
  * taking its 4GiB back" for a lent one, which has nothing to copy). The server's state reads
  * suspended (or lent) until the resume is admitted, then resuming while the memory is copied
  * back.
@@ -386,16 +386,19 @@ export function resumingStatusText(
   trans: TranslationBundle
 ): string {
   if (WAITING_TO_RESUME.has(slice.state) && slice.queue?.waiting_for) {
-    return trans.__('GPU resuming… · %1', queuePlace(slice, trans));
+    return trans.__('GPU resuming · %1', queuePlace(slice, trans));
   }
   const back = movingBack(slice);
   if (slice.state === 'lent' || !back) {
     return trans.__(
-      'GPU resuming… · taking its %1 back',
+      'GPU resuming · taking its %1 back',
       formatSize(slice.limits.memory_bytes)
     );
   }
-  return trans.__('GPU resuming… · %1 back from host memory', formatSize(back));
+  return trans.__(
+    'GPU resuming · %1 coming back from host memory',
+    formatSize(back)
+  );
 }
 
 /**

@@ -347,11 +347,12 @@ export class SliceSidebar extends Widget {
   ) {
     super();
     this.addClass('jp-vgpu-Sidebar');
+    this._devicesHeading.textContent = _trans.__('Devices');
     this.node.append(
       element('h2', 'jp-vgpu-Heading', _trans.__('GPU slices')),
       this._status,
       this._slices,
-      element('h3', 'jp-vgpu-Heading', _trans.__('Devices')),
+      this._devicesHeading,
       this._devices
     );
     _store.changed.connect(this._update, this);
@@ -383,6 +384,8 @@ export class SliceSidebar extends Widget {
       : slices.length
         ? ''
         : this._trans.__('No kernel holds a GPU slice.');
+    // None while the server cannot be reached: no heading over nothing.
+    this._devicesHeading.hidden = !this._store.devices.length;
     this._devices.replaceChildren(
       ...this._store.devices.map(device => {
         const item = element(
@@ -405,5 +408,6 @@ export class SliceSidebar extends Widget {
   private _rows = new Map<string, SliceRow>();
   private _status = element('div', 'jp-vgpu-Status');
   private _slices = element('ul', 'jp-vgpu-Slices');
+  private _devicesHeading = element('h3', 'jp-vgpu-Heading');
   private _devices = element('ul', 'jp-vgpu-Devices');
 }

@@ -114,7 +114,10 @@ class StartForm extends Widget {
     };
   }
 
-  private _kernelspec = document.createElement('select');
+  private _kernelspec = Object.assign(document.createElement('select'), {
+    name: 'kernelspec',
+    className: 'jp-mod-styled'
+  });
   private _memory = Object.assign(document.createElement('input'), {
     name: 'memory',
     className: 'jp-mod-styled'

@@ -6,7 +6,7 @@
  * suspended); "GPU suspended · 300MiB in host memory", in the secondary colour, while the
  * kernel is suspended, and "GPU lent · ..." while its room is lent; while its start or its cell
  * waits in the line for room, where it stands ("GPU queued · 2nd in line for GPU 0 · ..."), in
- * the info colour; "GPU suspending… · ..." and "GPU resuming… · ..." while its memory moves,
+ * the info colour; "GPU suspending · ..." and "GPU resuming · ..." while its memory moves,
  * and from the lab's wake hint until it runs, in the info colour.
  */
 

@@ -38,10 +38,10 @@ describe('a kernel being suspended or resumed', () => {
 
   it('says in the status bar which way its memory moves and how much', () => {
     expect(sliceStatusText(moving('suspending'), trans)).toBe(
-      'GPU suspending… · moving 4GiB to host memory'
+      'GPU suspending · moving 4GiB to host memory'
     );
     expect(sliceStatusText(moving('resuming'), trans)).toBe(
-      'GPU resuming… · 4GiB back from host memory'
+      'GPU resuming · 4GiB coming back from host memory'
     );
   });
 
@@ -74,7 +74,7 @@ describe('a kernel being suspended or resumed', () => {
         },
         trans
       )
-    ).toBe('GPU resuming… · taking its 4GiB back');
+    ).toBe('GPU resuming · taking its 4GiB back');
   });
 });
 

@@ -59,7 +59,7 @@ def test_turning_to_a_suspended_notebook_resumes_its_kernel_before_its_next_cell
     # A click into a cell resumed the kernel, with no cell run (the kernel idle, cell 1 never ran),
     # and the status bar said so while it happened.
     assert (seen["kernelAfterWake"], seen["promptAfterWake"]) == ("idle", "[ ]:")
-    assert any(text.startswith("GPU resuming… · 4GiB back from host memory") for text in seen["statusTexts"]), seen[
+    assert any(text.startswith("GPU resuming · 4GiB coming back from host memory") for text in seen["statusTexts"]), seen[
         "statusTexts"
     ]
     assert seen["statusTexts"][0].startswith("GPU suspended"), seen["statusTexts"]
