@@ -568,6 +568,9 @@ const scenarios = {
     // The extension marks the dialog once it has rendered; its style then wraps the message.
     await dialog.and(page.locator('.jp-vgpu-mod-startRefusal')).waitFor();
     const message = await pre.innerText();
+    // What the extension adds under a refusal that a smaller slice answers (added with the mark).
+    const hints = await body.locator('.jp-vgpu-RefusalHint').allInnerTexts();
+    const font = await pre.evaluate(node => getComputedStyle(node).fontFamily);
     const extentOf = node => ({
       scrollWidth: node.scrollWidth,
       clientWidth: node.clientWidth,
@@ -589,7 +592,7 @@ const scenarios = {
     const fits = ({ scrollWidth, clientWidth, scrollHeight, clientHeight }) =>
       scrollWidth <= clientWidth && scrollHeight <= clientHeight;
     const inView = fits(extent) && fits(messageExtent) && messageInContent;
-    return { message, inView, extent, messageExtent, messageInContent };
+    return { message, hints, font, inView, extent, messageExtent, messageInContent };
   },
 
   /**

@@ -191,6 +191,13 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
         client.stop_channels()
 
 
+# What the lab adds under a refusal of a slice larger than any GPU: the server says "Ask for less",
+# which a launcher card (the kernelspec's size) cannot.
+SMALLER_SLICE_HINT = (
+    'To start a notebook with a smaller slice: "New notebook on a GPU slice..." in the Launcher or the command palette.'
+)
+
+
 @pytest.mark.parametrize("lab_options", [("--VGPUApp.default_memory=9GiB",)])
 def test_a_notebook_that_can_never_fit_says_why_in_a_readable_dialog_and_the_server_still_stops(lab, drive):
     # A full GPU is a line, not a refusal (test_a_new_notebook_on_a_full_gpu_waits_in_line...);
@@ -209,6 +216,8 @@ def test_a_notebook_that_can_never_fit_says_why_in_a_readable_dialog_and_the_ser
             ("it does not say what the device has (8GiB)", "more than GPU 0 has: 8GiB" not in message),
             ("it does not say what to do (ask for less)", "Ask for less" not in message),
             ("it doubles '%'", "%%" in message),
+            (f"it does not say how to ask for less here: {seen['hints']}", seen["hints"] != [SMALLER_SLICE_HINT]),
+            (f"it reads as a log, in {seen['font']}", "mono" in seen["font"].lower()),
             (f"the dialog must scroll to show it all: {seen['extent']}", not seen["inView"]),
             (f"the refused start holds a slice: {slices}", slices != [filler["kernel"]["id"]]),
             ("jupyter lab did not exit within 15 s of SIGTERM", stopped_in is None),
@@ -256,6 +265,8 @@ def test_every_kind_of_refused_start_is_read_whole_in_jupyterlab_s_dialog_at_128
             problems.append(f"{kind}: the dialog said {seen['message']!r}, not all of {said!r}")
         if not seen["inView"]:
             problems.append(f"{kind}: cut off: {seen['extent']}, message {seen['messageExtent']}")
+        if seen["hints"]:  # a smaller slice is no answer to these (or not the only one)
+            problems.append(f"{kind}: hinted {seen['hints']}")
         for filler in fillers:
             lab.api("DELETE", f"api/kernels/{filler['kernel']['id']}")
         wait_for(lambda: lab.api("GET", "api/vgpu/slices") == [], 60, "the held slices to be released")
