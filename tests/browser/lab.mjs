@@ -201,9 +201,9 @@ async function sliceState(page, kernelId) {
 }
 
 /**
- * Wait (polling REST) until the kernel's slice reads running and out of the line: the ledger
- * admits a resume (state running) before the memory is back, and the kernel leaves the line
- * (queue null) once it is. What it read on the way: [ms since `since`, state, queue position].
+ * Wait (polling REST) until the kernel's slice reads running and out of the line: the slice
+ * reads resuming while its memory comes back, and the kernel leaves the line (queue null) once
+ * it is back. What it read on the way: [ms since `since`, state, queue position].
  */
 async function sliceResumed(page, kernelId, since) {
   const deadline = Date.now() + STEP_TIMEOUT;
@@ -806,7 +806,7 @@ const scenarios = {
     const dialog = page.locator('.jp-Dialog');
     const shown = {};
     for (const kernel of settings.kernels) {
-      await dialog.locator('select[name="kernelspec"]').selectOption({ label: kernel });
+      await dialog.locator('select').first().selectOption({ label: kernel }); // the kernelspec
       shown[kernel] = {
         memory: await dialog.locator('input[name="memory"]').getAttribute('placeholder'),
         cores: await dialog.locator('input[name="cores"]').getAttribute('placeholder'),

@@ -128,8 +128,8 @@ def test_the_sidebar_shows_no_slices_of_a_server_that_is_gone(lab, drive):
     seen = drive("serverGone", when={GONE_MARKER: lab.stop}, notebook=notebook, goneMarker=GONE_MARKER)
 
     assert seen["before"] == 1
-    assert seen["status"].startswith("Cannot reach the server (")
-    assert seen["status"].endswith("): its GPU slices show again when it answers.")
     # Its kernels ended with it: no bars of dead kernels, no GPU item in the status bar.
     assert (seen["rows"], seen["bars"], seen["statusItemVisible"]) == (0, 0, False), seen
+    assert seen["status"].startswith("Cannot reach the server (")
+    assert seen["status"].endswith("): its GPU slices show again when it answers.")
     wait_for(lambda: lab.process.poll() is not None, 30, "jupyter lab to exit")
