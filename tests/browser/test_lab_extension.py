@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from jupyter_client import BlockingKernelClient
 from support import hold_outside, wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -182,13 +181,7 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
     # keeps jupyter_client waiting for it well past the teardown's limit (seen on a busy
     # machine), which is not what this test is about. Asked over its own channels: the server's
     # execution_state stays "starting" once the page is gone, until a client talks to the kernel.
-    client = BlockingKernelClient(connection_file=str(lab.runtime_dir / f"kernel-{session['kernel']['id']}.json"))
-    client.load_connection_file()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=120)
-    finally:
-        client.stop_channels()
+    lab.run_in_kernel(session["kernel"]["id"])
 
 
 # What the lab adds under a refusal of a slice larger than any GPU: the server says "Ask for less",

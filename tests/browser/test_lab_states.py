@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from conftest import KERNEL_NAME, Lab
-from jupyter_client import BlockingKernelClient
 from support import running, wait_for
 
 GIB = 1 << 30
@@ -87,15 +86,7 @@ def test_a_restarted_server_s_notice_about_a_kernel_it_could_not_adopt_wraps_wit
     lab, drive, tmp_path, cuda_prelude
 ):
     kernel_id = lab.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME})["kernel"]["id"]
-    client = BlockingKernelClient(connection_file=str(lab.runtime_dir / f"kernel-{kernel_id}.json"))
-    client.load_connection_file()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=120)
-        reply = client.execute_interactive(cuda_prelude + "assert allocate(256 << 20) == 0", timeout=120)
-        assert reply["content"]["status"] == "ok", reply["content"]
-    finally:
-        client.stop_channels()
+    lab.run_in_kernel(kernel_id, cuda_prelude + "assert allocate(256 << 20) == 0")
     lab.api("POST", f"api/vgpu/slices/{kernel_id}/suspend")
     (listed,) = lab.api("GET", "api/vgpu/slices")
     pid = listed["pid"]
