@@ -283,12 +283,12 @@ export function stateExplained(
     case 'suspending':
       return trans.__(
         'Suspending: its %1 of GPU memory is being moved to host memory; its room is lent once it is there',
-        formatSize(slice.usage.memory_bytes)
+        formatSize(movingBytes(slice))
       );
     case 'resuming':
       return trans.__(
         'Resuming: its room is back and %1 is being copied back from host memory; its cells wait until it is',
-        formatSize(movingBack(slice))
+        formatSize(movingBytes(slice))
       );
     default:
       return '';
@@ -296,11 +296,14 @@ export function stateExplained(
 }
 
 /**
- * Bytes a resuming slice gets back from host memory: the server's host_memory_bytes until the
- * resume is admitted, then what its processes allocated (their memory, on its way back).
+ * Bytes on their way: what a suspending slice's processes hold, going to host memory; what a
+ * resuming (or woken) one gets back, the server's host_memory_bytes until the resume is
+ * admitted, then what its processes allocated.
  */
-function movingBack(slice: ISliceModel): number {
-  return slice.host_memory_bytes || slice.usage.memory_bytes;
+function movingBytes(slice: ISliceModel): number {
+  return slice.state === 'suspending'
+    ? slice.usage.memory_bytes
+    : slice.host_memory_bytes || slice.usage.memory_bytes;
 }
 
 /** "300MiB in host memory": where a suspended slice's memory is. */
@@ -353,7 +356,7 @@ export function sliceStatusText(
   if (slice.state === 'suspending') {
     return trans.__(
       'GPU suspending · moving %1 to host memory',
-      formatSize(slice.usage.memory_bytes)
+      formatSize(movingBytes(slice))
     );
   }
   if (slice.state === 'resuming') {
@@ -388,7 +391,7 @@ export function resumingStatusText(
   if (WAITING_TO_RESUME.has(slice.state) && slice.queue?.waiting_for) {
     return trans.__('GPU resuming · %1', queuePlace(slice, trans));
   }
-  const back = movingBack(slice);
+  const back = movingBytes(slice);
   if (slice.state === 'lent' || !back) {
     return trans.__(
       'GPU resuming · taking its %1 back',
@@ -423,12 +426,12 @@ export function memoryLabel(
     case 'suspending':
       return trans.__(
         'Memory %1 moving to host memory (suspending)',
-        formatSize(slice.usage.memory_bytes)
+        formatSize(movingBytes(slice))
       );
     case 'resuming':
       return trans.__(
         'Memory %1 coming back from host memory (resuming)',
-        formatSize(movingBack(slice))
+        formatSize(movingBytes(slice))
       );
   }
   return trans.__(
