@@ -11,6 +11,7 @@ import {
   formatSliceSummary,
   formatUsedOfCap
 } from './slice-values';
+import { WAKEABLE } from './wake';
 
 /** "GPU 0 Sim GPU: 4GiB free of 8GiB · SM 50 % of 100 % promised". */
 export function describeDevice(
@@ -165,9 +166,6 @@ export function sliceTitle(
     ? title
     : trans.__('%1 · %2', title, stateLabel(slice.state, trans));
 }
-
-/** States of a woken slice whose resume has not been admitted yet: it may wait for room. */
-const WAITING_TO_RESUME: ReadonlySet<string> = new Set(['suspended', 'lent']);
 
 /** States in which a slice holds no room on the GPU: its start waits, or its room is lent. */
 const ROOMLESS_STATES: ReadonlySet<string> = new Set([
@@ -388,7 +386,8 @@ export function resumingStatusText(
   slice: ISliceModel,
   trans: TranslationBundle
 ): string {
-  if (WAITING_TO_RESUME.has(slice.state) && slice.queue?.waiting_for) {
+  // Woken, its resume not admitted yet: it may wait for room.
+  if (WAKEABLE.has(slice.state) && slice.queue?.waiting_for) {
     return trans.__('GPU resuming · %1', queuePlace(slice, trans));
   }
   const back = movingBytes(slice);

@@ -17,7 +17,7 @@ import type { ISliceModel } from './api';
 export type AttentionReason = 'open' | 'focus' | 'edit' | 'run';
 
 /** States of a kernel whose next cell would wait for its room: the hint helps them only. */
-const WAKEABLE: ReadonlySet<string> = new Set(['suspended', 'lent']);
+export const WAKEABLE: ReadonlySet<string> = new Set(['suspended', 'lent']);
 
 /** Whether a wake hint helps the slice: a local slice that is suspended or lent. */
 export function wantsWake(slice: ISliceModel | undefined): boolean {
