@@ -376,14 +376,17 @@ export class SliceSidebar extends Widget {
       row.show(slice);
       this._slices.append(row.node); // keeps the server's order
     }
-    this._status.textContent = this._store.error
+    const error = this._store.error;
+    this._status.textContent = this._store.unreachable
       ? this._trans.__(
           'Cannot reach the server (%1): its GPU slices show again when it answers.',
-          this._store.error
+          error
         )
-      : slices.length
-        ? ''
-        : this._trans.__('No kernel holds a GPU slice.');
+      : error
+        ? this._trans.__('The server did not list its GPU slices: %1', error)
+        : slices.length
+          ? ''
+          : this._trans.__('No kernel holds a GPU slice.');
     // None while the server cannot be reached: no heading over nothing.
     this._devicesHeading.hidden = !this._store.devices.length;
     this._devices.replaceChildren(

@@ -6,7 +6,13 @@
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IDeviceModel, ISliceModel, listDevices, listSlices } from './api';
+import {
+  IDeviceModel,
+  ISliceModel,
+  listDevices,
+  listSlices,
+  VGPUServerError
+} from './api';
 
 export class SliceStore {
   constructor(interval: number) {
@@ -30,12 +36,18 @@ export class SliceStore {
     return this._devices;
   }
 
-  /**
-   * Why the last poll failed ('' when it did not), for the sidebar to say. While it fails no
-   * slice or device is listed: what the server said last may be about kernels that are gone.
-   */
+  /** Why the last poll failed ('' when it did not), for the sidebar to say. */
   get error(): string {
     return this._error;
+  }
+
+  /**
+   * Whether the last poll got no answer at all (the server is gone or restarting). No slice or
+   * device is listed then: what the server said last may be about kernels that ended with it.
+   * A server that answers with an error (a busy ledger's 503) keeps what it said last.
+   */
+  get unreachable(): boolean {
+    return this._unreachable;
   }
 
   /** How many fetches have begun: a view notes it when it says something about a slice. */
@@ -69,8 +81,11 @@ export class SliceStore {
     } catch (error) {
       if (asked > this._shown) {
         this._shown = asked;
-        this._slices = [];
-        this._devices = [];
+        this._unreachable = !(error instanceof VGPUServerError);
+        if (this._unreachable) {
+          this._slices = [];
+          this._devices = [];
+        }
         this._error = (error as Error).message;
         this._changed.emit();
       }
@@ -81,6 +96,7 @@ export class SliceStore {
       this._shown = asked;
       [this._slices, this._devices] = answer;
       this._error = '';
+      this._unreachable = false;
       this._changed.emit();
     }
   }
@@ -94,6 +110,7 @@ export class SliceStore {
   private _slices: ISliceModel[] = [];
   private _devices: IDeviceModel[] = [];
   private _error = '';
+  private _unreachable = false;
   private _asked = 0;
   private _shown = 0;
   private _changed = new Signal<this, void>(this);
