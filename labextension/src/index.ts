@@ -115,6 +115,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       trans
     );
     const checkNotices = () => {
+      if (store.unreachable) {
+        return; // nothing is known of the kernels: a slice not listed is not a slice gone
+      }
       const panel = notebooks.currentWidget;
       notices
         .check(
