@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -44,6 +45,10 @@ class Suspender:
         self.holder = holder
         self._controller = controller
         self._making = threading.Lock()
+        # Kernel id -> "suspending" or "resuming" while its memory moves: the ledger says running
+        # until a suspend has lent the room, and again as soon as a resume has it back, long
+        # before a large checkpoint has been copied.
+        self._moving: dict[str, str] = {}
 
     @property
     def controller(self) -> CheckpointController:
@@ -51,6 +56,19 @@ class Suspender:
             if self._controller is None:
                 self._controller = CheckpointController()
             return self._controller
+
+    def moving(self, kernel_id: str) -> str | None:
+        """While a suspend or resume of the kernel is under way, "suspending" or "resuming"; else None."""
+        return self._moving.get(kernel_id)
+
+    @contextlib.contextmanager
+    def _under_way(self, kernel_id: str, transition: str) -> Iterator[None]:
+        self._moving[kernel_id] = transition
+        try:
+            yield
+        finally:
+            if self._moving.get(kernel_id) == transition:
+                del self._moving[kernel_id]
 
     def pids(self, allocation: Allocation) -> list[int]:
         return sorted(self.holder.slice_processes(allocation))
@@ -76,6 +94,10 @@ class Suspender:
         reasons = self.why_not(allocation)
         if reasons:
             raise NotSupported(f"kernel {allocation.kernel_id} cannot be suspended: {'; '.join(reasons)}")
+        with self._under_way(allocation.kernel_id, "suspending"):
+            return self._suspend(allocation, lock_timeout=lock_timeout, release_wait=release_wait)
+
+    def _suspend(self, allocation: Allocation, *, lock_timeout: float, release_wait: float) -> Allocation:
         # Resume requests counted before the flag goes up were made while it ran; every call from
         # then on waits for the flag to clear (in libvgpu.so), so each one asks for the resume.
         requests_before = self.holder.resume_requests(allocation)
@@ -115,6 +137,10 @@ class Suspender:
         is taken."""
         if not allocation.suspended:
             return allocation
+        with self._under_way(allocation.kernel_id, "resuming"):
+            return self._resume(allocation)
+
+    def _resume(self, allocation: Allocation) -> Allocation:
         state: dict[str, Any] = allocation.metadata[SUSPENDED_KEY]
         suspension = Suspension(tuple(SuspendedProcess(**process) for process in state.get("processes", [])))
         resumed = self.ledger.resume(allocation.kernel_id)  # the room first

@@ -11,6 +11,7 @@ devices and slices and resizes the kernel's own slice; everything else is refuse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import uuid
@@ -89,9 +90,12 @@ def device_model(usage: DeviceUsage) -> dict[str, Any]:
     }
 
 
-def slice_model(status: SliceStatus, session_paths: dict[str, str], place: Place | None = None) -> dict[str, Any]:
+def slice_model(
+    status: SliceStatus, session_paths: dict[str, str], place: Place | None = None, moving: str | None = None
+) -> dict[str, Any]:
     """A slice in the API. Memory is in bytes and says so; ``cores`` is the SM share in percent
-    (HAMi's word for it); ``place``: where its request for room stands in the line, if it waits."""
+    (HAMi's word for it); ``place``: where its request for room stands in the line, if it waits;
+    ``moving``: "suspending" or "resuming" while its memory is on its way (holders/suspender.py)."""
     allocation, usage = status.allocation, status.usage
     return {
         "kernel_id": allocation.kernel_id,
@@ -101,7 +105,7 @@ def slice_model(status: SliceStatus, session_paths: dict[str, str], place: Place
         "pid": (allocation.metadata.get("provisioner_info") or {}).get("pid"),
         "owner": allocation.owner,
         "holder": allocation.holder,
-        "state": ("lent" if allocation.lent else "suspended") if allocation.suspended else usage.state,
+        "state": moving or (("lent" if allocation.lent else "suspended") if allocation.suspended else usage.state),
         "host_memory_bytes": allocation.host_memory,
         "message": usage.message,
         "location": usage.location,
@@ -260,8 +264,14 @@ class VGPUHandler(APIHandler):
         return body
 
     def model(self, status: SliceStatus, session_paths: dict[str, str]) -> dict[str, Any]:
-        """A slice in the API, with its place in the line where it waits in it."""
-        return slice_model(status, session_paths, self.slices.line.place(status.allocation.kernel_id))
+        """A slice in the API, with its place in the line where it waits in it, and whether it is
+        being suspended or resumed."""
+        kernel_id = status.allocation.kernel_id
+        moving = None
+        if status.allocation.holder == "local":
+            with contextlib.suppress(NotSupported):
+                moving = self.slices.suspender.moving(kernel_id)
+        return slice_model(status, session_paths, self.slices.line.place(kernel_id), moving)
 
     async def session_paths(self) -> dict[str, str]:
         return await session_paths(self.session_manager)
@@ -531,6 +541,21 @@ class KernelsHandler(VGPUHandler):
         raise VGPUHTTPError(400, f"name the kernelspec to start: a vGPU kernelspec, {choices}")
 
 
+class DefaultsHandler(VGPUHandler):
+    """The slice a start gets for each field that neither its request nor its kernelspec sets
+    (VGPUApp.default_memory, default_cores, default_policy): what a start form shows as defaults."""
+
+    kernel_actions = frozenset({"read"})
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        defaults = self.slices.defaults
+        self.finish(
+            json.dumps({"memory_bytes": defaults.memory_limit, "cores": defaults.sm_share, "policy": defaults.policy})
+        )
+
+
 class NoticesHandler(VGPUHandler):
     """Why kernels of this server were stopped as idle (kernel id -> notice), for a notebook
     whose kernel is no longer listed among the slices; kept for a day."""
@@ -618,6 +643,7 @@ HANDLERS = [
     (rf"/api/vgpu/slices/{_KERNEL_ID}/resume", ResumeHandler),
     (rf"/api/vgpu/slices/{_KERNEL_ID}/wake", WakeHandler),
     (r"/api/vgpu/kernels", KernelsHandler),
+    (r"/api/vgpu/defaults", DefaultsHandler),
     (r"/api/vgpu/notices", NoticesHandler),
     (r"/api/vgpu/metrics", MetricsHandler),
     (r"/api/vgpu/.*", NotFoundHandler),

@@ -27,7 +27,8 @@ export type SliceHolder = 'local' | 'pod';
  * A local slice also `queued` (its kernel's start waits in the line for room; `queue` says
  * where it stands), `suspended` (its GPU memory in host memory, its room lent; its next cell
  * resumes it) and `lent` (its kernel had not used the GPU, so its room is lent to others; its
- * first CUDA call takes it back, or waits in the line for it).
+ * first CUDA call takes it back, or waits in the line for it), and while its memory moves
+ * `suspending` (to host memory) and `resuming` (its room back, its memory copied back).
  * A pod's slice also: `scheduling` (waiting for the scheduler), `pulling` (the image), `starting`
  * (the container), `stopping`, `failed`, `exited`, `gone` (the pod was deleted).
  */
@@ -38,6 +39,8 @@ export type SliceState =
   | 'unused'
   | 'lost'
   | 'suspended'
+  | 'suspending'
+  | 'resuming'
   | 'scheduling'
   | 'pulling'
   | 'starting'
@@ -101,7 +104,7 @@ export interface ISliceModel {
    * for); null for a pod's slice, and for a queued start that takes any GPU.
    */
   device: IDeviceRef | null;
-  limits: { memory_bytes: number; cores: number; policy: Policy };
+  limits: ILimitsModel;
   usage: { memory_bytes: number; sm_util: number; processes: IProcessUsage[] };
   /** Sentences for people about something wrong with the slice; empty normally. */
   warnings: string[];
@@ -116,6 +119,13 @@ export interface ISliceModel {
    * lent kernel whose cell waits for its room); null (or absent, from an older server) otherwise.
    */
   queue?: IQueuePlace | null;
+}
+
+/** A slice's limits (Limits in api.yaml): GET /api/vgpu/defaults, a slice's `limits`. */
+export interface ILimitsModel {
+  memory_bytes: number;
+  cores: number;
+  policy: Policy;
 }
 
 /** GET /api/vgpu/devices item (Device in jupyter_vgpu/server/api.yaml). */
@@ -171,6 +181,14 @@ export function listSlices(): Promise<ISliceModel[]> {
 
 export function listDevices(): Promise<IDeviceModel[]> {
   return request<IDeviceModel[]>('devices');
+}
+
+/**
+ * GET /api/vgpu/defaults: the slice a start gets for each field neither its request nor its
+ * kernelspec sets (the server's VGPUApp.default_memory, default_cores, default_policy).
+ */
+export function getDefaults(): Promise<ILimitsModel> {
+  return request<ILimitsModel>('defaults');
 }
 
 /**

@@ -11,6 +11,7 @@ import {
   formatSliceSummary,
   formatUsedOfCap
 } from './slice-values';
+import { WAKEABLE } from './wake';
 
 /** "GPU 0 Sim GPU: 4GiB free of 8GiB · SM 50 % of 100 % promised". */
 export function describeDevice(
@@ -43,6 +44,10 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
       return trans.__('lost');
     case 'suspended':
       return trans.__('suspended');
+    case 'suspending':
+      return trans.__('suspending');
+    case 'resuming':
+      return trans.__('resuming');
     case 'scheduling':
       return trans.__('scheduling');
     case 'pulling':
@@ -60,6 +65,14 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
     default:
       return state; // a state of a newer server: its own word
   }
+}
+
+/**
+ * What a row's message (Suspended., Resized., a refusal) is about: the slice's state and limits
+ * when it was said. Once they differ the message no longer holds (polls change only usage).
+ */
+export function messageTopic(slice: ISliceModel | undefined): string {
+  return slice ? JSON.stringify([slice.state, slice.limits]) : '';
 }
 
 /** States in which a slice has stopped for a reason its user should see (warn colour). */
@@ -248,7 +261,8 @@ export function queueText(
 }
 
 /**
- * What a queued or lent slice's state means, for tooltips; '' for other states.
+ * What a queued, lent, suspending or resuming slice's state means, for tooltips; '' for other
+ * states.
  */
 export function stateExplained(
   slice: ISliceModel,
@@ -264,9 +278,30 @@ export function stateExplained(
         'Lent: the kernel has not used the GPU yet, so its %1 of room is lent to other kernels; its first GPU call takes it back (or waits in line for it), nothing is lost',
         formatSize(slice.limits.memory_bytes)
       );
+    case 'suspending':
+      return trans.__(
+        'Suspending: its %1 of GPU memory is being moved to host memory; its room is lent once it is there',
+        formatSize(movingBytes(slice))
+      );
+    case 'resuming':
+      return trans.__(
+        'Resuming: its room is back and %1 is being copied back from host memory; its cells wait until it is',
+        formatSize(movingBytes(slice))
+      );
     default:
       return '';
   }
+}
+
+/**
+ * Bytes on their way: what a suspending slice's processes hold, going to host memory; what a
+ * resuming (or woken) one gets back, the server's host_memory_bytes until the resume is
+ * admitted, then what its processes allocated.
+ */
+function movingBytes(slice: ISliceModel): number {
+  return slice.state === 'suspending'
+    ? slice.usage.memory_bytes
+    : slice.host_memory_bytes || slice.usage.memory_bytes;
 }
 
 /** "300MiB in host memory": where a suspended slice's memory is. */
@@ -317,6 +352,15 @@ export function sliceStatusText(
       ? trans.__('GPU suspended · %1 · %2', where, place)
       : trans.__('GPU suspended · %1', where);
   }
+  if (slice.state === 'suspending') {
+    return trans.__(
+      'GPU suspending · moving %1 to host memory',
+      formatSize(movingBytes(slice))
+    );
+  }
+  if (slice.state === 'resuming') {
+    return resumingStatusText(slice, trans);
+  }
   if (slice.state === 'lent') {
     return place
       ? trans.__('GPU lent · %1', place)
@@ -336,28 +380,31 @@ export function sliceStatusText(
 }
 
 /**
- * The status item's text from the lab's wake (the user turned to the kernel) until it is back:
- * "GPU resuming… · 300MiB back from host memory" ("GPU resuming… · 1st in line for GPU 0" where
- * it waits for room; "GPU resuming… · taking its 4GiB back" for a lent one). The server's state
- * reads suspended (or lent) until the resume is admitted, then running while the memory is
- * copied back, with the kernel still in the line.
+ * The status item's text while the server says the slice is resuming, and from the lab's wake
+ * (the user turned to the kernel) until it is back: "GPU resuming · 300MiB coming back from host
+ * memory" ("GPU resuming · 1st in line for GPU 0" where it waits for room; "GPU resuming ·
+ * taking its 4GiB back" for a lent one, which has nothing to copy). The server's state reads
+ * suspended (or lent) until the resume is admitted, then resuming while the memory is copied
+ * back.
  */
 export function resumingStatusText(
   slice: ISliceModel,
   trans: TranslationBundle
 ): string {
-  if (slice.state !== 'running' && slice.queue?.waiting_for) {
-    return trans.__('GPU resuming… · %1', queuePlace(slice, trans));
+  // Woken, its resume not admitted yet: it may wait for room.
+  if (WAKEABLE.has(slice.state) && slice.queue?.waiting_for) {
+    return trans.__('GPU resuming · %1', queuePlace(slice, trans));
   }
-  if (slice.state === 'lent') {
+  const back = movingBytes(slice);
+  if (slice.state === 'lent' || !back) {
     return trans.__(
-      'GPU resuming… · taking its %1 back',
+      'GPU resuming · taking its %1 back',
       formatSize(slice.limits.memory_bytes)
     );
   }
   return trans.__(
-    'GPU resuming… · %1 back from host memory',
-    formatSize(slice.host_memory_bytes || slice.usage.memory_bytes)
+    'GPU resuming · %1 coming back from host memory',
+    formatSize(back)
   );
 }
 
@@ -365,7 +412,8 @@ export function resumingStatusText(
  * The sidebar's memory bar label: "Memory 0.3 / 1.0 GiB"; for a suspended kernel, where its
  * memory is: "Memory 12GiB in host memory (suspended)"; for a lent or queued one, that it holds
  * none: "Memory 4GiB lent to others until its first GPU call", "Memory 4GiB asked for, not
- * held yet (queued)".
+ * held yet (queued)"; while its memory moves: "Memory 4GiB moving to host memory (suspending)",
+ * "Memory 4GiB coming back from host memory (resuming)".
  */
 export function memoryLabel(
   slice: ISliceModel,
@@ -379,6 +427,16 @@ export function memoryLabel(
       return trans.__('Memory %1 lent to others until its first GPU call', cap);
     case 'queued':
       return trans.__('Memory %1 asked for, not held yet (queued)', cap);
+    case 'suspending':
+      return trans.__(
+        'Memory %1 moving to host memory (suspending)',
+        formatSize(movingBytes(slice))
+      );
+    case 'resuming':
+      return trans.__(
+        'Memory %1 coming back from host memory (resuming)',
+        formatSize(movingBytes(slice))
+      );
   }
   return trans.__(
     'Memory %1',

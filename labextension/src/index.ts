@@ -71,8 +71,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const trans = (translator ?? nullTranslator).load('jupyter_vgpu');
     const store = new SliceStore(1000);
-    // A refused kernel start, in JupyterLab's own error dialog, wraps instead of being cut off.
-    markStartRefusals();
+    // A refused kernel start, in JupyterLab's own error dialog, wraps instead of being cut off,
+    // and one that a smaller slice answers says how to ask for one here.
+    markStartRefusals(
+      trans.__(
+        'To start a notebook with a smaller slice: "New notebook on a GPU slice..." in the Launcher or the command palette.'
+      )
+    );
     // Resume ahead of use: the user turning to a suspended or lent kernel wakes it (wake.ts).
     const wake = new WakeHints({
       send: wakeSlice,
@@ -110,6 +115,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       trans
     );
     const checkNotices = () => {
+      if (store.unreachable) {
+        return; // nothing is known of the kernels: a slice not listed is not a slice gone
+      }
       const panel = notebooks.currentWidget;
       notices
         .check(

@@ -2,8 +2,8 @@
 
 import type { KernelSpec } from '@jupyterlab/services';
 
-import type { SliceHolder } from './api';
-import type { ISliceForm } from './slice-values';
+import type { ILimitsModel, SliceHolder } from './api';
+import { formatSize, type ISliceForm } from './slice-values';
 
 /** The name of the provisioner whose kernels run in slices (jupyter_vgpu/provisioning/local.py). */
 export const PROVISIONER_NAME = 'vgpu-provisioner';
@@ -59,4 +59,21 @@ export function slicedKernelspecs(
         ]
       : [];
   });
+}
+
+/**
+ * What a start of the kernelspec gets for each field left empty: the kernelspec's own slice (its
+ * provisioner config), then the server's defaults (null: an older server that does not say).
+ */
+export function startDefaults(
+  spec: ISlicedKernelspec | undefined,
+  server: ILimitsModel | null
+): Partial<ISliceForm> {
+  const own = spec?.defaults ?? {};
+  return {
+    memory:
+      own.memory ?? (server ? formatSize(server.memory_bytes) : undefined),
+    cores: own.cores ?? (server ? `${server.cores}` : undefined),
+    policy: own.policy ?? server?.policy
+  };
 }

@@ -12,6 +12,8 @@ import { Dialog } from '@jupyterlab/apputils';
 
 /** How every refused start of the server begins (jupyter_vgpu/server/errors.py, StartRefused). */
 export const REFUSAL_PREFIX = 'Kernel not started. ';
+/** What the refusal of a slice larger than any GPU says (jupyter_vgpu/manager.py). */
+const NEVER_FITS = ' can never fit: ';
 /** The class of a dialog that shows a refused start (style/index.css wraps its message). */
 export const REFUSAL_CLASS = 'jp-vgpu-mod-startRefusal';
 
@@ -19,18 +21,39 @@ export function isStartRefusal(message: string): boolean {
   return message.startsWith(REFUSAL_PREFIX);
 }
 
+/**
+ * What to do in JupyterLab about a refused start, or '': the server says "Ask for less" to a
+ * slice larger than any GPU, but a launcher card or the kernel picker starts the kernelspec's
+ * size, which the user cannot change there.
+ */
+export function refusalHint(message: string, hint: string): string {
+  return isStartRefusal(message) && message.includes(NEVER_FITS) ? hint : '';
+}
+
 /** The message a dialog shows in its body's first `<pre>` (JupyterLab's error dialogs), if any. */
 function preformattedMessage(dialog: Dialog<unknown>): string {
   return dialog.node.querySelector('.jp-Dialog-body pre')?.textContent ?? '';
 }
 
-/** From now on, mark every dialog whose message is a refused start, once it has rendered. */
-export function markStartRefusals(): void {
+/**
+ * From now on, mark every dialog whose message is a refused start, once it has rendered, and
+ * add `hint` under a refusal that a smaller slice answers.
+ */
+export function markStartRefusals(hint: string): void {
   Dialog.tracker.widgetAdded.connect((_, dialog) => {
     dialog.ready
       .then(() => {
-        if (isStartRefusal(preformattedMessage(dialog))) {
-          dialog.addClass(REFUSAL_CLASS);
+        const message = preformattedMessage(dialog);
+        if (!isStartRefusal(message)) {
+          return;
+        }
+        dialog.addClass(REFUSAL_CLASS);
+        const text = refusalHint(message, hint);
+        if (text) {
+          const note = document.createElement('p');
+          note.className = 'jp-vgpu-RefusalHint';
+          note.textContent = text;
+          dialog.node.querySelector('.jp-Dialog-body')?.append(note);
         }
       })
       .catch(reason =>

@@ -11,6 +11,7 @@ import {
   describeDevice,
   memoryFill,
   memoryLabel,
+  messageTopic,
   podStopped,
   queueText,
   shownNotice,
@@ -165,6 +166,16 @@ class SliceRow {
     }
     this._form.hidden = slice.state === 'queued';
     this._showSuspension(slice);
+    // What the row said last (Suspended., Resized., a refusal) goes once the state or limits it
+    // was about change, as read by a poll begun after it was said.
+    const said = this._said;
+    if (
+      said &&
+      this._store.shown > said.asked &&
+      messageTopic(slice) !== said.topic
+    ) {
+      this._say('', false, undefined);
+    }
   }
 
   /**
@@ -196,16 +207,17 @@ class SliceRow {
     }
     this._suspension.disabled = true;
     try {
-      await changeSuspension(this.kernelId, action);
+      const answered = await changeSuspension(this.kernelId, action);
       this._say(
         action === 'resume'
           ? this._trans.__('Resumed.')
           : this._trans.__('Suspended.'),
-        false
+        false,
+        answered
       );
       await this._store.refresh();
     } catch (error) {
-      this._say((error as Error).message, true);
+      this._say((error as Error).message, true, this._current());
     } finally {
       this._suspension.disabled = false;
     }
@@ -262,7 +274,7 @@ class SliceRow {
         this._policy.value === current?.limits.policy ? '' : this._policy.value
     });
     if (!check.ok) {
-      this._say(Object.values(check.errors).join('; '), true);
+      this._say(Object.values(check.errors).join('; '), true, current);
       return;
     }
     if (!Object.keys(check.request).length) {
@@ -270,36 +282,51 @@ class SliceRow {
         this._trans.__(
           'Nothing to change: type a new memory cap or SM share, or pick another policy.'
         ),
-        true
+        true,
+        current
       );
       return;
     }
     this._apply.disabled = true;
     try {
-      const resized = await resizeSlice(this.kernelId, check.request);
+      const answered = await resizeSlice(this.kernelId, check.request);
       this._memory.value = this._cores.value = '';
       this._policyTouched = false;
       // A growth that does not fit yet waits in line (202): done by itself when room comes.
       this._say(
-        resized.queue
+        answered.queue
           ? this._trans.__(
               'Waits in line: %1. It happens by itself when room comes.',
-              queueText(resized, this._trans)
+              queueText(answered, this._trans)
             )
           : this._trans.__('Resized.'),
-        false
+        false,
+        answered
       );
       await this._store.refresh();
     } catch (error) {
-      this._say((error as Error).message, true);
+      this._say((error as Error).message, true, this._current());
     } finally {
       this._apply.disabled = false;
     }
   }
 
-  private _say(message: string, refused: boolean): void {
+  /** The row's message, about the slice as `about` shows it (none: it stays until replaced). */
+  private _say(
+    message: string,
+    refused: boolean,
+    about: ISliceModel | undefined
+  ): void {
     this._message.textContent = message;
     this._message.classList.toggle('jp-vgpu-refused', refused);
+    this._said =
+      message && about
+        ? { topic: messageTopic(about), asked: this._store.asked }
+        : null;
+  }
+
+  private _current(): ISliceModel | undefined {
+    return this._store.sliceOf(this.kernelId);
   }
 
   private _title = element('div', 'jp-vgpu-Slice-title');
@@ -320,6 +347,7 @@ class SliceRow {
   );
   private _suspension = element('button', 'jp-mod-styled jp-vgpu-Suspension');
   private _message = element('div', 'jp-vgpu-Message');
+  private _said: { topic: string; asked: number } | null = null;
 }
 
 export class SliceSidebar extends Widget {
@@ -329,11 +357,12 @@ export class SliceSidebar extends Widget {
   ) {
     super();
     this.addClass('jp-vgpu-Sidebar');
+    this._devicesHeading.textContent = _trans.__('Devices');
     this.node.append(
       element('h2', 'jp-vgpu-Heading', _trans.__('GPU slices')),
       this._status,
       this._slices,
-      element('h3', 'jp-vgpu-Heading', _trans.__('Devices')),
+      this._devicesHeading,
       this._devices
     );
     _store.changed.connect(this._update, this);
@@ -357,11 +386,19 @@ export class SliceSidebar extends Widget {
       row.show(slice);
       this._slices.append(row.node); // keeps the server's order
     }
-    this._status.textContent = this._store.error
-      ? this._trans.__('Cannot reach the GPU slice API: %1', this._store.error)
-      : slices.length
-        ? ''
-        : this._trans.__('No kernel holds a GPU slice.');
+    const error = this._store.error;
+    this._status.textContent = this._store.unreachable
+      ? this._trans.__(
+          'Cannot reach the server (%1): its GPU slices show again when it answers.',
+          error
+        )
+      : error
+        ? this._trans.__('The server did not list its GPU slices: %1', error)
+        : slices.length
+          ? ''
+          : this._trans.__('No kernel holds a GPU slice.');
+    // None while the server cannot be reached: no heading over nothing.
+    this._devicesHeading.hidden = !this._store.devices.length;
     this._devices.replaceChildren(
       ...this._store.devices.map(device => {
         const item = element(
@@ -384,5 +421,6 @@ export class SliceSidebar extends Widget {
   private _rows = new Map<string, SliceRow>();
   private _status = element('div', 'jp-vgpu-Status');
   private _slices = element('ul', 'jp-vgpu-Slices');
+  private _devicesHeading = element('h3', 'jp-vgpu-Heading');
   private _devices = element('ul', 'jp-vgpu-Devices');
 }

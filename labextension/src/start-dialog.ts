@@ -1,6 +1,7 @@
 /**
- * "New notebook on a GPU slice...": ask for a size (showing what is free), start a kernel in a
- * slice of that size with POST /api/vgpu/kernels, and open a new notebook on that kernel.
+ * "New notebook on a GPU slice...": ask for a size (showing what is free, and as placeholders
+ * what a field left empty gets), start a kernel in a slice of that size with
+ * POST /api/vgpu/kernels, and open a new notebook on that kernel.
  */
 
 import { Dialog, showDialog } from '@jupyterlab/apputils';
@@ -9,13 +10,14 @@ import { KernelSpec } from '@jupyterlab/services';
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import { startKernel } from './api';
+import { getDefaults, ILimitsModel, startKernel } from './api';
 import { describeDevice } from './describe';
 import {
   POD_PROVISIONER_NAME,
   PROVISIONER_NAME,
   ISlicedKernelspec,
-  slicedKernelspecs
+  slicedKernelspecs,
+  startDefaults
 } from './kernelspecs';
 import { checkSliceForm, ISliceForm, POLICIES } from './slice-values';
 import { SliceStore } from './store';
@@ -30,6 +32,7 @@ class StartForm extends Widget {
     previous: IStartChoice,
     problem: string,
     store: SliceStore,
+    serverDefaults: ILimitsModel | null,
     trans: TranslationBundle
   ) {
     super();
@@ -44,25 +47,34 @@ class StartForm extends Widget {
     this._kernelspec.value = previous.kernelspec;
     const chosen = () =>
       kernelspecs.find(spec => spec.name === this._kernelspec.value);
-    const defaults = () => chosen()?.defaults ?? {};
+    const defaults = () => startDefaults(chosen(), serverDefaults);
     const podNote = document.createElement('div');
     podNote.className = 'jp-vgpu-PodNote';
     podNote.textContent = trans.__(
       "This kernel starts as a Kubernetes pod: it may wait for the cluster's scheduler, and the GPU slices sidebar says what it waits for."
     );
-    const showDefaults = () => {
-      this._memory.placeholder = defaults().memory ?? '';
-      this._cores.placeholder = `${defaults().cores ?? ''}`;
-      podNote.hidden = chosen()?.holder !== 'pod';
-    };
-    this._kernelspec.addEventListener('change', showDefaults);
-    showDefaults();
-    this._memory.value = previous.memory;
-    this._cores.value = previous.cores;
     for (const policy of POLICIES) {
       this._policy.append(new Option(policy, policy));
     }
-    this._policy.value = previous.policy || defaults().policy || 'hard';
+    // The policy shows the chosen kernelspec's default until the user picks one; only a
+    // picked policy is sent (the server applies the same default to the others).
+    this._policyPicked = !!previous.policy;
+    this._policy.addEventListener('change', () => {
+      this._policyPicked = true;
+    });
+    const showDefaults = () => {
+      this._memory.placeholder = defaults().memory ?? '';
+      this._cores.placeholder = defaults().cores ?? '';
+      if (!this._policyPicked) {
+        this._policy.value = defaults().policy ?? POLICIES[0];
+      }
+      podNote.hidden = chosen()?.holder !== 'pod';
+    };
+    this._kernelspec.addEventListener('change', showDefaults);
+    this._policy.value = previous.policy;
+    showDefaults();
+    this._memory.value = previous.memory;
+    this._cores.value = previous.cores;
     const field = (label: string, input: HTMLElement) => {
       const row = document.createElement('label');
       row.className = 'jp-vgpu-Field';
@@ -98,11 +110,14 @@ class StartForm extends Widget {
       kernelspec: this._kernelspec.value,
       memory: this._memory.value,
       cores: this._cores.value,
-      policy: this._policy.value
+      policy: this._policyPicked ? this._policy.value : ''
     };
   }
 
-  private _kernelspec = document.createElement('select');
+  private _kernelspec = Object.assign(document.createElement('select'), {
+    name: 'kernelspec',
+    className: 'jp-mod-styled'
+  });
   private _memory = Object.assign(document.createElement('input'), {
     name: 'memory',
     className: 'jp-mod-styled'
@@ -111,6 +126,7 @@ class StartForm extends Widget {
     name: 'cores',
     className: 'jp-mod-styled'
   });
+  private _policyPicked = false;
   private _policy = Object.assign(document.createElement('select'), {
     name: 'policy',
     className: 'jp-mod-styled'
@@ -120,7 +136,8 @@ class StartForm extends Widget {
 /**
  * Ask until the user gives a size the server grants, or cancels; each refusal (from the form
  * check or the server) is shown in the next round with what was typed kept.
- * Returns the path of the opened notebook, or null if cancelled.
+ * Returns the opened notebook's widget (the launcher that ran the command then closes, as it
+ * does for its own notebook cards), or null if cancelled.
  */
 export async function newNotebookOnSlice(
   docManager: IDocumentManager,
@@ -128,7 +145,7 @@ export async function newNotebookOnSlice(
   store: SliceStore,
   cwd: string,
   trans: TranslationBundle
-): Promise<string | null> {
+): Promise<Widget | null> {
   const kernelspecs = slicedKernelspecs(specs);
   if (!kernelspecs.length) {
     await showDialog({
@@ -142,7 +159,11 @@ export async function newNotebookOnSlice(
     });
     return null;
   }
-  await store.refresh().catch(() => undefined); // the dialog shows the freshest free capacity
+  // The dialog shows the freshest free capacity, and the server's defaults as placeholders.
+  const [serverDefaults] = await Promise.all([
+    getDefaults().catch(() => null),
+    store.refresh().catch(() => undefined)
+  ]);
   let choice: IStartChoice = {
     kernelspec: kernelspecs[0].name,
     memory: '',
@@ -153,7 +174,14 @@ export async function newNotebookOnSlice(
   for (;;) {
     const result = await showDialog({
       title: trans.__('New notebook on a GPU slice'),
-      body: new StartForm(kernelspecs, choice, problem, store, trans),
+      body: new StartForm(
+        kernelspecs,
+        choice,
+        problem,
+        store,
+        serverDefaults,
+        trans
+      ),
       buttons: [
         Dialog.cancelButton(),
         Dialog.okButton({ label: trans.__('Start') })
@@ -176,11 +204,11 @@ export async function newNotebookOnSlice(
       continue;
     }
     const model = await docManager.newUntitled({ path: cwd, type: 'notebook' });
-    docManager.open(model.path, 'default', {
+    const widget = docManager.open(model.path, 'default', {
       id: kernel.id,
       name: kernel.name
     });
     void store.refresh();
-    return model.path;
+    return widget ?? null;
   }
 }

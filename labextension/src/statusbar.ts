@@ -6,7 +6,8 @@
  * suspended); "GPU suspended · 300MiB in host memory", in the secondary colour, while the
  * kernel is suspended, and "GPU lent · ..." while its room is lent; while its start or its cell
  * waits in the line for room, where it stands ("GPU queued · 2nd in line for GPU 0 · ..."), in
- * the info colour; "GPU resuming… · ..." from the lab's wake hint until it runs.
+ * the info colour; "GPU suspending · ..." and "GPU resuming · ..." while its memory moves,
+ * and from the lab's wake hint until it runs, in the info colour.
  */
 
 import { ISessionContext } from '@jupyterlab/apputils';
@@ -25,6 +26,9 @@ import {
 } from './describe';
 import { SliceStore } from './store';
 import { WakeHints } from './wake';
+
+/** States in which a slice's memory is on its way to or from host memory. */
+const MOVING: ReadonlySet<string> = new Set(['suspending', 'resuming']);
 
 export class SliceStatusItem extends Widget {
   constructor(
@@ -62,8 +66,8 @@ export class SliceStatusItem extends Widget {
       this._notebooks.currentWidget?.sessionContext.session?.kernel?.id;
     const slice = this._store.sliceOf(kernelId);
     if (slice) {
-      const resuming = !!this._wake?.isResuming(kernelId);
-      this.node.textContent = resuming
+      const woken = !!this._wake?.isResuming(kernelId);
+      this.node.textContent = woken
         ? resumingStatusText(slice, this._trans)
         : sliceStatusText(slice, this._trans);
       this.node.title = sliceTooltip(slice, this._trans);
@@ -73,7 +77,10 @@ export class SliceStatusItem extends Widget {
       this.toggleClass('jp-vgpu-mod-lent', slice.state === 'lent');
       this.toggleClass('jp-vgpu-mod-queued', slice.state === 'queued');
       this.toggleClass('jp-vgpu-mod-waiting', sliceWaits(slice));
-      this.toggleClass('jp-vgpu-mod-resuming', resuming);
+      this.toggleClass(
+        'jp-vgpu-mod-resuming',
+        woken || MOVING.has(slice.state)
+      );
       this.node.dataset.state = slice.state;
     }
     if (this._hasSlice !== !!slice) {

@@ -6,7 +6,13 @@
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IDeviceModel, ISliceModel, listDevices, listSlices } from './api';
+import {
+  IDeviceModel,
+  ISliceModel,
+  listDevices,
+  listSlices,
+  VGPUServerError
+} from './api';
 
 export class SliceStore {
   constructor(interval: number) {
@@ -35,6 +41,25 @@ export class SliceStore {
     return this._error;
   }
 
+  /**
+   * Whether the last poll got no answer at all (the server is gone or restarting). No slice or
+   * device is listed then: what the server said last may be about kernels that ended with it.
+   * A server that answers with an error (a busy ledger's 503) keeps what it said last.
+   */
+  get unreachable(): boolean {
+    return this._unreachable;
+  }
+
+  /** How many fetches have begun: a view notes it when it says something about a slice. */
+  get asked(): number {
+    return this._asked;
+  }
+
+  /** Which fetch (counted as `asked`) the slices come from: answers older than it are dropped. */
+  get shown(): number {
+    return this._shown;
+  }
+
   sliceOf(kernelId: string | undefined): ISliceModel | undefined {
     return this._slices.find(slice => slice.kernel_id === kernelId);
   }
@@ -49,18 +74,31 @@ export class SliceStore {
 
   /** Fetch now (after a resize or a start), instead of waiting for the next tick. */
   async refresh(): Promise<void> {
+    const asked = ++this._asked;
+    let answer: [ISliceModel[], IDeviceModel[]];
     try {
-      [this._slices, this._devices] = await Promise.all([
-        listSlices(),
-        listDevices()
-      ]);
-      this._error = '';
+      answer = await Promise.all([listSlices(), listDevices()]);
     } catch (error) {
-      this._error = (error as Error).message;
-      this._changed.emit();
+      if (asked > this._shown) {
+        this._shown = asked;
+        this._unreachable = !(error instanceof VGPUServerError);
+        if (this._unreachable) {
+          this._slices = [];
+          this._devices = [];
+        }
+        this._error = (error as Error).message;
+        this._changed.emit();
+      }
       throw error; // lets the poll back off while the server is away
     }
-    this._changed.emit();
+    // A poll and a refresh after an action overlap: the older answer must not undo the newer.
+    if (asked > this._shown) {
+      this._shown = asked;
+      [this._slices, this._devices] = answer;
+      this._error = '';
+      this._unreachable = false;
+      this._changed.emit();
+    }
   }
 
   dispose(): void {
@@ -72,5 +110,8 @@ export class SliceStore {
   private _slices: ISliceModel[] = [];
   private _devices: IDeviceModel[] = [];
   private _error = '';
+  private _unreachable = false;
+  private _asked = 0;
+  private _shown = 0;
   private _changed = new Signal<this, void>(this);
 }

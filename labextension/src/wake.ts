@@ -17,7 +17,7 @@ import type { ISliceModel } from './api';
 export type AttentionReason = 'open' | 'focus' | 'edit' | 'run';
 
 /** States of a kernel whose next cell would wait for its room: the hint helps them only. */
-const WAKEABLE: ReadonlySet<string> = new Set(['suspended', 'lent']);
+export const WAKEABLE: ReadonlySet<string> = new Set(['suspended', 'lent']);
 
 /** Whether a wake hint helps the slice: a local slice that is suspended or lent. */
 export function wantsWake(slice: ISliceModel | undefined): boolean {
@@ -25,12 +25,13 @@ export function wantsWake(slice: ISliceModel | undefined): boolean {
 }
 
 /**
- * Whether a woken kernel is back: its slice runs and has left the line. (The server admits a
- * resume first, so the slice reads running while its memory is still on its way back; the
- * kernel leaves the line once it is back.) A slice gone is back too: nothing to wait for.
+ * Whether a woken kernel is back: its slice is no longer resuming (its memory on its way back)
+ * and has left the line. A slice gone is back too: nothing to wait for.
  */
 export function resumed(slice: ISliceModel | undefined): boolean {
-  return !slice || (!wantsWake(slice) && !slice.queue);
+  return (
+    !slice || (!wantsWake(slice) && slice.state !== 'resuming' && !slice.queue)
+  );
 }
 
 /** At most one wake per kernel per this many milliseconds. */

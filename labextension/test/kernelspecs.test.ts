@@ -1,7 +1,7 @@
 import type { KernelSpec } from '@jupyterlab/services';
 import { describe, expect, it } from 'vitest';
 
-import { slicedKernelspecs } from '../src/kernelspecs';
+import { slicedKernelspecs, startDefaults } from '../src/kernelspecs';
 
 function spec(
   name: string,
@@ -73,5 +73,48 @@ describe('slicedKernelspecs', () => {
 
   it('has none before the specs are fetched', () => {
     expect(slicedKernelspecs(null)).toEqual([]);
+  });
+});
+
+describe('startDefaults', () => {
+  const server = {
+    memory_bytes: 4 * 2 ** 30,
+    cores: 20,
+    policy: 'burst' as const
+  };
+
+  it("takes the server's defaults for what a kernelspec sets no size for, its policy included", () => {
+    const [shipped] = slicedKernelspecs(
+      catalogue(provisioned('python3-vgpu', 'vgpu-provisioner'))
+    );
+    expect(startDefaults(shipped, server)).toEqual({
+      memory: '4GiB',
+      cores: '20',
+      policy: 'burst'
+    });
+  });
+
+  it("takes the kernelspec's own slice first, field by field", () => {
+    const [sized] = slicedKernelspecs(
+      catalogue(
+        provisioned('gpu', 'vgpu-provisioner', {
+          memory: '1GiB',
+          policy: 'hard'
+        })
+      )
+    );
+    expect(startDefaults(sized, server)).toEqual({
+      memory: '1GiB',
+      cores: '20',
+      policy: 'hard'
+    });
+  });
+
+  it('says nothing it does not know for an older server without defaults', () => {
+    expect(startDefaults(undefined, null)).toEqual({
+      memory: undefined,
+      cores: undefined,
+      policy: undefined
+    });
   });
 });

@@ -193,12 +193,12 @@ describe('resuming', () => {
       host_memory_bytes: 300 * MIB
     });
     expect(resumingStatusText(suspended, trans)).toBe(
-      'GPU resuming… · 300MiB back from host memory'
+      'GPU resuming · 300MiB coming back from host memory'
     );
     // In the line only for its turn (room is there): where its memory is.
     const turn = { position: 1, eta_seconds: null, waiting_for: '' };
     expect(resumingStatusText({ ...suspended, queue: turn }, trans)).toBe(
-      'GPU resuming… · 300MiB back from host memory'
+      'GPU resuming · 300MiB coming back from host memory'
     );
     // Waiting for room: its place.
     expect(
@@ -209,14 +209,14 @@ describe('resuming', () => {
         },
         trans
       )
-    ).toBe('GPU resuming… · 1st in line for GPU 1');
+    ).toBe('GPU resuming · 1st in line for GPU 1');
     // Admitted, its memory on the way back (host_memory_bytes may read 0 by then).
     expect(
       resumingStatusText(
         sliceModel({ state: 'running', host_memory_bytes: 0, queue: turn }),
         trans
       )
-    ).toBe('GPU resuming… · 1.2GiB back from host memory');
+    ).toBe('GPU resuming · 1.2GiB coming back from host memory');
     expect(
       resumingStatusText(
         sliceModel({
@@ -225,6 +225,6 @@ describe('resuming', () => {
         }),
         trans
       )
-    ).toBe('GPU resuming… · taking its 4GiB back');
+    ).toBe('GPU resuming · taking its 4GiB back');
   });
 });

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from jupyter_client import BlockingKernelClient
 from support import JupyterProcess, write_vgpu_kernelspec
 
 HERE = Path(__file__).resolve().parent
@@ -47,6 +48,20 @@ class Lab(JupyterProcess):
             *options,
             app="lab",
         )
+
+    def run_in_kernel(self, kernel_id: str, code: str = "") -> None:
+        """Wait until the kernel answers on its own channels, then run ``code`` there (if any),
+        which must end without an error."""
+        client = BlockingKernelClient(connection_file=str(self.runtime_dir / f"kernel-{kernel_id}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=120)
+            if code:
+                reply = client.execute_interactive(code, timeout=120)
+                assert reply["content"]["status"] == "ok", reply["content"]
+        finally:
+            client.stop_channels()
 
     def write_notebook(self, name: str, cells: list[str], kernelspec: str = KERNEL_NAME) -> str:
         """A notebook with the given code cells, whose kernel is the vGPU kernelspec by default."""

@@ -3,35 +3,16 @@
 // Every wait has a deadline; a step that does not happen fails the scenario with what was awaited.
 // The last line of stdout is a JSON object of what the scenario saw, for the Python side to check.
 
-import { chromium } from 'playwright-core';
-
-const [scenario, settingsJson] = process.argv.slice(2);
-const settings = JSON.parse(settingsJson);
-const STEP_TIMEOUT = 60_000;
-
-// Flags for headless Debian Chromium as root in a container (FIELD-NOTES, "Jupyter").
-const CHROMIUM_FLAGS = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync'
-];
-
-let currentPage = null; // for the screenshot of a failed step
+import { newPage, runScenario, settings, STEP_TIMEOUT } from './scenario.mjs';
 
 /** JupyterLab at `path`; with `reset`, on an empty workspace (nothing an earlier page opened). */
 async function openLab(browser, path, { reset = false } = {}) {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  currentPage = page;
+  const page = await newPage(browser);
   page.on('console', message => {
     if (['error', 'warning'].includes(message.type())) {
       console.error(`browser ${message.type()}: ${message.text()}`);
     }
   });
-  page.setDefaultTimeout(STEP_TIMEOUT);
   await page.goto(`${settings.url}lab/${path}?token=${settings.token}${reset ? '&reset' : ''}`);
   await page.locator('#jp-main-dock-panel').waitFor();
   return page;
@@ -220,9 +201,9 @@ async function sliceState(page, kernelId) {
 }
 
 /**
- * Wait (polling REST) until the kernel's slice reads running and out of the line: the ledger
- * admits a resume (state running) before the memory is back, and the kernel leaves the line
- * (queue null) once it is. What it read on the way: [ms since `since`, state, queue position].
+ * Wait (polling REST) until the kernel's slice reads running and out of the line: the slice
+ * reads resuming while its memory comes back, and the kernel leaves the line (queue null) once
+ * it is back. What it read on the way: [ms since `since`, state, queue position].
  */
 async function sliceResumed(page, kernelId, since) {
   const deadline = Date.now() + STEP_TIMEOUT;
@@ -248,7 +229,7 @@ const scenarios = {
    * Resume ahead of use against resume-on-cell, on settings.notebook (cell 0 allocates the GPU
    * memory, cells 1 and 2 print settings.marker after a CUDA call). Its kernel suspended through
    * REST: the user clicks into cell 1 (the wake hint), and the kernel resumes with no cell run
-   * (REST: running and out of the line), the status bar saying "resuming…" meanwhile; at least settings.hintLeadMs after the click, cell 1 runs
+   * (REST: running and out of the line), the status bar saying "GPU resuming" meanwhile; at least settings.hintLeadMs after the click, cell 1 runs
    * (timed: its execute_request to its first line). Then the wakeHint setting turned off (REST,
    * page reloaded), the kernel suspended again, cell 2 runs (timed the same way): its first CUDA
    * call resumes it, as before the hint. Cell 3 runs once on the running kernel, for the floor; then a
@@ -623,6 +604,9 @@ const scenarios = {
     // The extension marks the dialog once it has rendered; its style then wraps the message.
     await dialog.and(page.locator('.jp-vgpu-mod-startRefusal')).waitFor();
     const message = await pre.innerText();
+    // What the extension adds under a refusal that a smaller slice answers (added with the mark).
+    const hints = await body.locator('.jp-vgpu-RefusalHint').allInnerTexts();
+    const font = await pre.evaluate(node => getComputedStyle(node).fontFamily);
     const extentOf = node => ({
       scrollWidth: node.scrollWidth,
       clientWidth: node.clientWidth,
@@ -644,7 +628,7 @@ const scenarios = {
     const fits = ({ scrollWidth, clientWidth, scrollHeight, clientHeight }) =>
       scrollWidth <= clientWidth && scrollHeight <= clientHeight;
     const inView = fits(extent) && fits(messageExtent) && messageInContent;
-    return { message, inView, extent, messageExtent, messageInContent };
+    return { message, hints, font, inView, extent, messageExtent, messageInContent };
   },
 
   /**
@@ -807,16 +791,144 @@ const scenarios = {
         cut: node.scrollWidth > node.clientWidth
       }))
     };
+  },
+
+  /**
+   * A notebook whose kernel holds GPU memory (cell 0) on a GPU that copies checkpoints slowly:
+   * suspended from the sidebar, then resumed by another client (REST). While its memory moves the
+   * sidebar and the status bar say suspending, then resuming; the row's "Suspended." goes once
+   * the kernel runs again. Then resized from the sidebar ("Resized.") and by another client to
+   * settings.otherMemory: the row's message goes with the limits it was about.
+   */
+  async suspendingResuming(browser) {
+    const { page, kernelId } = await firstCellRunWithSidebar(browser, 'allocated 0');
+    const row = sliceRow(page, kernelId);
+    const label = () => row.locator('[data-bar="memory"] .jp-vgpu-Bar-label').innerText();
+    const message = () => row.locator('.jp-vgpu-Message').innerText();
+    await sliceShownIn(page, kernelId, 'running');
+    await recordStatusTexts(page);
+
+    await row.locator('button.jp-vgpu-Suspension', { hasText: 'Suspend' }).click();
+    await sliceShownIn(page, kernelId, 'suspending');
+    const suspending = {
+      title: await row.locator('.jp-vgpu-Slice-title').innerText(),
+      bar: await label(),
+      status: await statusText(page, 'GPU suspending')
+    };
+    const suspended = await rowMessage(row, 'Suspended.');
+    await sliceShownIn(page, kernelId, 'suspended');
+
+    // Another client resumes it; its answer comes once the memory is back.
+    const resume = api(page, 'POST', `api/vgpu/slices/${kernelId}/resume`);
+    await sliceShownIn(page, kernelId, 'resuming');
+    const resuming = {
+      title: await row.locator('.jp-vgpu-Slice-title').innerText(),
+      bar: await label(),
+      status: await statusText(page, 'GPU resuming'),
+      // What the row says meanwhile: "Suspended." no longer holds.
+      message: await message()
+    };
+    await page.locator('.jp-StatusBar-Widget').screenshot({ path: `${settings.screenshots}/statusbar-resuming.png` });
+    await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-resuming.png` });
+    await resume;
+    await sliceShownIn(page, kernelId, 'running');
+    const afterResume = { message: await message(), status: await statusText(page, /^GPU \d/) };
+
+    const resized = await resizeFromSidebar(page, kernelId, settings.memory, 'Resized.');
+    await api(page, 'PATCH', `api/vgpu/slices/${kernelId}`, { memory: settings.otherMemory });
+    await row.locator('[data-bar="memory"]', { hasText: `/ ${settings.otherMemoryShown}` }).waitFor();
+    const afterOtherResize = await message();
+    return {
+      kernelId,
+      suspending,
+      suspended,
+      resuming,
+      afterResume,
+      resized,
+      afterOtherResize,
+      statusTexts: await page.evaluate(() => window.vgpuStatusTexts)
+    };
+  },
+
+  /**
+   * The launcher's "New notebook on a GPU slice..." dialog: for each kernelspec of
+   * settings.kernels (its display name), the memory and SM placeholders and the policy the form
+   * shows; then a start with the last one and nothing typed: the notebook opens and the launcher
+   * tab that ran the command is gone, as after JupyterLab's own notebook cards.
+   */
+  async startDialogDefaults(browser) {
+    const page = await openLab(browser, '', { reset: true });
+    const launcherTabs = () =>
+      page.locator('.lm-DockPanel-tabBar .lm-TabBar-tabLabel', { hasText: exactText('Launcher') }).count();
+    const card = page.locator('.jp-LauncherCard', { hasText: 'New notebook on a GPU slice' });
+    await card.waitFor();
+    const launchersBefore = await launcherTabs();
+    await card.click();
+    const dialog = page.locator('.jp-Dialog');
+    const shown = {};
+    for (const kernel of settings.kernels) {
+      await dialog.locator('select').first().selectOption({ label: kernel }); // the kernelspec
+      shown[kernel] = {
+        memory: await dialog.locator('input[name="memory"]').getAttribute('placeholder'),
+        cores: await dialog.locator('input[name="cores"]').getAttribute('placeholder'),
+        policy: await dialog.locator('select[name="policy"]').inputValue()
+      };
+    }
+    await dialog.locator('.jp-Dialog-content').screenshot({ path: `${settings.screenshots}/start-dialog.png` });
+    await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
+    await waitForIdleKernel(page);
+    const path = await page
+      .locator('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel')
+      .innerText();
+    return { shown, path, launchersBefore, launchersAfter: await launcherTabs() };
+  },
+
+  /**
+   * The sidebar with a kernel a killed server left suspended and the restarted one could not
+   * adopt (settings.kernelId): its notice names the connection file, one long word. Whether the
+   * sidebar and every line of the row stay within the sidebar's width.
+   */
+  async restartNotice(browser) {
+    const page = await openLab(browser, '', { reset: true });
+    await openSidebar(page);
+    const row = sliceRow(page, settings.kernelId);
+    const notice = row.locator('.jp-vgpu-Notice', { hasText: 'jupyter console --existing' });
+    await notice.waitFor();
+    await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-restart-notice.png` });
+    const fit = await page.locator('#jupyter-vgpu-sidebar').evaluate(sidebar => {
+      const right = sidebar.getBoundingClientRect().right;
+      const outside = [...sidebar.querySelectorAll('.jp-vgpu-Slice *')]
+        .filter(node => node.getBoundingClientRect().right > right + 0.5)
+        .map(node => node.className);
+      return { scrollWidth: sidebar.scrollWidth, clientWidth: sidebar.clientWidth, outside };
+    });
+    return { notice: await notice.innerText(), ...fit };
+  },
+
+  /**
+   * settings.notebook opened with the sidebar showing its slice; then it prints
+   * settings.goneMarker for the test to stop the server, and waits until the sidebar says it
+   * cannot reach it: what the sidebar and the status bar show then.
+   */
+  async serverGone(browser) {
+    const page = await openLab(browser, `tree/${settings.notebook}`);
+    await waitForIdleKernel(page);
+    const kernelId = await kernelIdOf(page, settings.notebook);
+    await openSidebar(page);
+    await sliceRow(page, kernelId).locator('[data-bar="memory"]').waitFor();
+    const before = await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Slice').count();
+    console.log(settings.goneMarker); // the test stops the server now
+    const status = page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Status', { hasText: 'Cannot reach' });
+    await status.waitFor();
+    await page.locator('#jupyter-vgpu-sidebar').screenshot({ path: `${settings.screenshots}/sidebar-server-gone.png` });
+    return {
+      before,
+      status: await status.innerText(),
+      rows: await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Slice').count(),
+      bars: await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Bar').count(),
+      statusItemVisible: await page.locator('.jp-vgpu-StatusItem').isVisible()
+    };
   }
 };
 
-const browser = await chromium.launch({ executablePath: settings.chromium, args: CHROMIUM_FLAGS });
-try {
-  const seen = await scenarios[scenario](browser);
-  console.log(JSON.stringify(seen));
-} catch (error) {
-  await currentPage?.screenshot({ path: settings.failureScreenshot });
-  throw error;
-} finally {
-  await browser.close();
-}
+await runScenario(scenarios);

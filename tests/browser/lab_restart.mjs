@@ -3,29 +3,11 @@
 //   node lab_restart.mjs SCENARIO '{"url", "token", "chromium", "notebook", "failureScreenshot"}'
 // Every wait has a deadline. The last line of stdout is a JSON object of what the page showed.
 
-import { chromium } from 'playwright-core';
-
-const [scenario, settingsJson] = process.argv.slice(2);
-const settings = JSON.parse(settingsJson);
-const STEP_TIMEOUT = 60_000;
-// Flags for headless Debian Chromium as root in a container (FIELD-NOTES, "Jupyter").
-const CHROMIUM_FLAGS = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync'
-];
-
-let currentPage = null; // for the screenshot of a failed step
+import { newPage, runScenario, settings } from './scenario.mjs';
 
 /** The notebook opened in JupyterLab, its kernel idle (the GPU status item shows once it is in a slice). */
 async function openNotebook(browser) {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  currentPage = page;
-  page.setDefaultTimeout(STEP_TIMEOUT);
+  const page = await newPage(browser);
   await page.goto(`${settings.url}lab/tree/${settings.notebook}?token=${settings.token}`);
   await page.locator('#jp-main-dock-panel').waitFor();
   await page.locator('.jp-vgpu-StatusItem').waitFor();
@@ -80,12 +62,4 @@ const scenarios = {
   }
 };
 
-const browser = await chromium.launch({ executablePath: settings.chromium, args: CHROMIUM_FLAGS });
-try {
-  console.log(JSON.stringify(await scenarios[scenario](browser)));
-} catch (error) {
-  await currentPage?.screenshot({ path: settings.failureScreenshot });
-  throw error;
-} finally {
-  await browser.close();
-}
+await runScenario(scenarios);

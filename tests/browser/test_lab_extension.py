@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from jupyter_client import BlockingKernelClient
 from support import hold_outside, wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -190,13 +189,14 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
     # keeps jupyter_client waiting for it well past the teardown's limit (seen on a busy
     # machine), which is not what this test is about. Asked over its own channels: the server's
     # execution_state stays "starting" once the page is gone, until a client talks to the kernel.
-    client = BlockingKernelClient(connection_file=str(lab.runtime_dir / f"kernel-{session['kernel']['id']}.json"))
-    client.load_connection_file()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=120)
-    finally:
-        client.stop_channels()
+    lab.run_in_kernel(session["kernel"]["id"])
+
+
+# What the lab adds under a refusal of a slice larger than any GPU: the server says "Ask for less",
+# which a launcher card (the kernelspec's size) cannot.
+SMALLER_SLICE_HINT = (
+    'To start a notebook with a smaller slice: "New notebook on a GPU slice..." in the Launcher or the command palette.'
+)
 
 
 @pytest.mark.parametrize("lab_options", [("--VGPUApp.default_memory=9GiB",)])
@@ -217,6 +217,8 @@ def test_a_notebook_that_can_never_fit_says_why_in_a_readable_dialog_and_the_ser
             ("it does not say what the device has (8GiB)", "more than GPU 0 has: 8GiB" not in message),
             ("it does not say what to do (ask for less)", "Ask for less" not in message),
             ("it doubles '%'", "%%" in message),
+            (f"it does not say how to ask for less here: {seen['hints']}", seen["hints"] != [SMALLER_SLICE_HINT]),
+            (f"it reads as a log, in {seen['font']}", "mono" in seen["font"].lower()),
             (f"the dialog must scroll to show it all: {seen['extent']}", not seen["inView"]),
             (f"the refused start holds a slice: {slices}", slices != [filler["kernel"]["id"]]),
             ("jupyter lab did not exit within 15 s of SIGTERM", stopped_in is None),
@@ -264,6 +266,8 @@ def test_every_kind_of_refused_start_is_read_whole_in_jupyterlab_s_dialog_at_128
             problems.append(f"{kind}: the dialog said {seen['message']!r}, not all of {said!r}")
         if not seen["inView"]:
             problems.append(f"{kind}: cut off: {seen['extent']}, message {seen['messageExtent']}")
+        if seen["hints"]:  # a smaller slice is no answer to these (or not the only one)
+            problems.append(f"{kind}: hinted {seen['hints']}")
         for filler in fillers:
             lab.api("DELETE", f"api/kernels/{filler['kernel']['id']}")
         wait_for(lambda: lab.api("GET", "api/vgpu/slices") == [], 60, "the held slices to be released")
