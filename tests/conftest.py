@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from jupyter_client.channels import HBChannel
 from private_machine import private_machine_environment
 from support import CUDA_PRELUDE
 
@@ -356,6 +357,8 @@ SLOW_TESTS = (
     "browser/",
     "docs/test_site_commands.py::test_the_commands_that_need_no_server_run_as_written",
     "docs/test_site_commands.py::test_the_commands_for_a_running_server_run_as_written_against_one",
+    "hub/test_borrowing_hub.py",
+    "hub/test_broker_line.py",
     "hub/test_classroom_hub.py",
     "hub/test_prometheus_scrape.py",
     "hub/test_spawn_form.py",
@@ -380,3 +383,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         test = f"{where}::{item.name.split('[')[0]}"
         if any(test.startswith(entry) for entry in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def patient_heartbeat(monkeypatch):
+    """A kernel client calls its kernel dead after 1 s without a heartbeat ("Kernel died before
+    replying to kernel_info"), which a kernel still starting on a busy two-core machine misses; a
+    test's reading, not what any test is about. Tests that need a kernel's death see its process."""
+    monkeypatch.setattr(HBChannel, "time_to_dead", 10.0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import test_server_process
 from support import CUDA_PRELUDE, hold_outside, wait_for
 from test_server_process import KERNEL_NAME, Server, run_code
@@ -20,8 +19,6 @@ vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
 
 
 # run_code's client, patient with a kernel's heartbeat on a busy machine.
-patient_heartbeat = test_server_process.patient_heartbeat
-pytestmark = pytest.mark.usefixtures("patient_heartbeat")
 
 
 def the_device(server: Server) -> dict:

@@ -15,20 +15,18 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
-import pytest
 from jupyter_client import BlockingKernelClient
 from support import wait_for
 from test_orphans import reaper, running
-from test_server_process import KERNEL_NAME, TOKEN, Server, patient_heartbeat, run_code, user_env, vgpu_kernelspec_dir
+from test_server_process import KERNEL_NAME, TOKEN, Server, run_code, user_env, vgpu_kernelspec_dir
 from test_suspend_cli import PATTERN
 from test_suspend_restart import connection_file
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
 GIB = 1 << 30
-pytestmark = pytest.mark.usefixtures("patient_heartbeat")
 # The fixtures this module takes from elsewhere.
-__all__ = ["patient_heartbeat", "reaper", "user_env", "vgpu_kernelspec_dir"]
+__all__ = ["reaper", "user_env", "vgpu_kernelspec_dir"]
 
 
 def open_notebook(server: Server, path: str) -> tuple[str, str]:

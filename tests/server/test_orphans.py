@@ -23,8 +23,6 @@ vgpu_kernelspec_dir = test_server_process.vgpu_kernelspec_dir
 
 
 # run_code's client, patient with a kernel's heartbeat on a busy machine.
-patient_heartbeat = test_server_process.patient_heartbeat
-pytestmark = pytest.mark.usefixtures("patient_heartbeat")
 
 
 # Holds 1 GiB of the slice, starts what its argument says (or nothing), prints its pid and that

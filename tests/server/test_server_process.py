@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from jupyter_client import BlockingKernelClient
-from jupyter_client.channels import HBChannel
 from support import JUPYTER, JupyterProcess, hold_outside, printed_by_cell, running, wait_for, write_vgpu_kernelspec
 
 GIB = 1 << 30
@@ -49,14 +48,6 @@ def user_env(sim_env, tmp_path, vgpu_kernelspec_dir):
 def vgpu_kernelspec_dir(tmp_path):
     write_vgpu_kernelspec(tmp_path / "data" / "kernels" / KERNEL_NAME, "GPU slice test", {"memory": "1GiB"})
     return tmp_path / "data"
-
-
-@pytest.fixture
-def patient_heartbeat(monkeypatch):
-    """run_code's client calls a kernel dead after 1 s without a heartbeat, which a kernel on a
-    busy two-core machine misses; it is a test's reading, not what is tested (for the modules
-    that run long cells)."""
-    monkeypatch.setattr(HBChannel, "time_to_dead", 10.0)
 
 
 def run_code(env: dict[str, str], kernel_id: str, code: str) -> str:

@@ -13,13 +13,11 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 from support import hold_outside, wait_for
 from test_orphans import reaper, running
 from test_server_process import (
     KERNEL_NAME,
     Server,
-    patient_heartbeat,
     run_code,
     user_env,
     vgpu_cli,
@@ -31,9 +29,8 @@ from jupyter_vgpu.ledger import EmbeddedLedger
 from jupyter_vgpu.manager import IN_LINE_KEY
 
 GIB = 1 << 30
-pytestmark = pytest.mark.usefixtures("patient_heartbeat")
 # The fixtures this module takes from elsewhere.
-__all__ = ["patient_heartbeat", "reaper", "user_env", "vgpu_kernelspec_dir"]
+__all__ = ["reaper", "user_env", "vgpu_kernelspec_dir"]
 
 
 def suspended_kernel(server: Server, env: dict[str, str], cuda_prelude: str) -> tuple[str, int]:
