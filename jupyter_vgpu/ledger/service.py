@@ -394,11 +394,19 @@ def guarantees(budget: OwnerBudget | None) -> bool:
 def is_borrowing(budget: OwnerBudget | None, allocations: list[Allocation], owner: str, limits: SliceLimits) -> bool:
     """Whether a slice of ``limits`` would take ``owner`` past their guarantee, counting what
     their running (not suspended) slices hold on the devices."""
+    return past_guarantee(budget, allocations, owner, limits.memory_limit, limits.sm_share)
+
+
+def past_guarantee(
+    budget: OwnerBudget | None, allocations: list[Allocation], owner: str, memory: int, sm_share: int
+) -> bool:
+    """Whether ``memory`` and ``sm_share`` more (a start's, a resume's, a growth's) would take
+    ``owner`` past their guarantee, counting what their running slices hold."""
     if budget is None or not guarantees(budget):
         return False
     running = [item for item in allocations if item.owner == owner and not item.suspended]
-    memory = sum(item.memory_limit for item in running) + limits.memory_limit
-    share = sum(item.sm_share for item in running) + limits.sm_share
+    memory += sum(item.memory_limit for item in running)
+    share = sum(item.sm_share for item in running) + sm_share
     over_memory = budget.guaranteed_memory is not None and memory > budget.guaranteed_memory
     return over_memory or (budget.guaranteed_sm_share is not None and share > budget.guaranteed_sm_share)
 
@@ -724,6 +732,9 @@ class _Waiting:
     owner: str
     request: Request
     renewed: float
+    # Past its owner's guarantee when it registered: a request within its guarantee is not held
+    # back by it (a borrower takes only room nobody within a guarantee is owed).
+    borrowing: bool = False
 
     def record(self) -> dict[str, Any]:
         request = self.request
@@ -738,6 +749,7 @@ class _Waiting:
             # When its server last renewed it (tried it): a registration not renewed for the
             # line's ttl expires.
             "renewed": self.renewed,
+            "borrowing": self.borrowing,
         }
 
 
@@ -768,7 +780,8 @@ class BrokerLine:
                         _never,
                         since=float(item["since"]),
                     )
-                    self._waiting[request.kernel_id] = _Waiting(str(item["owner"]), request, now)
+                    borrowing = item.get("borrowing") is True
+                    self._waiting[request.kernel_id] = _Waiting(str(item["owner"]), request, now, borrowing)
 
     def waiting(self) -> list[dict[str, Any]]:
         """Every registration, oldest first."""
@@ -777,10 +790,19 @@ class BrokerLine:
             return [entry.record() for entry in self._ordered()]
 
     def register(
-        self, owner: str, kernel_id: str, kind: str, memory: int, sm_share: int, device: str | None, since: float
+        self,
+        owner: str,
+        kernel_id: str,
+        kind: str,
+        memory: int,
+        sm_share: int,
+        device: str | None,
+        since: float,
+        borrowing: bool = False,
     ) -> dict[str, Any]:
         """Register a waiting request, or renew it: its place is the earliest time it was said to
-        have first asked (never later than now). Raises PermissionError for another owner's."""
+        have first asked (never later than now); ``borrowing`` where it would take its owner past
+        their guarantee. Raises PermissionError for another owner's."""
         with self._lock:
             now = self.clock()
             entry = self._waiting.get(kernel_id)
@@ -788,8 +810,9 @@ class BrokerLine:
                 raise PermissionError(f"kernel {kernel_id!r} waits in line for another user")
             since = min(since, now if entry is None else entry.request.since)
             request = Request(kernel_id, kind, memory, sm_share, device, _never, since=since)
-            changed = entry is None or entry.record() | {"renewed": now} != _Waiting(owner, request, now).record()
-            self._waiting[kernel_id] = _Waiting(owner, request, now)
+            waiting = _Waiting(owner, request, now, borrowing)
+            changed = entry is None or entry.record() | {"renewed": now} != waiting.record()
+            self._waiting[kernel_id] = waiting
             if changed:
                 self._save()
             return self._waiting[kernel_id].record()
@@ -804,10 +827,13 @@ class BrokerLine:
             self._save()
             return True
 
-    def ahead(self, kernel_id: str, memory: int, sm_share: int, device: str | None) -> list[Request]:
+    def ahead(
+        self, kernel_id: str, memory: int, sm_share: int, device: str | None, borrowing: bool = False
+    ) -> list[Request]:
         """The older requests that a request of this size on ``device`` (None: any) would delay
         (empty where it may go: none is there, or it is smaller than each, line.py's backfill).
-        Its own registration, if any, gives its place; else it is a newcomer, behind everyone."""
+        Its own registration, if any, gives its place; else it is a newcomer, behind everyone. A
+        request within its owner's guarantee (not ``borrowing``) waits behind none that borrows."""
         with self._lock:
             self._expire()
             own = self._waiting.get(kernel_id)
@@ -818,6 +844,7 @@ class BrokerLine:
                 for entry in self._ordered()
                 if entry.request.kernel_id != kernel_id
                 and entry.request.since < since
+                and (borrowing or not entry.borrowing)
                 and entry.request.covers(request)
             ]
             return [] if may_go_before(request, ahead) else ahead
@@ -994,17 +1021,21 @@ class LedgerHandler(web.RequestHandler):
         # tornado has already decoded the path segment (and refused one that is not UTF-8).
         return _kernel_id("the kernel id", segment)
 
-    async def in_turn(self, kernel_id: str, memory: int, sm_share: int, device: int | str | None) -> None:
+    async def in_turn(
+        self, kernel_id: str, memory: int, sm_share: int, device: int | str | None, budget: OwnerBudget | None
+    ) -> None:
         """Refuse (409, resource ``line``) a start, resume or growth that older requests of the
-        node's line wait ahead of; nothing where the service keeps no line."""
+        node's line wait ahead of (none that borrows, for one within its owner's ``budget``'s
+        guarantee); nothing where the service keeps no line."""
         if self.line is None:
             return
+        borrowing = await self.borrowing(memory, sm_share, budget)
         chosen = None
         if device is not None:
             with contextlib.suppress(ValueError):  # a device that is not there: the ledger says so
                 chosen = select_device(await self.decide(lambda: self.ledger.devices), device)
         uuid = None if chosen is None else chosen.uuid
-        ahead = await self.decide(self.line.ahead, kernel_id, memory, sm_share, uuid)
+        ahead = await self.decide(self.line.ahead, kernel_id, memory, sm_share, uuid, borrowing)
         if not ahead:
             return
         where = "any GPU" if chosen is None else f"GPU {chosen.index}"
@@ -1018,6 +1049,13 @@ class LedgerHandler(web.RequestHandler):
             requested=memory,
             available=0,
         )
+
+    async def borrowing(self, memory: int, sm_share: int, budget: OwnerBudget | None) -> bool:
+        """Whether ``memory`` and ``sm_share`` more would take the caller past ``budget``'s guarantee."""
+        if not guarantees(budget):
+            return False
+        allocations = await self.decide(self.ledger.allocations)
+        return past_guarantee(budget, allocations, self.caller.name, memory, sm_share)
 
     def served(self, kernel_id: str) -> None:
         """The kernel's request was granted: it no longer waits."""
@@ -1048,9 +1086,9 @@ class AllocationsHandler(LedgerHandler):
             limits = SliceLimits(body["memory_limit"], body["sm_share"], body["policy"])
         except SliceValueError as error:
             raise Refusal(400, str(error), "SliceValueError") from None
-        await self.in_turn(body["kernel_id"], limits.memory_limit, limits.sm_share, body["device"])
         owner = self.caller.name or body["owner"]
         budget = await self.own_budget()
+        await self.in_turn(body["kernel_id"], limits.memory_limit, limits.sm_share, body["device"], budget)
         admission = Admission(
             body["kernel_id"], limits, owner, body["device"], body["metadata"], body["holder"], budget
         )
@@ -1076,9 +1114,9 @@ class SliceHandler(LedgerHandler):
             max(0, (body["memory_limit"] or current.memory_limit) - current.memory_limit),
             max(0, (body["sm_share"] or current.sm_share) - current.sm_share),
         )
-        if any(grows) and not current.suspended:
-            await self.in_turn(kernel_id, *grows, current.device_uuid)
         budget = await self.own_budget(current)
+        if any(grows) and not current.suspended:
+            await self.in_turn(kernel_id, *grows, current.device_uuid, budget)
         resized = await self.decide(self.ledger.resize, kernel_id, **body, budget=budget)
         self.served(kernel_id)
         self.reply(asdict(resized))
@@ -1142,9 +1180,9 @@ class ResumeHandler(LedgerHandler):
     async def post(self, kernel_id: str) -> None:
         kernel_id = self.kernel_id(kernel_id)
         allocation = await self.owned(kernel_id)
-        if allocation.suspended:
-            await self.in_turn(kernel_id, allocation.memory_limit, allocation.sm_share, allocation.device_uuid)
         budget = await self.own_budget(allocation)
+        if allocation.suspended:
+            await self.in_turn(kernel_id, allocation.memory_limit, allocation.sm_share, allocation.device_uuid, budget)
         try:
             resumed = await self.decide(self.lending.resume_within, self.ledger, kernel_id, budget)
         except Refusal as refusal:
@@ -1192,6 +1230,7 @@ class LineEntryHandler(LineHandler):
         for name in ("memory", "sm_share"):
             if body[name] < 0:
                 raise _bad(f"{name} must be zero or more, not {body[name]}")
+        borrowing = await self.borrowing(body["memory"], body["sm_share"], await self.own_budget())
         try:
             record = line.register(
                 self.caller.name,
@@ -1201,6 +1240,7 @@ class LineEntryHandler(LineHandler):
                 body["sm_share"],
                 body["device"],
                 body["since"],
+                borrowing,
             )
         except PermissionError as error:
             raise Refusal(403, str(error), "NotYourSlice") from None

@@ -20,7 +20,7 @@ from jupyter_vgpu.ledger import (
     OwnerBudget,
 )
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import Caller, Lending, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import BrokerLine, Caller, Lending, Refusal, ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30
@@ -193,6 +193,40 @@ def test_where_nothing_can_be_taken_back_the_room_that_frees_next_is_held_for_a_
         assert clients["dave"].admit("dave-1", FOUR).metadata.get(BORROWING_KEY) is None
     finally:
         for client in clients.values():
+            client.close()
+        server.stop()
+        ledger.close()
+
+
+def test_in_the_nodes_line_a_request_within_its_guarantee_waits_behind_no_borrower(service_loop, ledger_path, gpu):
+    """Bob's borrowing start asked first and waits in the node's line; alice's start within her
+    guarantee, asked later, is not held behind it (it gets the room bob waits for), while carol's
+    later borrowing start is."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    server = service_loop.serve(
+        ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=Lending(make_room=True), line=BrokerLine())
+    )
+    clients = {
+        name: RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("bob", "carol", "dave")
+    }
+    alice = RemoteLedger(server.url + PREFIX, "alice-token", timeout=30)
+    bob, carol, dave = clients["bob"], clients["carol"], clients["dave"]
+    try:
+        bob.admit("b1", FOUR)  # within his guarantee
+        carol.admit("c1", FOUR)
+        dave.admit("d1", FOUR)  # the GPU is full
+        size = {"kind": "start", "memory": FOUR.memory_limit, "sm_share": FOUR.sm_share, "device_uuid": None}
+        bob.wait_in_line("b2", **size, since=1.0)  # past his guarantee: borrowing
+        carol.wait_in_line("c2", **size, since=2.0)  # past hers too
+        alice.wait_in_line("a1", **size, since=3.0)  # within hers
+        dave.release("d1")  # room for one
+
+        with pytest.raises(CapacityError, match="asked earlier") as held:
+            carol.admit("c2", FOUR)  # a borrower behind an older borrower
+        assert held.value.resource == "line"
+        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
+    finally:
+        for client in (*clients.values(), alice):
             client.close()
         server.stop()
         ledger.close()
