@@ -471,9 +471,10 @@ class SliceManager(LoggingConfigurable):
                 if len(usages) == 1
                 else (f"the largest GPU here, GPU {largest.device.index}, has")
             )
+            most = format_size(largest.memory_capacity)
             raise SliceRefused(
-                f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {format_size(limits.memory_limit)} "
-                f"is more than {where}: {format_size(largest.memory_capacity)}. Ask for less.",
+                f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {where} {most} in all. "
+                f"Ask for {most} or less.",
                 kind="capacity",
             )
 

@@ -22,7 +22,7 @@ export function isStartRefusal(message: string): boolean {
 }
 
 /**
- * What to do in JupyterLab about a refused start, or '': the server says "Ask for less" to a
+ * What to do in JupyterLab about a refused start, or '': the server says "Ask for 16GiB or less" to a
  * slice larger than any GPU, but a launcher card or the kernel picker starts the kernelspec's
  * size, which the user cannot change there.
  */

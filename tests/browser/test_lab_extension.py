@@ -192,7 +192,7 @@ def test_status_bar_has_no_gpu_item_for_a_kernel_without_a_slice(lab, drive):
     lab.run_in_kernel(session["kernel"]["id"])
 
 
-# What the lab adds under a refusal of a slice larger than any GPU: the server says "Ask for less",
+# What the lab adds under a refusal of a slice larger than any GPU: the server says "Ask for 8GiB or less",
 # which a launcher card (the kernelspec's size) cannot.
 SMALLER_SLICE_HINT = (
     'To start a notebook with a smaller slice: "New notebook on a GPU slice..." in the Launcher or the command palette.'
@@ -214,8 +214,8 @@ def test_a_notebook_that_can_never_fit_says_why_in_a_readable_dialog_and_the_ser
     problems = [
         problem
         for problem, found in [
-            ("it does not say what the device has (8GiB)", "more than GPU 0 has: 8GiB" not in message),
-            ("it does not say what to do (ask for less)", "Ask for less" not in message),
+            ("it does not say what the device has (8GiB)", "GPU 0 has 8GiB in all" not in message),
+            ("it does not say what to do (ask for 8GiB or less)", "Ask for 8GiB or less" not in message),
             ("it doubles '%'", "%%" in message),
             (f"it does not say how to ask for less here: {seen['hints']}", seen["hints"] != [SMALLER_SLICE_HINT]),
             (f"it reads as a log, in {seen['font']}", "mono" in seen["font"].lower()),

@@ -127,8 +127,8 @@ async def test_a_kernel_that_can_never_fit_is_refused_at_once_saying_why(jp_fetc
     assert code == 409
     # Short enough for JupyterLab's dialog: what the largest device has, and what to do.
     assert message == (
-        "Kernel not started. Its 20GiB GPU slice can never fit: 20GiB is more than the largest GPU here, GPU 1, "
-        "has: 16GiB. Ask for less."
+        "Kernel not started. Its 20GiB GPU slice can never fit: the largest GPU here, GPU 1, has 16GiB in all. "
+        "Ask for 16GiB or less."
     )
     assert await fetch_json(jp_fetch, "api", "vgpu", "slices") == []
 

@@ -137,7 +137,7 @@ def test_starts_waiting_in_line_leave_nothing_behind_and_the_server_stops_at_onc
         never = server.refusal("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "17GiB"})
         assert never == (
             409,
-            "Kernel not started. Its 17GiB GPU slice can never fit: 17GiB is more than GPU 0 has: 16GiB. Ask for less.",
+            "Kernel not started. Its 17GiB GPU slice can never fit: GPU 0 has 16GiB in all. Ask for 16GiB or less.",
         )
         assert len(server.api("GET", "api/kernels")) == 3 and len(server.api("GET", "api/vgpu/slices")) == 3
     finally:
