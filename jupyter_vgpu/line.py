@@ -78,7 +78,7 @@ def may_go_before(request: Request, ahead: list[Request]) -> bool:
 @dataclass(frozen=True)
 class Place:
     """Where a request stands: ``position`` 1 is next; ``eta_seconds`` None where the server
-    cannot tell (it waits for kernels running cells, whose end nobody knows)."""
+    cannot tell (it, or one ahead of it, waits for kernels running cells, whose end nobody knows)."""
 
     position: int
     eta_seconds: float | None
@@ -109,6 +109,9 @@ class Line:
         self.left = left
         self.log = log or logging.getLogger(__name__)
         self.retry_interval = retry_interval
+        # Seconds until room comes for a request were it first on its device, None where nobody
+        # can tell (the server's timers and measured suspends: server/suspend.py); unset, no estimates.
+        self.estimate: Callable[[Request], float | None] | None = None
         self._requests: dict[str, Request] = {}
         self._places: dict[str, Place] = {}
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
@@ -278,8 +281,27 @@ class Line:
             self._places.pop(request.kernel_id, None)
 
     def _place_of(self, request: Request) -> Place:
-        ahead = sum(1 for other in self.requests() if other.since < request.since and other.covers(request))
-        return Place(ahead + 1, None, request.waiting_for)
+        ahead = [other for other in self.requests() if other.since < request.since and other.covers(request)]
+        return Place(len(ahead) + 1, self._eta(ahead + [request]), request.waiting_for)
+
+    def _eta(self, requests: list[Request]) -> float | None:
+        """The seconds until the last of ``requests`` (those ahead, then the one asking) is served:
+        each waits for its own room after those ahead got theirs, so their estimates add up; one
+        that nobody can estimate leaves the whole wait unknown."""
+        if self.estimate is None:
+            return None
+        total = 0.0
+        for request in requests:
+            try:
+                seconds = self.estimate(request)
+            except Exception as error:  # noqa: BLE001 - a place without an estimate is still true
+                self.log.debug("jupyter_vgpu: no estimate for kernel %s: %s", request.kernel_id, error)
+                return None
+            if seconds is None:
+                return None
+            total += seconds
+        # Whole seconds: views say "about 40 s", and a place republished at every pass only where it moved.
+        return float(round(total))
 
     def _publish(self) -> None:
         for request in self.requests():

@@ -515,6 +515,7 @@ class VGPUApp(ExtensionApp):
         # used the GPU, then suspends idle kernels (losslessly), whatever the idle timers say.
         manager.room_maker = suspended.make_room
         manager.line.published = suspended.show_place
+        manager.line.estimate = suspended.estimate
         if self.broker_url:
             # The broker picks whose idle kernels make room across users; this server suspends its own.
             self._room_for_others = RoomForOthers(suspended)
@@ -539,6 +540,7 @@ class VGPUApp(ExtensionApp):
             log=self.log,
         )
         self.settings[IDLE_SETTING] = idle
+        suspended.stop_deadline = idle.stop_deadline
         if not idle.enabled:
             return
         if self.idle_lower_after and self.idle_cull_after and self.idle_cull_after <= self.idle_lower_after:

@@ -128,6 +128,18 @@ class IdleKernels:
         while self._culled and (len(self._culled) > self.max_notices or next(iter(self._culled.values()))[0] < oldest):
             self._culled.popitem(last=False)
 
+    def stop_deadline(self, allocation: Allocation) -> float | None:
+        """When (epoch seconds) the idle timer stops the kernel of a running slice, as
+        :meth:`check` decides it; None where no timer will (no ``cull_after``, a cell runs, or
+        the server does not know the kernel's activity)."""
+        if not self.cull_after or allocation.kernel_id not in self.kernels:
+            return None
+        kernel = self.kernels.get_kernel(allocation.kernel_id)
+        last_activity = getattr(kernel, "last_activity", None)
+        if getattr(kernel, "execution_state", "") in ("busy", "restarting", "dead") or last_activity is None:
+            return None
+        return max(last_activity.timestamp(), woken_at(allocation)) + self.cull_after
+
     # -- the policy --------------------------------------------------------------------------
 
     async def check(self, allocations: list[Allocation] | None = None) -> None:

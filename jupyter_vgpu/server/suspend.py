@@ -22,12 +22,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_vgpu.client import slice_name
 from jupyter_vgpu.holders.checkpoint import CheckpointError
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.ledger import (
+    SUSPEND_TIMINGS_KEY,
     SUSPENDED_KEY,
     Allocation,
     CapacityError,
@@ -82,6 +84,11 @@ class SuspendedKernels:
         # What was last logged of each kernel, by topic: a wait retried at every pass of the line
         # (several a second) logs at INFO only when what it says changes, at DEBUG otherwise.
         self._said: dict[tuple[str, str], str] = {}
+        # Seconds the last suspend of this server took per byte it moved to host memory (None
+        # until one moved something): what a wait for room made by suspending is estimated by.
+        self.suspend_seconds_per_byte: float | None = None
+        # When the idle policy stops a running kernel (IdleKernels.stop_deadline), where it has one.
+        self.stop_deadline: Callable[[Allocation], float | None] | None = None
 
     # -- resume on demand ----------------------------------------------------------------------
 
@@ -261,6 +268,7 @@ class SuspendedKernels:
             self._say(candidate.kernel_id, "room", f"not suspended to make room: {why}")
             return None
         self._forget_said(candidate.kernel_id)
+        self._measured(suspended)
         self._notice(suspended, notice or suspended_notice(f"suspended to make room for {for_whom}", suspended))
         return suspended
 
@@ -285,6 +293,52 @@ class SuspendedKernels:
             holds = self.slices.status(candidate).usage.memory_used > 0
             idle.append(((holds, active_at), candidate))
         return [candidate for _, candidate in sorted(idle, key=lambda pair: pair[0])]
+
+    def estimate(self, request: Request) -> float | None:
+        """Seconds until the room ``request`` lacks on its device is made, were it first in line
+        there (the line's ``estimate``), from what this server knows: an idle kernel the room
+        maker suspends takes the measured suspend time for what it holds; one the idle timer
+        stops, the timer's remaining seconds. None where that room is held by kernels running
+        cells (or anything else whose end nobody knows), or where no suspend was measured yet."""
+        short = request.short
+        if (
+            not isinstance(short, CapacityError)
+            or short.resource not in ("memory", "sm_share")
+            or not request.device_uuid
+        ):
+            return None
+        missing = short.requested - short.available
+        now = time.time()
+        freed_at: list[tuple[float, int]] = []
+        for holder in self.slices.ledger.allocations():
+            if holder.kernel_id == request.kernel_id or holder.suspended or holder.device_uuid != request.device_uuid:
+                continue
+            seconds = self._seconds_until_freed(holder, now)
+            if seconds is not None:
+                freed_at.append((seconds, holder.memory_limit if short.resource == "memory" else holder.sm_share))
+        freed = 0
+        for seconds, room in sorted(freed_at):
+            freed += room
+            if freed >= missing:
+                return seconds
+        return None
+
+    def _seconds_until_freed(self, holder: Allocation, now: float) -> float | None:
+        kernel_id = holder.kernel_id
+        # An idle kernel of ours: the room maker suspends it at the next pass, unless its last
+        # try was refused (its GPU work did not drain in time: then only its timer frees it).
+        rate = self.suspend_seconds_per_byte
+        idle = holder.holder == "local" and kernel_id in self.kernels and not self._busy(kernel_id)
+        if idle and rate is not None and (kernel_id, "room") not in self._said:
+            return rate * self.slices.status(holder).usage.memory_used
+        deadline = self.stop_deadline(holder) if self.stop_deadline is not None else None
+        return None if deadline is None else max(0.0, deadline - now)
+
+    def _measured(self, suspended: Allocation) -> None:
+        timings = suspended.metadata.get(SUSPEND_TIMINGS_KEY)
+        seconds = timings.get("suspend") if isinstance(timings, dict) else None
+        if isinstance(seconds, (int, float)) and suspended.host_memory > 0:
+            self.suspend_seconds_per_byte = float(seconds) / suspended.host_memory
 
     def _busy(self, kernel_id: str) -> bool:
         return getattr(self.kernels.get_kernel(kernel_id), "execution_state", "") == "busy"
@@ -317,6 +371,7 @@ class SuspendedKernels:
             self._say(kernel_id, "idle", f"not suspended when idle this time: {busy}")
             return False  # tried again at the next tick
         self._forget_said(kernel_id)
+        self._measured(suspended)
         notice = suspended_notice(f"suspended after {format_duration(self.suspend_after)} idle", suspended)
         self._notice(suspended, notice)
         self.log.info("jupyter_vgpu: kernel %s %s", kernel_id, notice)
