@@ -13,6 +13,14 @@ import pytest
 from test_idle_policy import eventually
 from test_suspend import LARGE, refusal, running_a_long_cell, slice_of, start_sliced
 
+from jupyter_vgpu.client import describe_queue
+from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, CapacityError
+from jupyter_vgpu.line import Request
+from jupyter_vgpu.provisioning.base import MANAGER_SETTING
+from jupyter_vgpu.server.suspend import SUSPEND_SETTING
+
+GIB = 1 << 30
+
 CULL_AFTER = 120.0
 
 
@@ -57,6 +65,8 @@ async def test_a_start_waiting_for_a_kernel_the_idle_timer_stops_is_told_the_tim
     # Whole seconds: the timer's remaining seconds when the server answered, rounded.
     assert queue["eta_seconds"] is not None
     assert round(after) <= queue["eta_seconds"] <= round(before)
+    # Every view words it the same way (the lab's describe.ts has its own cases).
+    assert describe_queue(model).endswith(" · about 2 min · waiting for 4GiB more GPU memory (4GiB free)")
 
     # A second start behind it waits for the same timer, then for the first: its estimate adds up.
     behind = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
@@ -88,3 +98,46 @@ async def test_a_start_waiting_for_a_kernel_running_a_cell_has_no_estimate(
 
 async def _queue_of(jp_fetch, kernel_id: str):
     return (await slice_of(jp_fetch, kernel_id))["queue"]
+
+
+async def test_room_made_by_suspending_an_idle_kernel_is_estimated_by_this_servers_measured_suspends(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    settings = jp_serverapp.web_app.settings
+    suspended, slices = settings[SUSPEND_SETTING], settings[MANAGER_SETTING]
+    # Nothing measured yet: no estimate, rather than a guessed rate.
+    assert suspended.suspend_seconds_per_byte is None
+    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(busy, cuda_prelude + "print(allocate(8 << 30))")).strip() == "0"
+    cell = await running_a_long_cell(jp_serverapp, busy)
+    waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
+    # Its cell ends: the room maker suspends it for the start, and times the suspend.
+    await jp_fetch("api", "kernels", busy, "interrupt", method="POST", body="")
+    await eventually(lambda: _state_is(jp_fetch, busy, "suspended"), 60, "the busy kernel suspended")
+    timings = slices.get(busy).metadata[SUSPEND_TIMINGS_KEY]
+    assert suspended.suspend_seconds_per_byte == timings["suspend"] / (8 * GIB)
+
+    # The started kernel holds 2 GiB, idle: were a request to want its room, the room maker
+    # would suspend it, in the time this server's last suspend took per byte.
+    await eventually(lambda: _state_is(jp_fetch, waiting, "unused"), 60, "the waiting kernel started")
+    await jp_serverapp.kernel_manager.get_kernel(waiting).ready
+    assert (await run_in_kernel(waiting, cuda_prelude + "print(allocate(2 << 30))")).strip() == "0"
+    kernel = jp_serverapp.kernel_manager.get_kernel(waiting)
+    await eventually(lambda: _idle(kernel), 30, "the kernel idle after its cell")
+    device = slices.get(waiting).device_uuid
+    short = CapacityError("no room", resource="memory", requested=10 * GIB, available=8 * GIB)
+    request = Request("someone", "start", 10 * GIB, 10, device, _never, short=short)
+    assert suspended.estimate(request) == suspended.suspend_seconds_per_byte * 2 * GIB
+    cell.cancel()
+
+
+async def _idle(kernel) -> bool:
+    return kernel.execution_state == "idle"
+
+
+async def _never() -> bool:
+    return False
+
+
+async def _state_is(jp_fetch, kernel_id: str, state: str) -> bool:
+    return (await slice_of(jp_fetch, kernel_id))["state"] == state
