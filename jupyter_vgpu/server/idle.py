@@ -138,7 +138,7 @@ class IdleKernels:
         last_activity = getattr(kernel, "last_activity", None)
         if getattr(kernel, "execution_state", "") in ("busy", "restarting", "dead") or last_activity is None:
             return None
-        return max(last_activity.timestamp(), woken_at(allocation)) + self.cull_after
+        return float(max(last_activity.timestamp(), woken_at(allocation))) + self.cull_after
 
     # -- the policy --------------------------------------------------------------------------
 
