@@ -121,6 +121,7 @@ from jupyter_vgpu.ledger import (  # noqa: E402
     LedgerError,
     NotSupported,
 )
+from jupyter_vgpu.ledger.base import ROOM_FOR_KEY  # noqa: E402
 from jupyter_vgpu.ledger.remote import RemoteLedger  # noqa: E402
 from jupyter_vgpu.manager import SliceManager, SliceRefused  # noqa: E402
 from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError  # noqa: E402
@@ -532,6 +533,7 @@ class ModeResult:
     reserved: float = 0.0  # sum over minutes of GiB reserved by running (not suspended or lent) slices
     in_use: float = 0.0  # ... by running slices whose kernels have used the GPU
     host_peak: int = 0
+    host_over_cap_peak: int = 0  # how far past the cap host memory went (the swap), at most
     capacity: int = 0
     problems: list[str] = field(default_factory=list)
     requests: int = 0
@@ -567,6 +569,9 @@ class ClassRun:
         self.people: list[Student] = []
         self.by_kernel: dict[str, Student] = {}
         self.pass_number = 0  # the fair pool's watcher pass within the minute
+        # Suspended kernels whose resume a suspend was paired with (the swap at the host cap): while
+        # one is suspended, host memory may exceed the cap by as much as it holds.
+        self.paired: set[str] = set()
 
     def run(self) -> ModeResult:
         began = time.perf_counter()
@@ -695,8 +700,12 @@ class ClassRun:
         )
         in_host = sum(a.host_memory for a in allocations)
         result.host_peak = max(result.host_peak, in_host)
+        swap = max((a.host_memory for a in allocations if a.suspended and a.kernel_id in self.paired), default=0)
+        result.host_over_cap_peak = max(result.host_over_cap_peak, in_host - self.cap) if self.cap else 0
         problems = check_capacity(self.broker, self.state.sizes) + (
-            [f"host memory {in_host} over the cap {self.cap}"] if self.cap and in_host > self.cap else []
+            [f"host memory {in_host} over the cap {self.cap} plus the paired resume's {swap}"]
+            if self.cap and in_host > self.cap + swap
+            else []
         )
         result.problems.extend(f"minute {now}: {problem}" for problem in problems)
         if self.args.trace and now % self.args.trace == self.args.trace - 1:
@@ -764,7 +773,10 @@ class RefusingClass(ClassRun):
                 or student.reported != (student.kernel, False, student.last_active)
             ):
                 continue
-            if student.client.get(student.kernel).metadata.get(SUSPEND_REQUESTED_KEY) and self.suspend(student):
+            request = student.client.get(student.kernel).metadata.get(SUSPEND_REQUESTED_KEY)
+            if request and self.suspend(student):
+                if isinstance(request, dict) and isinstance(request.get(ROOM_FOR_KEY), str):
+                    self.paired.add(request[ROOM_FOR_KEY])
                 made = True
         return made
 
@@ -1206,6 +1218,7 @@ def class_comparison(args: argparse.Namespace) -> bool:
         ("kernels stopped (of them had run a cell)", lambda r: f"{r.culled} ({r.culled_with_state})"),
         ("suspended / lent / resumed", lambda r: f"{r.suspends} / {r.lent} / {r.resumes}"),
         ("host memory peak", lambda r: f"{r.host_peak / GIB:.0f} GiB"),
+        ("host memory past the cap, peak", lambda r: f"{max(0, r.host_over_cap_peak) / GIB:.0f} GiB"),
         ("kernels held, peak", lambda r: f"{r.held_peak}"),
         (
             "over capacity in any minute?",
