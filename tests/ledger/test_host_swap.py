@@ -3,7 +3,8 @@ suspended kernel whose cell wants to run gets room by an idle kernel's suspend, 
 the cap by at most the host memory that resume gives back (the two together add nothing once the
 resume is done). The broker pairs them explicitly: its suspend request names the resumer, and the
 allowance lasts only while the resumer is suspended and the request has not timed out; a suspend
-nobody paired is refused at the cap as before. Real handlers, real HTTP on 127.0.0.1, a real
+nobody paired is refused at the cap as before. Borrowed room taken back for a resume within its
+owner's guarantee is paired the same way. Real handlers, real HTTP on 127.0.0.1, a real
 EmbeddedLedger, a served Lending as the broker's."""
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import pytest
 from jupyter_vgpu.ledger import (
     SUSPEND_REQUEST_TIMEOUT_S,
     SUSPEND_REQUESTED_KEY,
+    TAKE_BACK_KEY,
     CapacityError,
     EmbeddedLedger,
     NotSupported,
+    OwnerBudget,
 )
 from jupyter_vgpu.ledger.base import ROOM_FOR_KEY
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import Lending, ledger_handlers
+from jupyter_vgpu.ledger.service import Caller, Lending, Refusal, ledger_handlers
 from jupyter_vgpu.model import SliceLimits
 
 GIB = 1 << 30
@@ -136,3 +139,47 @@ def test_the_allowance_ends_when_the_resumer_is_stopped(broker):
         client.suspend("idle", host_memory=7 * GIB)  # 2 + 7 > 8: the pairing allows nothing more
     assert client.suspend("idle", host_memory=6 * GIB).suspended
     assert in_host(ledger) == CAP
+
+
+# Guaranteed 4 GiB and 20 %, up to 12 GiB and 60 % where nobody within a guarantee needs it.
+SIZE = OwnerBudget(memory=12 * GIB, sm_share=60, label="the size", guaranteed_memory=4 * GIB, guaranteed_sm_share=20)
+
+
+class ClassroomGate:
+    """Each token is its user's; everyone has SIZE."""
+
+    async def caller(self, request, credential: str) -> Caller:
+        if not credential.endswith("-token"):
+            raise Refusal(403, "not a token of this test", "Forbidden")
+        return Caller(credential.removesuffix("-token"))
+
+    async def budget(self, caller: Caller) -> OwnerBudget | None:
+        return SIZE
+
+
+def test_borrowed_room_is_taken_back_for_a_resume_at_the_cap(service_loop, ledger_path, gpu):
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    lending = Lending(make_room=True, host_memory_cap=4 * GIB, clock=lambda: 1_000.0)
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=lending))
+    alice, bob = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob"))
+    try:
+        four = SliceLimits(4 * GIB, 10, "burst")
+        alice.admit("a1", four)
+        alice.suspend("a1", host_memory=4 * GIB)  # the cap is full
+        for kernel_id in ("b1", "b2", "b3"):  # b2 and b3 borrow the room a1 lends
+            bob.admit(kernel_id, four)
+            bob.update_metadata(kernel_id, activity={"busy": True, "last_activity": 1_000.0, "uses_gpu": True})
+        with pytest.raises(CapacityError, match="being taken back"):
+            alice.resume("a1")  # within alice's guarantee
+        request = bob.get("b3").metadata[SUSPEND_REQUESTED_KEY]
+        assert request[TAKE_BACK_KEY] is True and request[ROOM_FOR_KEY] == "a1"
+        # The borrower's suspend goes past the cap by the 4 GiB a1's resume gives back, not more.
+        assert bob.suspend("b3", host_memory=4 * GIB).suspended
+        assert in_host(ledger) == 8 * GIB
+        assert not alice.resume("a1").suspended
+        assert in_host(ledger) == 4 * GIB
+    finally:
+        alice.close()
+        bob.close()
+        server.stop()
+        ledger.close()
