@@ -699,17 +699,23 @@ class ClassRun:
             / GIB
         )
         in_host = sum(a.host_memory for a in allocations)
-        result.host_peak = max(result.host_peak, in_host)
-        swap = max((a.host_memory for a in allocations if a.suspended and a.kernel_id in self.paired), default=0)
-        result.host_over_cap_peak = max(result.host_over_cap_peak, in_host - self.cap) if self.cap else 0
-        problems = check_capacity(self.broker, self.state.sizes) + (
-            [f"host memory {in_host} over the cap {self.cap} plus the paired resume's {swap}"]
-            if self.cap and in_host > self.cap + swap
-            else []
-        )
+        problems = check_capacity(self.broker, self.state.sizes) + self.check_host(allocations)
         result.problems.extend(f"minute {now}: {problem}" for problem in problems)
         if self.args.trace and now % self.args.trace == self.args.trace - 1:
             self.trace(now, allocations, in_host)
+
+    def check_host(self, allocations: list[Allocation]) -> list[str]:
+        """Host memory against the cap plus what a paired resume gives back (the swap), read at
+        each minute and after each suspend, when it is highest; records the peaks."""
+        in_host = sum(a.host_memory for a in allocations)
+        self.result.host_peak = max(self.result.host_peak, in_host)
+        if not self.cap:
+            return []
+        self.result.host_over_cap_peak = max(self.result.host_over_cap_peak, in_host - self.cap)
+        swap = max((a.host_memory for a in allocations if a.suspended and a.kernel_id in self.paired), default=0)
+        if in_host <= self.cap + swap:
+            return []
+        return [f"host memory {in_host} over the cap {self.cap} plus the paired resume's {swap}"]
 
     def trace(self, now: int, allocations: list[Allocation], in_host: int) -> None:
         """One line of what the GPUs and the host memory hold at the end of minute ``now`` (--trace)."""
@@ -777,6 +783,8 @@ class RefusingClass(ClassRun):
             if request and self.suspend(student):
                 if isinstance(request, dict) and isinstance(request.get(ROOM_FOR_KEY), str):
                     self.paired.add(request[ROOM_FOR_KEY])
+                problems = self.check_host(self.broker.ledger.allocations())
+                self.result.problems.extend(f"after suspending {student.kernel}: {problem}" for problem in problems)
                 made = True
         return made
 
