@@ -534,6 +534,7 @@ class ModeResult:
     in_use: float = 0.0  # ... by running slices whose kernels have used the GPU
     host_peak: int = 0
     host_over_cap_peak: int = 0  # how far past the cap host memory went (the swap), at most
+    paired_suspends: int = 0  # suspends made for a named suspended kernel's resume
     capacity: int = 0
     problems: list[str] = field(default_factory=list)
     requests: int = 0
@@ -704,6 +705,16 @@ class ClassRun:
         if self.args.trace and now % self.args.trace == self.args.trace - 1:
             self.trace(now, allocations, in_host)
 
+    def suspended_one(self, was: Allocation) -> None:
+        """After a suspend (``was``: the slice before it, with the broker's request): the pairing
+        it carried out, and host memory checked where it peaks."""
+        request = was.metadata.get(SUSPEND_REQUESTED_KEY)
+        if isinstance(request, dict) and isinstance(request.get(ROOM_FOR_KEY), str):
+            self.paired.add(request[ROOM_FOR_KEY])
+            self.result.paired_suspends += 1
+        problems = self.check_host(self.broker.ledger.allocations())
+        self.result.problems.extend(f"after suspending {was.kernel_id}: {problem}" for problem in problems)
+
     def check_host(self, allocations: list[Allocation]) -> list[str]:
         """Host memory against the cap plus what a paired resume gives back (the swap), read at
         each minute and after each suspend, when it is highest; records the peaks."""
@@ -779,12 +790,9 @@ class RefusingClass(ClassRun):
                 or student.reported != (student.kernel, False, student.last_active)
             ):
                 continue
-            request = student.client.get(student.kernel).metadata.get(SUSPEND_REQUESTED_KEY)
-            if request and self.suspend(student):
-                if isinstance(request, dict) and isinstance(request.get(ROOM_FOR_KEY), str):
-                    self.paired.add(request[ROOM_FOR_KEY])
-                problems = self.check_host(self.broker.ledger.allocations())
-                self.result.problems.extend(f"after suspending {student.kernel}: {problem}" for problem in problems)
+            before = student.client.get(student.kernel)
+            if before.metadata.get(SUSPEND_REQUESTED_KEY) and self.suspend(student):
+                self.suspended_one(before)
                 made = True
         return made
 
@@ -933,9 +941,10 @@ class CountingSuspender(Suspender):
 
     lock = threading.Lock()
 
-    def __init__(self, result: ModeResult, *arguments, **keywords):
+    def __init__(self, result: ModeResult, *arguments, suspended_one: Callable[[Allocation], None], **keywords):
         super().__init__(*arguments, **keywords)
         self.result = result
+        self.suspended_one = suspended_one
 
     def suspend(self, allocation: Allocation, *, lock_timeout: float, release_wait: float = 0.0) -> Allocation:
         suspended = super().suspend(allocation, lock_timeout=lock_timeout, release_wait=release_wait)
@@ -945,6 +954,7 @@ class CountingSuspender(Suspender):
                     self.result.lent += 1
                 else:
                     self.result.suspends += 1
+                self.suspended_one(allocation)
         return suspended
 
     def resume(self, allocation: Allocation) -> Allocation:
@@ -976,7 +986,11 @@ class StudentServer:
         self.slices = SliceManager(student.client, [self.holder], NOTEBOOK, log=log)
         # SliceManager.suspender (a cached property) with the stand-in checkpoint.
         self.slices.__dict__["suspender"] = CountingSuspender(
-            run.result, student.client, self.holder, controller=StandInCheckpoints(self.holder, run.device_of)
+            run.result,
+            student.client,
+            self.holder,
+            controller=StandInCheckpoints(self.holder, run.device_of),
+            suspended_one=run.suspended_one,
         )
         # Waiting starts are served by the watcher's passes, as on a server whose retry timer
         # has not fired: one pass a WATCH_INTERVAL_S of the class's clock, not of the wall's.
@@ -1227,6 +1241,7 @@ def class_comparison(args: argparse.Namespace) -> bool:
         ("suspended / lent / resumed", lambda r: f"{r.suspends} / {r.lent} / {r.resumes}"),
         ("host memory peak", lambda r: f"{r.host_peak / GIB:.0f} GiB"),
         ("host memory past the cap, peak", lambda r: f"{max(0, r.host_over_cap_peak) / GIB:.0f} GiB"),
+        ("suspends paired with a resume (the swap)", lambda r: f"{r.paired_suspends}"),
         ("kernels held, peak", lambda r: f"{r.held_peak}"),
         (
             "over capacity in any minute?",
