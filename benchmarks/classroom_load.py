@@ -121,6 +121,7 @@ from jupyter_vgpu.ledger import (  # noqa: E402
     LedgerError,
     NotSupported,
 )
+from jupyter_vgpu.ledger.base import ROOM_FOR_KEY  # noqa: E402
 from jupyter_vgpu.ledger.remote import RemoteLedger  # noqa: E402
 from jupyter_vgpu.manager import SliceManager, SliceRefused  # noqa: E402
 from jupyter_vgpu.model import FULL_SHARE, SliceLimits, SliceValueError  # noqa: E402
@@ -532,6 +533,8 @@ class ModeResult:
     reserved: float = 0.0  # sum over minutes of GiB reserved by running (not suspended or lent) slices
     in_use: float = 0.0  # ... by running slices whose kernels have used the GPU
     host_peak: int = 0
+    host_over_cap_peak: int = 0  # how far past the cap host memory went (the swap), at most
+    paired_suspends: int = 0  # suspends made for a named suspended kernel's resume
     capacity: int = 0
     problems: list[str] = field(default_factory=list)
     requests: int = 0
@@ -567,6 +570,9 @@ class ClassRun:
         self.people: list[Student] = []
         self.by_kernel: dict[str, Student] = {}
         self.pass_number = 0  # the fair pool's watcher pass within the minute
+        # Suspended kernels whose resume a suspend was paired with (the swap at the host cap): while
+        # one is suspended, host memory may exceed the cap by as much as it holds.
+        self.paired: set[str] = set()
 
     def run(self) -> ModeResult:
         began = time.perf_counter()
@@ -694,13 +700,33 @@ class ClassRun:
             / GIB
         )
         in_host = sum(a.host_memory for a in allocations)
-        result.host_peak = max(result.host_peak, in_host)
-        problems = check_capacity(self.broker, self.state.sizes) + (
-            [f"host memory {in_host} over the cap {self.cap}"] if self.cap and in_host > self.cap else []
-        )
+        problems = check_capacity(self.broker, self.state.sizes) + self.check_host(allocations)
         result.problems.extend(f"minute {now}: {problem}" for problem in problems)
         if self.args.trace and now % self.args.trace == self.args.trace - 1:
             self.trace(now, allocations, in_host)
+
+    def suspended_one(self, was: Allocation) -> None:
+        """After a suspend (``was``: the slice before it, with the broker's request): the pairing
+        it carried out, and host memory checked where it peaks."""
+        request = was.metadata.get(SUSPEND_REQUESTED_KEY)
+        if isinstance(request, dict) and isinstance(request.get(ROOM_FOR_KEY), str):
+            self.paired.add(request[ROOM_FOR_KEY])
+            self.result.paired_suspends += 1
+        problems = self.check_host(self.broker.ledger.allocations())
+        self.result.problems.extend(f"after suspending {was.kernel_id}: {problem}" for problem in problems)
+
+    def check_host(self, allocations: list[Allocation]) -> list[str]:
+        """Host memory against the cap plus what a paired resume gives back (the swap), read at
+        each minute and after each suspend, when it is highest; records the peaks."""
+        in_host = sum(a.host_memory for a in allocations)
+        self.result.host_peak = max(self.result.host_peak, in_host)
+        if not self.cap:
+            return []
+        self.result.host_over_cap_peak = max(self.result.host_over_cap_peak, in_host - self.cap)
+        swap = max((a.host_memory for a in allocations if a.suspended and a.kernel_id in self.paired), default=0)
+        if in_host <= self.cap + swap:
+            return []
+        return [f"host memory {in_host} over the cap {self.cap} plus the paired resume's {swap}"]
 
     def trace(self, now: int, allocations: list[Allocation], in_host: int) -> None:
         """One line of what the GPUs and the host memory hold at the end of minute ``now`` (--trace)."""
@@ -764,7 +790,9 @@ class RefusingClass(ClassRun):
                 or student.reported != (student.kernel, False, student.last_active)
             ):
                 continue
-            if student.client.get(student.kernel).metadata.get(SUSPEND_REQUESTED_KEY) and self.suspend(student):
+            before = student.client.get(student.kernel)
+            if before.metadata.get(SUSPEND_REQUESTED_KEY) and self.suspend(student):
+                self.suspended_one(before)
                 made = True
         return made
 
@@ -913,9 +941,10 @@ class CountingSuspender(Suspender):
 
     lock = threading.Lock()
 
-    def __init__(self, result: ModeResult, *arguments, **keywords):
+    def __init__(self, result: ModeResult, *arguments, suspended_one: Callable[[Allocation], None], **keywords):
         super().__init__(*arguments, **keywords)
         self.result = result
+        self.suspended_one = suspended_one
 
     def suspend(self, allocation: Allocation, *, lock_timeout: float, release_wait: float = 0.0) -> Allocation:
         suspended = super().suspend(allocation, lock_timeout=lock_timeout, release_wait=release_wait)
@@ -925,6 +954,7 @@ class CountingSuspender(Suspender):
                     self.result.lent += 1
                 else:
                     self.result.suspends += 1
+                self.suspended_one(allocation)
         return suspended
 
     def resume(self, allocation: Allocation) -> Allocation:
@@ -956,7 +986,11 @@ class StudentServer:
         self.slices = SliceManager(student.client, [self.holder], NOTEBOOK, log=log)
         # SliceManager.suspender (a cached property) with the stand-in checkpoint.
         self.slices.__dict__["suspender"] = CountingSuspender(
-            run.result, student.client, self.holder, controller=StandInCheckpoints(self.holder, run.device_of)
+            run.result,
+            student.client,
+            self.holder,
+            controller=StandInCheckpoints(self.holder, run.device_of),
+            suspended_one=run.suspended_one,
         )
         # Waiting starts are served by the watcher's passes, as on a server whose retry timer
         # has not fired: one pass a WATCH_INTERVAL_S of the class's clock, not of the wall's.
@@ -1206,6 +1240,8 @@ def class_comparison(args: argparse.Namespace) -> bool:
         ("kernels stopped (of them had run a cell)", lambda r: f"{r.culled} ({r.culled_with_state})"),
         ("suspended / lent / resumed", lambda r: f"{r.suspends} / {r.lent} / {r.resumes}"),
         ("host memory peak", lambda r: f"{r.host_peak / GIB:.0f} GiB"),
+        ("host memory past the cap, peak", lambda r: f"{max(0, r.host_over_cap_peak) / GIB:.0f} GiB"),
+        ("suspends paired with a resume (the swap)", lambda r: f"{r.paired_suspends}"),
         ("kernels held, peak", lambda r: f"{r.held_peak}"),
         (
             "over capacity in any minute?",

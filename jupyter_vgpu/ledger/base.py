@@ -40,6 +40,11 @@ SUSPEND_REQUEST_TIMEOUT_S = 60.0
 # TAKE_BACK_KEY (True), and the kernel's server suspends it even while it runs a cell.
 BORROWING_KEY = "borrowing"
 TAKE_BACK_KEY = "take_back"
+# A suspend request made to make room for a suspended kernel's resume names that kernel under
+# ROOM_FOR_KEY: the swap. Its suspend may take the node's host memory past the broker's cap by at
+# most the resumer's host memory (which the resume gives back), while the resumer is still
+# suspended and the request has not timed out.
+ROOM_FOR_KEY = "for_kernel"
 
 
 class LedgerError(RuntimeError):

@@ -76,6 +76,7 @@ from tornado.ioloop import IOLoop
 from jupyter_vgpu.ledger.base import (
     ACTIVITY_KEY,
     BORROWING_KEY,
+    ROOM_FOR_KEY,
     SUSPEND_REQUEST_TIMEOUT_S,
     SUSPEND_REQUESTED_KEY,
     SUSPENDED_KEY,
@@ -324,6 +325,13 @@ def _requested_at(allocation: Allocation) -> float | None:
     return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
 
 
+def _room_for(allocation: Allocation) -> str | None:
+    """The suspended kernel whose resume the slice's suspend request makes room for (a swap), if any."""
+    request = allocation.metadata.get(SUSPEND_REQUESTED_KEY)
+    kernel = request.get(ROOM_FOR_KEY) if isinstance(request, dict) else None
+    return kernel if isinstance(kernel, str) else None
+
+
 def _idle_since(allocation: Allocation) -> float | None:
     """When the slice's kernel was last active, as its server reported it, where it runs no cell."""
     activity = allocation.metadata.get(ACTIVITY_KEY)
@@ -429,7 +437,9 @@ class Lending:
     ``still_held``: where given, a suspend is refused while NVML lists any process of the slice on
     a device (the user's server checkpoints its kernel's processes; the service does not lend on
     its word). ``host_memory_cap``: where given, the bytes all suspended slices of the ledger may
-    hold in host memory together; a suspend past it is refused. Without a Lending (the one-token
+    hold in host memory together; a suspend past it is refused, but for one the broker asked for to
+    make room for a suspended kernel's resume (a swap), which may go past it by that kernel's host
+    memory (see :meth:`suspend`). Without a Lending (the one-token
     service of trusted servers), a suspend is recorded as its client says."""
 
     still_held: StillHeld | None = None
@@ -473,12 +483,14 @@ class Lending:
                     )
             if self.host_memory_cap is not None:
                 in_host = sum(allocation.host_memory for allocation in ledger.allocations())
-                if in_host + host_memory > self.host_memory_cap:
+                swap = self._swap_allowance(ledger, current)
+                if in_host + host_memory > self.host_memory_cap + swap:
+                    paired = f" (plus {format_size(swap)} that the resume it makes room for gives back)" if swap else ""
                     raise NotLent(
                         f"kernel {kernel_id!r} is not suspended: suspended kernels of this node hold "
                         f"{format_size(in_host)} of host memory and may hold {format_size(self.host_memory_cap)} "
-                        f"together (idle.suspend_host_memory); its {format_size(host_memory)} would not fit, so "
-                        "it keeps running and is stopped when idle longer instead"
+                        f"together (idle.suspend_host_memory){paired}; its {format_size(host_memory)} would not "
+                        "fit, so it keeps running and is stopped when idle longer instead"
                     )
             suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
             if suspended.metadata.get(SUSPEND_REQUESTED_KEY) is not None:
@@ -486,6 +498,17 @@ class Lending:
             if self.on_change is not None:
                 self.on_change(suspended, True)
             return suspended
+
+    def _swap_allowance(self, ledger: Ledger, current: Allocation) -> int:
+        """The host memory a suspend may take past the cap: where the broker asked for it to make
+        room for a suspended kernel's resume (a swap, ROOM_FOR_KEY), that kernel's host memory, which
+        its resume gives back, so that once both are done host memory is within the cap. Nothing
+        where the request timed out or the resumer is no longer suspended (resumed, or stopped)."""
+        resumer_id, asked = _room_for(current), _requested_at(current)
+        if resumer_id is None or asked is None or self.clock() - asked > SUSPEND_REQUEST_TIMEOUT_S:
+            return 0
+        resumer = ledger.get(resumer_id)
+        return resumer.host_memory if resumer is not None and resumer.suspended else 0
 
     def resume(self, ledger: Ledger, kernel_id: str) -> Allocation:
         """Admit a suspended slice again (see Ledger.resume), then tell ``on_change``."""
@@ -504,8 +527,10 @@ class Lending:
         device (``device`` where one is named), ask their servers to: a suspend request on each
         slice, which their servers carry out at their next check. Within the host memory cap,
         counting each kernel at its memory limit (the most it can move there), or at nothing where
-        its server reports it holds nothing on the GPU (it is only lent). What is being made, or
-        None."""
+        its server reports it holds nothing on the GPU (it is only lent). Where ``exclude`` is a
+        suspended slice (a resume), the cap counts with the host memory its resume gives back, and
+        each request names it (ROOM_FOR_KEY): the swap :meth:`suspend` allows. What is being made,
+        or None."""
         if not self.make_room:
             return None
         with self._lock:
@@ -513,13 +538,15 @@ class Lending:
             named = None if device is None else select_device(ledger.devices, device).uuid
             allocations = ledger.allocations()
             in_host = sum(allocation.host_memory for allocation in allocations)
+            resumer = next((item for item in allocations if item.kernel_id == exclude and item.suspended), None)
+            swap = 0 if resumer is None else resumer.host_memory
             for usage in ledger.devices_usage():
                 if named not in (None, usage.device.uuid):
                     continue
                 memory = limits.memory_limit - usage.memory_free
                 share = limits.sm_share - usage.share_free(limits.policy)
                 chosen = []
-                host = math.inf if self.host_memory_cap is None else self.host_memory_cap - in_host
+                host = math.inf if self.host_memory_cap is None else self.host_memory_cap - in_host + swap
                 for candidate in idle_candidates(allocations, usage.device.uuid, exclude, now):
                     if memory <= 0 and share <= 0:
                         break
@@ -533,8 +560,14 @@ class Lending:
                 if not chosen or memory > 0 or share > 0:
                     continue
                 for candidate in chosen:
+                    request = candidate.metadata.get(SUSPEND_REQUESTED_KEY)
                     if _requested_at(candidate) is None:
-                        ledger.update_metadata(candidate.kernel_id, **{SUSPEND_REQUESTED_KEY: {"at": now}})
+                        request = {"at": now}
+                    elif resumer is None or _room_for(candidate) is not None:
+                        continue  # asked already, for this resume or another's
+                    if resumer is not None:
+                        request = {**request, ROOM_FOR_KEY: resumer.kernel_id}
+                    ledger.update_metadata(candidate.kernel_id, **{SUSPEND_REQUESTED_KEY: request})
                 return RoomBeingMade(usage.device.index, len(chosen))
             return None
 
@@ -645,7 +678,9 @@ class Lending:
         """Where the borrowed room on a device (``device`` where one is named) would make room for
         ``claimant``'s slice of ``limits`` (within its owner's guarantee), ask the servers of the
         borrowing kernels there, most recent borrowing first, to suspend them even while they run
-        a cell, and hold the room they give back for ``claimant``. Room already being made there
+        a cell, and hold the room they give back for ``claimant``; where ``claimant`` is suspended
+        (a resume), each request names it (ROOM_FOR_KEY), so that the borrower's suspend may go past
+        the host memory cap by what that resume gives back. Room already being made there
         (kernels asked to suspend and not yet suspended) counts. A borrower is asked even where the
         host memory cap would refuse its suspend now: its server tries again at each tick while the
         request lasts, and host memory frees as others resume. Where nothing can be taken back, the room that frees next on the device closest to fitting it is held
@@ -681,8 +716,11 @@ class Lending:
                     memory, share = memory - borrower.memory_limit, share - borrower.sm_share
                 if memory > 0 or share > 0 or not (chosen or any(_taken_back(item) for item in asked)):
                     continue
+                resumer = next((item for item in allocations if item.kernel_id == claimant and item.suspended), None)
                 for borrower in chosen:
                     request = {"at": now, TAKE_BACK_KEY: True, "device_index": usage.device.index}
+                    if resumer is not None:
+                        request[ROOM_FOR_KEY] = claimant  # the swap: see suspend
                     asked_now = ledger.update_metadata(borrower.kernel_id, **{SUSPEND_REQUESTED_KEY: request})
                     if self.on_take_back is not None:
                         self.on_take_back(asked_now, True)
