@@ -560,7 +560,8 @@ class Lending:
                 if not chosen or memory > 0 or share > 0:
                     continue
                 for candidate in chosen:
-                    request = candidate.metadata.get(SUSPEND_REQUESTED_KEY)
+                    asked = candidate.metadata.get(SUSPEND_REQUESTED_KEY)
+                    request: dict[str, Any] = dict(asked) if isinstance(asked, dict) else {}
                     if _requested_at(candidate) is None:
                         request = {"at": now}
                     elif resumer is None or _room_for(candidate) is not None:
@@ -718,7 +719,7 @@ class Lending:
                     continue
                 resumer = next((item for item in allocations if item.kernel_id == claimant and item.suspended), None)
                 for borrower in chosen:
-                    request = {"at": now, TAKE_BACK_KEY: True, "device_index": usage.device.index}
+                    request: dict[str, Any] = {"at": now, TAKE_BACK_KEY: True, "device_index": usage.device.index}
                     if resumer is not None:
                         request[ROOM_FOR_KEY] = claimant  # the swap: see suspend
                     asked_now = ledger.update_metadata(borrower.kernel_id, **{SUSPEND_REQUESTED_KEY: request})
