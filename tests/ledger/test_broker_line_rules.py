@@ -10,6 +10,7 @@ the broker process and two real Jupyter servers."""
 from __future__ import annotations
 
 import pytest
+from test_service_borrowing import Clock
 from test_service_callers import StandInGate
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger
@@ -21,14 +22,6 @@ GIB = 1 << 30
 PREFIX = "/services/vgpu/ledger"
 CALLERS = {"alice-token": Caller("alice"), "bob-token": Caller("bob"), "admin-token": Caller("", admin=True)}
 SIZE = SliceLimits(8 * GIB, 20, "burst")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ EmbeddedLedger, a served Lending as the broker's."""
 from __future__ import annotations
 
 import pytest
+from test_service_borrowing import ClassroomGate
 
 from jupyter_vgpu.ledger import (
     SUSPEND_REQUEST_TIMEOUT_S,
@@ -18,11 +19,10 @@ from jupyter_vgpu.ledger import (
     CapacityError,
     EmbeddedLedger,
     NotSupported,
-    OwnerBudget,
 )
 from jupyter_vgpu.ledger.base import ROOM_FOR_KEY
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import Caller, Lending, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import Lending, ledger_handlers
 from jupyter_vgpu.model import SliceLimits
 
 GIB = 1 << 30
@@ -139,22 +139,6 @@ def test_the_allowance_ends_when_the_resumer_is_stopped(broker):
         client.suspend("idle", host_memory=7 * GIB)  # 2 + 7 > 8: the pairing allows nothing more
     assert client.suspend("idle", host_memory=6 * GIB).suspended
     assert in_host(ledger) == CAP
-
-
-# Guaranteed 4 GiB and 20 %, up to 12 GiB and 60 % where nobody within a guarantee needs it.
-SIZE = OwnerBudget(memory=12 * GIB, sm_share=60, label="the size", guaranteed_memory=4 * GIB, guaranteed_sm_share=20)
-
-
-class ClassroomGate:
-    """Each token is its user's; everyone has SIZE."""
-
-    async def caller(self, request, credential: str) -> Caller:
-        if not credential.endswith("-token"):
-            raise Refusal(403, "not a token of this test", "Forbidden")
-        return Caller(credential.removesuffix("-token"))
-
-    async def budget(self, caller: Caller) -> OwnerBudget | None:
-        return SIZE
 
 
 def test_borrowed_room_is_taken_back_for_a_resume_at_the_cap(service_loop, ledger_path, gpu):

@@ -33,12 +33,18 @@ def forward_low_level_output() -> None:
     os.environ.pop("PYTEST_CURRENT_TEST", None)
 
 
+async def holding_8gib_in_a_long_cell(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude):
+    """(kernel id, its running Cell) of a 12 GiB kernel on the large GPU that holds 8 GiB and runs
+    a long cell: never suspended while it does, so its room stays taken."""
+    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(busy, cuda_prelude + "print(allocate(8 << 30))")).strip() == "0"
+    return busy, await running_a_long_cell(jp_serverapp, busy)
+
+
 async def test_a_start_waits_behind_a_busy_kernel_and_goes_ahead_by_itself_when_it_idles(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
 ):
-    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(busy, cuda_prelude + "print(allocate(8 << 30))")).strip() == "0"
-    cell = await running_a_long_cell(jp_serverapp, busy)
+    busy, cell = await holding_8gib_in_a_long_cell(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude)
 
     # 12 of 16 GiB are held by a kernel running a cell, which is never suspended: the start waits.
     waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)

@@ -11,7 +11,8 @@ import time
 
 import pytest
 from test_idle_policy import eventually
-from test_suspend import LARGE, refusal, running_a_long_cell, slice_of, start_sliced
+from test_line import holding_8gib_in_a_long_cell
+from test_suspend import LARGE, gpu_work_in_a_child, refusal, slice_of, start_sliced
 
 from jupyter_vgpu.client import describe_queue
 from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, CapacityError
@@ -44,15 +45,7 @@ async def test_a_start_waiting_for_a_kernel_the_idle_timer_stops_is_told_the_tim
     holder = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
     # Idle (no cell runs), but a process of it has GPU work queued: it cannot be suspended to
     # make room, so only its idle timer frees its 12 GiB.
-    start = (
-        "import subprocess\n"
-        f"probe = subprocess.Popen([{str(compile_c('checkpoint_probe'))!r}, 'target', '1M'], "
-        "stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
-        "print(probe.stdout.readline().split()[0])\n"
-        "probe.stdin.write('busy 600000\\n'); probe.stdin.flush()\n"
-        "print(probe.stdout.readline().strip())\n"
-    )
-    assert (await run_in_kernel(holder, start)).split() == ["ready", "queued"]
+    assert (await run_in_kernel(holder, gpu_work_in_a_child(compile_c, 600_000))).split()[:2] == ["ready", "queued"]
     code, message = await refusal(jp_fetch, holder, "suspend")
     assert code == 409 and "did not finish its GPU work" in message
 
@@ -82,9 +75,7 @@ async def test_a_start_waiting_for_a_kernel_the_idle_timer_stops_is_told_the_tim
 async def test_a_start_waiting_for_a_kernel_running_a_cell_has_no_estimate(
     jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
 ):
-    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(busy, cuda_prelude + "print(allocate(8 << 30))")).strip() == "0"
-    cell = await running_a_long_cell(jp_serverapp, busy)
+    busy, cell = await holding_8gib_in_a_long_cell(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude)
 
     waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
     queue = await eventually(lambda: _queue_of(jp_fetch, waiting), 30, "the start in line")
@@ -107,9 +98,7 @@ async def test_room_made_by_suspending_an_idle_kernel_is_estimated_by_this_serve
     suspended, slices = settings[SUSPEND_SETTING], settings[MANAGER_SETTING]
     # Nothing measured yet: no estimate, rather than a guessed rate.
     assert suspended.suspend_seconds_per_byte is None
-    busy = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
-    assert (await run_in_kernel(busy, cuda_prelude + "print(allocate(8 << 30))")).strip() == "0"
-    cell = await running_a_long_cell(jp_serverapp, busy)
+    busy, cell = await holding_8gib_in_a_long_cell(jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude)
     waiting = await start_sliced(jp_fetch, vgpu_kernelspec, memory="8GiB", device=LARGE)
     # Its cell ends: the room maker suspends it for the start, and times the suspend.
     await jp_fetch("api", "kernels", busy, "interrupt", method="POST", body="")

@@ -342,21 +342,26 @@ async def test_past_the_host_memory_cap_an_idle_kernel_is_culled_instead_and_tol
     await eventually(culled, 30, "the kernel culled")
 
 
+def gpu_work_in_a_child(compile_c, milliseconds: int) -> str:
+    """A cell that starts a process of the kernel (a child, in its slice) with ``milliseconds`` of
+    GPU work queued, kept as ``probe``; it prints "ready", "queued" and the child's pid."""
+    return (
+        "import subprocess\n"
+        f"probe = subprocess.Popen([{str(compile_c('checkpoint_probe'))!r}, 'target', '1M'], "
+        "stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
+        "print(probe.stdout.readline().split()[0])\n"
+        f"probe.stdin.write('busy {milliseconds}\\n'); probe.stdin.flush()\n"
+        "print(probe.stdout.readline().strip(), probe.pid)\n"
+    )
+
+
 @pytest.mark.parametrize("suspend_settings", [{"suspend_lock_timeout": 0.3}])
 async def test_a_kernel_whose_process_does_not_finish_its_gpu_work_in_time_stays_running(
     jp_fetch, vgpu_kernelspec, run_in_kernel, compile_c, suspend_settings
 ):
     kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="1GiB", device=LARGE)
     # A process of the kernel (a child, in its slice) with 20 s of GPU work queued.
-    start = (
-        "import subprocess\n"
-        f"probe = subprocess.Popen([{str(compile_c('checkpoint_probe'))!r}, 'target', '1M'], "
-        "stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
-        "print(probe.stdout.readline().split()[0])\n"
-        "probe.stdin.write('busy 20000\\n'); probe.stdin.flush()\n"
-        "print(probe.stdout.readline().strip(), probe.pid)\n"
-    )
-    ready, queued, pid = (await run_in_kernel(kernel, start)).split()
+    ready, queued, pid = (await run_in_kernel(kernel, gpu_work_in_a_child(compile_c, 20_000))).split()
     assert (ready, queued) == ("ready", "queued")
 
     code, message = await refusal(jp_fetch, kernel, "suspend")
