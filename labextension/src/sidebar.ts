@@ -205,21 +205,33 @@ class SliceRow {
     if (action !== 'resume' && action !== 'suspend') {
       return;
     }
-    this._suspension.disabled = true;
-    try {
+    await this._act(this._suspension, async () => {
       const answered = await changeSuspension(this.kernelId, action);
-      this._say(
+      const said =
         action === 'resume'
           ? this._trans.__('Resumed.')
-          : this._trans.__('Suspended.'),
-        false,
-        answered
-      );
+          : this._trans.__('Suspended.');
+      return [said, answered];
+    });
+  }
+
+  /**
+   * Runs a row's request with its button disabled: what it answers shows under the row, about
+   * the slice it returned; a refusal's reason shows there instead. Then the list is read again.
+   */
+  private async _act(
+    button: HTMLButtonElement,
+    request: () => Promise<[string, ISliceModel]>
+  ): Promise<void> {
+    button.disabled = true;
+    try {
+      const [said, answered] = await request();
+      this._say(said, false, answered);
       await this._store.refresh();
     } catch (error) {
       this._say((error as Error).message, true, this._current());
     } finally {
-      this._suspension.disabled = false;
+      button.disabled = false;
     }
   }
 
@@ -287,28 +299,19 @@ class SliceRow {
       );
       return;
     }
-    this._apply.disabled = true;
-    try {
+    await this._act(this._apply, async () => {
       const answered = await resizeSlice(this.kernelId, check.request);
       this._memory.value = this._cores.value = '';
       this._policyTouched = false;
       // A growth that does not fit yet waits in line (202): done by itself when room comes.
-      this._say(
-        answered.queue
-          ? this._trans.__(
-              'Waits in line: %1. It happens by itself when room comes.',
-              queueText(answered, this._trans)
-            )
-          : this._trans.__('Resized.'),
-        false,
-        answered
-      );
-      await this._store.refresh();
-    } catch (error) {
-      this._say((error as Error).message, true, this._current());
-    } finally {
-      this._apply.disabled = false;
-    }
+      const said = answered.queue
+        ? this._trans.__(
+            'Waits in line: %1. It happens by itself when room comes.',
+            queueText(answered, this._trans)
+          )
+        : this._trans.__('Resized.');
+      return [said, answered];
+    });
   }
 
   /** The row's message, about the slice as `about` shows it (none: it stays until replaced). */
