@@ -55,6 +55,10 @@ class SliceRow:
         self.kernel_id = model["kernel_id"]
         self.panel = panel
         self.limits: dict[str, Any] = {}
+        # The slice as the row's message found it (state and limits): the message goes once
+        # either changes, as it no longer describes the slice ("resized: 5GiB" after another resize).
+        self.shown: tuple[str, dict[str, Any]] = ("", {})
+        self.said_about: tuple[str, dict[str, Any]] | None = None
         self.name = widgets.Label()
         self.device = widgets.Label()
         self.memory_bar, self.memory_label, memory = _bar_with_label()
@@ -86,6 +90,9 @@ class SliceRow:
 
     def update(self, model: dict[str, Any], devices: list[dict[str, Any]]) -> None:
         limits, usage = model["limits"], model["usage"]
+        self.shown = (model.get("state", ""), dict(limits))
+        if self.said_about is not None and self.said_about != self.shown:
+            self.say("")
         own = " (this kernel)" if self.kernel_id == self.panel.client.kernel_id else ""
         self.name.value = slice_name(model) + own
         self.device.value = device_label(model, devices)
@@ -150,19 +157,24 @@ class SliceRow:
             self.show_refusal(str(error))
             return
         if not changes:
-            self.message.value = "nothing to change"
+            self.say("nothing to change")
             return
         try:
             model = self.panel.client.resize(self.kernel_id, **changes)
         except (RequestRefused, ServerUnavailable) as error:
             self.show_refusal(str(error))
             return
-        self.message.value = f"resized: {_escape(describe_limits(model))}"
         with self.panel.lock:
             self.update(model, self.panel.devices)
+        self.say(f"resized: {_escape(describe_limits(model))}")
 
     def show_refusal(self, reason: str) -> None:
-        self.message.value = f'<span style="color: var(--jp-error-color1, #d32f2f)">refused: {_escape(reason)}</span>'
+        self.say(f'<span style="color: var(--jp-error-color1, #d32f2f)">refused: {_escape(reason)}</span>')
+
+    def say(self, html: str) -> None:
+        """The row's message, about the slice as the row shows it now (nothing: none)."""
+        self.message.value = html
+        self.said_about = self.shown if html else None
 
 
 def _escape(text: str) -> str:

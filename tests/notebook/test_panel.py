@@ -78,6 +78,25 @@ def test_apply_sends_what_changed_and_shows_the_new_limits(panel, client):
     assert own.memory_label.value == "1GiB / 6GiB" and own.policy.value == "burst"
 
 
+def test_a_rows_message_goes_once_the_slice_it_was_about_changes(panel, client):
+    own = panel.rows["own-kernel"]
+    own.memory_input.value = "6GiB"
+    own.apply_button.click()
+    said = own.message.value
+    panel.refresh()  # the server's answer as the resize left it: still true
+    assert own.message.value == said
+    client.listed[0]["limits"]["memory_bytes"] = 5 * GIB  # another client resized it
+    panel.refresh()
+    assert own.message.value == ""
+    client.refusal = RequestRefused(409, "device 1 has 1GiB of memory free; the slice asks for 3GiB more")
+    own.cores_input.value = 80
+    own.apply_button.click()
+    assert "refused" in own.message.value
+    client.listed[0]["state"] = "suspended"  # what it was refused for no longer stands
+    panel.refresh()
+    assert own.message.value == ""
+
+
 def test_a_cap_that_format_size_would_round_is_not_sent_back_changed(client, slice_model):
     client.listed = [slice_model("own-kernel", memory=1400 << 20)]
     shown = SlicePanel(client)
