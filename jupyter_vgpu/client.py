@@ -277,7 +277,7 @@ def describe_queue(model: dict[str, Any]) -> str | None:
         parts.append(format_eta(float(queue["eta_seconds"])))
     waiting_for = (queue.get("waiting_for") or "").strip()
     if waiting_for:
-        # A resume's reason is a sentence of its own ("waiting for 1GiB on GPU 0, ...").
+        # A resume's reason is a sentence of its own ("waiting for 1GiB more GPU memory (1GiB free) on GPU 0, ...").
         parts.append(waiting_for if waiting_for.split(" ", 1)[0] == "waiting" else f"waiting for {waiting_for}")
     return " · ".join(parts)
 

@@ -138,7 +138,9 @@ def test_a_resume_waiting_in_line_keeps_its_place_across_a_server_sigkill(
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             cell = pool.submit(run_code, user_env, kernel_id, "memory(); print(intact())")
             queue = wait_for(lambda: waiting_for_room(server, kernel_id), 60, "in line, waiting for room")
-            assert queue["position"] == 1 and queue["waiting_for"].startswith("waiting for 1GiB on GPU 0")
+            assert queue["position"] == 1 and queue["waiting_for"].startswith(
+                "waiting for 1GiB more GPU memory (1GiB free) on GPU 0"
+            )
             since = in_line_since(tmp_path, kernel_id)
             server.kill()
 
