@@ -54,7 +54,10 @@ def request(url: str, method: str = "GET", token: str | None = None, body=None, 
 
 
 class Hub:
-    """A running hub: ``url`` (the proxy), ``broker_url`` (the broker's own address and prefix)."""
+    """A running hub: ``url`` (the proxy), ``broker_url`` (the broker's own address and prefix).
+
+    ``classroom``: the classroom file's text without ``simulate`` and ``broker``, which the hub
+    writes itself: its GPUs are simulated and its broker listens on a port it chose free."""
 
     def __init__(self, folder: Path, classroom: str, *, extra_config: str = ""):
         self.folder = folder
@@ -62,7 +65,8 @@ class Hub:
         self.url = f"http://127.0.0.1:{self.port}/"
         self.api = f"{self.url}hub/api/"
         self.classroom = folder / "classroom.yaml"
-        self.classroom.write_text(classroom.replace("BROKER_PORT", str(self.broker_port)))
+        own_gpu_and_broker = f"simulate: true\nbroker: {{port: {self.broker_port}, state_dir: broker-state}}\n"
+        self.classroom.write_text(own_gpu_and_broker + classroom.lstrip("\n"))
         self.broker_url = f"http://127.0.0.1:{self.broker_port}/services/vgpu/"
         self.log = folder / "hub.log"
         singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")

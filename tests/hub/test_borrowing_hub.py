@@ -22,8 +22,6 @@ pytestmark = pytest.mark.timeout(600)
 
 CLASSROOM = """
 gpus: {count: 1, memory: 3GiB}
-simulate: true
-broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [alice, bob]
 sizes:

@@ -23,8 +23,6 @@ pytestmark = pytest.mark.timeout(600)
 
 CLASSROOM = """
 gpus: {count: 2, memory: 16GiB}
-simulate: true
-broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [alice, bob, carol, dave, erin, frank, gina, hana]
   staff: [teacher]
@@ -272,8 +270,6 @@ def test_the_grafana_dashboard_asks_only_for_metrics_and_labels_the_broker_expor
 
 IDLE_CLASSROOM = """
 gpus: {count: 1, memory: 16GiB}
-simulate: true
-broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [ida]
 sizes:
@@ -343,8 +339,6 @@ def test_an_idle_kernel_is_lowered_restored_when_it_runs_and_stopped_later_with_
 # requests), which this test never reaches.
 ROOM_CLASSROOM = """
 gpus: {count: 1, memory: 4GiB}
-simulate: true
-broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [jo, kim]
 sizes:

@@ -46,8 +46,6 @@ CUDA_SUCCESS = "0"
 
 CLASSROOM = """
 gpus: {count: 1, memory: 16GiB}
-simulate: true
-broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [alice]
 admins: [teacher]

@@ -16,8 +16,6 @@ pytestmark = pytest.mark.timeout(300)
 
 CLASSROOM = """
 gpus: {count: 1, memory: 16GiB}
-simulate: true
-broker: {port: BROKER_PORT, state_dir: broker-state}
 groups:
   students: [alice]
 sizes:
