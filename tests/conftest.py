@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.channels import HBChannel
-from private_machine import private_machine_environment
+from private_machine import environment_changed, private_machine_environment
 from support import CUDA_PRELUDE
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -222,17 +222,9 @@ def in_process_driver(native_libs, in_process_sim_state) -> None:
     in-process server's checkpoint calls go to that private machine."""
     from jupyter_vgpu.model import use_simulator
 
-    saved = {name: os.environ.get(name) for name in ("VGPU_SIM_STATE", "VGPU_SIM_DEVICES")}
-    os.environ.update(VGPU_SIM_STATE=in_process_sim_state, VGPU_SIM_DEVICES=IN_PROCESS_SIM_DEVICES)
-    try:
+    with environment_changed({"VGPU_SIM_STATE": in_process_sim_state, "VGPU_SIM_DEVICES": IN_PROCESS_SIM_DEVICES}):
         use_simulator()
         assert ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture

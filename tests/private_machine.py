@@ -46,20 +46,29 @@ def private_machine_environment(folder: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def private_machine(prefix: str) -> Iterator[Path]:
-    """For the length of the block, this process and every process it starts use a fresh folder
-    (yielded) for the places above, and the processes it starts for their temporary files too
-    (TMPDIR); the folder is removed at the end and the variables are restored."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    changed = {**private_machine_environment(folder), "TMPDIR": str(folder)}
-    saved = {name: os.environ.get(name) for name in changed}
-    os.environ.update(changed)
+def environment_changed(changes: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``changes`` for the length of the block; each variable is
+    then as it was before, unset again if it was unset."""
+    saved = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
     try:
-        yield folder
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def private_machine(prefix: str) -> Iterator[Path]:
+    """For the length of the block, this process and every process it starts use a fresh folder
+    (yielded) for the places above, and the processes it starts for their temporary files too
+    (TMPDIR); the folder is removed at the end and the variables are restored."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with environment_changed({**private_machine_environment(folder), "TMPDIR": str(folder)}):
+            yield folder
+    finally:
         shutil.rmtree(folder, ignore_errors=True)
