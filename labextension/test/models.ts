@@ -23,6 +23,20 @@ export function deviceModel(
   };
 }
 
+/** A slice's usage when its one process (pid 4242) holds all of it. */
+export function oneProcessUsage(
+  memoryBytes: number,
+  smUtil: number
+): ISliceModel['usage'] {
+  return {
+    memory_bytes: memoryBytes,
+    sm_util: smUtil,
+    processes: [
+      { pid: 4242, memory_bytes: memoryBytes, sm_util: smUtil, oom_refusals: 0 }
+    ]
+  };
+}
+
 /** A slice as GET /api/vgpu/slices gives it (jupyter_vgpu/server/api.yaml's Slice): a running
  * 4 GiB one on GPU 1, with `overrides` in place of its fields. */
 export function sliceModel(overrides: Partial<ISliceModel> = {}): ISliceModel {
@@ -37,13 +51,7 @@ export function sliceModel(overrides: Partial<ISliceModel> = {}): ISliceModel {
     location: {},
     device: { index: 1, uuid: 'GPU-5eed' },
     limits: { memory_bytes: 4 * GIB, cores: 30, policy: 'hard' },
-    usage: {
-      memory_bytes: 1.2 * GIB,
-      sm_util: 27.6,
-      processes: [
-        { pid: 4242, memory_bytes: 1.2 * GIB, sm_util: 27.6, oom_refusals: 0 }
-      ]
-    },
+    usage: oneProcessUsage(1.2 * GIB, 27.6),
     warnings: [],
     ...overrides
   };

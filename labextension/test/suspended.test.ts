@@ -11,7 +11,7 @@ import {
   stateLabel
 } from '../src/describe';
 import { GIB } from '../src/slice-values';
-import { sliceModel } from './models';
+import { oneProcessUsage, sliceModel } from './models';
 
 const trans = nullTranslator.load('jupyter_vgpu');
 
@@ -22,13 +22,7 @@ function suspended(): ISliceModel {
     host_memory_bytes: 12 * GIB,
     limits: { memory_bytes: 12 * GIB, cores: 30, policy: 'hard' },
     // The server still counts what its processes allocated (now in host memory).
-    usage: {
-      memory_bytes: 12 * GIB,
-      sm_util: 0,
-      processes: [
-        { pid: 4242, memory_bytes: 12 * GIB, sm_util: 0, oom_refusals: 0 }
-      ]
-    },
+    usage: oneProcessUsage(12 * GIB, 0),
     notice:
       'suspended after 20 min idle: 12GiB moved to host memory; resumes when a cell runs, about 4 s'
   });
