@@ -67,6 +67,14 @@ def at_the_cap(client: RemoteLedger) -> None:
     client.admit("busy", SliceLimits(6 * GIB, 10))  # runs a cell: never asked
 
 
+def paired_at_the_cap(client: RemoteLedger) -> None:
+    """At the cap (at_the_cap), "waker" asks to resume: refused for now, and "idle" is asked to
+    suspend to make room for it (the pairing whose allowance the tests probe)."""
+    at_the_cap(client)
+    with pytest.raises(CapacityError, match="1 idle kernel"):
+        client.resume("waker")
+
+
 def test_a_resume_at_the_cap_gets_room_by_an_idle_kernels_suspend(broker):
     client, ledger, _ = broker
     at_the_cap(client)
@@ -86,9 +94,7 @@ def test_a_resume_at_the_cap_gets_room_by_an_idle_kernels_suspend(broker):
 
 def test_a_paired_suspend_may_not_go_past_the_cap_by_more_than_the_resume_gives_back(broker):
     client, ledger, _ = broker
-    at_the_cap(client)
-    with pytest.raises(CapacityError, match="1 idle kernel"):
-        client.resume("waker")
+    paired_at_the_cap(client)
     # Its server reports more host memory than the pairing allows (8 + 7 > 8 + 6): refused.
     with pytest.raises(NotSupported, match=r"\(plus 6GiB that the resume it makes room for gives back\); its 7GiB"):
         client.suspend("idle", host_memory=7 * GIB)
@@ -120,9 +126,7 @@ def test_an_unpaired_suspend_is_still_refused_at_the_cap(broker):
 
 def test_the_allowance_lapses_when_the_resume_does_not_happen_in_time(broker):
     client, ledger, now = broker
-    at_the_cap(client)
-    with pytest.raises(CapacityError, match="1 idle kernel"):
-        client.resume("waker")
+    paired_at_the_cap(client)
     now[0] += SUSPEND_REQUEST_TIMEOUT_S + 1  # the waker's server gave up; the request timed out
     with pytest.raises(NotSupported, match="would not fit"):
         client.suspend("idle", host_memory=GIB)
@@ -131,9 +135,7 @@ def test_the_allowance_lapses_when_the_resume_does_not_happen_in_time(broker):
 
 def test_the_allowance_ends_when_the_resumer_is_stopped(broker):
     client, ledger, _ = broker
-    at_the_cap(client)
-    with pytest.raises(CapacityError, match="1 idle kernel"):
-        client.resume("waker")
+    paired_at_the_cap(client)
     client.release("waker")  # stopped while it waited: its 6 GiB of host memory are freed
     with pytest.raises(NotSupported, match="would not fit"):
         client.suspend("idle", host_memory=7 * GIB)  # 2 + 7 > 8: the pairing allows nothing more
