@@ -36,6 +36,19 @@ function store(): SliceStore {
   return made;
 }
 
+/** A store that listed one slice, and its next refresh, which fails with `failure`. */
+async function listedOnceThenFailing(
+  failure: Error
+): Promise<{ slices: SliceStore; second: Promise<void> }> {
+  const slices = store();
+  const first = slices.refresh();
+  answers[0].resolve([sliceModel()]);
+  await first;
+  const second = slices.refresh();
+  answers[1].reject(failure);
+  return { slices, second };
+}
+
 afterEach(() => {
   answers.length = 0;
 });
@@ -53,12 +66,9 @@ describe('SliceStore', () => {
   });
 
   it('lists nothing while the server cannot be reached, and says so', async () => {
-    const slices = store();
-    const first = slices.refresh();
-    answers[0].resolve([sliceModel()]);
-    await first;
-    const second = slices.refresh();
-    answers[1].reject(new TypeError('Failed to fetch'));
+    const { slices, second } = await listedOnceThenFailing(
+      new TypeError('Failed to fetch')
+    );
     await expect(second).rejects.toThrow('Failed to fetch');
     expect([slices.slices, slices.unreachable, slices.error]).toEqual([
       [],
@@ -68,12 +78,9 @@ describe('SliceStore', () => {
   });
 
   it('keeps what it listed when the server answers with an error (a busy ledger)', async () => {
-    const slices = store();
-    const first = slices.refresh();
-    answers[0].resolve([sliceModel()]);
-    await first;
-    const second = slices.refresh();
-    answers[1].reject(new VGPUServerError(503, 'GPU slices cannot be read'));
+    const { slices, second } = await listedOnceThenFailing(
+      new VGPUServerError(503, 'GPU slices cannot be read')
+    );
     await expect(second).rejects.toThrow();
     expect([slices.slices.length, slices.unreachable]).toEqual([1, false]);
   });
