@@ -86,10 +86,11 @@ def panel_targets(panels: list[dict]) -> list[tuple[str, dict]]:
 
 
 class Prometheus:
-    """The `prometheus` binary on a free port of 127.0.0.1, scraping ``jobs`` (prometheus.yml's
-    ``scrape_configs``) every second into a folder of its own."""
+    """The `prometheus` binary on a free port of 127.0.0.1, scraping one job every second into a
+    folder of its own: ``metrics_path`` of ``target`` (host:port) with the bearer ``token``, read
+    from a file as docs/monitoring.md configures it."""
 
-    def __init__(self, folder: Path, jobs: list[dict]):
+    def __init__(self, folder: Path, job_name: str, target: str, metrics_path: str, token: str):
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail(
@@ -97,10 +98,18 @@ class Prometheus:
                 "(README.md's install block installs it as root)"
             )
         folder.mkdir()
+        token_file = folder / "token"
+        token_file.write_text(token)
+        job = {
+            "job_name": job_name,
+            "metrics_path": metrics_path,
+            "authorization": {"type": "token", "credentials_file": str(token_file)},
+            "static_configs": [{"targets": [target]}],
+        }
         config = folder / "prometheus.yml"
         # JSON is YAML: no YAML writer needed.
         interval = {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL}
-        config.write_text(json.dumps({"global": interval, "scrape_configs": jobs}))
+        config.write_text(json.dumps({"global": interval, "scrape_configs": [job]}))
         self.url = f"http://127.0.0.1:{free_port()}/"
         self.targets_seen: list[tuple[str, str, str]] = []  # (job, health, last error) of each
         self.log = folder / "prometheus.log"
@@ -200,18 +209,8 @@ def test_every_query_of_the_server_board_returns_series_from_a_real_servers_metr
             client.stop_channels()
         for action in ("suspend", "resume"):
             server.api("POST", f"api/vgpu/slices/{kernel}/{action}", {})
-        token = tmp_path / "jupyter-token"
-        token.write_text(server.token)
         prometheus = Prometheus(
-            tmp_path / "prometheus",
-            [
-                {
-                    "job_name": "jupyter-vgpu",
-                    "metrics_path": "/api/vgpu/metrics",
-                    "authorization": {"type": "token", "credentials_file": str(token)},
-                    "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}],
-                }
-            ],
+            tmp_path / "prometheus", "jupyter-vgpu", f"127.0.0.1:{server.port}", "/api/vgpu/metrics", server.token
         )
         assert not misread("jupyter-vgpu-server.json", prometheus)
     finally:
@@ -233,18 +232,8 @@ def test_every_query_of_the_classroom_board_returns_series_from_a_real_brokers_m
         for action in ("suspend", "resume"):
             status, reply = hub.server("alice", alice, "POST", f"api/vgpu/slices/{kernel}/{action}", {})
             assert status == 200, reply
-        token = tmp_path / "teacher-token"
-        token.write_text(teacher)
         prometheus = Prometheus(
-            tmp_path / "prometheus",
-            [
-                {
-                    "job_name": "jupyter-vgpu-broker",
-                    "metrics_path": "/services/vgpu/metrics",
-                    "authorization": {"type": "token", "credentials_file": str(token)},
-                    "static_configs": [{"targets": [f"127.0.0.1:{hub.port}"]}],
-                }
-            ],
+            tmp_path / "prometheus", "jupyter-vgpu-broker", f"127.0.0.1:{hub.port}", "/services/vgpu/metrics", teacher
         )
         assert not misread("jupyter-vgpu-classroom.json", prometheus)
     finally:
