@@ -34,6 +34,7 @@ from jupyter_vgpu.client import (
     describe_queue,
     gpu_memory_used,
     in_host_memory,
+    resize_changes,
     resize_waiting,
     state_meaning,
 )
@@ -852,15 +853,9 @@ class ResizeApp(_ServerCommand):
     def run(self) -> int:
         if len(self.extra_args) != 1:
             raise UsageError("usage: jupyter vgpu resize KERNEL_ID [--memory SIZE] [--cores PCT] [--policy hard|burst]")
-        change: dict[str, str | int] = {}
         try:
-            if self.memory:
-                parse_size(self.memory)  # refuse a bad size here, before asking the server
-                change["memory"] = self.memory.strip()
-            if self.cores:
-                change["cores"] = parse_sm_share(self.cores)
-            if self.policy:
-                change["policy"] = parse_policy(self.policy)
+            # An empty option is one not given.
+            change = resize_changes(self.memory or None, self.cores or None, self.policy or None)
         except SliceValueError as error:
             raise UsageError(error) from None
         if not change:

@@ -27,9 +27,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-from jupyter_vgpu.model.sizes import format_size
+from jupyter_vgpu.model.sizes import format_size, parse_policy, parse_size, parse_sm_share
 
 SERVER_URL_VARIABLE = "JUPYTER_VGPU_SERVER_URL"
 KERNEL_ID_VARIABLE = "JUPYTER_VGPU_KERNEL_ID"
@@ -280,6 +280,30 @@ def describe_queue(model: dict[str, Any]) -> str | None:
         # A resume's reason is a sentence of its own ("waiting for 1GiB more GPU memory (1GiB free) on GPU 0, ...").
         parts.append(waiting_for if waiting_for.split(" ", 1)[0] == "waiting" else f"waiting for {waiting_for}")
     return " · ".join(parts)
+
+
+class ResizeChanges(TypedDict, total=False):
+    """The body of a resize (PATCH of a slice): only what changes."""
+
+    memory: str
+    cores: int
+    policy: str
+
+
+def resize_changes(memory: str | None, cores: str | None, policy: str | None) -> ResizeChanges:
+    """The resize a person asked for (None: left as it is), each value checked with the server's
+    own vocabulary so that a typo is refused (SliceValueError) before anything is sent. The
+    memory goes as written (a bare number is MiB to the server too), the share and the policy
+    as read."""
+    changes = ResizeChanges()
+    if memory is not None:
+        parse_size(memory)
+        changes["memory"] = memory.strip()
+    if cores is not None:
+        changes["cores"] = parse_sm_share(cores)
+    if policy is not None:
+        changes["policy"] = parse_policy(policy)
+    return changes
 
 
 def resize_waiting(model: dict[str, Any]) -> str | None:

@@ -24,27 +24,20 @@ from jupyter_vgpu.client import (
     KERNEL_ID_VARIABLE,
     KERNEL_VARIABLES,
     RequestRefused,
+    ResizeChanges,
     ServerClient,
     ServerUnavailable,
     describe_limits,
     describe_queue,
     device_label,
     in_host_memory,
+    resize_changes,
     resize_waiting,
     slice_name,
     slice_notice,
     state_meaning,
 )
-from jupyter_vgpu.model.sizes import (
-    POLICY_HELP,
-    SIZE_HELP,
-    SM_SHARE_HELP,
-    SliceValueError,
-    format_size,
-    parse_policy,
-    parse_size,
-    parse_sm_share,
-)
+from jupyter_vgpu.model.sizes import POLICY_HELP, SIZE_HELP, SM_SHARE_HELP, SliceValueError, format_size
 
 if TYPE_CHECKING:
     from jupyter_vgpu.notebook.panel import SlicePanel
@@ -166,23 +159,6 @@ def device_names(uuid: str) -> list[dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
-def requested_changes(memory: str | None, cores: str | None, policy: str | None) -> dict[str, str]:
-    """The resize a user asked for, checked here with the server's own vocabulary so a typo is
-    refused before anything is sent. Values go to the server as written."""
-    changes = {}
-    try:
-        if memory is not None:
-            parse_size(memory)
-            changes["memory"] = memory.strip()
-        if cores is not None:
-            changes["cores"] = str(parse_sm_share(cores))
-        if policy is not None:
-            changes["policy"] = parse_policy(policy)
-    except SliceValueError as error:
-        raise UsageError(str(error)) from None
-    return changes
-
-
 @magics_class
 class VGPUMagics(Magics):
     def __init__(self, shell: Any, client_factory: Callable[[], ServerClient] = ServerClient.for_kernel):
@@ -226,7 +202,10 @@ class VGPUMagics(Magics):
         if args.help:  # IPython's magic arguments have no --help of their own
             print(self.vgpu.parser.format_help())
             return
-        changes = requested_changes(args.memory, args.cores, args.policy)
+        try:
+            changes = resize_changes(args.memory, args.cores, args.policy)
+        except SliceValueError as error:
+            raise UsageError(str(error)) from None
         if args.action != "resize" and changes:
             raise UsageError(f"--memory, --cores and --policy belong to '%vgpu resize', not '%vgpu {args.action}'")
         if args.action == "resize" and not changes:
@@ -246,7 +225,7 @@ class VGPUMagics(Magics):
         except ServerUnavailable as error:
             raise UsageError(str(error)) from None
 
-    def _batch(self, action: str, changes: dict[str, str], region: str) -> None:
+    def _batch(self, action: str, changes: ResizeChanges, region: str) -> None:
         """%vgpu in a kernel no server started: its slice from its region."""
         model = region_model(region)
         if action == "show":
@@ -257,7 +236,7 @@ class VGPUMagics(Magics):
         else:
             print(PANEL_NEEDS_SERVER)
 
-    def _resize(self, client: ServerClient, changes: dict[str, str]) -> None:
+    def _resize(self, client: ServerClient, changes: ResizeChanges) -> None:
         try:
             model = client.resize(**changes)
         except RequestRefused as error:

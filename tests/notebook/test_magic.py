@@ -41,7 +41,7 @@ def test_resize_sends_the_changes_and_prints_what_was_granted(sliced_shell, fake
     assert fake_server.requests[-1][:3] == (
         "PATCH",
         f"/base/api/vgpu/slices/{fake_server.kernel_id}",
-        {"memory": "6GiB", "cores": "40", "policy": "burst"},
+        {"memory": "6GiB", "cores": 40, "policy": "burst"},
     )
     assert capsys.readouterr().out.strip() == "resize granted: memory cap 6GiB, SM share 40%, policy burst"
 
