@@ -35,6 +35,20 @@ function exactText(text) {
   return new RegExp(`^${text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`);
 }
 
+/** The launcher's Notebook section (one card a kernelspec). */
+function notebookSection(page) {
+  return page.locator('.jp-Launcher-section', {
+    has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
+  });
+}
+
+/** The launcher's Notebook card of the kernelspec shown as `label`. */
+function notebookCard(page, label) {
+  return notebookSection(page).locator('.jp-LauncherCard', {
+    has: page.locator('.jp-LauncherCard-label', { hasText: exactText(label) })
+  });
+}
+
 function cell(page, index) {
   return page.locator('.jp-NotebookPanel:visible .jp-Notebook .jp-Cell').nth(index);
 }
@@ -587,14 +601,7 @@ const scenarios = {
    */
   async refusedStart(browser) {
     const page = await openLab(browser, '', { reset: true });
-    const notebooks = page.locator('.jp-Launcher-section', {
-      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
-    });
-    await notebooks
-      .locator('.jp-LauncherCard', {
-        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(settings.kernel) })
-      })
-      .click();
+    await notebookCard(page, settings.kernel).click();
     const dialog = page.locator('.jp-Dialog', {
       has: page.locator('.jp-Dialog-header', { hasText: 'Error Starting Kernel' })
     });
@@ -649,14 +656,7 @@ const scenarios = {
           throw new Error(`JupyterLab showed a dialog: ${await errorDialog.innerText()}`);
         })
       ]);
-    const notebooks = page.locator('.jp-Launcher-section', {
-      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
-    });
-    await notebooks
-      .locator('.jp-LauncherCard', {
-        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(settings.kernel) })
-      })
-      .click();
+    await notebookCard(page, settings.kernel).click();
     const item = page.locator('.jp-vgpu-StatusItem.jp-vgpu-mod-queued');
     await withoutErrorDialog(item.waitFor());
     const path = await page
@@ -724,14 +724,9 @@ const scenarios = {
    */
   async launcherImages(browser) {
     const page = await openLab(browser, '', { reset: true });
-    const notebooks = page.locator('.jp-Launcher-section', {
-      has: page.locator('.jp-Launcher-sectionTitle', { hasText: /^Notebook$/ })
-    });
     const cards = {};
     for (const label of settings.cards) {
-      const card = notebooks.locator('.jp-LauncherCard', {
-        has: page.locator('.jp-LauncherCard-label', { hasText: exactText(label) })
-      });
+      const card = notebookCard(page, label);
       await card.waitFor();
       const image = card.locator('.jp-LauncherCard-icon img');
       cards[label] = {
@@ -745,7 +740,7 @@ const scenarios = {
           : 0
       };
     }
-    await notebooks.screenshot({ path: `${settings.screenshots}/launcher.png` });
+    await notebookSection(page).screenshot({ path: `${settings.screenshots}/launcher.png` });
     return cards;
   },
 

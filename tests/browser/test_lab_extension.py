@@ -291,31 +291,38 @@ def test_an_idle_kernel_is_told_lowered_in_the_status_bar_then_stopped_in_a_noti
     assert lab.api("GET", "api/vgpu/slices") == []
 
 
-# What the waiting scenario prints once it has seen the kernel waiting: the test then frees the GPU.
+# What a waiting scenario prints once it has seen the kernel waiting: the test then frees the GPU.
 ROOM_MARKER = "vgpu-test: free the GPU now"
 
 
-def test_a_new_notebook_on_a_full_gpu_waits_in_line_in_view_then_its_kernel_starts_by_itself(
-    lab, drive, browser_gpu_env
-):
-    outside = hold_outside(browser_gpu_env, 8 * GIB)  # a program outside any slice holds the whole GPU
+def drive_until_room_comes(drive, scenario: str, env: dict[str, str], held: int, **settings) -> dict:
+    """Drives ``scenario`` while a program outside any slice holds ``held`` bytes of the GPU; the
+    program lets go when the scenario prints ROOM_MARKER, or at the end if it never did."""
+    outside = hold_outside(env, held)
 
     def free_the_gpu():
         outside.stdin.close()
         outside.wait(30)
 
     try:
-        seen = drive(
-            "waitingNotebook",
-            when={ROOM_MARKER: free_the_gpu},
-            roomMarker=ROOM_MARKER,
-            kernel=TEST_CARD,
-            code="print('ran', 6 * 7)",
-            expected="ran 42",
-        )
+        return drive(scenario, when={ROOM_MARKER: free_the_gpu}, roomMarker=ROOM_MARKER, **settings)
     finally:
         if outside.poll() is None:
             free_the_gpu()
+
+
+def test_a_new_notebook_on_a_full_gpu_waits_in_line_in_view_then_its_kernel_starts_by_itself(
+    lab, drive, browser_gpu_env
+):
+    seen = drive_until_room_comes(
+        drive,
+        "waitingNotebook",
+        browser_gpu_env,
+        8 * GIB,  # the whole GPU
+        kernel=TEST_CARD,
+        code="print('ran', 6 * 7)",
+        expected="ran 42",
+    )
 
     print(json.dumps(seen, indent=1))  # what the page said, for a failure's report
     waiting, started = seen["waiting"], seen["started"]
@@ -351,24 +358,15 @@ def test_a_resize_that_does_not_fit_waits_in_line_in_view_then_happens_by_itself
     lab, drive, browser_gpu_env, cuda_prelude
 ):
     notebook = lab.write_notebook("growing.ipynb", [cuda_prelude + "print('allocated', allocate(300 << 20))"])
-    outside = hold_outside(browser_gpu_env, 6 * GIB)  # 6 of the 8 GiB, outside any slice
-
-    def free_the_gpu():
-        outside.stdin.close()
-        outside.wait(30)
-
-    try:
-        seen = drive(
-            "resizeWaits",
-            when={ROOM_MARKER: free_the_gpu},
-            roomMarker=ROOM_MARKER,
-            notebook=notebook,
-            memory="4GiB",
-            grownBar="/ 4.0 GiB",
-        )
-    finally:
-        if outside.poll() is None:
-            free_the_gpu()
+    seen = drive_until_room_comes(
+        drive,
+        "resizeWaits",
+        browser_gpu_env,
+        6 * GIB,  # of the 8 GiB
+        notebook=notebook,
+        memory="4GiB",
+        grownBar="/ 4.0 GiB",
+    )
 
     print(json.dumps(seen, indent=1))
     waiting, grown = seen["waiting"], seen["grown"]
