@@ -10,8 +10,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from jupyter_core.paths import jupyter_runtime_dir
@@ -59,6 +60,18 @@ def _half_the_ram() -> int:
 
 def _size_or_none(value: str) -> int | None:
     return parse_size(value) if value.strip() else None
+
+
+Parsed = TypeVar("Parsed")
+
+
+def _parsed(proposal: Any, parse: Callable[[Any], Parsed]) -> Parsed:
+    """A traitlets proposal's value read by one of the model's parsers; a value it refuses is a
+    TraitError that names the option and says what is accepted."""
+    try:
+        return parse(proposal["value"])
+    except SliceValueError as error:
+        raise TraitError(f"VGPUApp.{proposal['trait'].name}: {error}") from None
 
 
 # What a hub's spawner may set for a single-user server (jupyter_vgpu.hub): each variable,
@@ -289,13 +302,6 @@ class VGPUApp(ExtensionApp):
             )
         return value
 
-    @validate("idle_floor_cores")
-    def _valid_floor(self, proposal):
-        try:
-            return parse_sm_share(proposal["value"])
-        except SliceValueError as error:
-            raise TraitError(f"VGPUApp.idle_floor_cores: {error}") from None
-
     @validate("broker_url")
     def _valid_broker_url(self, proposal):
         value = proposal["value"].strip()
@@ -312,25 +318,16 @@ class VGPUApp(ExtensionApp):
         value = proposal["value"]
         if value.strip() in ("", "0") and proposal["trait"].name != "default_memory":
             return value
-        try:
-            parse_size(value)
-        except SliceValueError as error:
-            raise TraitError(f"VGPUApp.{proposal['trait'].name}: {error}") from None
+        _parsed(proposal, parse_size)  # the option stays text: it is read where it is used
         return value
 
-    @validate("default_cores", "max_cores")
+    @validate("default_cores", "max_cores", "idle_floor_cores")
     def _valid_share(self, proposal):
-        try:
-            return parse_sm_share(proposal["value"])
-        except SliceValueError as error:
-            raise TraitError(f"VGPUApp.{proposal['trait'].name}: {error}") from None
+        return _parsed(proposal, parse_sm_share)
 
     @validate("default_policy")
     def _valid_policy(self, proposal):
-        try:
-            return parse_policy(proposal["value"])
-        except SliceValueError as error:
-            raise TraitError(f"VGPUApp.default_policy: {error}") from None
+        return _parsed(proposal, parse_policy)
 
     @validate("placement")
     def _valid_placement(self, proposal):
