@@ -3,6 +3,7 @@ and how fast a burst slice yields.
 
     python benchmarks/sm_share_accuracy.py            # shares 10..90 %, 1 and 2 launch threads
     python benchmarks/sm_share_accuracy.py --smoke    # one share: proves it runs
+    python benchmarks/sm_share_accuracy.py --against 13f21f4   # that commit's limiter beside this tree's
 
 Runs tests/programs/pacing_load.c (a launch loop that keeps the device fed) inside a slice on
 the simulated GPU and reads SM utilisation per process from NVML (tests/programs/pacing_monitor.c,
@@ -15,6 +16,11 @@ windows wholly inside a busy phase count, the first phase (the controller learni
 costs) left out; its 1 s figure is the utilisation of the busy phases of each second (two phases,
 each read from its start once it ended), so the idle time does not hide an excess. Windows are
 exact on the simulated device's clock: a query that runs late moves its window, never blurs it.
+
+The limiter's own thread kept waiting for a CPU (issue 27): the launch loop runs alone on one CPU
+while the slice's controller thread waits for the other at every wake (SCHED_BATCH behind a
+CPU-bound process there: tests/support.py's controller_kept_from_its_cpu), as on a busy machine.
+With --against REV, REV's libvgpu.so (built from git) runs in the same table, rounds alternating.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from interposer_overhead import build_revision  # noqa: E402
 from private_machine import private_machine  # noqa: E402
-from support import compile_sim_program, watched_utilisation  # noqa: E402
+from support import compile_sim_program, controller_kept_from_its_cpu, cpu_waits, watched_utilisation  # noqa: E402
 
 from jupyter_vgpu.holders.region import Region  # noqa: E402
 
@@ -48,6 +55,9 @@ def realtime_us() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one share: proves the benchmark runs")
+    parser.add_argument(
+        "--against", metavar="REV", help="also run REV's libvgpu.so in the table of a controller kept from its CPU"
+    )
     args = parser.parse_args()
     shares = [30] if args.smoke else [10, 30, 50, 70, 90]
     thread_counts = [1] if args.smoke else [1, 2]
@@ -71,15 +81,15 @@ def main() -> None:
             text=True,
         ).stdout.strip()
 
-        def slice_env(name: str, share: int, policy: str) -> dict[str, str]:
+        def slice_env(name: str, share: int, policy: str, library: Path = native / "libvgpu.so") -> dict[str, str]:
             region = Region.create(
                 tmp / f"{name}.region", memory_limit=0, sm_share=share, policy=policy, device_uuid=uuid, device_index=0
             )
-            return {**base, "LD_PRELOAD": str(native / "libvgpu.so"), "VGPU_REGION": str(region.path)}
+            return {**base, "LD_PRELOAD": str(library), "VGPU_REGION": str(region.path)}
 
-        def start(env, *extra: str) -> tuple[subprocess.Popen, int, int]:
+        def start(env, *extra: str, prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, int]:
             process = subprocess.Popen(
-                [str(programs["pacing_load"]), *extra], env=env, stdout=subprocess.PIPE, text=True
+                [*prefix, str(programs["pacing_load"]), *extra], env=env, stdout=subprocess.PIPE, text=True
             )
             pid = int(process.stdout.readline().split()[1])
             start_us = int(process.stdout.readline().split()[1])
@@ -214,6 +224,34 @@ def main() -> None:
             f"\nburst slice ({share} % share): {alone} % of the device alone; back at <= {share + 3} % "
             f"in the 50 ms window ending {yielded_ms} ms after another slice started (goal: 200 ms)"
         )
+
+        builds = [("this tree", native / "libvgpu.so")]
+        if args.against:
+            builds.insert(0, (args.against, build_revision(args.against, tmp)))
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            print("\nthe limiter's thread kept from its CPU: needs two CPUs, this machine lends one")
+            return
+        print(
+            "\nA hard slice whose limiter thread waits for a CPU at every wake, NVML, seconds 2-4; "
+            "the share of that time each thread waited for a CPU"
+        )
+        print(f"{'share %':>8}{'build':>12}{'measured %':>12}{'controller waited %':>21}{'launch waited %':>17}")
+        for round_ in range(1 if args.smoke else 3):
+            for share in [60] if args.smoke else [20, 60]:
+                for name, library in builds:
+                    env = slice_env(f"late-{round_}-{share}-{len(name)}", share, "hard", library)
+                    process, pid, start_us = start(env, "--seconds", "4.2", prefix=("taskset", "-c", str(cpus[0])))
+                    with controller_kept_from_its_cpu(pid, cpus[1]) as pacer:
+                        wait_until(start_us + 2_000_000)
+                        before = cpu_waits(pid)
+                        wait_until(start_us + 4_000_000)
+                        after = cpu_waits(pid)
+                        measured = utilisation(start_us + 2_000_000).get(pid, 0)
+                        process.wait()
+                    waited = {tid: (after[tid] - before.get(tid, 0)) / 2e9 for tid in after}
+                    launch = sum(fraction for tid, fraction in waited.items() if tid != pacer)
+                    print(f"{share:>8}{name:>12}{measured:>12}{100 * waited.get(pacer, 0):>21.0f}{100 * launch:>17.1f}")
 
 
 if __name__ == "__main__":

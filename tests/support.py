@@ -167,6 +167,52 @@ def folder_processes(folder: Path) -> dict[int, list[str]]:
     return found
 
 
+def cpu_waits(pid: int) -> dict[int, int]:
+    """{thread id: nanoseconds it has waited on a run queue} of each thread of `pid`."""
+    waits = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            waits[int(task.name)] = int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return waits
+
+
+def thread_named(pid: int, name: str, timeout: float) -> int | None:
+    """The id of `pid`'s thread called `name` (pthread_setname_np), once it exists; None after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                if (task / "comm").read_text().strip() == name:
+                    return int(task.name)
+            except OSError:
+                continue  # a thread that ended meanwhile
+        time.sleep(0.005)
+    return None
+
+
+@contextmanager
+def controller_kept_from_its_cpu(load_pid: int, cpu: int):
+    """Keeps the slice's limiter controller thread (libvgpu.so's "vgpu-pacer" in `load_pid`)
+    waiting for a CPU each time it wakes, as on a busy machine, without touching the load's other
+    threads: the thread is moved to `cpu`, where a CPU-bound process runs, and scheduled
+    SCHED_BATCH (no wake-up preemption), so each wake waits for that process's time slice to end
+    (a few milliseconds). Yields the thread's id."""
+    hog = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        pacer = thread_named(load_pid, "vgpu-pacer", 2.0)
+        assert pacer, "the slice's controller thread did not start"
+        os.sched_setaffinity(pacer, {cpu})
+        os.sched_setscheduler(pacer, os.SCHED_BATCH, os.sched_param(0))
+        yield pacer
+    finally:
+        hog.kill()
+        hog.wait()
+
+
 def wait_for(condition, timeout: float, message: str = "condition", interval: float = 0.02):
     """Polls `condition` until it returns a truthy value or `timeout` seconds pass; returns the
     value, or fails the test with the last value seen."""

@@ -509,7 +509,10 @@ struct vgpu_controller {
     uint64_t last_draw_ns;
     int drained;        /* the pool ran dry at some tick: launches were held back */
     int slack;          /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
-    int held_last_tick; /* the last tick found the pool drained and every grant drawn */
+    int held_last_tick; /* the last tick found the pool drained and every grant drawn, on time */
+    int dry_last_tick;  /* ... found them drained, on time or late */
+    int shifted;        /* a late tick in this window paid for time missed (refill()) */
+    int shifted_last_window;
     int window_clean;   /* launches drew tokens throughout the window (no MODE_OFF tick) */
     double carry;       /* fraction of a token owed by the last refill */
 

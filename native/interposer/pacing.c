@@ -21,8 +21,11 @@
  *  - hard: the rate always applies, over any window from a tick's length up, so the pool
  *    banks nothing: a refill the slice leaves undrawn is kept only up to a thread's batch, an
  *    idle slice's pool holds one token (its next launch takes a batch on credit), and a late
- *    tick does not make up for the time missed. Tokens saved up would be spent above the share
- *    in whichever window follows (a notebook's next cell after a pause). Only windows in which
+ *    tick makes up for the time missed only where the slice was held back throughout it, and
+ *    only up to a point of a 100 ms window (the controller's thread waiting for a CPU must not
+ *    cost the slice its share; a payment is spent after the time it was due). Tokens saved up
+ *    would be spent above the share in whichever window follows (a notebook's next cell after
+ *    a pause). Only windows in which
  *    the slice was held back at every tick wind the integral up, so neither an idle pause nor
  *    the window in which a burst ends reads as a rate set too low. burst: the pool stays open
  *    while no process outside the slice uses the device, and closes to the share within one
@@ -50,7 +53,8 @@
 
 #define MS 1000000ULL
 #define TICK_NS (5 * MS)                /* refill and heartbeat */
-#define LATE_TICK_NS (6 * MS)           /* a refill covers this much time at most */
+#define LATE_TICK_NS (6 * MS)           /* a refill later than this is a late tick */
+#define LATE_PAID_UTIL_NS (1 * MS)      /* a late tick pays for this much device time it missed, at most */
 #define CONTROL_PERIOD_NS (25 * MS)     /* measure utilisation, set the rate */
 #define REPORT_PERIOD_NS (250 * MS)     /* limiter off or slice idle: measure only to report */
 #define IDLE_AFTER_NS (1000 * MS)       /* no tokens drawn this long: the slice is idle */
@@ -465,8 +469,14 @@ static void control(struct vgpu_controller *c, struct vgpu_region *region, const
                  c->drained && !c->slack ? ", held back"
                  : c->drained            ? ", held back at times"
                                          : "");
-        /* Only a window governed throughout by the limited rate says how far off it is. */
-        if (c->mode == VGPU_MODE_LIMITED && c->limited_periods >= 2)
+        /* Only a window governed throughout by the limited rate says how far off it is; a late
+         * tick's payment moves launches from the window it paid for into the next, so neither
+         * window says anything about the rate (read over the share, they would wind the
+         * integral down on every busy machine). */
+        int shifted = c->shifted || c->shifted_last_window;
+        c->shifted_last_window = c->shifted;
+        c->shifted = 0;
+        if (c->mode == VGPU_MODE_LIMITED && c->limited_periods >= 2 && !shifted)
             integrate(c, &u, limits->sm_share);
         c->spent = 0;
         c->drained = 0;
@@ -496,14 +506,34 @@ static int64_t take_back_grants(struct vgpu_region *region, struct vgpu_proc_slo
 static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64_t now_ns)
 {
     uint64_t elapsed = now_ns > c->last_tick_ns ? now_ns - c->last_tick_ns : 0;
-    /* A tick this late (the controller did not get a CPU) refills only what a tick may: the
-     * tokens of the time missed, given at once, would be a burst above the rate in the window
-     * after it, and the window the late tick fell in says nothing about the rate (integrate()). */
-    uint64_t missed = elapsed > LATE_TICK_NS ? elapsed - LATE_TICK_NS : 0;
-    elapsed -= missed;
     c->last_tick_ns = now_ns;
-
     int limited = c->mode == VGPU_MODE_LIMITED;
+    struct vgpu_proc_slot *waiting[VGPU_REGION_MAX_PROCS];
+    uint32_t waiting_count;
+    int64_t returned = take_back_grants(region, waiting, &waiting_count);
+    int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
+    /* The slice took all it was given, the pool and every grant: its launches want more. */
+    int dry = limited && level <= 0 && returned <= 0;
+    /* A tick this late: the controller's thread waited for a CPU (a busy machine). */
+    uint64_t missed = elapsed > LATE_TICK_NS ? elapsed - LATE_TICK_NS : 0;
+    if (missed && dry && c->dry_last_tick) {
+        /* The slice was held back at both ends of the time missed, so it wanted those tokens:
+         * dropping them would cost it its share whenever the machine is busy, however well its
+         * own threads are served. They are paid now, so they are spent after the time they
+         * were due: a shift of launches into the next measurement window, which a hard share
+         * allows only up to LATE_PAID_UTIL_NS of device time (a point of a 100 ms window). A
+         * tick later than that is the machine's loss, not a burst; the windows around the
+         * payment do not move the integral (control()). */
+        double target = c->rate * token_cost(c); /* the device fraction the rate aims at */
+        double most = target > 0 ? (double)LATE_PAID_UTIL_NS / target : 0;
+        uint64_t paid = (double)missed < most ? missed : (uint64_t)most;
+        if (paid > CONTROL_PERIOD_NS)
+            paid = CONTROL_PERIOD_NS;
+        missed -= paid;
+        if (paid)
+            c->shifted = 1;
+    }
+    elapsed -= missed;
     double owed = 0, reserve = 0;
     if (limited) {
         owed = c->rate * (double)elapsed / 1e9 + c->carry;
@@ -515,11 +545,7 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
          * that lands in whichever window follows. */
         reserve = c->rate * (double)THREAD_BATCH_NS / 1e9;
     }
-    struct vgpu_proc_slot *waiting[VGPU_REGION_MAX_PROCS];
-    uint32_t waiting_count;
-    int64_t returned = take_back_grants(region, waiting, &waiting_count);
     int64_t whole = (int64_t)owed, keep = (int64_t)reserve, each = 0;
-    int64_t level = __atomic_load_n(&region->tokens, __ATOMIC_ACQUIRE);
     int64_t available, next, drawn_since;
     int idle;
     do {
@@ -560,15 +586,17 @@ static void refill(struct vgpu_controller *c, struct vgpu_region *region, uint64
      * was idle for part of it). A tick it was not (it stopped or started launching, launches
      * less than the rate, or its waiting threads did not get a CPU in time to draw their
      * grants) makes the window say nothing about whether the rate is too low (integrate()). */
-    int held = limited && level <= 0 && returned <= 0 && !missed;
+    int held = dry && !missed;
     if (limited && elapsed > 0) {
         if (held && c->held_last_tick)
             c->drained = 1;
         else
             c->slack = 1;
     }
-    if (elapsed > 0)
+    if (elapsed > 0) {
         c->held_last_tick = held;
+        c->dry_last_tick = dry;
+    }
     c->pool_known = 1;
     c->pool_after_refill = next;
     c->granted = each * (int64_t)waiting_count;
@@ -600,6 +628,7 @@ static void repool(struct vgpu_controller *c, struct vgpu_region *region)
     c->pool_after_refill = next;
     c->carry = 0;
     c->held_last_tick = 0;
+    c->dry_last_tick = 0;
     refill_announce(region);
     uint64_t per_second = (uint64_t)(limited ? c->rate : c->draw_rate);
     __atomic_store_n(&region->tokens_per_second, per_second, __ATOMIC_RELAXED);
