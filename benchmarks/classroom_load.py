@@ -1160,9 +1160,21 @@ class FairPoolClass(ClassRun):
             self.ran(student, now)
 
     def snapshot(self) -> tuple:
+        """What the servers' next pass reads of the class, to tell whether a pass changed it. The
+        activity reports are in it: a pass whose only trace is a report (the broker withdrew the
+        suspend request it had made on the reporting kernel's stale report, within the same pass)
+        changed what the broker asks next, and a server's watcher ticks again as on a real server."""
         allocations = self.broker.ledger.allocations()
         return (
-            tuple((a.kernel_id, a.suspended, a.metadata.get(SUSPEND_REQUESTED_KEY) is not None) for a in allocations),
+            tuple(
+                (
+                    a.kernel_id,
+                    a.suspended,
+                    a.metadata.get(SUSPEND_REQUESTED_KEY) is not None,
+                    repr(a.metadata.get(ACTIVITY_KEY)),
+                )
+                for a in allocations
+            ),
             tuple(s.waiting is not None for s in self.people),
             tuple(len(server.slices.line) for server in self.servers),
         )

@@ -511,12 +511,20 @@ class Lending:
         return resumer.host_memory if resumer is not None and resumer.suspended else 0
 
     def resume(self, ledger: Ledger, kernel_id: str) -> Allocation:
-        """Admit a suspended slice again (see Ledger.resume), then tell ``on_change``."""
+        """Admit a suspended slice again (see Ledger.resume), then tell ``on_change``. Its activity
+        report is dropped: it was made before the suspend, and the kernel resumes because it is
+        active again (a cell, a CUDA call, its user back), so the stale report would make it the
+        longest-idle kernel that :meth:`request_room` asks first, whose server will not suspend it
+        (the request lapses only at its server's next report). Its server reports again at its
+        next tick."""
         with self._lock:
             was = ledger.get(kernel_id)
             resumed = ledger.resume(kernel_id)
-            if self.on_change is not None and was is not None and was.suspended:
-                self.on_change(resumed, False)
+            if was is not None and was.suspended:
+                if resumed.metadata.get(ACTIVITY_KEY) is not None:
+                    resumed = ledger.update_metadata(kernel_id, **{ACTIVITY_KEY: None})
+                if self.on_change is not None:
+                    self.on_change(resumed, False)
             return resumed
 
     def request_room(

@@ -199,6 +199,21 @@ def test_a_request_not_carried_out_in_time_is_not_counted_on_and_a_resume_makes_
     assert requested(client) == {"stuck", "new"}
 
 
+def test_a_kernel_that_resumed_is_not_asked_to_suspend_on_the_report_made_before_its_suspend(served):
+    now = [10_000.0]
+    client, _ = served(Lending(make_room=True, clock=lambda: now[0]))
+    client.admit("back", SliceLimits(6 * GIB, 10))
+    client.admit("other", SliceLimits(6 * GIB, 10))
+    report(client, "back", busy=False, last_activity=1_000.0)
+    report(client, "other", busy=False, last_activity=2_000.0)
+    client.suspend("back", host_memory=6 * GIB)
+    # A cell runs in "back": it resumes before its server's next tick reports it busy.
+    assert client.resume("back").metadata.get("activity") is None
+    with pytest.raises(CapacityError, match="1 idle kernel on GPU 0 is being suspended"):
+        client.admit("new", SliceLimits(6 * GIB, 10))
+    assert requested(client) == {"other"}
+
+
 def test_kernels_whose_suspend_the_host_memory_cap_would_refuse_are_not_asked(served):
     client, _ = served(Lending(make_room=True, host_memory_cap=5 * GIB))
     for kernel_id, idle_since in (("big", 1_000.0), ("small", 2_000.0), ("held", 3_000.0)):
