@@ -507,14 +507,14 @@ struct vgpu_controller {
     uint64_t spent;   /* tokens drawn since the last measurement */
     double draw_rate; /* tokens drawn per second, smoothed over a few ticks */
     uint64_t last_draw_ns;
-    int drained;        /* the pool ran dry at some tick: launches were held back */
-    int slack;          /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
-    int held_last_tick; /* the last tick found the pool drained and every grant drawn, on time */
-    int dry_last_tick;  /* ... found them drained, on time or late */
-    int shifted;        /* a late tick in this window paid for time missed (refill()) */
-    int shifted_last_window;
-    int window_clean;   /* launches drew tokens throughout the window (no MODE_OFF tick) */
-    double carry;       /* fraction of a token owed by the last refill */
+    int drained;             /* the pool ran dry at some tick: launches were held back */
+    int slack;               /* at some tick it had not (or the tick was late): the window cannot say the rate is low */
+    int held_last_tick;      /* the last tick found the pool drained and every grant drawn, on time */
+    int dry_last_tick;       /* ... found them drained, on time or late */
+    int shifted;             /* a late tick in this window paid for time missed (refill()) */
+    int shifted_last_window; /* the window before had one: its tokens may be spent in this one */
+    int window_clean;        /* launches drew tokens throughout the window (no MODE_OFF tick) */
+    double carry;            /* fraction of a token owed by the last refill */
 
     /* The cost estimate: utilisation-seconds per token = util_seconds / token_count. */
     double util_seconds;
