@@ -174,13 +174,17 @@ def test_a_start_that_does_not_fit_asks_the_longest_idle_kernels_not_running_a_c
     assert not refused.value.making_room
 
 
+def two_idle_kernels(client, longer: str, shorter: str) -> None:
+    """Two 6 GiB kernels, idle and reported so: `longer` idle since 1000, `shorter` since 2000."""
+    for kernel_id, idle_since in ((longer, 1_000.0), (shorter, 2_000.0)):
+        client.admit(kernel_id, SliceLimits(6 * GIB, 10))
+        report(client, kernel_id, busy=False, last_activity=idle_since)
+
+
 def test_a_request_not_carried_out_in_time_is_not_counted_on_and_a_resume_makes_room_too(served):
     now = [10_000.0]
     client, _ = served(Lending(make_room=True, clock=lambda: now[0]))
-    client.admit("stuck", SliceLimits(6 * GIB, 10))
-    client.admit("idle", SliceLimits(6 * GIB, 10))
-    report(client, "stuck", busy=False, last_activity=1_000.0)
-    report(client, "idle", busy=False, last_activity=2_000.0)
+    two_idle_kernels(client, "stuck", "idle")
     with pytest.raises(CapacityError, match="1 idle kernel on GPU 0 is being suspended"):
         client.admit("new", SliceLimits(6 * GIB, 10))
     assert requested(client) == {"stuck"}
@@ -202,10 +206,7 @@ def test_a_request_not_carried_out_in_time_is_not_counted_on_and_a_resume_makes_
 def test_a_kernel_that_resumed_is_not_asked_to_suspend_on_the_report_made_before_its_suspend(served):
     now = [10_000.0]
     client, _ = served(Lending(make_room=True, clock=lambda: now[0]))
-    client.admit("back", SliceLimits(6 * GIB, 10))
-    client.admit("other", SliceLimits(6 * GIB, 10))
-    report(client, "back", busy=False, last_activity=1_000.0)
-    report(client, "other", busy=False, last_activity=2_000.0)
+    two_idle_kernels(client, "back", "other")
     client.suspend("back", host_memory=6 * GIB)
     # A cell runs in "back": it resumes before its server's next tick reports it busy.
     assert client.resume("back").metadata.get("activity") is None
