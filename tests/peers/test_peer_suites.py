@@ -73,3 +73,62 @@ def test_a_suite_whose_python3_kernel_is_ipykernels_own_fails_though_its_tests_p
     assert suite_passed and (tmp_path / "said.txt").read_text().split() == ["False"]
     assert (verdict.sliced, len(verdict.plain)) == (0, 1)
     assert verdict.problem(plain_run=False).startswith("1 python3 kernels were not sliced: test_starts_python3.py::")
+
+
+# A suite with a test that fails on its first run only (it leaves a mark), one that always
+# passes and, where FAIL_ALWAYS is set, one that always fails; each test counts its runs.
+RACY_SUITE = """
+import os
+from pathlib import Path
+
+
+def count(name):
+    runs = Path(os.environ["RUNS"]) / name
+    runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+    return len(runs.read_text())
+
+
+def test_passes():
+    count("passes")
+
+
+def test_fails_the_first_time():
+    assert count("racy") > 1
+
+
+def test_fails_always():
+    count("always")
+    assert not os.environ.get("FAIL_ALWAYS")
+"""
+
+
+@pytest.fixture
+def racy_project(tmp_path: Path, monkeypatch) -> Path:
+    folder = tmp_path / "racy"
+    folder.mkdir()
+    (folder / "pytest.ini").write_text("[pytest]\n")
+    (folder / "test_racy.py").write_text(textwrap.dedent(RACY_SUITE))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setenv("RUNS", str(runs))
+    return folder
+
+
+def runs_of(tmp_path: Path) -> dict[str, int]:
+    return {each.name: len(each.read_text()) for each in (tmp_path / "runs").iterdir()}
+
+
+def test_a_test_that_fails_once_is_run_once_more_alone_and_the_suite_passes(racy_project, tmp_path, capfd):
+    suite = Suite("racy", paths=("test_racy.py",), plugins=())
+    problem = run_suite("racy", suite, racy_project, tmp_path / "run", None, plain=True, pytest_args=["-q"])
+    assert problem == ""
+    assert runs_of(tmp_path) == {"passes": 1, "racy": 2, "always": 1}
+    assert "1 failed; run once more (--lf): test_racy.py::test_fails_the_first_time" in capfd.readouterr().out
+
+
+def test_a_test_that_fails_twice_fails_the_suite(racy_project, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIL_ALWAYS", "1")
+    suite = Suite("racy", paths=("test_racy.py",), plugins=())
+    problem = run_suite("racy", suite, racy_project, tmp_path / "run", None, plain=True, pytest_args=["-q"])
+    assert problem == "pytest exit 1"
+    assert runs_of(tmp_path) == {"passes": 1, "racy": 2, "always": 2}
