@@ -508,14 +508,24 @@ def test_graph_launches_are_paced(programs, device_env, make_slice, instantiate)
 
 
 def refill_rates_and_utilisation(monitor, env, region, load: Load) -> tuple[list[int], int]:
-    """The controller's refill rate (tokens per second) every 40 ms from 1 s to 3 s into `load`,
-    and the load's utilisation over 2.2-3.2 s."""
+    """The controller's refill rate (tokens per second) every 40 ms from 1 s to 3 s into `load`
+    (50 readings, five phases of 400 ms), and the load's utilisation over 2.2-3.2 s."""
     wait_until_us(load.start_us + 1_000_000)
     rates = []
     while realtime_us() < load.start_us + 3_000_000:
         rates.append(region.raw.tokens_per_second)
         time.sleep(0.04)
     return rates, window(monitor, env, load, 2.2, 3.2)[load.pid]
+
+
+def assert_rate_steady(rates: list[int]) -> None:
+    """The refill rate stays within 25 % over the readings, its highest and lowest tenth left out:
+    a mispriced graph moves it for whole 400 ms phases (ten readings each, half of them), while a
+    controller that waited for a CPU on a busy machine moves one or two readings, which are not
+    what is tested here (test_the_share_holds_while_the_limiters_own_thread_waits_for_a_cpu is)."""
+    assert min(rates) > 0, rates
+    deciles = statistics.quantiles(rates, n=10)
+    assert deciles[-1] <= 1.25 * deciles[0], (deciles[0], deciles[-1], rates)
 
 
 @INSTANTIATE_ENTRY_POINTS
@@ -534,7 +544,7 @@ def test_graph_launches_are_priced_like_their_kernels(programs, device_env, make
     rates, measured = refill_rates_and_utilisation(monitor, device_env, region, load)
     load.finish()
 
-    assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
+    assert_rate_steady(rates)
     assert_share_held(measured, share, load.starved_in(2.2, 3.2), "mixed graph and kernel launches")
 
 
@@ -551,7 +561,7 @@ def test_an_updated_graph_is_priced_like_its_new_kernels(programs, device_env, m
     rates, measured = refill_rates_and_utilisation(monitor, device_env, region, load)
     load.finish()
 
-    assert min(rates) > 0 and max(rates) <= 1.25 * min(rates), rates
+    assert_rate_steady(rates)
     assert_share_held(measured, share, load.starved_in(2.2, 3.2), "a graph updated every 400 ms")
 
 
