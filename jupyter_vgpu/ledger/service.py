@@ -430,6 +430,19 @@ def _borrowed_at(allocation: Allocation) -> float | None:
     return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
 
 
+def take_back_reserve(allocations: list[Allocation], excluding: str = "") -> int:
+    """The host memory kept for taking borrowed room back: each running borrowing slice's memory
+    limit (the most its suspend can move there, whatever it holds now), but ``excluding``'s."""
+    return sum(
+        item.memory_limit
+        for item in allocations
+        if not item.suspended
+        and item.holder == "local"
+        and item.kernel_id != excluding
+        and _borrowed_at(item) is not None
+    )
+
+
 @dataclass
 class Lending:
     """What a served ledger checks before it lends a suspended slice's room (the broker's rules).
@@ -439,8 +452,10 @@ class Lending:
     its word). ``host_memory_cap``: where given, the bytes all suspended slices of the ledger may
     hold in host memory together; a suspend past it is refused, but for one the broker asked for to
     make room for a suspended kernel's resume (a swap), which may go past it by that kernel's host
-    memory (see :meth:`suspend`). Without a Lending (the one-token
-    service of trusted servers), a suspend is recorded as its client says."""
+    memory (see :meth:`suspend`). Room is lent only where it can be taken back: under the cap, host
+    memory is kept for every borrowing slice's take-back (:func:`take_back_reserve`), so a slice
+    borrows only where that room is there, and other suspends leave it free. Without a Lending (the
+    one-token service of trusted servers), a suspend is recorded as its client says."""
 
     still_held: StillHeld | None = None
     host_memory_cap: int | None = None
@@ -482,15 +497,21 @@ class Lending:
                         "host memory by the user's server), so the slice keeps running"
                     )
             if self.host_memory_cap is not None:
-                in_host = sum(allocation.host_memory for allocation in ledger.allocations())
+                allocations = ledger.allocations()
+                in_host = sum(allocation.host_memory for allocation in allocations)
                 swap = self._swap_allowance(ledger, current)
-                if in_host + host_memory > self.host_memory_cap + swap:
+                # A take-back uses the room kept for it; any other suspend leaves that room free.
+                reserve = 0 if _taken_back(current) else take_back_reserve(allocations, excluding=kernel_id)
+                if in_host + reserve + host_memory > self.host_memory_cap + swap:
                     paired = f" (plus {format_size(swap)} that the resume it makes room for gives back)" if swap else ""
+                    kept = (
+                        f", {format_size(reserve)} of the rest is kept for taking borrowed room back" if reserve else ""
+                    )
                     raise NotLent(
                         f"kernel {kernel_id!r} is not suspended: suspended kernels of this node hold "
                         f"{format_size(in_host)} of host memory and may hold {format_size(self.host_memory_cap)} "
-                        f"together (idle.suspend_host_memory){paired}; its {format_size(host_memory)} would not "
-                        "fit, so it keeps running and is stopped when idle longer instead"
+                        f"together (idle.suspend_host_memory){paired}{kept}; its {format_size(host_memory)} would "
+                        "not fit, so it keeps running and is stopped when idle longer instead"
                     )
             suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
             if suspended.metadata.get(SUSPEND_REQUESTED_KEY) is not None:
@@ -545,7 +566,7 @@ class Lending:
             now = self.clock()
             named = None if device is None else select_device(ledger.devices, device).uuid
             allocations = ledger.allocations()
-            in_host = sum(allocation.host_memory for allocation in allocations)
+            in_host = sum(allocation.host_memory for allocation in allocations) + take_back_reserve(allocations)
             resumer = next((item for item in allocations if item.kernel_id == exclude and item.suspended), None)
             swap = 0 if resumer is None else resumer.host_memory
             for usage in ledger.devices_usage():
@@ -558,8 +579,11 @@ class Lending:
                 for candidate in idle_candidates(allocations, usage.device.uuid, exclude, now):
                     if memory <= 0 and share <= 0:
                         break
-                    # What its suspend moves to host memory, at most: nothing for one only lent.
+                    # What its suspend moves to host memory, at most: nothing for one only lent,
+                    # and nothing more than is kept for it where it borrows.
                     moved = candidate.memory_limit if _uses_gpu(candidate) else 0
+                    if _borrowed_at(candidate) is not None and candidate.holder == "local":
+                        moved = 0
                     if moved > host:
                         continue  # its suspend would be refused
                     host -= moved
@@ -612,6 +636,8 @@ class Lending:
                 allocation = ledger.decide_admission(admission)
                 self._claims.pop(admission.kernel_id, None)
                 return allocation
+            if admission.holder == "local":
+                self._check_room_to_take_back(ledger, limits.memory_limit)
             device = self._unclaimed_device(ledger, limits, admission.device, admission.kernel_id)
             metadata = {**(admission.metadata or {}), BORROWING_KEY: {"at": now}}
             return ledger.decide_admission(replace(admission, device=device, metadata=metadata))
@@ -629,6 +655,8 @@ class Lending:
             if current is not None and current.suspended:
                 borrowing = is_borrowing(budget, ledger.allocations(), current.owner, current.limits)
                 if borrowing:
+                    if current.holder == "local":
+                        self._check_room_to_take_back(ledger, current.memory_limit, gives_back=current.host_memory)
                     self._unclaimed_device(ledger, current.limits, current.device_uuid, kernel_id)
         resumed = self.resume(ledger, kernel_id)
         with self._lock:
@@ -636,6 +664,29 @@ class Lending:
             if borrowing or resumed.metadata.get(BORROWING_KEY) is not None:
                 resumed = ledger.update_metadata(kernel_id, **{BORROWING_KEY: {"at": now} if borrowing else None})
             return resumed
+
+    def _check_room_to_take_back(self, ledger: Ledger, memory: int, gives_back: int = 0) -> None:
+        """Raise CapacityError where the host memory cap has no room to take a borrowing slice of
+        ``memory`` back (what suspended slices hold, less ``gives_back``, a resume's own, plus what
+        is kept for the borrowing slices' take-backs): it waits, as for room on a GPU, until a
+        suspended slice resumes or a borrower gives its room back."""
+        if self.host_memory_cap is None:
+            return
+        allocations = ledger.allocations()
+        in_host = sum(item.host_memory for item in allocations) - gives_back
+        reserve = take_back_reserve(allocations)
+        free = max(0, self.host_memory_cap - in_host - reserve)
+        if memory > free:
+            raise CapacityError(
+                f"the {format_size(memory)} slice is above its owner's guarantee and borrows only room that can be "
+                f"taken back without a kill: its suspend would move up to {format_size(memory)} to host memory, "
+                f"where suspended kernels hold {format_size(in_host)} and {format_size(reserve)} is kept for the "
+                f"borrowers' take-backs, of the {format_size(self.host_memory_cap)} they may hold "
+                f"(idle.suspend_host_memory); {format_size(free)} is free",
+                resource="memory",
+                requested=memory,
+                available=free,
+            )
 
     def _unclaimed_device(self, ledger: Ledger, limits: SliceLimits, device: int | str | None, kernel_id: str) -> Any:
         """The device a borrowing slice of ``limits`` may go to: ``device`` (None: where the

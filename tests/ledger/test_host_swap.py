@@ -13,6 +13,7 @@ import pytest
 from test_service_borrowing import ClassroomGate
 
 from jupyter_vgpu.ledger import (
+    BORROWING_KEY,
     SUSPEND_REQUEST_TIMEOUT_S,
     SUSPEND_REQUESTED_KEY,
     TAKE_BACK_KEY,
@@ -143,29 +144,104 @@ def test_the_allowance_ends_when_the_resumer_is_stopped(broker):
     assert in_host(ledger) == CAP
 
 
-def test_borrowed_room_is_taken_back_for_a_resume_at_the_cap(service_loop, ledger_path, gpu):
-    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
-    lending = Lending(make_room=True, host_memory_cap=4 * GIB, clock=lambda: 1_000.0)
+@pytest.fixture
+def classroom_at_a_cap(service_loop, ledger_path, gpu):
+    """One 8 GiB GPU, an 8 GiB host cap and three students (each guaranteed 4 GiB of up to 12,
+    ClassroomGate): a client per student and the EmbeddedLedger."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 8)])
+    lending = Lending(make_room=True, host_memory_cap=8 * GIB, clock=lambda: 1_000.0)
     server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=lending))
-    alice, bob = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob"))
-    try:
-        four = SliceLimits(4 * GIB, 10, "burst")
-        alice.admit("a1", four)
-        alice.suspend("a1", host_memory=4 * GIB)  # the cap is full
-        for kernel_id in ("b1", "b2", "b3"):  # b2 and b3 borrow the room a1 lends
-            bob.admit(kernel_id, four)
-            bob.update_metadata(kernel_id, activity={"busy": True, "last_activity": 1_000.0, "uses_gpu": True})
-        with pytest.raises(CapacityError, match="being taken back"):
-            alice.resume("a1")  # within alice's guarantee
-        request = bob.get("b3").metadata[SUSPEND_REQUESTED_KEY]
-        assert request[TAKE_BACK_KEY] is True and request[ROOM_FOR_KEY] == "a1"
-        # The borrower's suspend goes past the cap by the 4 GiB a1's resume gives back, not more.
-        assert bob.suspend("b3", host_memory=4 * GIB).suspended
-        assert in_host(ledger) == 8 * GIB
-        assert not alice.resume("a1").suspended
-        assert in_host(ledger) == 4 * GIB
-    finally:
-        alice.close()
-        bob.close()
-        server.stop()
-        ledger.close()
+    clients = {
+        name: RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob", "carol")
+    }
+    yield clients, ledger
+    for client in clients.values():
+        client.close()
+    server.stop()
+    ledger.close()
+
+
+FOUR = SliceLimits(4 * GIB, 10, "burst")
+
+
+def lend_and_borrow(alice: RemoteLedger, bob: RemoteLedger) -> None:
+    """Alice's a1 suspended (4 GiB in host memory, its room lent); bob's b1 within his guarantee and
+    b2 borrowing a1's room, both running cells: the GPU's 8 GiB are bob's."""
+    alice.admit("a1", FOUR)
+    alice.suspend("a1", host_memory=4 * GIB)
+    for kernel_id in ("b1", "b2"):
+        bob.admit(kernel_id, FOUR)
+        bob.update_metadata(kernel_id, activity={"busy": True, "last_activity": 1_000.0, "uses_gpu": True})
+
+
+def test_a_borrower_borrows_only_where_host_memory_could_take_its_room_back(classroom_at_a_cap):
+    (clients, ledger) = classroom_at_a_cap
+    alice, bob = clients["alice"], clients["bob"]
+    alice.admit("a1", FOUR)
+    alice.admit("a2", FOUR)
+    alice.suspend("a1", host_memory=4 * GIB)
+    bob.admit("b1", FOUR)  # within his guarantee: no host memory asked
+    alice.suspend("a2", host_memory=4 * GIB)  # the cap is full; 4 GiB of the GPU is lent
+    with pytest.raises(CapacityError, match="borrows only room that can be taken back without a kill") as refused:
+        bob.admit("b2", FOUR)
+    assert "suspended kernels hold 8GiB" in str(refused.value) and refused.value.available == 0
+    alice.release("a2")  # stopped: 4 GiB of host memory frees, and with it the room to take a borrower back
+    assert BORROWING_KEY in bob.admit("b2", FOUR).metadata
+    assert in_host(ledger) == 4 * GIB
+
+
+def test_a_suspend_leaves_the_host_memory_a_borrowers_take_back_needs(classroom_at_a_cap):
+    (clients, ledger) = classroom_at_a_cap
+    alice, bob, carol = clients["alice"], clients["bob"], clients["carol"]
+    lend_and_borrow(alice, bob)  # 4 GiB in host memory, 4 kept for b2's take-back
+    bob.release("b1")
+    carol.admit("c1", FOUR)
+    with pytest.raises(NotSupported, match="4GiB of the rest is kept for taking borrowed room back"):
+        carol.suspend("c1", host_memory=GIB)
+    assert not ledger.get("c1").suspended and in_host(ledger) == 4 * GIB
+
+
+def test_a_start_within_its_guarantee_finds_its_room_while_suspended_kernels_fill_the_cap(classroom_at_a_cap):
+    """The stall this rule ends (benchmarks/classroom_load.py at a 96 GiB cap): suspended kernels
+    filled the cap, a borrower took their room, and a student within her guarantee then waited
+    minutes, because the cap refused the borrower's suspend that would give her the room."""
+    (clients, ledger) = classroom_at_a_cap
+    alice, bob, carol = clients["alice"], clients["bob"], clients["carol"]
+    alice.admit("a1", FOUR)
+    carol.admit("c1", FOUR)
+    alice.suspend("a1", host_memory=4 * GIB)
+    carol.suspend("c1", host_memory=4 * GIB)  # the cap is full; the GPU's 8 GiB are lent
+    bob.admit("b1", FOUR)
+    with pytest.raises(CapacityError, match="can be taken back"):
+        bob.admit("b2", FOUR)  # nobody could take this room back: it waits
+    assert BORROWING_KEY not in alice.admit("a2", FOUR).metadata  # at once, no take-back to wait for
+    assert in_host(ledger) == 8 * GIB
+
+
+def test_a_start_within_its_guarantee_takes_borrowed_room_back_into_the_host_memory_kept_for_it(
+    classroom_at_a_cap,
+):
+    (clients, ledger) = classroom_at_a_cap
+    alice, bob = clients["alice"], clients["bob"]
+    lend_and_borrow(alice, bob)
+    with pytest.raises(CapacityError, match="being taken back"):
+        alice.admit("a2", FOUR)  # within her guarantee: a1 is suspended
+    request = bob.get("b2").metadata[SUSPEND_REQUESTED_KEY]
+    assert request[TAKE_BACK_KEY] is True and ROOM_FOR_KEY not in request  # a start: no swap to pair with
+    assert bob.suspend("b2", host_memory=4 * GIB).suspended  # into the room kept for it
+    assert in_host(ledger) == 8 * GIB
+    assert BORROWING_KEY not in alice.admit("a2", FOUR).metadata
+
+
+def test_borrowed_room_is_taken_back_for_a_resume_at_the_cap(classroom_at_a_cap):
+    (clients, ledger) = classroom_at_a_cap
+    alice, bob = clients["alice"], clients["bob"]
+    lend_and_borrow(alice, bob)
+    with pytest.raises(CapacityError, match="being taken back"):
+        alice.resume("a1")  # within alice's guarantee
+    request = bob.get("b2").metadata[SUSPEND_REQUESTED_KEY]
+    assert request[TAKE_BACK_KEY] is True and request[ROOM_FOR_KEY] == "a1"
+    assert bob.suspend("b2", host_memory=4 * GIB).suspended
+    assert in_host(ledger) == 8 * GIB
+    assert not alice.resume("a1").suspended
+    assert in_host(ledger) == 4 * GIB
