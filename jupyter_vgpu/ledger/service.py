@@ -370,7 +370,8 @@ def _uses_gpu(allocation: Allocation) -> bool:
 
 @dataclass(frozen=True)
 class Claim:
-    """Room taken back from borrowers for a kernel within its owner's guarantee, held for it."""
+    """Room held for a kernel: taken back from borrowers for one within its owner's guarantee, or
+    freed by the swap for a resume behind the line (what its paired suspends have freed so far)."""
 
     device_uuid: str
     memory: int
@@ -475,6 +476,10 @@ class Lending:
     # Room that borrowed slices give back, held for the kernels within their guarantee it is
     # taken back for (by kernel id), so that no borrower takes it first.
     _claims: dict[str, Claim] = field(default_factory=dict, repr=False)
+    # Room that idle kernels' suspends make by the swap alone (suspends the cap allows only as
+    # room for a resume) for a resume that waits behind older requests of the node's line, held
+    # for it (by kernel id) from everyone else: those requests could not have been given it.
+    _swaps: dict[str, Claim] = field(default_factory=dict, repr=False)
 
     def suspend(self, ledger: Ledger, kernel_id: str, host_memory: int, details: dict[str, Any] | None) -> Allocation:
         """Check, then mark the slice suspended (blocks: NVML and the ledger file)."""
@@ -514,6 +519,12 @@ class Lending:
                         "not fit, so it keeps running and is stopped when idle longer instead"
                     )
             suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
+            held = self._swaps.get(_room_for(current) or "")
+            if held is not None and held.device_uuid == current.device_uuid:
+                resumer = _room_for(current) or ""  # the room it frees is that resume's
+                self._swaps[resumer] = replace(
+                    held, memory=held.memory + current.memory_limit, sm_share=held.sm_share + current.sm_share
+                )
             if suspended.metadata.get(SUSPEND_REQUESTED_KEY) is not None:
                 suspended = ledger.update_metadata(kernel_id, **{SUSPEND_REQUESTED_KEY: None})  # carried out
             if self.on_change is not None:
@@ -549,7 +560,7 @@ class Lending:
             return resumed
 
     def request_room(
-        self, ledger: Ledger, limits: SliceLimits, device: int | str | None, exclude: str
+        self, ledger: Ledger, limits: SliceLimits, device: int | str | None, exclude: str, *, swap_only: bool = False
     ) -> RoomBeingMade | None:
         """Where suspending idle kernels (any owner's, longest idle first, never one running a cell
         nor one whose server reports no activity) would make room for a slice of ``limits`` on a
@@ -558,8 +569,10 @@ class Lending:
         counting each kernel at its memory limit (the most it can move there), or at nothing where
         its server reports it holds nothing on the GPU (it is only lent). Where ``exclude`` is a
         suspended slice (a resume), the cap counts with the host memory its resume gives back, and
-        each request names it (ROOM_FOR_KEY): the swap :meth:`suspend` allows. What is being made,
-        or None."""
+        each request names it (ROOM_FOR_KEY): the swap :meth:`suspend` allows. ``swap_only``: for
+        such a resume that waits behind older requests of the node's line, only kernels whose
+        suspend the cap allows for the swap alone (room no request ahead could be given), and that
+        room is held for the resume (see :meth:`may_pass_the_line`). What is being made, or None."""
         if not self.make_room:
             return None
         with self._lock:
@@ -569,6 +582,10 @@ class Lending:
             in_host = sum(allocation.host_memory for allocation in allocations) + take_back_reserve(allocations)
             resumer = next((item for item in allocations if item.kernel_id == exclude and item.suspended), None)
             swap = 0 if resumer is None else resumer.host_memory
+            if swap_only and (resumer is None or self.host_memory_cap is None):
+                return None
+            # What a suspend nobody paired may still move to host memory.
+            unpaired = math.inf if self.host_memory_cap is None else self.host_memory_cap - in_host
             for usage in ledger.devices_usage():
                 if named not in (None, usage.device.uuid):
                     continue
@@ -586,6 +603,8 @@ class Lending:
                         moved = 0
                     if moved > host:
                         continue  # its suspend would be refused
+                    if swap_only and (moved <= unpaired or _room_for(candidate) not in (None, exclude)):
+                        continue  # room a request ahead could be given, or another resume's
                     host -= moved
                     chosen.append(candidate)
                     memory, share = memory - candidate.memory_limit, share - candidate.sm_share
@@ -601,8 +620,21 @@ class Lending:
                     if resumer is not None:
                         request = {**request, ROOM_FOR_KEY: resumer.kernel_id}
                     ledger.update_metadata(candidate.kernel_id, **{SUSPEND_REQUESTED_KEY: request})
+                if swap_only:  # nothing is held until its paired suspends free it (see suspend)
+                    held = self._swaps.get(exclude)
+                    memory, share = (held.memory, held.sm_share) if held is not None else (0, 0)
+                    self._swaps[exclude] = Claim(usage.device.uuid, memory, share, now)
                 return RoomBeingMade(usage.device.index, len(chosen))
             return None
+
+    def may_pass_the_line(self, kernel_id: str) -> bool:
+        """Whether room is held for the resume of ``kernel_id`` (suspends paired with it by
+        ``swap_only`` freed some), so that it may be admitted before older requests of the node's
+        line, which could not have been given that room."""
+        with self._lock:
+            self._drop_lapsed_claims(self.clock())
+            held = self._swaps.get(kernel_id)
+            return held is not None and (held.memory > 0 or held.sm_share > 0)
 
     def ran_again(self, ledger: Ledger, allocation: Allocation) -> Allocation:
         """Withdraw the suspend request of a slice whose kernel ran (or runs a cell) since it was
@@ -626,27 +658,24 @@ class Lending:
         if admission.metadata and BORROWING_KEY in admission.metadata:
             unmarked = {name: value for name, value in admission.metadata.items() if name != BORROWING_KEY}
             admission = replace(admission, metadata=unmarked)
-        if not guarantees(admission.budget):
-            return ledger.decide_admission(admission)
         with self._lock:
             now = self.clock()
             self._drop_lapsed_claims(now)
             limits = admission.limits
             if not is_borrowing(admission.budget, ledger.allocations(), admission.owner, limits):
-                allocation = ledger.decide_admission(admission)
+                device = self._unheld_device(ledger, limits, admission.device, admission.kernel_id, borrowing=False)
+                allocation = ledger.decide_admission(replace(admission, device=device))
                 self._claims.pop(admission.kernel_id, None)
                 return allocation
             if admission.holder == "local":
                 self._check_room_to_take_back(ledger, limits.memory_limit)
-            device = self._unclaimed_device(ledger, limits, admission.device, admission.kernel_id)
+            device = self._unheld_device(ledger, limits, admission.device, admission.kernel_id, borrowing=True)
             metadata = {**(admission.metadata or {}), BORROWING_KEY: {"at": now}}
             return ledger.decide_admission(replace(admission, device=device, metadata=metadata))
 
     def resume_within(self, ledger: Ledger, kernel_id: str, budget: OwnerBudget | None) -> Allocation:
         """:meth:`resume`, where a resume past its owner's guarantee is admitted only into room no
         kernel within its guarantee is owed, and marked as borrowing (or no longer)."""
-        if not guarantees(budget):
-            return self.resume(ledger, kernel_id)
         with self._lock:
             now = self.clock()
             self._drop_lapsed_claims(now)
@@ -654,13 +683,13 @@ class Lending:
             borrowing = False
             if current is not None and current.suspended:
                 borrowing = is_borrowing(budget, ledger.allocations(), current.owner, current.limits)
-                if borrowing:
-                    if current.holder == "local":
-                        self._check_room_to_take_back(ledger, current.memory_limit, gives_back=current.host_memory)
-                    self._unclaimed_device(ledger, current.limits, current.device_uuid, kernel_id)
+                if borrowing and current.holder == "local":
+                    self._check_room_to_take_back(ledger, current.memory_limit, gives_back=current.host_memory)
+                self._unheld_device(ledger, current.limits, current.device_uuid, kernel_id, borrowing=borrowing)
         resumed = self.resume(ledger, kernel_id)
         with self._lock:
             self._claims.pop(kernel_id, None)
+            self._swaps.pop(kernel_id, None)
             if borrowing or resumed.metadata.get(BORROWING_KEY) is not None:
                 resumed = ledger.update_metadata(kernel_id, **{BORROWING_KEY: {"at": now} if borrowing else None})
             return resumed
@@ -688,13 +717,27 @@ class Lending:
                 available=free,
             )
 
-    def _unclaimed_device(self, ledger: Ledger, limits: SliceLimits, device: int | str | None, kernel_id: str) -> Any:
-        """The device a borrowing slice of ``limits`` may go to: ``device`` (None: where the
-        ledger places it) where no room is held for a kernel within its guarantee, else one that
-        has room beside what is held; raises CapacityError where none has."""
-        held = [claim for claimant, claim in self._claims.items() if claimant != kernel_id]
+    def _unheld_device(
+        self, ledger: Ledger, limits: SliceLimits, device: int | str | None, kernel_id: str, *, borrowing: bool
+    ) -> Any:
+        """The device a slice of ``limits`` may go to: ``device`` (None: where the ledger places
+        it) where no room is held for another kernel, else one that has room beside what is held;
+        raises CapacityError where none has. Room the swap makes for a resume is held from every
+        other slice; room taken back for a kernel within its guarantee, from ``borrowing`` ones."""
+        held = [claim for claimant, claim in self._swaps.items() if claimant != kernel_id]
+        if borrowing:
+            held += [claim for claimant, claim in self._claims.items() if claimant != kernel_id]
         if not held:
             return device
+        if borrowing:
+            why = (
+                f"the {format_size(limits.memory_limit)} slice is above its owner's guarantee and borrows only room "
+                "nobody within a guarantee needs"
+            )
+            whom = "a kernel within its owner's guarantee"
+        else:
+            why = f"the {format_size(limits.memory_limit)} slice does not fit beside room held for others"
+            whom = "a suspended kernel's resume (the swap at the host memory cap)"
         named = None if device is None else select_device(ledger.devices, device).uuid
         fitting = []
         for usage in ledger.devices_usage():
@@ -709,17 +752,15 @@ class Lending:
             elif named is not None or len(ledger.devices) == 1:
                 free = max(0, usage.memory_free - memory)
                 raise CapacityError(
-                    f"the {format_size(limits.memory_limit)} slice is above its owner's guarantee and borrows only "
-                    f"room nobody within a guarantee needs: {format_size(memory)} on GPU {usage.device.index} is held "
-                    f"for a kernel within its owner's guarantee, {format_size(free)} is free beside it",
+                    f"{why}: {format_size(memory)} on GPU {usage.device.index} is held for {whom}, "
+                    f"{format_size(free)} is free beside it",
                     resource="memory",
                     requested=limits.memory_limit,
                     available=free,
                 )
         if not fitting:
             raise CapacityError(
-                f"the {format_size(limits.memory_limit)} slice is above its owner's guarantee and borrows only room "
-                "nobody within a guarantee needs: every GPU's free room is held for kernels within their guarantee",
+                f"{why}: every GPU's free room is held for others",
                 resource="memory",
                 requested=limits.memory_limit,
                 available=0,
@@ -728,9 +769,10 @@ class Lending:
         return min(fitting, key=lambda usage: (usage.memory_free, usage.device.index)).device.index
 
     def _drop_lapsed_claims(self, now: float) -> None:
-        for claimant, claim in list(self._claims.items()):
-            if now - claim.at > SUSPEND_REQUEST_TIMEOUT_S:
-                del self._claims[claimant]
+        for held in (self._claims, self._swaps):
+            for claimant, claim in list(held.items()):
+                if now - claim.at > SUSPEND_REQUEST_TIMEOUT_S:
+                    del held[claimant]
 
     def take_back(
         self, ledger: Ledger, limits: SliceLimits, device: int | str | None, claimant: str
@@ -1095,21 +1137,24 @@ class LedgerHandler(web.RequestHandler):
         claimant: str = "",
         owner: str = "",
         budget: OwnerBudget | None = None,
+        swap_only: bool = False,
     ) -> Refusal:
         """A refusal for lack of room on a device, telling where idle kernels are being asked to
         suspend to make it (see Lending.request_room), or, for ``claimant`` (a slice of ``owner``
         within their guarantee, ``budget``), where borrowed room is being taken back (see
         Lending.take_back); others as they are. A slice past its owner's guarantee makes no room:
-        it borrows only what nobody needs."""
-        if refusal.body.get("error") != "CapacityError" or refusal.body.get("resource") not in ("memory", "sm_share"):
+        it borrows only what nobody needs. ``swap_only``: a resume behind older requests of the
+        line (refused for its turn), whose room only the swap may make."""
+        resources = (LINE_RESOURCE,) if swap_only else ("memory", "sm_share")
+        if refusal.body.get("error") != "CapacityError" or refusal.body.get("resource") not in resources:
             return refusal
         if guarantees(budget):
             allocations = await self.decide(self.ledger.allocations)
             if is_borrowing(budget, [item for item in allocations if item.kernel_id != exclude], owner, limits):
                 return refusal
         room: RoomBeingMade | RoomTakenBack | None
-        room = await self.decide(self.lending.request_room, self.ledger, limits, device, exclude)
-        if room is None and guarantees(budget):
+        room = await self.decide(self.lending.request_room, self.ledger, limits, device, exclude, swap_only=swap_only)
+        if room is None and guarantees(budget) and not swap_only:
             room = await self.decide(self.lending.take_back, self.ledger, limits, device, claimant or exclude)
         if room is not None:
             refusal.body = {**refusal.body, "message": f"{refusal.body['message']}; {room}", "making_room": str(room)}
@@ -1279,14 +1324,36 @@ class ResumeHandler(LedgerHandler):
         kernel_id = self.kernel_id(kernel_id)
         allocation = await self.owned(kernel_id)
         budget = await self.own_budget(allocation)
+        limits = SliceLimits(allocation.memory_limit, allocation.sm_share, allocation.policy)
+        behind: Refusal | None = None
         if allocation.suspended:
-            await self.in_turn(kernel_id, allocation.memory_limit, allocation.sm_share, allocation.device_uuid, budget)
+            try:
+                await self.in_turn(kernel_id, limits.memory_limit, limits.sm_share, allocation.device_uuid, budget)
+            except Refusal as refusal:
+                # Behind older requests, it may still have the room the swap makes, which none of
+                # them could be given (the host memory cap stops their room-making).
+                if not await self.decide(self.lending.may_pass_the_line, kernel_id):
+                    raise await self.making_room(
+                        refusal,
+                        limits,
+                        allocation.device_uuid,
+                        kernel_id,
+                        owner=allocation.owner,
+                        budget=budget,
+                        swap_only=True,
+                    ) from None
+                behind = refusal
         try:
             resumed = await self.decide(self.lending.resume_within, self.ledger, kernel_id, budget)
         except Refusal as refusal:
-            limits = SliceLimits(allocation.memory_limit, allocation.sm_share, allocation.policy)
             raise await self.making_room(
-                refusal, limits, allocation.device_uuid, exclude=kernel_id, owner=allocation.owner, budget=budget
+                behind or refusal,
+                limits,
+                allocation.device_uuid,
+                kernel_id,
+                owner=allocation.owner,
+                budget=budget,
+                swap_only=behind is not None,
             ) from None
         self.served(kernel_id)
         self.reply(asdict(resumed))

@@ -23,7 +23,7 @@ from jupyter_vgpu.ledger import (
 )
 from jupyter_vgpu.ledger.base import ROOM_FOR_KEY
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import Lending, ledger_handlers
+from jupyter_vgpu.ledger.service import BrokerLine, Lending, ledger_handlers
 from jupyter_vgpu.model import SliceLimits
 
 GIB = 1 << 30
@@ -245,3 +245,62 @@ def test_borrowed_room_is_taken_back_for_a_resume_at_the_cap(classroom_at_a_cap)
     assert in_host(ledger) == 8 * GIB
     assert not alice.resume("a1").suspended
     assert in_host(ledger) == 4 * GIB
+
+
+def test_a_resume_behind_a_start_the_cap_stops_has_room_made_by_the_swap_and_held_for_it(
+    service_loop, ledger_path, gpu
+):
+    """The stall classroom_load.py --seed 11 traced at a 96 GiB cap: suspended kernels fill the
+    cap, the GPU runs idle kernels, and a start waits first in the node's line for room that only a
+    stopped kernel can give (no suspend fits under the cap for it). Cells of suspended kernels
+    waited behind it for half an hour, though each could swap with an idle kernel: room the start
+    could never have been given. Now such a resume has that room made and held for it."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 8)])
+    now = [1_000.0]
+    lending = Lending(make_room=True, host_memory_cap=8 * GIB, clock=lambda: now[0])
+    line = BrokerLine(clock=lambda: now[0])
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=lending, line=line))
+    names = ("alice", "bob", "carol", "dave", "erin")
+    alice, bob, carol, dave, erin = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in names)
+    try:
+        for client, kernel_id in ((alice, "a1"), (bob, "b1")):
+            client.admit(kernel_id, FOUR)
+            client.suspend(kernel_id, host_memory=4 * GIB)  # the cap is full
+        for client, kernel_id, since in ((carol, "c1", 100.0), (dave, "d1", 200.0)):
+            client.admit(kernel_id, FOUR)
+            idle(client, kernel_id, since)  # the GPU's 8 GiB, both idle
+        erin.wait_in_line("e1", kind="start", memory=FOUR.memory_limit, sm_share=10, device_uuid=None, since=900.0)
+        with pytest.raises(CapacityError) as start:
+            erin.admit("e1", FOUR)
+        assert start.value.making_room == ""  # no suspend fits under the cap for a start
+        assert ledger.get("c1").metadata.get(SUSPEND_REQUESTED_KEY) is None
+
+        for client, kernel_id, since in ((alice, "a1", 950.0), (bob, "b1", 960.0)):
+            client.wait_in_line(
+                kernel_id, kind="resume", memory=FOUR.memory_limit, sm_share=10, device_uuid=None, since=since
+            )
+            with pytest.raises(CapacityError, match="its turn: ") as cell:
+                client.resume(kernel_id)  # behind erin's start (and bob behind alice too)
+            assert "1 idle kernel" in cell.value.making_room
+        # Each resume has an idle kernel of its own, the longest idle first: no room counted twice.
+        assert ledger.get("c1").metadata[SUSPEND_REQUESTED_KEY][ROOM_FOR_KEY] == "a1"
+        assert ledger.get("d1").metadata[SUSPEND_REQUESTED_KEY][ROOM_FOR_KEY] == "b1"
+        assert carol.suspend("c1", host_memory=4 * GIB).suspended  # past the cap by what a1 gives back
+        with pytest.raises(NotSupported, match="would not fit"):
+            dave.suspend("d1", host_memory=4 * GIB)  # one swap past the cap at a time: its server tries again
+
+        with pytest.raises(CapacityError, match="held for a suspended kernel's resume"):
+            erin.admit("e1", FOUR)  # the room the swap made is a1's
+        assert not alice.resume("a1").suspended
+        assert dave.suspend("d1", host_memory=4 * GIB).suspended
+        assert not bob.resume("b1").suspended
+        assert in_host(ledger) == 8 * GIB
+        with pytest.raises(CapacityError):
+            erin.admit("e1", FOUR)  # still waits for a kernel to stop, first in line
+        alice.release("a1")
+        assert not erin.admit("e1", FOUR).suspended
+    finally:
+        for client in (alice, bob, carol, dave, erin):
+            client.close()
+        server.stop()
+        ledger.close()
