@@ -519,11 +519,11 @@ class Lending:
                         "not fit, so it keeps running and is stopped when idle longer instead"
                     )
             suspended = ledger.suspend(kernel_id, host_memory=host_memory, details=details)
-            held = self._swaps.get(_room_for(current) or "")
-            if held is not None and held.device_uuid == current.device_uuid:
-                resumer = _room_for(current) or ""  # the room it frees is that resume's
+            resumer = _room_for(current) or ""
+            making = self._swaps.get(resumer)
+            if making is not None and making.device_uuid == current.device_uuid:  # the room it frees is that resume's
                 self._swaps[resumer] = replace(
-                    held, memory=held.memory + current.memory_limit, sm_share=held.sm_share + current.sm_share
+                    making, memory=making.memory + current.memory_limit, sm_share=making.sm_share + current.sm_share
                 )
             if suspended.metadata.get(SUSPEND_REQUESTED_KEY) is not None:
                 suspended = ledger.update_metadata(kernel_id, **{SUSPEND_REQUESTED_KEY: None})  # carried out
@@ -1166,12 +1166,13 @@ class LedgerHandler(web.RequestHandler):
 
     async def in_turn(
         self, kernel_id: str, memory: int, sm_share: int, device: int | str | None, budget: OwnerBudget | None
-    ) -> None:
+    ) -> int | str | None:
         """Refuse (409, resource ``line``) a start, resume or growth that older requests of the
         node's line wait ahead of (none that borrows, for one within its owner's ``budget``'s
-        guarantee); nothing where the service keeps no line."""
+        guarantee); returns the device it may take (``device``, or for a start on any GPU that
+        older requests wait ahead of only on some GPUs, one of the others)."""
         if self.line is None:
-            return
+            return device
         borrowing = await self.borrowing(memory, sm_share, budget)
         chosen = None
         if device is not None:
@@ -1180,7 +1181,24 @@ class LedgerHandler(web.RequestHandler):
         uuid = None if chosen is None else chosen.uuid
         ahead = await self.decide(self.line.ahead, kernel_id, memory, sm_share, uuid, borrowing)
         if not ahead:
-            return
+            return device
+        if chosen is None:
+            # Requests tied to one GPU (a resume, a growth) hold up a start on any GPU only there.
+            usages = await self.decide(self.ledger.devices_usage)
+            open_devices = [
+                usage
+                for usage in usages
+                if not await self.decide(self.line.ahead, kernel_id, memory, sm_share, usage.device.uuid, borrowing)
+            ]
+            if open_devices:
+                # The fullest it fits on (binpack); else the one closest to fitting, to make room on.
+                fitting = [usage for usage in open_devices if usage.memory_free >= memory]
+                best = (
+                    min(fitting, key=lambda usage: (usage.memory_free, usage.device.index))
+                    if fitting
+                    else max(open_devices, key=lambda usage: (usage.memory_free, -usage.device.index))
+                )
+                return best.device.index
         where = "any GPU" if chosen is None else f"GPU {chosen.index}"
         many = len(ahead) > 1
         raise Refusal(
@@ -1231,10 +1249,8 @@ class AllocationsHandler(LedgerHandler):
             raise Refusal(400, str(error), "SliceValueError") from None
         owner = self.caller.name or body["owner"]
         budget = await self.own_budget()
-        await self.in_turn(body["kernel_id"], limits.memory_limit, limits.sm_share, body["device"], budget)
-        admission = Admission(
-            body["kernel_id"], limits, owner, body["device"], body["metadata"], body["holder"], budget
-        )
+        device = await self.in_turn(body["kernel_id"], limits.memory_limit, limits.sm_share, body["device"], budget)
+        admission = Admission(body["kernel_id"], limits, owner, device, body["metadata"], body["holder"], budget)
         try:
             allocation = await self.decide(self.lending.admit, self.ledger, admission)
         except Refusal as refusal:

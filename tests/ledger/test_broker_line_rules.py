@@ -149,3 +149,43 @@ def test_bad_registrations_are_refused_with_what_is_accepted(node):
         users["alice"].wait_in_line("k", kind="grow", memory=1, sm_share=1, device_uuid=None, since=0)
     with pytest.raises(SliceValueError, match="memory must be zero or more"):
         users["alice"].wait_in_line("k", kind="start", memory=-1, sm_share=1, device_uuid=None, since=0)
+
+
+def test_a_resume_waiting_on_one_gpu_holds_up_a_start_on_any_gpu_only_there(service_loop, ledger_path, gpu):
+    """A resume is tied to its GPU; a start on any GPU asked after it goes to another GPU where
+    nobody older waits, and is never placed where the resume waits (traced in classroom_load.py
+    --seed 11: starts waited behind a resume tied to GPU 0 while GPU 1 had room, and the cells
+    on GPU 1 behind those starts waited 18 minutes)."""
+    clock = Clock()
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 8), gpu(1, 8)])
+    served = service_loop.serve(ledger_handlers(PREFIX, ledger, StandInGate(CALLERS), line=BrokerLine(clock=clock)))
+    alice, bob = (RemoteLedger(served.url + PREFIX, token) for token in ("alice-token", "bob-token"))
+    four = SliceLimits(4 * GIB, 20, "burst")
+    try:
+        alice.admit("alice-1", four, device=0)
+        bob.admit("bob-1", four, device=0)
+        alice.suspend("alice-1", host_memory=4 * GIB)
+        bob.admit("bob-2", four, device=0)  # takes the room alice's kernel lent: GPU 0 is full
+        uuid0 = ledger.devices[0].uuid
+        alice.wait_in_line(
+            "alice-1", kind="resume", memory=4 * GIB, sm_share=20, device_uuid=uuid0, since=clock.now - 9
+        )
+        with pytest.raises(CapacityError):
+            alice.resume("alice-1")
+
+        wait_for_start(bob, "bob-3", since=clock.now - 5, memory=4 * GIB)
+        assert ledger.devices_usage()[1].device.index == 1
+        placed = bob.admit("bob-3", four)  # on any GPU, asked after alice's resume: GPU 1
+        assert placed.device_uuid == ledger.devices[1].uuid
+        bob.admit("bob-4", four, device=1)  # GPU 1 is full too
+        bob.release("bob-2")  # room on GPU 0, which alice's resume waits for
+        wait_for_start(bob, "bob-5", since=clock.now - 1, memory=4 * GIB)
+        with pytest.raises(CapacityError) as refused:
+            bob.admit("bob-5", four)  # not onto GPU 0, where it would go before alice
+        assert "GPU 1" in str(refused.value)
+        assert not alice.resume("alice-1").suspended
+    finally:
+        alice.close()
+        bob.close()
+        served.stop()
+        ledger.close()
