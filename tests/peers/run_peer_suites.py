@@ -239,10 +239,11 @@ def run_suite(
 
 def rerun_failed(name: str, command: list[str], project: Path, env: dict[str, str], folder: Path) -> int:
     """The tests that failed, run once more, as the projects' own CI does (``pytest ... || pytest
-    --lf``): jupyter_server's and nbclient's suites hold timing races of their own that fail now
-    and then with ipykernel's own kernel too (``test_restart_kernel`` gives a websocket 1 s to
-    close after a restart). Which tests needed the second run is printed, and a test that fails
-    twice fails the run."""
+    --lf``): their suites hold races of their own. jupyter_server's ``test_restart_kernel`` failed
+    three CI runs here: its websocket's open raised "fd 45 added twice" in ZMQStream (a socket's
+    fd reused while the event loop still had it registered, pyzmq and jupyter_server's race, seen
+    upstream too: enterprise_gateway#1051, jupyter_client#988), so the connection count never went
+    back to 0. Which tests needed the second run is printed, and a test that fails twice fails."""
     record = folder / "cache" / "v" / "cache" / "lastfailed"
     failed = json.loads(record.read_text()) if record.exists() else {}
     if not failed:  # pytest named no test that failed: nothing to run again
