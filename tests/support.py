@@ -507,12 +507,13 @@ class JupyterProcess:
         return time.monotonic() - started
 
 
-def printed_by_cell(client, code: str, timeout: float) -> str:
+def printed_by_cell(client, code: str, timeout: float, chunks: list[str] | None = None) -> str:
     """Runs ``code`` as a cell through a kernel client whose channels are started (and stopped
-    after); what the cell printed. The cell must succeed."""
+    after); what the cell printed (appended to ``chunks`` as it comes, where given, for a test
+    that watches a cell still running). The cell must succeed."""
+    chunks = [] if chunks is None else chunks
     try:
         client.wait_for_ready(timeout=60)
-        chunks: list[str] = []
         reply = client.execute_interactive(
             code,
             timeout=timeout,

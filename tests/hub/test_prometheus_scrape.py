@@ -203,6 +203,8 @@ def test_every_query_of_the_server_board_returns_series_from_a_real_servers_metr
         kernel = server.api("POST", "api/kernels", {"name": server.kernel_name})["id"]
         client = server.kernel_client(kernel)
         try:
+            # Its iopub connected first, or the cell's idle status can be missed (CI timed out so).
+            client.wait_for_ready(timeout=60)
             reply = client.execute_interactive(HOLD_256_MIB, timeout=60, output_hook=lambda message: None)
             assert reply["content"]["status"] == "ok", reply
         finally:

@@ -50,11 +50,11 @@ def vgpu_kernelspec_dir(tmp_path):
     return tmp_path / "data"
 
 
-def run_code(env: dict[str, str], kernel_id: str, code: str) -> str:
+def run_code(env: dict[str, str], kernel_id: str, code: str, seen: list[str] | None = None) -> str:
     client = BlockingKernelClient(connection_file=str(Path(env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
     client.load_connection_file()
     client.start_channels()
-    return printed_by_cell(client, code, timeout=60)
+    return printed_by_cell(client, code, timeout=60, chunks=seen)
 
 
 def vgpu_cli(env, *args):

@@ -147,7 +147,8 @@ def test_a_resume_waiting_in_line_keeps_its_place_across_a_server_sigkill(
         # A cell through its connection file: its CUDA call waits in libvgpu.so, asking to resume,
         # and the server puts it in line.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            cell = pool.submit(run_code, user_env, kernel_id, "memory(); print(intact())")
+            seen: list[str] = []  # what the cell has printed so far
+            cell = pool.submit(run_code, user_env, kernel_id, "memory(); print(intact())", seen)
             queue = wait_for(lambda: waiting_for_room(server, kernel_id), 60, "in line, waiting for room")
             assert queue["position"] == 1 and queue["waiting_for"].startswith(
                 "waiting for 1GiB more GPU memory (1GiB free) on GPU 0"
@@ -162,6 +163,8 @@ def test_a_resume_waiting_in_line_keeps_its_place_across_a_server_sigkill(
             assert queue["position"] == 1 and in_line_since(tmp_path, kernel_id) == since
             assert not cell.done() and running(pid)
 
+            # The kernel's poller (it looks every second) tells the waiting cell of the adoption.
+            wait_for(lambda: ADOPTED_NOTICE in "".join(seen), 60, "the kernel to say it was adopted")
             outside.kill()  # room comes: it resumes, and the cell goes on with its memory intact
             output = cell.result(timeout=120)
             # The kernel told the cell why it stayed when its server died, and that the restarted
