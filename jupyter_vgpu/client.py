@@ -354,7 +354,7 @@ def device_label(model: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     """``1 · Sim Large`` for a slice's device (the name from GET devices, when it lists it); for a
     pod's slice, where the cluster put it: ``pod jvgpu-… on node-a · GPU-8f2c (4GiB, 30%)``;
     ``any GPU`` for a start waiting in line for whichever GPU has room first."""
-    if model.get("device") is None and model.get("state") == "queued":
+    if model.get("device") is None and model.get("state") == "queued" and model.get("holder") != "pod":
         return "any GPU"
     if model.get("device") is None:
         location = model.get("location") or {}

@@ -15,6 +15,11 @@ through the line in order:
 The same rule orders a node's broker's line across users' servers (ledger/service.py's
 ``BrokerLine`` calls :func:`may_go_before`), so that the order holds across servers too.
 
+A request the cluster's scheduler places (a kernel pod: ``placed_by_cluster``) has its place in
+the same line, so that it shows and leaves as any other, but the cluster, not this server, decides
+when it goes: it is tried at every pass, neither waits behind others nor holds them up, and no
+room is made for it; it competes only with other such requests.
+
 The line knows nothing of kernels, ledgers or holders: each request brings its own ``attempt``
 (True once it is done), and the slice manager builds requests from starts, resumes and resizes.
 """
@@ -59,9 +64,14 @@ class Request:
     labels: dict[str, Any] = field(default_factory=dict)
     # Set for a start, whose provisioner awaits it; resumes are served by the watcher.
     done: asyncio.Future[None] | None = None
+    # The cluster's scheduler places it (a kernel pod); ``attempt`` says whether it has.
+    placed_by_cluster: bool = False
 
     def covers(self, other: Request) -> bool:
-        """Whether this request and ``other`` compete for the same device."""
+        """Whether this request and ``other`` compete for the same device (or, both placed by the
+        cluster, for the cluster's room)."""
+        if self.placed_by_cluster != other.placed_by_cluster:
+            return False
         return self.device_uuid is None or other.device_uuid is None or self.device_uuid == other.device_uuid
 
     def smaller_than(self, other: Request) -> bool:
@@ -231,6 +241,10 @@ class Line:
         for request in self.requests():
             if request.kernel_id not in self._requests:
                 continue  # left during this pass
+            if request.placed_by_cluster:
+                if await self._try(request, make_room=False):
+                    self._served(request)
+                continue
             ahead = [other for other in blocked if other.covers(request)]
             if not may_go_before(request, ahead):
                 blocked.append(request)

@@ -24,6 +24,7 @@ from traitlets.config import LoggingConfigurable
 from jupyter_vgpu.holders import Holder, SliceUsage
 from jupyter_vgpu.holders.device_memory import process_running
 from jupyter_vgpu.holders.local import LocalHolder
+from jupyter_vgpu.holders.pod import PodHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
 from jupyter_vgpu.ledger import (
@@ -704,6 +705,13 @@ class SliceManager(LoggingConfigurable):
                 continue
             if self.holder(allocation).is_alive(allocation):
                 self.log.warning("stopping orphaned kernel %s left by a previous server", allocation.kernel_id)
+            else:
+                why = self.holder(allocation).usage(allocation).message
+                self.log.warning(
+                    "kernel %s ended while no server ran%s; its slice is released",
+                    allocation.kernel_id,
+                    f" ({why})" if why else "",
+                )
             if self.stop_processes(allocation):
                 kept.add(allocation.kernel_id)
         released = self.ledger.reconcile(
@@ -728,7 +736,9 @@ class SliceManager(LoggingConfigurable):
             return False
         kernel_id = allocation.kernel_id
         connection_file = allocation.metadata.get(CONNECTION_FILE_KEY)
-        if not isinstance(connection_file, str) or not os.path.isfile(connection_file):
+        # A pod kernel's connection is in its Secret, read when it is adopted.
+        in_secret = isinstance(self.holder(allocation), PodHolder)
+        if not in_secret and (not isinstance(connection_file, str) or not os.path.isfile(connection_file)):
             self.log.warning("stopping kernel %s left by a previous server: no connection file reaches it", kernel_id)
             return False
         if not (self._adoptable(allocation) or allocation.suspended):
@@ -741,7 +751,9 @@ class SliceManager(LoggingConfigurable):
         return True
 
     def _adoptable(self, allocation: Allocation) -> bool:
-        return bool(allocation.metadata.get(KERNEL_NAME_KEY)) and isinstance(self.holder(allocation), LocalHolder)
+        return bool(allocation.metadata.get(KERNEL_NAME_KEY)) and isinstance(
+            self.holder(allocation), (LocalHolder, PodHolder)
+        )
 
     def survivors(self) -> list[Allocation]:
         """The kernels kept by :meth:`reconcile` that a server can adopt (orphaned, adoptable and
@@ -759,7 +771,7 @@ class SliceManager(LoggingConfigurable):
         """What the vGPU provisioner adopts a survivor with (provisioning/local.py's ``_adopt``):
         its connection file and its process, as ``get_provisioner_info`` recorded them."""
         return {
-            "connection_file": allocation.metadata[CONNECTION_FILE_KEY],
+            "connection_file": allocation.metadata.get(CONNECTION_FILE_KEY, ""),  # none for a pod: its Secret
             "provisioner_info": dict(allocation.metadata.get("provisioner_info", {})),
         }
 

@@ -19,7 +19,7 @@ from jupyter_client.channels import HBChannel
 from private_machine import environment_changed, private_machine_environment
 from support import CUDA_PRELUDE
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+pytest_plugins = ["pytest_jupyter.jupyter_server", "cluster.fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"

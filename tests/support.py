@@ -420,9 +420,17 @@ class JupyterProcess:
     api/status answers; fails at once, with the log, if the process exits first."""
 
     def __init__(
-        self, env: dict[str, str], log: Path, token: str, *options: str, app: str = "server", timeout: float = 60
+        self,
+        env: dict[str, str],
+        log: Path,
+        token: str,
+        *options: str,
+        app: str = "server",
+        timeout: float = 60,
+        port: int | None = None,
     ):
-        self.log, self.token, self.port = log, token, free_port()
+        """``port``: the one to listen on (a restart's, where clients keep the URL), else a free one."""
+        self.log, self.token, self.port = log, token, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         with log.open("a") as stderr:
             self.process = subprocess.Popen(

@@ -20,7 +20,7 @@ from jupyter_vgpu.ledger import Allocation, CapacityError
 from jupyter_vgpu.model import SliceLimits, format_size
 from jupyter_vgpu.pods.cluster import Cluster, ClusterError
 from jupyter_vgpu.pods.manifest import KERNEL_LABEL, MANAGED_BY, OWNER_LABEL, SERVER_LABEL, label_value
-from jupyter_vgpu.pods.phases import PodState
+from jupyter_vgpu.pods.phases import PodState, pod_state
 
 POD_KEY, GRANT_KEY = "pod", "grant"  # the allocation's metadata: {"name", "namespace"}, {"memory_bytes", "cores"}
 # What an in-pod agent reports of each process: the region's per-process figures, by name.
@@ -159,10 +159,12 @@ class PodHolder:
         if known is not None:
             return not known.over
         try:
-            return self.cluster.read_pod(pod["namespace"], pod["name"]) is not None
+            found = pod_state(self.cluster.read_pod(pod["namespace"], pod["name"]))
         except ClusterError as error:
             self._warn("cannot tell whether the pod of kernel %s still runs: %s", allocation.kernel_id, error)
             return False
+        self.observe(allocation.kernel_id, found)  # why it is gone, where it is, for the log and the listing
+        return not found.over and found.state != "stopping"
 
     def stop(self, allocation: Allocation) -> list[str]:
         pod = allocation.metadata.get(POD_KEY)
@@ -176,8 +178,9 @@ class PodHolder:
             self._reports.pop(kernel_id, None)
 
     def sweep(self, kept: set[str]) -> list[str]:
-        """Delete the pods (and Secrets) an earlier server of the same owner left running: nobody
-        can reach their kernels once the server that started them is gone."""
+        """Delete the kernel pods (and Secrets) of this owner that no slice of the ledger knows
+        (a start cut short before it was recorded, a ledger lost): nothing can adopt them, as
+        nothing knows their kernelspec. The pods of the ledger's kernels are adopted instead."""
         swept = []
         for scope in self.scopes:
             try:

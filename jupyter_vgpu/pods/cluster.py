@@ -130,6 +130,18 @@ class Cluster:
             and (item.get("involvedObject") or {}).get("kind", "Pod") == "Pod"
         ]
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node (cluster-scoped: the optional ClusterRole of docs/kubernetes.md)."""
+        reply = self._call("list", "nodes", "", self.api.list_node)
+        return list(reply.get("items", []))
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret, or None when it does not exist."""
+        reply: dict[str, Any] | None = self._call(
+            "get", "secrets", namespace, self.api.read_namespaced_secret, name, namespace, missing_ok=True
+        )
+        return reply
+
     def delete_pod(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> bool:
         """Delete a pod; False if it was already gone."""
         extra = {} if grace_seconds is None else {"grace_period_seconds": grace_seconds}
@@ -179,12 +191,11 @@ def _api_error(error, verb: str, resource: str, namespace: str) -> ClusterError:
     except ValueError:
         message = ""
     message = message or error.reason or "no reason given"
+    where = f"in namespace {namespace!r}" if namespace else "in the cluster"
     if error.status == 403:
         return Forbidden(
-            f"the Jupyter server's service account may not {verb} {resource} in namespace {namespace!r} "
+            f"the Jupyter server's service account may not {verb} {resource} {where} "
             f"(Kubernetes said: {message}); grant it the Role in docs/kubernetes.md",
             status=403,
         )
-    return ClusterError(
-        f"Kubernetes refused to {verb} {resource} in namespace {namespace!r}: {message}", status=error.status or 0
-    )
+    return ClusterError(f"Kubernetes refused to {verb} {resource} {where}: {message}", status=error.status or 0)

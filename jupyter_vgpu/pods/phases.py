@@ -26,19 +26,23 @@ FAILING_REASONS = {
     "CrashLoopBackOff",
     "RunContainerError",
 }
-WAITING_STATES = ("scheduling", "pulling", "starting")
+# queued: the scheduler found no room for the pod yet (it waits in the cluster's line); scheduling:
+# the scheduler has not decided yet.
+WAITING_STATES = ("queued", "scheduling", "pulling", "starting")
 
 
 @dataclass(frozen=True)
 class PodState:
-    """``state``: scheduling, pulling, starting (waiting states), running, stopping, failed,
-    exited or gone; ``message``: one sentence for people."""
+    """``state``: queued, scheduling, pulling, starting (waiting states), running, stopping,
+    failed, exited or gone; ``message``: one sentence for people; ``reason``: the scheduler's own
+    words while the pod is queued."""
 
     state: str
     message: str
     node: str = ""
     gpu: str = ""
     ip: str = ""
+    reason: str = ""
 
     @property
     def ready(self) -> bool:
@@ -114,7 +118,16 @@ def pod_state(pod: dict[str, Any] | None, events: Sequence[dict[str, Any]] = ())
         return PodState("starting", f"the kernel's container is starting{on_node}", **where)
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
     if not node and (scheduled is None or scheduled.get("status") != "True"):
-        reason = (scheduled or {}).get("message") or (_latest(events, "FailedScheduling") or {}).get("message", "")
+        failed = _latest(events, "FailedScheduling")
+        reason = (scheduled or {}).get("message") or (failed or {}).get("message", "")
+        if (scheduled or {}).get("reason") == "Unschedulable" or failed is not None:
+            # The scheduler looked and found no room: the pod waits until the cluster has some.
+            return PodState(
+                "queued",
+                f"waiting in line for room in the cluster: {reason or 'no node has room'}",
+                reason=reason,
+                **where,
+            )
         because = f": {reason}" if reason else ""
         return PodState("scheduling", f"waiting for the scheduler to place the kernel's pod{because}", **where)
     pulling, pulled = _latest(events, "Pulling"), _latest(events, "Pulled")

@@ -9,6 +9,9 @@ from typing import Any
 from jupyter_vgpu.manager import SliceManager
 
 MANAGER_SETTING = "vgpu_slice_manager"  # where the server keeps its SliceManager (web_app.settings)
+# The kernel manager's start_kernel argument with which a restarted server adopts a kernel its
+# predecessor left running (server/adopt.py): each provisioner then launches nothing.
+ADOPT_ARGUMENT = "vgpu_adopt"
 # The server's own hub token (JupyterHub hands one to every single-user server; with it the server
 # speaks to the node's broker). A sliced kernel never gets it: it speaks to its own server only,
 # with its per-kernel credential.

@@ -65,7 +65,13 @@ from jupyter_vgpu.model import (
     use_simulator,
 )
 from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
-from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, ServerLinked, forget_refused_start, slice_owner
+from jupyter_vgpu.provisioning.base import (
+    ADOPT_ARGUMENT,
+    HUB_TOKEN_VARIABLES,
+    ServerLinked,
+    forget_refused_start,
+    slice_owner,
+)
 from jupyter_vgpu.provisioning.batch_refusal import say_refusals_in_one_line
 
 PROVISIONER_NAME = "vgpu-provisioner"
@@ -80,7 +86,6 @@ LEDGER_AUTO, LEDGER_NONE = "auto", "none"
 # The start argument (of MappingKernelManager.start_kernel, reaching pre_launch as the slice size
 # does) by which a restarted server adopts a kernel its predecessor left running: what
 # SliceManager.adoption() says of it (server/adopt.py).
-ADOPT_ARGUMENT = "vgpu_adopt"
 
 
 def default_ledger_path() -> Path:

@@ -13,11 +13,18 @@ slices apply; the cluster decides where it fits), creates the pod and then its S
 connection file and the kernel's credential, owned by the pod), waits until the pod runs, saying
 what it waits for, and connects to the pod's IP. Nothing in the pod calls back. A restart is a new
 pod; shutdown deletes the pod and its Secret.
+
+A pod the scheduler finds no room for waits in the server's line (``queued``, with its place and
+the scheduler's reason) until the cluster places it; a start that no node could ever hold is
+refused at once. A restarted server adopts its predecessor's live kernel pods (``vgpu_adopt``,
+server/adopt.py): their connection comes from their Secret, nothing is created.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import signal
 import time
@@ -30,11 +37,15 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, validate
 
 from jupyter_vgpu.holders.pod import GRANT_KEY, POD_KEY, PodHolder
+from jupyter_vgpu.line import LeftLine, Request
 from jupyter_vgpu.manager import SliceManager, SliceRefused
 from jupyter_vgpu.model import DEFAULT_LIMITS, SliceLimits, decide_limits
-from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
-from jupyter_vgpu.pods.cluster import Cluster, ClusterError, default_namespace
+from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP, format_size
+from jupyter_vgpu.pods.capacity import largest_room
+from jupyter_vgpu.pods.cluster import Cluster, ClusterError, Forbidden, default_namespace
 from jupyter_vgpu.pods.manifest import (
+    CONNECTION_FILE,
+    MEMORY_UNITS,
     PORT_NAMES,
     REDACTED,
     KernelPod,
@@ -45,7 +56,7 @@ from jupyter_vgpu.pods.manifest import (
     secret_manifest,
 )
 from jupyter_vgpu.pods.phases import WAITING_STATES, PodState, pod_state
-from jupyter_vgpu.provisioning.base import ServerLinked, forget_refused_start, slice_owner
+from jupyter_vgpu.provisioning.base import ADOPT_ARGUMENT, ServerLinked, forget_refused_start, slice_owner
 
 POD_PROVISIONER_NAME = "vgpu-pod-provisioner"
 # PodSettings' fields are the provisioner's traits of the same name, but for these.
@@ -153,7 +164,16 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
     start_timeout = Float(
         300.0,
         config=True,
-        help="Seconds a start waits for its pod to run; then the pod is deleted and the start fails saying what it waited for.",
+        help="Seconds a start waits for its pod to run once the scheduler placed it (pulling the image, starting "
+        "the container); then the pod is deleted and the start fails saying what it waited for. Time in line "
+        "does not count: see line_timeout.",
+    )
+    line_timeout = Float(
+        0.0,
+        config=True,
+        help="Seconds a kernel pod may wait in line for the cluster's room (the scheduler found none yet); then "
+        "the pod is deleted and the start fails saying what it waited for. 0: no limit, the start waits until "
+        "the cluster has room, as a local kernel waits for its GPU.",
     )
     poll_interval = Float(
         0.5, config=True, help="Most seconds between readings of a starting pod (the first come sooner)."
@@ -178,12 +198,20 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
             raise TraitError(f"VGPUPodProvisioner.{proposal['trait'].name} must be more than 0 seconds")
         return proposal["value"]
 
+    @validate("line_timeout")
+    def _not_negative(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError("VGPUPodProvisioner.line_timeout must be 0 (no limit) or more seconds")
+        return proposal["value"]
+
     _pod: KernelPod | None = None
     _starts = 0
     _namespace = ""
     _state: PodState | None = None
     _state_at = 0.0
     _standalone_cluster: Cluster | None = None
+    _adopted = False
+    _nodes_forbidden = False  # said once: without the nodes ClusterRole no start is refused as never fitting
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -238,6 +266,10 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         return self._pod is not None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        adoption = kwargs.pop(ADOPT_ARGUMENT, None)
+        if adoption and not self._adopted:
+            return await self._adopt(adoption, kwargs)
+        self._adopted = False  # a restart of an adopted kernel starts a new pod
         requested = kwargs.pop("vgpu_slice", None) or {}
         size = {key: requested.get(key) for key in ("memory", "cores", "policy")}
         manager = self.slice_manager()
@@ -274,12 +306,47 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         kwargs["cmd"] = []  # the pod's command comes from the settings (manifest.kernel_command)
         return kwargs
 
+    async def _adopt(self, adoption: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Take over a kernel pod a previous server started and that still runs: nothing is
+        created. Its ports and HMAC key come from its Secret, its address from the pod; its
+        slice stays as the ledger holds it. A later restart of the kernel is a new pod."""
+        info = adoption["provisioner_info"]
+        self._pod = KernelPod(
+            self.kernel_id, self.owner or default_owner(), self._server_instance(), info.get("starts", 1)
+        )
+        self._namespace, self._starts = info["namespace"], info.get("starts", 1)
+        cluster = await self._k8s(self._cluster)
+        pod = await self._k8s(cluster.read_pod, self._namespace, info["pod"])
+        state = pod_state(pod)
+        self._observe(state)
+        if not state.ready:
+            raise PodStartFailed(f"The kernel's pod {info['pod']} cannot be adopted: {state.message}.")
+        secret = await self._k8s(cluster.read_secret, self._namespace, info["pod"])
+        encoded = ((secret or {}).get("data") or {}).get(CONNECTION_FILE)
+        if not encoded:
+            raise PodStartFailed(
+                f"The kernel's pod {info['pod']} cannot be adopted: its Secret holds no connection file."
+            )
+        connection = json.loads(base64.b64decode(encoded))
+        self.connection_info = cast(
+            KernelConnectionInfo, {**connection, "ip": state.ip, "key": connection["key"].encode()}
+        )
+        # Into the kernel manager now, as a local adoption reads the connection file: jupyter_client
+        # loads what the provisioner returns only where no connection file of the same kernel exists.
+        self.parent.load_connection_info(self.connection_info)
+        self._adopted = True
+        if self.kernel_spec is not None:
+            self.kernel_spec.interrupt_mode = "message"
+        return {**kwargs, "cmd": []}
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        if self._adopted:
+            return self.connection_info
         manager = self.slice_manager()
         try:
             return await self._launch_pod(manager)
-        except (PodStartFailed, ClusterError) as error:
-            refusal = error if isinstance(error, PodStartFailed) else PodStartFailed(f"{error}.")
+        except (SliceRefused, ClusterError) as error:
+            refusal = error if isinstance(error, SliceRefused) else PodStartFailed(f"{error}.")
             if manager is not None:
                 manager.release(self.kernel_id)
             forget_refused_start(self)
@@ -340,6 +407,7 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
             credential=manager.issue_kernel_credential(self.kernel_id) if manager is not None else "",
         )
         cluster, namespace = await self._k8s(self._cluster), settings.namespace  # the first use imports the client
+        await self._refuse_if_never_fits(cluster, settings, limits)
         if manager is not None:
             grant = settings.granted(limits)
             manager.ledger.update_metadata(
@@ -362,8 +430,49 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
             raise
         self.connection_info = cast(KernelConnectionInfo, {**connection, "ip": state.ip, "key": session.key})
         if manager is not None:
-            manager.record_kernel(self.kernel_id, await self.get_provisioner_info())
+            manager.record_kernel(
+                self.kernel_id, await self.get_provisioner_info(), kernel_name=getattr(km, "kernel_name", "")
+            )
         return self.connection_info
+
+    async def _refuse_if_never_fits(self, cluster: Cluster, settings: PodSettings, limits: SliceLimits) -> None:
+        """Refuse a slice larger than any node could ever grant (SliceRefused, at once, with the
+        sizes). Without the right to list nodes (the optional ClusterRole of docs/kubernetes.md)
+        nothing is refused here: such a start waits in line with the scheduler's reason."""
+        try:
+            nodes = await self._k8s(cluster.list_nodes)
+        except Forbidden as error:
+            if not VGPUPodProvisioner._nodes_forbidden:
+                VGPUPodProvisioner._nodes_forbidden = True
+                self.log.warning(
+                    "jupyter_vgpu: starts that can never fit wait in line instead of being refused: %s", error
+                )
+            return
+        unit = MEMORY_UNITS[settings.memory_resource_unit]
+        room = largest_room(nodes, settings.memory_resource, settings.node_selector)
+        asked = settings.granted(limits).memory_limit // unit
+        if room is None or asked <= room.units:
+            return
+        where = (
+            f"the largest GPU in the cluster (on node {room.node}) has"
+            if room.per_gpu
+            else f"the node with the most, {room.node}, has"
+        )
+        most = format_size(room.units * unit)
+        raise SliceRefused(
+            f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {where} {most} of "
+            f"{settings.memory_resource}. Ask for {most} or less.",
+            kind="capacity",
+        )
+
+    async def _read_state(self, cluster: Cluster, kernel: KernelPod, namespace: str) -> PodState:
+        """The pod's state now (its events read only where the status alone does not say why it waits)."""
+        pod = await self._k8s(cluster.read_pod, namespace, kernel.name)
+        state = pod_state(pod)
+        if pod is not None and state.state in WAITING_STATES and not state.reason:
+            state = pod_state(pod, await self._k8s(cluster.pod_events, namespace, kernel.name))
+        self._observe(state)
+        return state
 
     async def _wait_until_running(self, cluster: Cluster, kernel: KernelPod, namespace: str) -> PodState:
         deadline = time.monotonic() + self.start_timeout
@@ -371,15 +480,16 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
         # second), then every poll_interval: a fixed interval made every start wait most of one.
         pause = min(FIRST_POLL, self.poll_interval)
         while True:
-            pod = await self._k8s(cluster.read_pod, namespace, kernel.name)
-            waiting = pod is not None and pod_state(pod).state in WAITING_STATES
-            events = await self._k8s(cluster.pod_events, namespace, kernel.name) if waiting else []
-            state = pod_state(pod, events)
-            self._observe(state)
+            state = await self._read_state(cluster, kernel, namespace)
             if state.ready:
                 return state
             if state.over or state.state == "stopping":
                 raise PodStartFailed(f"The kernel's pod {kernel.name} did not start: {state.message}.")
+            if state.state == "queued":
+                await self._wait_in_line(cluster, kernel, namespace, state)
+                # start_timeout counts from the pod's placement: time in line is not a failing start.
+                deadline, pause = time.monotonic() + self.start_timeout, min(FIRST_POLL, self.poll_interval)
+                continue
             if time.monotonic() >= deadline:
                 raise PodStartFailed(
                     f"The kernel's pod {kernel.name} was not running after {self.start_timeout:g} seconds and was "
@@ -387,6 +497,57 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, self.poll_interval)
+
+    async def _wait_in_line(self, cluster: Cluster, kernel: KernelPod, namespace: str, state: PodState) -> None:
+        """Wait in the server's line until the scheduler places the pod (or it ends): its place
+        among this server's waiting kernel pods and the scheduler's reason show as for any queued
+        start, shutting the kernel down takes it out, and ``line_timeout`` (if set) gives up."""
+        latest = state
+
+        async def placed() -> bool:
+            nonlocal latest
+            # At most one reading per poll_interval, however often the line passes.
+            if time.monotonic() - self._state_at >= self.poll_interval:
+                latest = await self._read_state(cluster, kernel, namespace)
+            else:
+                latest = self._state or latest
+            request.waiting_for = latest.reason or latest.message
+            return latest.state != "queued"
+
+        limits = self._limits
+        request = Request(
+            self.kernel_id,
+            "start",
+            limits.memory_limit,
+            limits.sm_share,
+            None,
+            placed,
+            policy=limits.policy,
+            waiting_for=state.reason or state.message,
+            labels={"kernelspec": getattr(self.kernel_spec, "display_name", ""), "owner": slice_owner()},
+            placed_by_cluster=True,
+        )
+        manager = self.slice_manager()
+        waited = manager.line.wait(request) if manager is not None else self._poll_until(placed)
+        try:
+            if self.line_timeout > 0:
+                await asyncio.wait_for(waited, self.line_timeout)
+            else:
+                await waited
+        except LeftLine as left:
+            raise PodStartFailed(
+                f"The kernel's pod {kernel.name} left the line for room in the cluster: {left}."
+            ) from None
+        except asyncio.TimeoutError:
+            raise PodStartFailed(
+                f"The kernel's pod {kernel.name} waited in line {self.line_timeout:g} seconds "
+                f"(VGPUPodProvisioner.line_timeout) and was deleted. It was {latest.message}."
+            ) from None
+
+    async def _poll_until(self, done) -> None:
+        """Without a server (no line): read until ``done()``."""
+        while not await done():
+            await asyncio.sleep(self.poll_interval)
 
     # -- running ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from jupyter_vgpu.manager import KERNEL_NAME_KEY, SliceManager, this_process
-from jupyter_vgpu.provisioning.local import ADOPT_ARGUMENT
+from jupyter_vgpu.provisioning.base import ADOPT_ARGUMENT
 
 
 def this_server(url: str) -> dict[str, Any]:

@@ -56,7 +56,9 @@ def missing(folder: Path) -> list[str]:
 
 def go(*args: str, **kwargs) -> subprocess.CompletedProcess:
     if shutil.which("go") is None:
-        sys.exit("tests/cluster/build.py: no `go` command; the control plane is built with Go 1.26 (README's install block)")
+        sys.exit(
+            "tests/cluster/build.py: no `go` command; the control plane is built with Go 1.26 (README's install block)"
+        )
     return subprocess.run(["go", *args], cwd=MODULE, check=True, **kwargs)
 
 

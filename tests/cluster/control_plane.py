@@ -48,7 +48,9 @@ def free_port() -> int:
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, *, pair: KeyPair | None = None, token: str = "") -> Path:
-    user: dict[str, str] = {"token": token} if token else {"client-certificate": str(pair.cert), "client-key": str(pair.key)}  # type: ignore[union-attr]
+    user: dict[str, str] = (
+        {"token": token} if token else {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+    )  # type: ignore[union-attr]
     path.write_text(
         json.dumps(
             {

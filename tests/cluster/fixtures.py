@@ -24,9 +24,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import build  # noqa: E402
-from control_plane import KWOK_ANNOTATION, ControlPlane  # noqa: E402
-from node_agent import GPU, NodeAgent, gpu_node  # noqa: E402
+import build
+from control_plane import KWOK_ANNOTATION, ControlPlane
+from node_agent import GPU, NodeAgent, gpu_node
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 SERVER_ACCOUNT = "jupyter"
@@ -51,7 +51,7 @@ def documented(section: str, kinds: tuple[str, ...]) -> list[dict]:
     text = DOCS.read_text()
     start = text.index(f"## {section}\n")
     end = text.find("\n## ", start + 1)
-    blocks = re.findall(r"```yaml\n(.*?)```", text[start : end if end > 0 else None], re.S)
+    blocks = re.findall(r"```yaml\n(.*?)```", text[start : end if end > 0 else None], re.DOTALL)
     return [doc for block in blocks for doc in yaml.safe_load_all(block) if doc and doc.get("kind") in kinds]
 
 
@@ -66,7 +66,9 @@ class Kube:
         self.core = client.CoreV1Api(self.admin)
         self.rbac = client.RbacAuthorizationV1Api(self.admin)
         self.core.create_namespace({"metadata": {"name": namespace}}, _preload_content=False)
-        self.core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVER_ACCOUNT}}, _preload_content=False)
+        self.core.create_namespaced_service_account(
+            namespace, {"metadata": {"name": SERVER_ACCOUNT}}, _preload_content=False
+        )
         self.role = self.apply_documented_role()
         self.node_reader = self.apply_documented_cluster_role()
         self.kubeconfig = plane.token_kubeconfig(f"server-{namespace}", self.token(SERVER_ACCOUNT))
@@ -122,8 +124,14 @@ class Kube:
             replace(document["metadata"]["name"], self.namespace, document, _preload_content=False)
 
     def token(self, account: str) -> str:
-        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}}
-        reply = self.core.create_namespaced_service_account_token(account, self.namespace, request, _preload_content=False)
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 7200},
+        }
+        reply = self.core.create_namespaced_service_account_token(
+            account, self.namespace, request, _preload_content=False
+        )
         return str(json.loads(reply.data)["status"]["token"])
 
     # -- reading what is there, as the cluster admin -----------------------------------------------

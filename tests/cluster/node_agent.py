@@ -162,7 +162,10 @@ class NodeAgent(threading.Thread):
                 "capacity": node["capacity"],
                 "allocatable": node["capacity"],
                 "conditions": conditions,
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.name}],
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": self.name},
+                ],
                 "nodeInfo": self._node_info(),
             },
         }
@@ -209,7 +212,9 @@ class NodeAgent(threading.Thread):
             "spec": {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": micro_now()},
         }
         try:
-            self.coordination.replace_namespaced_lease(self.name, "kube-node-lease", lease, _preload_content=False)
+            self.coordination.patch_namespaced_lease(
+                self.name, "kube-node-lease", {"spec": lease["spec"]}, _preload_content=False
+            )
         except client.ApiException as error:
             if error.status != 404:
                 raise
@@ -221,6 +226,21 @@ class NodeAgent(threading.Thread):
     def start(self) -> None:
         self.register()
         super().start()
+        self.wait_schedulable()
+
+    def wait_schedulable(self, timeout: float = 60.0) -> None:
+        """Until the node lifecycle controller has lifted the not-ready taint that the API server
+        puts on every new node (TaintNodesByCondition): before that no pod is placed here."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            node = json.loads(self.core.read_node(self.name, _preload_content=False).data)
+            taints = node.get("spec", {}).get("taints") or []
+            if not any(taint.get("key", "").startswith("node.kubernetes.io/") for taint in taints):
+                return
+            if self.errors:
+                raise RuntimeError(f"node agent {self.name}: {self.errors[-1]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"node {self.name} still tainted after {timeout} s: {taints}")
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -229,7 +249,7 @@ class NodeAgent(threading.Thread):
                 if time.monotonic() - self._last_heartbeat > HEARTBEAT:
                     self._heartbeat()
             except Exception as error:  # noqa: BLE001 -- a failing agent is reported by the test
-                self.errors.append(repr(error))
+                self.errors.append(f"{error!r}: {getattr(error, 'body', '') or error}"[:600])
             self.stopped.wait(self.interval)
 
     def bound_pods(self) -> list[dict[str, Any]]:
@@ -291,9 +311,18 @@ class NodeAgent(threading.Thread):
             for name, content in volumes[mount["name"]].items():
                 (local / name).write_bytes(self._narrowed(name, content, address))
             mounts[mount["mountPath"]] = local
-        command = [self._local_path(part, mounts) for part in [*container.get("command", []), *container.get("args", [])]]
+        command = [
+            self._local_path(part, mounts) for part in [*container.get("command", []), *container.get("args", [])]
+        ]
         env = {**os.environ, **self.extra_env}
-        for name in ("JUPYTER_VGPU_SERVER_URL", "JUPYTER_VGPU_KERNEL_ID", "JUPYTER_VGPU_KERNEL_CREDENTIAL", "LD_PRELOAD", "VGPU_REGION", "KUBECONFIG"):
+        for name in (
+            "JUPYTER_VGPU_SERVER_URL",
+            "JUPYTER_VGPU_KERNEL_ID",
+            "JUPYTER_VGPU_KERNEL_CREDENTIAL",
+            "LD_PRELOAD",
+            "VGPU_REGION",
+            "KUBECONFIG",
+        ):
             env.pop(name, None)  # a container starts clean, not with this test process's variables
         env.update({item["name"]: str(item.get("value", "")) for item in container.get("env") or []})
         folder.mkdir(parents=True, exist_ok=True)
@@ -302,7 +331,9 @@ class NodeAgent(threading.Thread):
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         grace = float(spec.get("terminationGracePeriodSeconds", 30))
-        self.pods[key] = RunningPod(metadata["name"], namespace, metadata["uid"], address, process, folder, grace=grace, mounts=mounts)
+        self.pods[key] = RunningPod(
+            metadata["name"], namespace, metadata["uid"], address, process, folder, grace=grace, mounts=mounts
+        )
         started = now()
         status = {
             "phase": "Running",
@@ -327,7 +358,13 @@ class NodeAgent(threading.Thread):
                 }
             ],
         }
-        self.core.patch_namespaced_pod_status(metadata["name"], namespace, {"status": status}, _preload_content=False)
+        try:
+            self.core.patch_namespaced_pod_status(
+                metadata["name"], namespace, {"status": status}, _preload_content=False
+            )
+        except client.ApiException as error:
+            if error.status != 404:
+                raise  # 404: deleted meanwhile; the next step ends its processes
 
     @staticmethod
     def _narrowed(name: str, content: bytes, address: str) -> bytes:
@@ -346,7 +383,7 @@ class NodeAgent(threading.Thread):
     def _local_path(part: str, mounts: dict[str, Path]) -> str:
         for mount_path, local in mounts.items():
             if part == mount_path or part.startswith(mount_path + "/"):
-                return str(local) + part[len(mount_path):]
+                return str(local) + part[len(mount_path) :]
         return part
 
     def _report_end(self, running: RunningPod) -> None:
@@ -355,11 +392,20 @@ class NodeAgent(threading.Thread):
         status = {
             "phase": "Succeeded" if code == 0 else "Failed",
             "containerStatuses": [
-                {"name": "kernel", "image": "", "imageID": "", "ready": False, "restartCount": 0, "state": {"terminated": terminated}}
+                {
+                    "name": "kernel",
+                    "image": "",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
             ],
         }
         with contextlib.suppress(Exception):
-            self.core.patch_namespaced_pod_status(running.name, running.namespace, {"status": status}, _preload_content=False)
+            self.core.patch_namespaced_pod_status(
+                running.name, running.namespace, {"status": status}, _preload_content=False
+            )
         running.reported_end = True
 
     def _stopping(self, key: str, pod: dict[str, Any]) -> None:
@@ -378,9 +424,13 @@ class NodeAgent(threading.Thread):
                 return
             self._signal(running, signal.SIGKILL)
             running.process.wait()
-        body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod["metadata"]["uid"]))
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod["metadata"]["uid"])
+        )
         try:
-            self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"], body=body, _preload_content=False)
+            self.core.delete_namespaced_pod(
+                pod["metadata"]["name"], pod["metadata"]["namespace"], body=body, _preload_content=False
+            )
         except client.ApiException as error:
             if error.status not in (404, 409):
                 raise
@@ -410,6 +460,16 @@ class NodeAgent(threading.Thread):
             self.join(10)
         self.kill_pod_processes()
         self.pods.clear()
+        # What the pods' processes started (a kernel under its in-pod agent) is in their process
+        # groups and went with them; wait until the last is gone, as a node that stopped its pods.
+        from support import folder_processes, wait_for
+
+        wait_for(
+            lambda: not folder_processes(self.folder),
+            30,
+            f"every process of node {self.name}'s pods to end",
+            interval=0.05,
+        )
         if remove_node:
             admin = self.plane.api_client()
             from kubernetes import client

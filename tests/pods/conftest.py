@@ -1,6 +1,11 @@
-"""Pod kernels through a real Jupyter server against a stand-in Kubernetes API (tests/kube_standin.py
-says what the stand-in is and where it falls short of a cluster); tests say so in their names
-(``..._against_standin``)."""
+"""Pod kernels through a real Jupyter server against a real Kubernetes control plane
+(tests/cluster: kube-apiserver, etcd, kube-controller-manager, kube-scheduler, KWOK).
+
+Each test has a namespace of its own, where the server talks to the API as the ServiceAccount
+``jupyter`` bound to exactly docs/kubernetes.md's Role, and a node of its own whose pods the
+tests' node agent runs as local processes (tests/cluster/node_agent.py); the test's kernel pods
+select that node, so that tests never see each other's pods or room.
+"""
 
 from __future__ import annotations
 
@@ -8,38 +13,39 @@ import json
 import sys
 
 import pytest
-from kube_standin import OWNER, POD_KERNEL, POD_SIM_DEVICES, Kubelet, Scheduler, StandIn
-from support import vgpu_server_config
+from node_agent import GPU
+from support import free_port, vgpu_server_config
+
+POD_KERNEL = "vgpu-pod-test"
+OWNER = "ada"
+POD_SIM_DEVICES = "name=Sim Pod GPU,memory=8GiB,sms=100,context_memory=0"
+NODE_GPU_MIB = 8192
 
 
 @pytest.fixture
-def standin(tmp_path, monkeypatch):
-    cluster = StandIn(tmp_path)
-    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    yield cluster
-    cluster.close()
-
-
-# -- a real Jupyter server whose GPU kernels are pods ---------------------------------------------
+def pod_node(node_agent, kube, tmp_path, monkeypatch):
+    """The test's node: one simulated 8 GiB GPU (as the pods' simulated driver sees it too)."""
+    monkeypatch.setenv("VGPU_SIM_STATE", str(tmp_path / "pod-sim.state"))
+    monkeypatch.setenv("VGPU_SIM_DEVICES", POD_SIM_DEVICES)
+    return node_agent(gpus=[GPU("GPU-pod-node-0", NODE_GPU_MIB)])
 
 
 @pytest.fixture
 def pod_ports():
-    from support import free_port
-
     return [free_port() for _ in range(5)]
 
 
 @pytest.fixture
-def pod_provisioner_config(pod_ports):
+def pod_provisioner_config(pod_ports, kube, pod_node):
     """The pod provisioner's settings for these tests (a kernelspec's ``config`` may add more)."""
     return {
-        "image": "registry.example.org/kernels/standin:1",
-        "python": sys.executable,  # the "image" is this machine, as the Kubelet runs pods here
+        "image": "registry.example.org/kernels/test:1",
+        "python": sys.executable,  # the "image" is this machine, as the node agent runs pods here
         "kernel_ports": pod_ports,
         "simulate": True,
         "owner": OWNER,
+        "namespace": kube.namespace,
+        "node_selector": {"kubernetes.io/hostname": pod_node.name},
         "poll_interval": 0.05,
         "report_interval": 0.2,
         "start_timeout": 60.0,
@@ -47,11 +53,9 @@ def pod_provisioner_config(pod_ports):
 
 
 @pytest.fixture
-def jp_server_config(standin, native_libs, tmp_path, monkeypatch, pod_provisioner_config):
-    # The pods' simulated GPU (the server itself has none: local_gpus is False).
-    monkeypatch.setenv("VGPU_SIM_STATE", str(tmp_path / "pod-sim.state"))
-    monkeypatch.setenv("VGPU_SIM_DEVICES", POD_SIM_DEVICES)
-    return vgpu_server_config(tmp_path, local_gpus=False, max_memory="6GiB") | {
+def jp_server_config(kube, native_libs, tmp_path, pod_provisioner_config):
+    # The server itself has no GPU (local_gpus is False): its kernels are pods.
+    return vgpu_server_config(tmp_path, local_gpus=False, max_memory="16GiB") | {
         "VGPUPodProvisioner": pod_provisioner_config
     }
 
@@ -86,30 +90,3 @@ def make_pod_kernelspec(jp_data_dir):
 @pytest.fixture
 def pod_kernelspec(make_pod_kernelspec):
     return make_pod_kernelspec(POD_KERNEL)
-
-
-@pytest.fixture
-def kubelet(standin, tmp_path):
-    node = Kubelet(standin, tmp_path / "node", {})
-    node.folder.mkdir()
-    node.start()
-    yield node
-    node.stop()
-    assert not node.errors, node.errors
-
-
-@pytest.fixture
-def scheduler(standin):
-    started = []
-
-    def start(act):
-        thread = Scheduler(standin, act)
-        thread.start()
-        started.append(thread)
-        return thread
-
-    yield start
-    for thread in started:
-        thread.stopped.set()
-        thread.join(10)
-        assert not thread.errors, thread.errors

@@ -1,8 +1,9 @@
-"""One pod kernel end to end, against the stand-in API with the Kubelet running the pod's command
-as a local process (tests/kube_standin.py): a real Jupyter server starts it over REST, code runs in
-it on the simulated GPU under the interposer, ``%vgpu`` in it shows the pod slice and the usage
-its agent reports, a resize within the pod's grant reaches the kernel's next CUDA call, and
-shutdown deletes the pod. Every reply is checked against api.yaml."""
+"""One pod kernel end to end on the real control plane, the test's node agent running the pod's
+command as a local process (tests/cluster/node_agent.py): a real Jupyter server starts it over
+REST, the real scheduler places it, code runs in it on the simulated GPU under the interposer,
+``%vgpu`` in it shows the pod slice and the usage its agent reports, a resize within the pod's
+grant reaches the kernel's next CUDA call, and shutdown deletes the pod. Every reply is checked
+against api.yaml."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import re
 
 from openapi_check import check_reply
+from support import folder_processes, wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -25,8 +27,8 @@ async def until(condition, what: str, timeout: float = 30.0):
     return value
 
 
-async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_against_standin(
-    jp_fetch, pod_kernelspec, kubelet, standin, run_in_kernel, cuda_prelude
+async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize(
+    jp_fetch, pod_kernelspec, pod_node, kube, run_in_kernel, cuda_prelude
 ):
     started = await jp_fetch(
         "api",
@@ -52,7 +54,7 @@ async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_agai
 
     shown = (await run_in_kernel(kernel_id, "%vgpu")).splitlines()
     assert shown[0] == f"GPU slice of kernel {kernel_id[:8]} ({kernel_id}), running"
-    assert shown[1] == f"  device  pod {pod} on node-a · GPU-standin-0 (4GiB, 30%)"
+    assert shown[1] == f"  device  pod {pod} on {pod_node.name}"
     assert re.fullmatch(r"  memory  5\d\dMiB used of 2GiB cap", shown[2]), shown[2]
 
     resized = await jp_fetch("api", "vgpu", "slices", kernel_id, method="PATCH", body=json.dumps({"memory": "1GiB"}))
@@ -62,12 +64,13 @@ async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize_agai
     assert (await run_in_kernel(kernel_id, code)).split() == [str(GIB), str(CUDA_ERROR_OUT_OF_MEMORY)]
 
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
-    assert standin.pod(pod) is None and standin.secret(pod) is None
+    assert kube.pod(pod) is None and kube.secret(pod) is None
     assert json.loads((await jp_fetch("api", "vgpu", "slices")).body) == []
-    assert kubelet.processes[pod].wait(30) == 0  # the agent ended with its kernel
+    # The node ended the pod's processes (its agent and the kernel) with the pod.
+    wait_for(lambda: not folder_processes(pod_node.folder), 30, "the pod's processes to end")
 
 
-async def test_a_pod_kernel_is_interrupted_by_message_against_standin(jp_fetch, jp_serverapp, pod_kernelspec, kubelet):
+async def test_a_pod_kernel_is_interrupted_by_message(jp_fetch, jp_serverapp, pod_kernelspec, pod_node):
     """No signal reaches a pod: Jupyter's interrupt goes as a message on the control channel."""
     kernel_id = json.loads(
         (await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body
@@ -93,7 +96,7 @@ async def test_a_pod_kernel_is_interrupted_by_message_against_standin(jp_fetch, 
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
 
 
-async def test_usage_reports_are_checked_at_the_edge_against_standin(jp_fetch, pod_kernelspec, kubelet):
+async def test_usage_reports_are_checked_at_the_edge(jp_fetch, pod_kernelspec, pod_node):
     kernel_id = json.loads(
         (await jp_fetch("api", "vgpu", "kernels", method="POST", body=json.dumps({"name": pod_kernelspec}))).body
     )["kernel"]["id"]

@@ -35,7 +35,7 @@ def event(reason, message="", at="2026-11-23T10:00:00Z"):
     }
 
 
-def test_an_unscheduled_pod_waits_for_the_scheduler_with_its_reason():
+def test_a_pod_the_scheduler_found_no_room_for_is_queued_with_its_reason():
     state = pod_state(
         pod(
             conditions=[
@@ -43,13 +43,19 @@ def test_an_unscheduled_pod_waits_for_the_scheduler_with_its_reason():
             ]
         )
     )
-    assert state.state == "scheduling" and not state.ready and not state.over
-    assert state.message == f"waiting for the scheduler to place the kernel's pod: {UNSCHEDULABLE}"
+    assert state.state == "queued" and not state.ready and not state.over
+    assert state.message == f"waiting in line for room in the cluster: {UNSCHEDULABLE}"
+    assert state.reason == UNSCHEDULABLE
 
 
 def test_the_reason_comes_from_the_failed_scheduling_event_when_the_condition_has_none():
     state = pod_state(pod(), [event("FailedScheduling", UNSCHEDULABLE)])
-    assert state.state == "scheduling" and UNSCHEDULABLE in state.message
+    assert state.state == "queued" and state.reason == UNSCHEDULABLE
+
+
+def test_a_pod_the_scheduler_has_not_looked_at_yet_is_scheduling():
+    state = pod_state(pod())
+    assert state.state == "scheduling" and state.message == "waiting for the scheduler to place the kernel's pod"
 
 
 def test_pulling_is_seen_in_events_until_the_image_is_pulled():
