@@ -228,7 +228,7 @@ def kwok_nodes(control_plane):
     core = client.CoreV1Api(control_plane.api_client())
     made: list[str] = []
 
-    def add(count: int, *, gpus: int = 2, memory_mib: int = 81920, prefix: str = "") -> list[str]:
+    def add(count: int, *, gpus: int = 2, memory_mib: int = 81920, prefix: str = "", labels=None) -> list[str]:
         prefix = prefix or f"kwok-{uuid.uuid4().hex[:6]}"
         names = []
         for index in range(count):
@@ -238,7 +238,7 @@ def kwok_nodes(control_plane):
                 {
                     "metadata": {
                         "name": name,
-                        "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+                        "labels": {"kubernetes.io/hostname": name, "type": "kwok", **(labels or {})},
                         "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1], **node["annotations"]},
                     },
                     "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]},

@@ -59,7 +59,9 @@ class Hub:
     ``classroom``: the classroom file's text without ``simulate`` and ``broker``, which the hub
     writes itself: its GPUs are simulated and its broker listens on a port it chose free."""
 
-    def __init__(self, folder: Path, classroom: str, *, extra_config: str = ""):
+    def __init__(self, folder: Path, classroom: str, *, extra_config: str = "", spawner: str = "simple"):
+        """``spawner``: "simple" (SimpleLocalProcessSpawner, with the classroom's broker) or
+        "kubernetes" (KubeSpawner from PyPI, against the cluster of ``$KUBECONFIG``: no broker)."""
         self.folder = folder
         self.port, self.hub_port, self.proxy_api_port, self.broker_port = (free_port() for _ in range(4))
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -86,7 +88,7 @@ class Hub:
                 c.JupyterHub.cookie_secret_file = "{folder}/cookie_secret"
                 c.JupyterHub.pid_file = "{folder}/hub.pid"
                 c.JupyterHub.authenticator_class = "dummy"
-                c.JupyterHub.spawner_class = "simple"
+                c.JupyterHub.spawner_class = {"kubespawner.KubeSpawner" if spawner == "kubernetes" else "simple"!r}
                 c.Spawner.cmd = [{str(singleuser)!r}]
                 c.Spawner.args = {allow_root!r}
                 c.Spawner.default_url = "/tree"
@@ -128,7 +130,8 @@ class Hub:
             )
         try:
             wait_for(lambda: self._answers(self.api, 200), START_TIMEOUT_S, "the hub's API to answer")
-            wait_for(self.broker_answers, START_TIMEOUT_S, "the broker to answer")
+            if spawner != "kubernetes":
+                wait_for(self.broker_answers, START_TIMEOUT_S, "the broker to answer")
         except BaseException:
             self.stop()
             raise
