@@ -163,7 +163,7 @@ def measure_adoption(folder: Path, env: dict[str, str], port: int, count: int) -
     answering = time.perf_counter()
     if listed != sorted(kernels):
         raise RuntimeError(f"adopted {len(listed)} of {count}: {restarted.log.read_text()[-3000:]}")
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
         printed = list(pool.map(lambda k: restarted.run_over_websocket(k, "print(x)"), kernels))
     if printed != ["1\n"] * count:
         raise RuntimeError(f"adopted kernels lost their state: {printed}")

@@ -107,11 +107,17 @@ class PodServer(JupyterProcess):
     def run_over_websocket(self, kernel_id: str, code: str, timeout: float = 60) -> str:
         """Run ``code`` as a cell through the server's websocket for the kernel, as JupyterLab
         does; what it printed."""
+        from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
         async def run() -> str:
+            # A server busy adopting or starting kernels may take a while to answer: as long as the cell.
             socket = await websocket_connect(
-                f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels?token={TOKEN}"
+                HTTPRequest(
+                    f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels?token={TOKEN}",
+                    connect_timeout=timeout,
+                    request_timeout=timeout,
+                )
             )
             msg_id = uuid.uuid4().hex
             header = {
