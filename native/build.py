@@ -203,7 +203,9 @@ def gated_entry_points(hooks_def: Path) -> list[str]:
     driver = {name for name, _, _ in driver_api()}
     unknown = sorted(set(ungated) - driver)
     if unknown:
-        raise SystemExit(f"native/build.py: {hooks_def.name} leaves alone what driver_api.def lacks: {', '.join(unknown)}")
+        raise SystemExit(
+            f"native/build.py: {hooks_def.name} leaves alone what driver_api.def lacks: {', '.join(unknown)}"
+        )
     return sorted(driver - set(hooks) - set(ungated))
 
 
@@ -227,7 +229,7 @@ def gate_offsets(flags: list[str]) -> dict[str, int]:
         [*compiler(), *COMMON_FLAGS, f"-I{NATIVE / 'interposer'}", *flags, "-S", "-o", "-", "-x", "c", "-"],
         input=source,
         check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,  # the compiler's errors go to the build's own stderr
         text=True,
     ).stdout
     return {name: int(value) for name, value in re.findall(r"@VGPU_OFFSET (\w+) #?(\d+)", assembly)}

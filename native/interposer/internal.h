@@ -655,7 +655,10 @@ struct vgpu_charge_state {
 /* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
  * no lock: see charge.c). On CUDA_SUCCESS the caller calls the driver and then
  * vgpu_settle_charge(); otherwise it returns the refusal. */
-CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+static inline CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+/* vgpu_charge; without `report`, a refusal at the cap is neither counted nor said (a first try
+ * the caller follows with another, vgpu_charge_making_room). */
+CUresult vgpu_charge_try(struct vgpu_charge *charge, const char *call, uint64_t bytes, int report);
 
 /* Moves a charge to `actual` bytes once the driver said what it really took; growing it is
  * checked like a new request. */
@@ -703,6 +706,13 @@ CUresult vgpu_pool_allocation_settle(const struct vgpu_charge *charge, CUresult 
                                      uint64_t claimed, CUdeviceptr address, uint8_t family);
 /* Sets the pools' charge to what they reserve now (after a free, a trim, a monitor period). */
 void vgpu_pool_memory_settle(void);
+/* vgpu_charge for an allocation no pool serves (cuMemAlloc, cuMemCreate, arrays, ...): where the
+ * cap would refuse it and the process's own pools keep unused reserve (memory the program freed
+ * with cuMemFreeAsync), trims them, counts again, and only then refuses (one OOM line). Inline
+ * (end of file): a process whose pools reserve nothing pays one load; vgpu_pool_charge_trimming
+ * otherwise. */
+static inline CUresult vgpu_charge_making_room(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+CUresult vgpu_pool_charge_trimming(struct vgpu_charge *charge, const char *call, uint64_t bytes);
 /* The monitor's part of a suspend: answers the page's release_request (trims the pools). */
 void vgpu_answer_release_request(void);
 
@@ -797,6 +807,19 @@ static inline void *vgpu_called(enum vgpu_called_id id)
 {
     uintptr_t cached = atomic_load_explicit(&vgpu_state.resolve.called_entry[id], memory_order_acquire);
     return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_called(id);
+}
+
+static inline CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes)
+{
+    return vgpu_charge_try(charge, call, bytes, 1);
+}
+
+static inline CUresult vgpu_charge_making_room(struct vgpu_charge *charge, const char *call, uint64_t bytes)
+{
+    /* Read without the pools' lock: a hint; the charge decides. */
+    if (__builtin_expect(__atomic_load_n(&vgpu_state.charge.pool_charged, __ATOMIC_RELAXED) == 0, 1))
+        return vgpu_charge_try(charge, call, bytes, 1);
+    return vgpu_pool_charge_trimming(charge, call, bytes);
 }
 
 static inline uint64_t vgpu_estimated_driver_memory(void)
