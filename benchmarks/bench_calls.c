@@ -3,7 +3,8 @@
  * libvgpu.so, the difference is the interposer's added cost per call.
  *
  *   bench_calls CALL ITERATIONS THREADS     prints "<wall ns per call> <CPU ns per call>"
- *   CALL: launch | alloc_free | mem_get_info | get_proc_address
+ *   CALL: launch | alloc_free | mem_get_info | get_proc_address | gated
+ *   (gated: cuCtxGetCurrent, an entry point libvgpu.so does not hook: its gate's trampoline)
  *
  * Wall: elapsed time per call as each thread sees it (threads run side by side). CPU: the CPU
  * time of the whole process (every thread: the program's and the interposer's own, such as
@@ -60,6 +61,11 @@ static void *run(void *arg)
             void *fn;
             CUdriverProcAddressQueryResult status;
             CHECK(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &status));
+        }
+    } else if (strcmp(b->call, "gated") == 0) {
+        for (long i = 0; i < b->iterations; i++) {
+            CUcontext current;
+            CHECK(cuCtxGetCurrent(&current));
         }
     } else {
         fprintf(stderr, "unknown call %s\n", b->call);

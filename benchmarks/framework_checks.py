@@ -1,6 +1,7 @@
 """Real programs in a slice: the driver, NVML, nvidia-smi, cuda-bindings, cuda.core, numba-cuda,
 PyTorch (its default, expandable-segments and cudaMallocAsync allocators), CuPy and JAX under a
-4 GiB cap; a PyTorch tensor suspended to host memory and resumed; PyTorch's cache released
+4 GiB cap; a PyTorch tensor suspended to host memory and resumed; a tensor read back while
+suspended (it waits in libvgpu.so saying so, an interrupt ends it, intact after); PyTorch's cache released
 before a suspend (host bytes and seconds with and without); and a bf16 matmul loop at a
 30 % SM share against the same loop unlimited.
 
@@ -182,6 +183,27 @@ tensor += 1  # the GPU computes on the restored memory
 intact_after_kernel = torch.equal(tensor.cpu(), host_copy + 1)
 print(json.dumps({"intact": intact, "intact_after_kernel": intact_after_kernel}), flush=True)
 """
+
+# Issue 34 item 1: a tensor read back while its process is suspended. The read (tensor.cpu():
+# the runtime's copy, cuMemcpyDtoHAsync and a synchronize, no hook of libvgpu.so's) waits in
+# libvgpu.so's gate saying so, the user's Interrupt (the page's leave_line) fails it with CUDA's
+# out-of-memory error, and after the resume the same read gives the same bytes. Each stdin line
+# is one read; the child answers each with a JSON line.
+TORCH_READ_BACK = """
+import json, os, sys, time, torch
+tensor = torch.randint(0, 256, (int(sys.argv[1]),), dtype=torch.uint8, device="cuda")
+expected = tensor.cpu()
+print(json.dumps({"pid": os.getpid(), "region": os.environ.get("VGPU_REGION"),
+                  "limits": os.environ.get("VGPU_LIMITS")}), flush=True)
+for line in sys.stdin:
+    started = time.monotonic()
+    try:
+        intact, error = torch.equal(tensor.cpu(), expected), None
+    except Exception as caught:  # the interrupted read: torch's out-of-memory error
+        intact, error = None, f"{type(caught).__name__}: {caught}"[:200]
+    print(json.dumps({"intact": intact, "error": error, "seconds": time.monotonic() - started}), flush=True)
+"""
+READ_BACK_TENSOR = GIB
 
 # Issue 26 item 2: a tensor the program holds and twice as much cached by PyTorch's caching
 # allocator (a tensor freed: its block stays reserved). The process answers the limits page's
@@ -580,6 +602,101 @@ def suspend_row(simulate: bool) -> tuple[str, str, str]:
             child.wait()
 
 
+def read_back_row(simulate: bool) -> tuple[str, str, str]:
+    """Issue 34 item 1 on a real GPU: a PyTorch tensor's read-back made while its process is
+    suspended (the limits page's flag raised, as the server raises it, then the driver's lock and
+    checkpoint by the server's controller) waits in libvgpu.so and says so on stderr (the cell), a
+    leave_line (Kernel > Interrupt) ends it with an error, and once resumed the read gives the
+    tensor's bytes. What it answers too: whether PyTorch's read reaches the driver only through
+    entry points libvgpu.so gates (were it to call one of the runtime's private tables first, it
+    would block in the driver: no waiting line within 20 s)."""
+    name = f"PyTorch: a {READ_BACK_TENSOR >> 30} GiB tensor read back while suspended, interrupted, intact after"
+    if simulate:
+        return name, "not run", "tests/holders/test_checkpoint.py covers the simulated GPU (cuMemcpyDtoH)"
+    if importlib.util.find_spec("torch") is None:
+        return name, "not run", "needs torch"
+    sys.path.insert(0, str(ROOT))
+    import threading
+
+    from jupyter_vgpu.holders.checkpoint import CheckpointController, CheckpointError
+    from jupyter_vgpu.holders.region import Region, RegionError
+
+    command = slice_command([sys.executable, "-c", TORCH_READ_BACK, str(READ_BACK_TENSOR)], simulate=False)
+    child = subprocess.Popen(
+        command,
+        env=child_environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    said: list[str] = []
+    threading.Thread(target=lambda: said.extend(iter(child.stderr.readline, "")), daemon=True).start()
+    facts: list[str] = []
+
+    def read() -> None:
+        child.stdin.write("\n")
+        child.stdin.flush()
+
+    def answer(timeout: float) -> dict:
+        found: list[str] = []
+        reader = threading.Thread(target=lambda: found.append(child.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return json.loads(found[0]) if found and found[0] else {}
+
+    def said_within(text: str, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if any(text in line for line in said):
+                return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        ready = json.loads(child.stdout.readline() or "{}")
+        if "pid" not in ready or not ready.get("region"):
+            return name, "FAIL", f"the process did not start in a slice: {child.communicate(timeout=30)[1][-300:]}"
+        controller = CheckpointController()
+        with Region.open(ready["region"], limits_path=ready.get("limits") or None) as region:
+            region.set_suspended(True)  # the server's order: the flag, then the driver's lock
+            suspension = controller.suspend([ready["pid"]], lock_timeout=10.0)
+            facts.append(f"suspended {suspension.memory / GIB:.2f} GiB in {suspension.seconds:.2f} s")
+            read()
+            waited = said_within("waiting for room", 20.0)
+            asked = region.resume_requests() > 0
+            facts.append(
+                f"the read {'said it waits' if waited else 'said NOTHING in 20 s (blocked in the driver?)'}, "
+                f"{'asked for room' if asked else 'asked NOTHING'}"
+            )
+            region.leave_line()  # Kernel > Interrupt
+            interrupted = answer(20.0)
+            ended = interrupted.get("error") is not None
+            facts.append(
+                f"interrupt {'ended it: ' + str(interrupted.get('error')) if ended else 'did NOT end it within 20 s'}"
+            )
+            resumed_in = controller.resume(suspension)
+            region.set_suspended(False)
+            facts.append(f"resumed in {resumed_in:.2f} s")
+            if not ended:
+                after = answer(60.0)  # the blocked read itself, once unlocked
+            read()
+            after = answer(60.0)
+            intact = bool(after.get("intact"))
+            facts.append(f"read after the resume: bytes {'intact' if intact else 'CHANGED or no answer'}")
+        child.stdin.close()
+        out, _ = child.communicate(timeout=60)
+        LOG.append(f"$ read-back check\n{out}\n--- stderr\n{''.join(said)}\n")
+        return name, "pass" if waited and asked and ended and intact else "FAIL", "; ".join(facts)
+    except (CheckpointError, RegionError, subprocess.TimeoutExpired, json.JSONDecodeError, OSError) as error:
+        return name, "FAIL", "; ".join([*facts, f"{type(error).__name__}: {error}"])[-600:]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 RELEASE_HELD, RELEASE_CACHED = GIB, 2 * GIB  # with a context, under the 4 GiB cap
 
 
@@ -716,6 +833,7 @@ def main() -> None:
         *((check.name, lambda check=check: check_row(check)) for check in checks),
         ("nvidia-smi", lambda: nvidia_smi_row(simulate)),
         ("suspend", lambda: suspend_row(simulate)),
+        ("read back while suspended", lambda: read_back_row(simulate)),
         ("release", lambda: release_row(simulate)),
         ("matmul", lambda: matmul_row(simulate, warm_up=3.0, seconds=10.0)),
     ]

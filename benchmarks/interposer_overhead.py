@@ -5,19 +5,25 @@ reaches a running program.
     python benchmarks/interposer_overhead.py --smoke    # a few seconds, as CI runs it
 
 Runs the same program (benchmarks/bench_calls.c) straight on the simulated driver and under
-libvgpu.so, side by side and alternating, and reports the fastest run of each, in the same
-environment (LD_PRELOAD renamed for the runs without it). A run's figure is the CPU time of its
-process per call: every thread, the program's and libvgpu.so's own (the limiter's controller,
-the monitor), and not the time other programs ran on a busy machine. The simulated driver's
-kernels last 1 ns here so launch timings measure the call path, not the device.
+libvgpu.so in interleaved pairs (the order alternating from pair to pair), in the same
+environment (LD_PRELOAD renamed for the runs without it), and reports for each row the median
+of each side and the median of the pairs' differences ("added"), for wall time per call (as the
+calling thread sees it) and CPU time per call (every thread of the process, the program's and
+libvgpu.so's own: the limiter's controller, the monitor; not the time other programs ran on a
+busy machine). Beside them, where valgrind is installed, the instructions per call that
+callgrind counts in the calling thread's loop (--toggle-collect on bench_calls's `run`), from
+two runs of different lengths, so one-off costs cancel: a figure the machine's load does not
+move. The simulated driver's kernels last 1 ns here so launch timings measure the call path,
+not the device.
 
 Start-up (benchmarks/bench_startup.c): exec to exit of a small program making about 1000
 driver calls (a context, then allocations, frees, memory queries and launches), and of the
 same program making none (a tool that merely inherits LD_PRELOAD), bare and in a slice,
-alternating run by run; the fastest and the median of each are reported as time added. Every
+alternating run by run; each bare run is paired with the sliced run next to it, and the rows
+give the median of each and the median (and fastest) of the pairs' differences. Every
 DataLoader worker and subprocess of a notebook pays it. Such processes join a slice whose first
 process (the kernel) has measured a context already; the first process of a fresh slice, which
-measures it, is timed on its own row.
+measures it, is timed on its own row, paired the same way.
 
 Two launching threads are timed twice: on one simulated device, where both threads take turns
 on that device's timeline (one atomic word every launch of every process updates, so the
@@ -58,7 +64,14 @@ from private_machine import private_machine  # noqa: E402
 
 from jupyter_vgpu.holders.region import Region  # noqa: E402
 
-GOALS_NS = {"launch": 10, "launch_limited": 30, "alloc_free": 150, "mem_get_info": 50, "get_proc_address": 200}
+GOALS_NS = {
+    "launch": 10,
+    "launch_limited": 30,
+    "alloc_free": 150,
+    "mem_get_info": 50,
+    "get_proc_address": 200,
+    "gated": 5,
+}
 STARTUP_GOAL_MS = 0.5  # added to a process's start-up, 1000 calls or none
 DEVICE = "name=bench GPU,memory=80GiB,sms=132,context_memory=0,block_ns=1"
 
@@ -126,7 +139,44 @@ CALL_ROWS: tuple[tuple[str, str, int, str, str | None, int], ...] = (
     ("cuMemAlloc_v2 + cuMemFree_v2 (capped)", "alloc_free", 1, "capped", "alloc_free", 1),
     ("cuMemGetInfo_v2 (capped)", "mem_get_info", 1, "capped", "mem_get_info", 1),
     ('cuGetProcAddress_v2 ("cuMemAlloc")', "get_proc_address", 1, "unlimited", "get_proc_address", 1),
+    ("cuCtxGetCurrent (not hooked: the gate)", "gated", 1, "capped", "gated", 1),
 )
+# callgrind's two run lengths (calls), per call: the difference of the counts over the
+# difference of the lengths is the cost of one call, start-up and warm-up left out.
+CALLGRIND_CALLS = (20_000, 40_000)
+
+
+def callgrind_instructions(program: Path, env: dict[str, str], call: str, workdir: Path) -> float | None:
+    """Instructions per call of bench_calls's loop (one thread) under callgrind, or None without
+    valgrind. Counted only inside `run` (the loop and what it calls: the interposer and the
+    driver), so the monitor's and the controller's threads do not blur it."""
+    if not shutil.which("valgrind"):
+        return None
+    counts = []
+    for calls in CALLGRIND_CALLS:
+        finished = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--toggle-collect=run*",
+                f"--callgrind-out-file={workdir / 'callgrind.out'}",
+                str(program),
+                call,
+                str(calls),
+                "1",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        collected = [line for line in finished.stderr.splitlines() if "Collected :" in line]
+        counts.append(int(collected[-1].split(":")[-1]))
+    # The warm-up runs calls / 10 + 1 more of them, inside `run` too.
+    (short, long_), (count_short, count_long) = CALLGRIND_CALLS, counts
+    return (count_long - count_short) / ((long_ + long_ // 10) - (short + short // 10))
+
+
 SLICES = {
     "unlimited": {"memory_limit": 0},
     "capped": {"memory_limit": 64 << 30},
@@ -165,10 +215,17 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=9, help="rounds of --against (each runs the driver alone and both builds 3 times)"
     )
+    parser.add_argument("--no-callgrind", action="store_true", help="leave out the instruction counts")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more, not {args.rounds}")
-    iterations = {"launch": 200_000, "alloc_free": 100_000, "mem_get_info": 1_000_000, "get_proc_address": 200_000}
+    iterations = {
+        "launch": 200_000,
+        "alloc_free": 100_000,
+        "mem_get_info": 1_000_000,
+        "get_proc_address": 200_000,
+        "gated": 2_000_000,
+    }
     repeats, resizes, startups, rounds = (11, 200, 51, args.rounds)
     if args.smoke:
         iterations = {name: count // 100 for name, count in iterations.items()}
@@ -185,7 +242,7 @@ def main() -> None:
             region = Region.create(workdir / f"{name}.region", device_uuid=uuid, device_index=0, **limits)
             return {**base, "LD_PRELOAD": str(library), "VGPU_REGION": str(region.path)}, region
 
-        def timed(env, call: str, threads: int, devices: int, cpus: set[int] | None = None) -> float:
+        def timed_both(env, call: str, threads: int, devices: int, cpus: set[int] | None = None) -> tuple[float, float]:
             if devices > 1:  # the same device again, under its own index and UUID; its own state
                 env = {
                     **env,
@@ -200,24 +257,48 @@ def main() -> None:
                 text=True,
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
-            # CPU time, not wall: on a machine busy with other programs a run's wall time counts
-            # the time they ran; its CPU time counts the program's threads and libvgpu.so's own.
-            return float(out.stdout.split()[1])
+            # (wall, CPU): on a machine busy with other programs a run's wall time counts the
+            # time they ran; its CPU time counts the program's threads and libvgpu.so's own.
+            wall, cpu = out.stdout.split()
+            return float(wall), float(cpu)
+
+        def timed(env, call: str, threads: int, devices: int, cpus: set[int] | None = None) -> float:
+            return timed_both(env, call, threads, devices, cpus)[1]
 
         if args.against:
             compare_builds(args.against, build_revision(args.against, workdir), vgpu, workdir, slice_env, timed, rounds)
             return
 
         slices = {name: slice_env(name, **limits)[0] for name, limits in SLICES.items()}
-        print(f"\n{'call':<46}{'direct ns':>11}{'vgpu ns':>10}{'added ns':>10}{'goal':>7}")
+        print(
+            f"\n{'call (medians of ' + str(repeats) + ' interleaved pairs)':<46}"
+            f"{'wall: direct':>13}{'vgpu':>7}{'added':>7}{'CPU: direct':>12}{'vgpu':>7}{'added':>7}"
+            f"{'instr: direct':>14}{'vgpu':>7}{'added':>7}{'goal':>6}"
+        )
+        median = statistics.median
         for label, call, threads, slice_name, goal, devices in CALL_ROWS:
-            direct, interposed = [], []
-            for _ in range(repeats):  # alternate so drift in machine load hits both alike
-                direct.append(timed(without_interposer(slices[slice_name]), call, threads, devices))
-                interposed.append(timed(slices[slice_name], call, threads, devices))
-            # The fastest of many runs: the run least disturbed by the rest of a noisy machine.
-            d, i = min(direct), min(interposed)
-            print(f"{label:<46}{d:>11.1f}{i:>10.1f}{i - d:>10.1f}{GOALS_NS[goal] if goal else '-':>7}")
+            pairs = []
+            for repeat in range(repeats):  # interleaved, the order alternating: drift hits both alike
+                bare_env, vgpu_env = without_interposer(slices[slice_name]), slices[slice_name]
+                if repeat % 2:
+                    i = timed_both(vgpu_env, call, threads, devices)
+                    d = timed_both(bare_env, call, threads, devices)
+                else:
+                    d = timed_both(bare_env, call, threads, devices)
+                    i = timed_both(vgpu_env, call, threads, devices)
+                pairs.append((d, i))
+            wall = [median(p[k][0] for p in pairs) for k in (0, 1)] + [median(i[0] - d[0] for d, i in pairs)]
+            cpu = [median(p[k][1] for p in pairs) for k in (0, 1)] + [median(i[1] - d[1] for d, i in pairs)]
+            counted = "" + f"{'-':>14}{'-':>7}{'-':>7}"
+            if threads == 1 and not args.no_callgrind and not args.smoke:
+                di = callgrind_instructions(bench_calls, without_interposer(slices[slice_name]), call, workdir)
+                ii = callgrind_instructions(bench_calls, slices[slice_name], call, workdir)
+                if di is not None and ii is not None:
+                    counted = f"{di:>14.1f}{ii:>7.1f}{ii - di:>7.1f}"
+            print(
+                f"{label:<46}{wall[0]:>13.1f}{wall[1]:>7.1f}{wall[2]:>7.1f}{cpu[0]:>12.1f}{cpu[1]:>7.1f}{cpu[2]:>7.1f}"
+                f"{counted}{GOALS_NS[goal] if goal else '-':>6}"
+            )
         capped = slices["capped"]
 
         # Start-up: the spawner runs bare itself and gives LD_PRELOAD to the slice's runs only.
@@ -242,7 +323,7 @@ def main() -> None:
             return runs
 
         print(
-            f"\n{'process start-up, exec to exit, ' + str(startups) + ' runs':<46}{'bare ms':>11}{'vgpu ms':>10}"
+            f"\n{'process start-up, exec to exit, ' + str(startups) + ' pairs':<46}{'bare ms':>11}{'vgpu ms':>10}"
             f"{'added ms':>10}{'goal':>7}"
         )
         # The goal is for the processes a slice starts (workers, subprocesses); its first
@@ -252,10 +333,14 @@ def main() -> None:
             ("  the same, a slice's first process", first_process_runs(startups), "-"),
             ("no driver call", startup_runs(capped, startups, 0), STARTUP_GOAL_MS),
         ):
+            # Each bare run with the sliced run beside it: the median of the pairs' differences.
             bare, sliced = zip(*runs, strict=True)
-            for how, pick in (("fastest", min), ("median", statistics.median)):
-                d, i = pick(bare), pick(sliced)
-                print(f"{label + ', ' + how:<46}{d:>11.3f}{i:>10.3f}{i - d:>10.3f}{goal:>7}")
+            added = [i - d for d, i in runs]
+            d, i = statistics.median(bare), statistics.median(sliced)
+            print(f"{label + ', median':<46}{d:>11.3f}{i:>10.3f}{statistics.median(added):>10.3f}{goal:>7}")
+            print(
+                f"{'  fastest of each, least added':<46}{min(bare):>11.3f}{min(sliced):>10.3f}{min(added):>10.3f}{'':>7}"
+            )
 
         # Resize latency: publish a new cap, see when a program polling cuMemGetInfo notices it.
         env, region = slice_env("resize", memory_limit=1 << 30)

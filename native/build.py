@@ -11,7 +11,9 @@ from its hook list (``interposer/hooks.def``) so that the two cannot drift apart
 simulated libcuda.so.1's, generated from the driver's entry points (``sim/cuda/driver_api.def``):
 every one the simulator models (the lists of ``include/vgpu/cuda_abi.h``) is exported as written,
 every other one as a function that answers CUDA_ERROR_NOT_SUPPORTED, named in
-``sim/not-modelled.txt`` beside the library.
+``sim/not-modelled.txt`` beside the library. libvgpu.so's gate list (every entry point of the
+driver it neither hooks nor leaves alone: ``driver_api.def`` less ``hooks.def``) is generated the
+same way, for its trampolines (``interposer/gate_entry.S``) and the C code that serves them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,18 @@ COMMON_FLAGS = [
 
 
 @dataclass(frozen=True)
+class Generated:
+    """What a library's generator wrote for one build: extra sources, extra compiler and linker
+    flags, the version script (None: the library's `exports`), and other files it wrote (all of
+    them are removed once the library is linked)."""
+
+    sources: list[Path]
+    flags: list[str]
+    script: Path | None
+    files: list[Path]
+
+
+@dataclass(frozen=True)
 class Library:
     """One shared library: its sources are every .c and .S file of its directories."""
 
@@ -62,9 +76,9 @@ class Library:
     # stays inside the library, as in a real driver, instead of re-entering a preloaded
     # interposer of the callee (HAMi-core's libvgpu.so recursed until its stack ran out).
     link_flags: tuple[str, ...] = ()
-    # Writes sources and linker flags generated for this library into a folder (the build's
-    # staging folder): (extra sources, extra link flags, version script or None for `exports`).
-    generate: Callable[[Path, Path], tuple[list[Path], list[str], Path | None]] | None = None
+    # Writes sources and flags generated for this library beside the build's staging file:
+    # what the build adds and removes once linked (Generated).
+    generate: Callable[[Path, Path], Generated] | None = None
 
     def sources(self) -> list[Path]:
         found: list[Path] = []
@@ -94,7 +108,7 @@ def driver_api() -> list[tuple[str, str, int]]:
     ]
 
 
-def generate_sim_entry_points(staging: Path, output_dir: Path) -> tuple[list[Path], list[str], Path | None]:
+def generate_sim_entry_points(staging: Path, output_dir: Path) -> Generated:
     """The simulated driver's table for cuGetProcAddress (every entry point of the real driver,
     sorted by the name asked for, then per-thread variants last, then version), a function
     answering CUDA_ERROR_NOT_SUPPORTED for each entry point it does not model, and its exports.
@@ -156,11 +170,100 @@ def generate_sim_entry_points(staging: Path, output_dir: Path) -> tuple[list[Pat
         + "".join(f"{name}\n" for name in not_modelled)
     )
     defsyms = [f"-Wl,--defsym,{name}={target}" for name, target in sorted(same_function.items())]
-    return [source], defsyms, exports
+    return Generated([source], defsyms, exports, [])
+
+
+def interposer_lists(hooks_def: Path) -> tuple[list[str], list[str]]:
+    """(hooks, ungated) of a hook list: the entry points libvgpu.so defines (VGPU_CUDA_HOOK,
+    VGPU_NVML_HOOK) and the ones it leaves alone (VGPU_CUDA_UNGATED), read through the C
+    preprocessor, so they are the very names the C code sees."""
+    expanded = subprocess.run(
+        [
+            *compiler(),
+            "-E",
+            "-P",
+            "-x",
+            "c",
+            "-DVGPU_CUDA_HOOK(symbol)=hook symbol;",
+            "-DVGPU_NVML_HOOK(symbol)=hook symbol;",
+            "-DVGPU_CUDA_UNGATED(symbol)=ungated symbol;",
+            str(hooks_def),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return re.findall(r"\bhook (\w+);", expanded), re.findall(r"\bungated (\w+);", expanded)
+
+
+def gated_entry_points(hooks_def: Path) -> list[str]:
+    """Every entry point of the driver (driver_api.def) that the hook list neither hooks nor
+    leaves alone, sorted: libvgpu.so's gate, one trampoline each."""
+    hooks, ungated = interposer_lists(hooks_def)
+    driver = {name for name, _, _ in driver_api()}
+    unknown = sorted(set(ungated) - driver)
+    if unknown:
+        raise SystemExit(
+            f"native/build.py: {hooks_def.name} leaves alone what driver_api.def lacks: {', '.join(unknown)}"
+        )
+    return sorted(driver - set(hooks) - set(ungated))
+
+
+def gate_offsets(flags: list[str]) -> dict[str, int]:
+    """Where the trampolines find what they read in libvgpu.so's one struct of state: the
+    offsets of the page's suspended flag pointer and of the gate's forwarding table, as the
+    compiler lays the struct out for the target (read from its assembly output, so a cross
+    build gets the target's)."""
+    source = (
+        "#include <stddef.h>\n"
+        '#include "internal.h"\n'
+        "void vgpu_gate_offsets(void);\n"
+        "void vgpu_gate_offsets(void)\n"
+        "{\n"
+        '    __asm__ volatile("\\n@VGPU_OFFSET FLAG %c0\\n@VGPU_OFFSET ENTRY %c1\\n"\n'
+        '                     ::"i"(offsetof(struct vgpu_state, region.suspended_flag)),\n'
+        '                     "i"(offsetof(struct vgpu_state, gate.entry)));\n'
+        "}\n"
+    )
+    assembly = subprocess.run(
+        [*compiler(), *COMMON_FLAGS, f"-I{NATIVE / 'interposer'}", *flags, "-S", "-o", "-", "-x", "c", "-"],
+        input=source,
+        check=True,
+        stdout=subprocess.PIPE,  # the compiler's errors go to the build's own stderr
+        text=True,
+    ).stdout
+    return {name: int(value) for name, value in re.findall(r"@VGPU_OFFSET (\w+) #?(\d+)", assembly)}
+
+
+def generate_interposer_gate(staging: Path, output_dir: Path) -> Generated:
+    """libvgpu.so's gate list (VGPU_GATE(index, name) per gated entry point), which internal.h
+    and gate_entry.S include through VGPU_GATES_DEF, the struct offsets the trampolines use, and
+    the version script: the hooks, the gated entry points and dlsym."""
+    del output_dir
+    hooks_def = NATIVE / "interposer" / "hooks.def"
+    gated = gated_entry_points(hooks_def)
+    gates = staging.with_name(staging.name + ".gates.def")
+    gates.write_text(
+        "/* Generated by native/build.py: every entry point of sim/cuda/driver_api.def that\n"
+        " * interposer/hooks.def neither hooks nor leaves alone. VGPU_GATE(index, name). */\n"
+        "#ifndef VGPU_GATE\n#define VGPU_GATE(index, symbol)\n#endif\n"
+        + "".join(f"VGPU_GATE({index}, {name})\n" for index, name in enumerate(gated))
+        + "#undef VGPU_GATE\n"
+    )
+    flags = [f'-DVGPU_GATES_DEF="{gates}"']
+    try:
+        offsets = gate_offsets(flags)
+    except BaseException:
+        gates.unlink()
+        raise
+    flags += [f"-DVGPU_GATE_{name}_OFFSET={value}" for name, value in sorted(offsets.items())]
+    script = staging.with_name(staging.name + ".map")
+    script.write_text(version_script(hooks_def))
+    return Generated([], flags, script, [gates])
 
 
 LIBRARIES = (
-    Library("libvgpu.so", ("interposer",), "interposer/hooks.def"),
+    Library("libvgpu.so", ("interposer",), "interposer/hooks.def", generate=generate_interposer_gate),
     Library(
         "sim/libcuda.so.1",
         ("sim/common", "sim/cuda"),
@@ -186,25 +289,12 @@ def compiler() -> list[str]:
 
 
 def version_script(hooks_def: Path) -> str:
-    """The linker version script of libvgpu.so: every hook of `hooks_def` and
-    INTERPOSER_EXTRA_EXPORTS global, the rest local. The hook list is read through the C
-    preprocessor, so the exports are the very names the C code defines."""
-    expanded = subprocess.run(
-        [
-            *compiler(),
-            "-E",
-            "-P",
-            "-x",
-            "c",
-            "-DVGPU_CUDA_HOOK(symbol)=symbol;",
-            "-DVGPU_NVML_HOOK(symbol)=symbol;",
-            str(hooks_def),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    names = [*INTERPOSER_EXTRA_EXPORTS, *re.findall(r"(\w+)\s*;", expanded)]
+    """The linker version script of libvgpu.so: every hook of `hooks_def`, every gated entry
+    point (gated_entry_points) and INTERPOSER_EXTRA_EXPORTS global, the rest local. The hook
+    list is read through the C preprocessor, so the exports are the very names the C code
+    defines."""
+    hooks, _ = interposer_lists(hooks_def)
+    names = [*INTERPOSER_EXTRA_EXPORTS, *hooks, *gated_entry_points(hooks_def)]
     listed = "".join(f"    {name};\n" for name in names)
     return f"/* Generated by native/build.py from {hooks_def.name}. */\n{{\n  global:\n{listed}  local:\n    *;\n}};\n"
 
@@ -221,12 +311,13 @@ def build_library(library: Library, output_dir: Path) -> Path:
     generated: list[Path] = []
     extra_flags: list[str] = []
     if library.generate:  # generated beside the staging file, gone once linked
-        extra_sources, extra_flags, script = library.generate(staging, output_dir)
-        generated += extra_sources
-        sources = [*sources, *extra_sources]
-        if script:
-            generated.append(script)
-            exports = script
+        made = library.generate(staging, output_dir)
+        generated += [*made.sources, *made.files]
+        sources = [*sources, *made.sources]
+        extra_flags = made.flags
+        if made.script:
+            generated.append(made.script)
+            exports = made.script
     elif exports.suffix == ".def":
         exports = staging.with_suffix(".map")
         generated.append(exports)

@@ -335,7 +335,7 @@ class LimitsPage(_MappedFile):
 
     def set_suspended(self, suspended: bool) -> None:
         """Tell the slice's processes it is suspended (set before the checkpoint, cleared after
-        the resume): their hooked CUDA calls then count resume requests (Region.resume_requests)
+        the resume): their CUDA calls, hooked or not, then count resume requests (Region.resume_requests)
         and wait in libvgpu.so until it is cleared (or :meth:`leave_line`). Clearing it clears
         the reason of :meth:`set_taken_back` too."""
         with self._writing():
@@ -608,7 +608,7 @@ class Region(_MappedFile):
         return sum(process.used for process in self.processes())
 
     def resume_requests(self) -> int:
-        """Hooked CUDA calls the live processes made while the slice was suspended, ever: a
+        """CUDA calls the live processes made while the slice was suspended, ever: a
         watcher that sees this grow resumes the slice (those calls wait in libvgpu.so)."""
         return sum(process.resume_requests for process in self.processes())
 

@@ -64,8 +64,11 @@ static int new_refusal_burst(uint64_t request, uint64_t usage)
              usage <= previous_usage);
 }
 
-static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t request, uint64_t usage, uint64_t limit)
+static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t request, uint64_t usage, uint64_t limit,
+                       int report)
 {
+    if (!report)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* a first try: the caller makes room and tries again */
     __atomic_fetch_add(&slot->oom_refusals, 1, __ATOMIC_RELAXED);
     if (new_refusal_burst(request, usage))
         vgpu_report_oom(call, request, usage, limit);
@@ -73,14 +76,14 @@ static CUresult refuse(struct vgpu_proc_slot *slot, const char *call, uint64_t r
 }
 
 /* Adds `bytes` to the slot and checks the slice against the cap; over it, takes them back and
- * refuses. `request` is the whole allocation the OOM line names (more than `bytes` when part
- * of it was charged before). */
+ * refuses (with `report`, counted and said; without, silently). `request` is the whole
+ * allocation the OOM line names (more than `bytes` when part of it was charged before). */
 static CUresult add_within_cap(struct vgpu_proc_slot *slot, const char *call, uint64_t bytes, uint64_t request,
-                               uint64_t limit)
+                               uint64_t limit, int report)
 {
     if (limit && bytes > limit) {
         uint64_t usage = vgpu_slice_usage(), charged_before = request - bytes;
-        return refuse(slot, call, request, usage > charged_before ? usage - charged_before : 0, limit);
+        return refuse(slot, call, request, usage > charged_before ? usage - charged_before : 0, limit, report);
     }
     /* A context counted at the slice's recorded size is measured before a decision it could
      * change (were it twice that size), and before this charge, which NVML cannot see yet. */
@@ -92,13 +95,13 @@ static CUresult add_within_cap(struct vgpu_proc_slot *slot, const char *call, ui
         uint64_t usage = vgpu_slice_usage();
         if (usage > limit) {
             slot_subtract(slot, bytes);
-            return refuse(slot, call, request, usage > request ? usage - request : 0, limit);
+            return refuse(slot, call, request, usage > request ? usage - request : 0, limit, report);
         }
     }
     return CUDA_SUCCESS;
 }
 
-CUresult vgpu_charge(struct vgpu_charge *charge_out, const char *call, uint64_t bytes)
+CUresult vgpu_charge_try(struct vgpu_charge *charge_out, const char *call, uint64_t bytes, int report)
 {
     struct vgpu_limits_snapshot limits;
     struct vgpu_proc_slot *slot = NULL;
@@ -110,7 +113,7 @@ CUresult vgpu_charge(struct vgpu_charge *charge_out, const char *call, uint64_t 
         *charge_out = (struct vgpu_charge){NULL, 0};
         return CUDA_SUCCESS;
     }
-    CUresult result = add_within_cap(slot, call, bytes, bytes, limits.memory_limit);
+    CUresult result = add_within_cap(slot, call, bytes, bytes, limits.memory_limit, report);
     if (result == CUDA_SUCCESS)
         *charge_out = (struct vgpu_charge){slot, bytes};
     return result;
@@ -128,7 +131,7 @@ CUresult vgpu_recharge(struct vgpu_charge *c, const char *call, uint64_t actual)
             vgpu_report_fail_closed();
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        CUresult result = add_within_cap(c->slot, call, actual - c->bytes, actual, limits.memory_limit);
+        CUresult result = add_within_cap(c->slot, call, actual - c->bytes, actual, limits.memory_limit, 1);
         if (result != CUDA_SUCCESS)
             return result;
     } else if (actual < c->bytes) {

@@ -10,6 +10,8 @@
  *                    this process's slot, reaping the slots of processes that are gone
  *   waiting.c        a CUDA call of a suspended slice: its resume request, its wait for room,
  *                    the lines that tell the cell, leaving the line
+ *   gate.c           every other entry point of the driver: the trampolines' way into the wait
+ *                    (gate_entry.S, one trampoline per gated entry point, generated list)
  *   device.c         which device is the slice's: one verdict cache, for CUDA devices and NVML
  *                    handles alike
  *   alloc_table.c    the table of live allocations and what each was charged
@@ -25,8 +27,9 @@
  *   view.c           what the program is shown of memory (cuMemGetInfo, cuDeviceTotalMem)
  *   nvml.c           NVML hooks
  *   launch.c         launch hooks: cost of a launch, then vgpu_launch_admit()
- * All symbols here have hidden visibility (the build passes -fvisibility=hidden); only hooks
- * and dlsym are exported, through the version script native/build.py generates from hooks.def.
+ * All symbols here have hidden visibility (the build passes -fvisibility=hidden); only hooks,
+ * the gate's trampolines and dlsym are exported, through the version script native/build.py
+ * generates from hooks.def (and the driver's list, for the gate).
  */
 #ifndef VGPU_INTERPOSER_INTERNAL_H
 #define VGPU_INTERPOSER_INTERNAL_H
@@ -43,6 +46,13 @@
 #include "vgpu/region.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
+#define VGPU_HIDDEN __attribute__((visibility("hidden")))
+
+/* The gate list native/build.py generates (VGPU_GATE(index, name) per gated entry point: every
+ * entry point of the driver that hooks.def neither hooks nor leaves alone), named by the build. */
+#ifndef VGPU_GATES_DEF
+#error "build libvgpu.so with native/build.py: it generates the gate list (VGPU_GATES_DEF)"
+#endif
 
 /* ---- state.c ------------------------------------------------------------------------ */
 
@@ -106,6 +116,21 @@ VGPU_NVML_ENTRY_POINTS(VGPU_DECLARE_PFN)
 #undef VGPU_DECLARE_PFN
 
 enum vgpu_library { VGPU_LIB_CUDA, VGPU_LIB_NVML, VGPU_LIB_COUNT };
+
+/* One id per gated entry point (the generated list), and the trampolines by names C may use:
+ * vgpu_gate_<name> is the exported trampoline <name>, vgpu_gate_tail_<name> its way into
+ * gate.c (gate_entry.S). */
+enum vgpu_gate_id {
+#define VGPU_GATE(index, symbol) VGPU_GATE_##symbol,
+#include VGPU_GATES_DEF
+    VGPU_GATE_COUNT
+};
+#define VGPU_GATE(index, symbol) extern char vgpu_gate_##symbol[] VGPU_HIDDEN, vgpu_gate_tail_##symbol[] VGPU_HIDDEN;
+#include VGPU_GATES_DEF
+
+/* Hooks and gated entry points share one space of entry ids for symbol resolution: a hook's id,
+ * or VGPU_HOOK_COUNT + a gate's id. */
+#define VGPU_ENTRY_COUNT (VGPU_HOOK_COUNT + VGPU_GATE_COUNT)
 
 /* The real entry point behind a hook, or NULL when the installed driver lacks it: an inline
  * read of the cache (end of this file) on every forwarded call, vgpu_real_lookup the first
@@ -180,21 +205,25 @@ static inline void *vgpu_called(enum vgpu_called_id id);
 void *vgpu_real_called(enum vgpu_called_id id);
 #define VGPU_CALLED(name) ((vgpu_pfn_##name)vgpu_called(VGPU_CALLED_##name))
 
+/* The real entry point behind gated entry point `gate`, or NULL when the driver lacks it
+ * (cached as a hook's is). */
+void *vgpu_gate_real(enum vgpu_gate_id gate);
+
 #define VGPU_REAL_UNRESOLVED 0
 #define VGPU_REAL_MISSING 1
-#define VGPU_NAME_TABLE_SIZE 256 /* power of two, > 2 x hooks */
-#define VGPU_REVERSE_TABLE_SIZE 256
+#define VGPU_NAME_TABLE_SIZE 2048    /* power of two, > 2 x entries */
+#define VGPU_REVERSE_TABLE_SIZE 4096 /* power of two, > 4 x entries: two per CUDA entry point */
 struct vgpu_resolve_state {
     _Atomic(void *) real_dlsym;
     _Atomic(void *) library_handle[VGPU_LIB_COUNT];
-    /* VGPU_REAL_UNRESOLVED, VGPU_REAL_MISSING (the loaded library lacks it), or the real entry
-     * point. */
-    _Atomic uintptr_t real_entry[VGPU_HOOK_COUNT];
+    /* Per entry id: VGPU_REAL_UNRESOLVED, VGPU_REAL_MISSING (the loaded library lacks it), or
+     * the real entry point. */
+    _Atomic uintptr_t real_entry[VGPU_ENTRY_COUNT];
     _Atomic uintptr_t called_entry[VGPU_CALLED_COUNT];
-    /* Open addressing, hook id + 1 per slot (0: empty); filled once under `names_once`. */
+    /* Open addressing, entry id + 1 per slot (0: empty); filled once under `names_once`. */
     pthread_once_t names_once;
-    uint8_t name_slots[VGPU_NAME_TABLE_SIZE];
-    /* Real entry point -> hook id + 1, filled once under `reverse_once`. */
+    uint16_t name_slots[VGPU_NAME_TABLE_SIZE];
+    /* Real entry point -> entry id + 1, filled once under `reverse_once`. */
     pthread_once_t reverse_once;
     uintptr_t reverse_real[VGPU_REVERSE_TABLE_SIZE];
     uint16_t reverse_hook[VGPU_REVERSE_TABLE_SIZE];
@@ -265,6 +294,9 @@ struct vgpu_region_state {
     atomic_int ready;                    /* init_once has run: checked inline before calling it */
     struct vgpu_region *region;          /* set once by init; NULL when attaching failed */
     const struct vgpu_limits_page *page; /* set once by init with region; NULL when attaching failed */
+    /* The page's `suspended` flag, or vgpu_never_suspended while no page is mapped: what the
+     * gate's trampolines read on every call (never NULL, so one load and one branch). */
+    const uint32_t *suspended_flag;
     char attach_failure[PATH_MAX + 512]; /* why attaching failed, written once by init */
     pthread_once_t messages_once;
     char limits_failure[PATH_MAX + 512]; /* the message for corrupt limits, written once */
@@ -301,6 +333,30 @@ struct vgpu_waiting_state {
     int has_left;                   /* this process left the line at least once: */
     uint32_t left_line;             /* the page's leave_line it left at */
     _Atomic uint64_t left_ns;       /* when (read without the lock by calls that fail at once) */
+};
+
+/* A word that reads 0: region state's suspended_flag before (or without) a limits page. */
+extern const uint32_t vgpu_never_suspended;
+
+/* ---- gate.c ------------------------------------------------------------------------- */
+
+/* What a trampoline does past its one branch (gate_entry.S): the slice is suspended, or its
+ * entry point is not resolved yet. Waits as a hook does (waiting.c) and resolves the real entry
+ * point; `forward`: where the trampoline jumps with the caller's arguments, or NULL, and then
+ * `status` is what the call returns (the user left the line, or the driver lacks the entry
+ * point). Two words, returned in two registers. */
+struct vgpu_gate_decision {
+    void *forward;
+    uintptr_t status;
+};
+struct vgpu_gate_decision vgpu_gate_enter(uint32_t gate);
+
+/* Where each trampoline jumps while the slice runs: its real entry point once resolved, its own
+ * tail into vgpu_gate_enter until then (and for good where the driver lacks it), so that the
+ * trampoline's one branch is the suspended flag. Written by gate.c, read by the trampolines at
+ * an offset native/build.py takes from the compiler (VGPU_GATE_ENTRY_OFFSET). */
+struct vgpu_gate_state {
+    void *entry[VGPU_GATE_COUNT];
 };
 
 /* ---- device.c ----------------------------------------------------------------------- */
@@ -599,7 +655,10 @@ struct vgpu_charge_state {
 /* Charges `bytes` to this process's slot if the slice has room for them (the cap check takes
  * no lock: see charge.c). On CUDA_SUCCESS the caller calls the driver and then
  * vgpu_settle_charge(); otherwise it returns the refusal. */
-CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+static inline CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+/* vgpu_charge; without `report`, a refusal at the cap is neither counted nor said (a first try
+ * the caller follows with another, vgpu_charge_making_room). */
+CUresult vgpu_charge_try(struct vgpu_charge *charge, const char *call, uint64_t bytes, int report);
 
 /* Moves a charge to `actual` bytes once the driver said what it really took; growing it is
  * checked like a new request. */
@@ -647,6 +706,13 @@ CUresult vgpu_pool_allocation_settle(const struct vgpu_charge *charge, CUresult 
                                      uint64_t claimed, CUdeviceptr address, uint8_t family);
 /* Sets the pools' charge to what they reserve now (after a free, a trim, a monitor period). */
 void vgpu_pool_memory_settle(void);
+/* vgpu_charge for an allocation no pool serves (cuMemAlloc, cuMemCreate, arrays, ...): where the
+ * cap would refuse it and the process's own pools keep unused reserve (memory the program freed
+ * with cuMemFreeAsync), trims them, counts again, and only then refuses (one OOM line). Inline
+ * (end of file): a process whose pools reserve nothing pays one load; vgpu_pool_charge_trimming
+ * otherwise. */
+static inline CUresult vgpu_charge_making_room(struct vgpu_charge *charge, const char *call, uint64_t bytes);
+CUresult vgpu_pool_charge_trimming(struct vgpu_charge *charge, const char *call, uint64_t bytes);
 /* The monitor's part of a suspend: answers the page's release_request (trims the pools). */
 void vgpu_answer_release_request(void);
 
@@ -682,6 +748,7 @@ struct vgpu_state {
     struct vgpu_resolve_state resolve;
     struct vgpu_region_state region;
     struct vgpu_waiting_state waiting;
+    struct vgpu_gate_state gate;
     struct vgpu_device_state device;
     struct vgpu_alloc_table_state alloc_table;
     struct vgpu_driver_memory_state driver_memory;
@@ -740,6 +807,19 @@ static inline void *vgpu_called(enum vgpu_called_id id)
 {
     uintptr_t cached = atomic_load_explicit(&vgpu_state.resolve.called_entry[id], memory_order_acquire);
     return __builtin_expect(cached > VGPU_REAL_MISSING, 1) ? (void *)cached : vgpu_real_called(id);
+}
+
+static inline CUresult vgpu_charge(struct vgpu_charge *charge, const char *call, uint64_t bytes)
+{
+    return vgpu_charge_try(charge, call, bytes, 1);
+}
+
+static inline CUresult vgpu_charge_making_room(struct vgpu_charge *charge, const char *call, uint64_t bytes)
+{
+    /* Read without the pools' lock: a hint; the charge decides. */
+    if (__builtin_expect(__atomic_load_n(&vgpu_state.charge.pool_charged, __ATOMIC_RELAXED) == 0, 1))
+        return vgpu_charge_try(charge, call, bytes, 1);
+    return vgpu_pool_charge_trimming(charge, call, bytes);
 }
 
 static inline uint64_t vgpu_estimated_driver_memory(void)

@@ -33,7 +33,7 @@ static __thread int inside_driver __attribute__((tls_model("initial-exec")));
 #define CHARGED_ALLOCATION(name, bytes, kind, key_when_made, family, ...)                                              \
     do {                                                                                                               \
         struct vgpu_charge c;                                                                                          \
-        CUresult result = vgpu_charge(&c, #name, (bytes));                                                             \
+        CUresult result = vgpu_charge_making_room(&c, #name, (bytes));                                                 \
         if (result != CUDA_SUCCESS)                                                                                    \
             return result;                                                                                             \
         CALL_DRIVER(result, real(__VA_ARGS__));                                                                        \
@@ -125,7 +125,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_
                                   ? UINT64_MAX
                                   : (WidthInBytes + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
     struct vgpu_charge c;
-    CUresult result = vgpu_charge(&c, "cuMemAllocPitch_v2", saturating_multiply(pitch_estimate, Height));
+    CUresult result = vgpu_charge_making_room(&c, "cuMemAllocPitch_v2", saturating_multiply(pitch_estimate, Height));
     if (result != CUDA_SUCCESS)
         return result;
     CALL_DRIVER(result, real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes));
@@ -169,7 +169,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
                           prop->location.type != CU_MEM_LOCATION_TYPE_INVALID))
         return real(handle, size, prop, flags);
     struct vgpu_charge c;
-    CUresult result = vgpu_charge(&c, "cuMemCreate", size);
+    CUresult result = vgpu_charge_making_room(&c, "cuMemCreate", size);
     if (result != CUDA_SUCCESS)
         return result;
     CALL_DRIVER(result, real(handle, size, prop, flags));

@@ -13,6 +13,13 @@
  *   - what a synchronisation gave back is seen by the monitor within a period (until then the
  *     slot counts more than the process holds: the safe side for the cap).
  *
+ * An allocation the pools do not serve (cuMemAlloc, cuMemCreate, an array) that the cap would
+ * refuse while the process's pools keep unused reserve trims them first and is counted again
+ * (vgpu_charge_making_room): the driver would not give that reserve up for it (it releases it at a
+ * synchronisation past the release threshold or a trim, never because another allocation fails;
+ * docs/limits.md), and the program freed it. Only what a trim can release goes: on a real GPU, a
+ * free whose completion the host has not seen yet still counts as in use.
+ *
  * Before a suspend the publisher asks (the limits page's `release_request`): the monitor trims
  * every pool the process drew from, and each device's default and current pool, to 0 (only
  * unused memory goes: never what the program still holds), and answers in its slot with the
@@ -139,6 +146,22 @@ static uint64_t trim(CUmemoryPool pool)
         return 0;
     int64_t after = reserved(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
     return after >= 0 && after < before ? (uint64_t)(before - after) : 0;
+}
+
+CUresult vgpu_pool_charge_trimming(struct vgpu_charge *charge, const char *call, uint64_t bytes)
+{
+    CUresult result = vgpu_charge_try(charge, call, bytes, 0);
+    if (result != CUDA_ERROR_OUT_OF_MEMORY)
+        return result;
+    uint64_t released = 0;
+    pthread_mutex_lock(&C.pool_lock);
+    for (int i = 0; i < C.pool_count; i++)
+        released += trim(C.pools[i]);
+    settle_locked(vgpu_claimed_slot(), 0);
+    pthread_mutex_unlock(&C.pool_lock);
+    VGPU_LOG(VGPU_LOG_INFO, "%s: trimmed the memory pools' unused reserve (%llu bytes) before the cap's answer", call,
+             (unsigned long long)released);
+    return vgpu_charge(charge, call, bytes);
 }
 
 /* Every device's default and current pool joins those the process drew from; pool_lock held. */

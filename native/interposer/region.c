@@ -180,11 +180,14 @@ static void after_fork_in_child(void)
     atomic_store_explicit(&R.slot_index, SLOT_NONE, memory_order_relaxed);
 }
 
+const uint32_t vgpu_never_suspended = 0;
+
 static void initialise(void)
 {
     const struct vgpu_env *env = vgpu_env();
     if (attach_region(env->region_path) == 0 && attach_limits_page(env->limits_path) == 0) {
         VGPU_LOG(VGPU_LOG_INFO, "attached to slice region %s, limits %s", env->region_path, env->limits_path);
+        __atomic_store_n(&R.suspended_flag, &R.page->suspended, __ATOMIC_RELEASE);
         release_slots_of_previous_image(R.region);
     } else {
         /* Both or neither: a region without its limits would count usage against no cap. */

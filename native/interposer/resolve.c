@@ -1,11 +1,12 @@
 /*
  * Symbol resolution: how a program reaches our hooks, and how hooks reach the real driver.
  *
- * Three ways in, one hook per name (hooks.def):
+ * Three ways in, one entry of ours per name: a hook (hooks.def) or a gated entry point's
+ * trampoline (gate_entry.S, the generated gate list); each is an "entry" below:
  *   - direct linking: the dynamic linker binds the program's cuMemAlloc_v2 to our export;
  *   - dlopen + dlsym: our `dlsym` (dlsym_entry.S) asks vgpu_dlsym_filter below;
- *   - cuGetProcAddress(_v2): we call the real one, then swap a real entry point of a hooked
- *     function for its hook.
+ *   - cuGetProcAddress(_v2): we call the real one, then swap a real entry point of a hooked or
+ *     gated function for our entry.
  * Real entry points are looked up lazily, by exact name, and cached per hook with acquire/release
  * atomics. A hook forwards to the next definition after libvgpu.so in the global search order
  * when there is one (another interposer loaded after us: HAMi-core's libvgpu.so, which HAMi
@@ -27,10 +28,13 @@ struct vgpu_hook_info {
     void *hook;
 };
 
-static const struct vgpu_hook_info hook_table[VGPU_HOOK_COUNT] = {
+/* By entry id: the hooks, then the gated entry points. */
+static const struct vgpu_hook_info hook_table[VGPU_ENTRY_COUNT] = {
 #define VGPU_CUDA_HOOK(symbol) [VGPU_HOOK_##symbol] = {#symbol, VGPU_LIB_CUDA, (void *)symbol},
 #define VGPU_NVML_HOOK(symbol) [VGPU_HOOK_##symbol] = {#symbol, VGPU_LIB_NVML, (void *)symbol},
 #include "hooks.def"
+#define VGPU_GATE(index, symbol) [VGPU_HOOK_COUNT + VGPU_GATE_##symbol] = {#symbol, VGPU_LIB_CUDA, vgpu_gate_##symbol},
+#include VGPU_GATES_DEF
 };
 
 static const char *const library_names[VGPU_LIB_COUNT] = {
@@ -38,9 +42,9 @@ static const char *const library_names[VGPU_LIB_COUNT] = {
     [VGPU_LIB_NVML] = "libnvidia-ml.so.1",
 };
 
-_Static_assert(VGPU_HOOK_COUNT * 2 < VGPU_NAME_TABLE_SIZE, "name table keeps probing short");
-_Static_assert(VGPU_HOOK_COUNT * 2 < VGPU_REVERSE_TABLE_SIZE, "reverse table keeps probing short");
-_Static_assert(VGPU_HOOK_COUNT < 255, "hook ids + 1 fit the uint8_t name table");
+_Static_assert(VGPU_ENTRY_COUNT * 2 < VGPU_NAME_TABLE_SIZE, "name table keeps probing short");
+_Static_assert(VGPU_ENTRY_COUNT * 4 < VGPU_REVERSE_TABLE_SIZE, "reverse table keeps probing short");
+_Static_assert(VGPU_ENTRY_COUNT < 65535, "entry ids + 1 fit the uint16_t tables");
 
 /* ---- the real dlsym ------------------------------------------------------------------ */
 
@@ -118,7 +122,7 @@ static void *resolve_cached(_Atomic uintptr_t *cache, enum vgpu_library library,
     return real;
 }
 
-static void *resolve_real(enum vgpu_hook_id id, int may_load)
+static void *resolve_real(int id, int may_load)
 {
     return resolve_cached(&R.real_entry[id], hook_table[id].library, hook_table[id].name, hook_table[id].hook,
                           may_load);
@@ -129,9 +133,14 @@ void *vgpu_real_lookup(enum vgpu_hook_id id)
     return resolve_real(id, 1);
 }
 
-/* The real library's own entry point of hook `id` (not cached, never the hook), or NULL; unlike
+void *vgpu_gate_real(enum vgpu_gate_id gate)
+{
+    return resolve_real(VGPU_HOOK_COUNT + (int)gate, 1);
+}
+
+/* The real library's own entry point of entry `id` (not cached, never ours), or NULL; unlike
  * resolve_real, never another interposer's. Never loads the library. */
-static void *library_entry(enum vgpu_hook_id id)
+static void *library_entry(int id)
 {
     void *handle = library_handle(hook_table[id].library, 0);
     vgpu_dlsym_fn lookup = real_dlsym();
@@ -174,15 +183,15 @@ static uint32_t name_hash(const char *name)
  * ask, and start-up is paid by every process that inherits LD_PRELOAD. */
 static void build_name_table(void)
 {
-    for (int id = 0; id < VGPU_HOOK_COUNT; id++) {
+    for (int id = 0; id < VGPU_ENTRY_COUNT; id++) {
         uint32_t slot = name_hash(hook_table[id].name) & (VGPU_NAME_TABLE_SIZE - 1);
         while (R.name_slots[slot])
             slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1);
-        R.name_slots[slot] = (uint8_t)(id + 1);
+        R.name_slots[slot] = (uint16_t)(id + 1);
     }
 }
 
-/* The hook id of `name`, or -1. Every dlsym of the process comes through here, so names that
+/* The entry id of `name`, or -1. Every dlsym of the process comes through here, so names that
  * cannot be ours (not cu* / nvml*) leave after two byte compares. */
 static int hook_by_name(const char *name)
 {
@@ -190,7 +199,7 @@ static int hook_by_name(const char *name)
         return -1;
     pthread_once(&R.names_once, build_name_table);
     uint32_t slot = name_hash(name) & (VGPU_NAME_TABLE_SIZE - 1);
-    for (uint8_t entry; (entry = R.name_slots[slot]) != 0; slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1))
+    for (uint16_t entry; (entry = R.name_slots[slot]) != 0; slot = (slot + 1) & (VGPU_NAME_TABLE_SIZE - 1))
         if (strcmp(hook_table[entry - 1].name, name) == 0)
             return entry - 1;
     return -1;
@@ -265,21 +274,22 @@ static void reverse_insert(uintptr_t real, int id)
     }
 }
 
-/* Both what a hook forwards to and the driver's own entry point lead to the hook: with an
- * interposer after us, cuGetProcAddress answers with its wrappers for the names it wraps and the
- * driver's entry points for the rest (at most two entries per CUDA hook: the table stays under
- * half full). */
+/* Both what an entry of ours forwards to and the driver's own entry point lead to our entry:
+ * with an interposer after us, cuGetProcAddress answers with its wrappers for the names it wraps
+ * and the driver's entry points for the rest (at most two slots per CUDA entry point: the table
+ * stays under half full). Built at the first cuGetProcAddress, which resolves every entry point
+ * of the driver (a few hundred lookups, once per process). */
 static void build_reverse_table(void)
 {
-    for (int id = 0; id < VGPU_HOOK_COUNT; id++) {
+    for (int id = 0; id < VGPU_ENTRY_COUNT; id++) {
         if (hook_table[id].library != VGPU_LIB_CUDA)
             continue;
-        reverse_insert((uintptr_t)vgpu_real((enum vgpu_hook_id)id), id);
-        reverse_insert((uintptr_t)library_entry((enum vgpu_hook_id)id), id);
+        reverse_insert((uintptr_t)resolve_real(id, 1), id);
+        reverse_insert((uintptr_t)library_entry(id), id);
     }
 }
 
-/* Our hook for a real entry point the driver handed out, or the pointer itself. */
+/* Our entry for a real entry point the driver handed out, or the pointer itself. */
 static void *hook_for_real_entry(void *entry)
 {
     if (!entry)
@@ -294,8 +304,8 @@ static void *hook_for_real_entry(void *entry)
 }
 
 /* The real driver answers first (a missing entry point stays missing, with its status);
- * then a real entry point of a hooked function is swapped for the hook. A request for
- * cuGetProcAddress itself thereby returns our hook too. */
+ * then a real entry point of a hooked or gated function is swapped for our entry. A request
+ * for cuGetProcAddress itself thereby returns our hook too. */
 VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus)
 {

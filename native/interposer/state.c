@@ -14,8 +14,20 @@
 struct vgpu_state vgpu_state = {
     .env = {.once = PTHREAD_ONCE_INIT},
     .resolve = {.names_once = PTHREAD_ONCE_INIT, .reverse_once = PTHREAD_ONCE_INIT},
-    .region = {.init_once = PTHREAD_ONCE_INIT, .messages_once = PTHREAD_ONCE_INIT, .slot_index = -1},
+    .region =
+        {
+            .init_once = PTHREAD_ONCE_INIT,
+            .messages_once = PTHREAD_ONCE_INIT,
+            .slot_index = -1,
+            .suspended_flag = &vgpu_never_suspended,
+        },
     .waiting = {.fork_handler_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
+    /* Each trampoline's tail until its entry point is resolved (gate.c). */
+    .gate = {.entry =
+                 {
+#define VGPU_GATE(index, symbol) [VGPU_GATE_##symbol] = vgpu_gate_tail_##symbol,
+#include VGPU_GATES_DEF
+                 }},
     .driver_memory = {.fork_handler_once = PTHREAD_ONCE_INIT, .nvml_lock = PTHREAD_MUTEX_INITIALIZER},
     .monitor = {.handlers_once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER},
     .charge = {.graph_lock = PTHREAD_MUTEX_INITIALIZER, .pool_lock = PTHREAD_MUTEX_INITIALIZER},

@@ -222,3 +222,30 @@ def test_leaving_the_line_leaves_a_checkpointed_process_suspended_and_loses_noth
     region.set_suspended(False)
     assert kernel.ask("verify", "intact") == "1"
     assert kernel.ask("alloc 1M", "alloc") == str(CUDA_SUCCESS)
+
+
+def test_a_checkpointed_process_whose_first_call_is_an_unhooked_copy_waits_in_libvgpu_is_interruptible_and_intact(
+    env, make_slice, checkpoint_targets
+):
+    """Issue 34 item 1: the most natural cell after a pause reads a result back. cuMemcpyDtoH is
+    no hook of libvgpu.so's, and the driver blocks every call of a locked process, silently and
+    past an interrupt; through libvgpu.so's gate it waits saying so, asks for the room, gives up
+    when the user leaves the line (the process stays checkpointed, nothing lost), and once
+    resumed reads the bytes back intact."""
+    slice_env, region = make_slice(env)
+    kernel = checkpoint_targets(slice_env, "64M")
+    region.set_suspended(True)
+    suspension = controller(env, "suspend", pids=[kernel.pid], lock_timeout=5)
+
+    kernel.send("verify")  # the main thread's first call since the suspend: cuMemcpyDtoH_v2
+    assert kernel.said() == WAITING
+    wait_for(lambda: region.resume_requests() == 1, timeout=30, message="the copy's resume request")
+    region.leave_line()  # Kernel > Interrupt
+    assert kernel.wait_for("intact") == "0"  # the copy failed (out of memory) without the driver
+    assert kernel.said().startswith("jupyter-vgpu: interrupted: left the line for GPU 0")
+    assert controller(env, "states", pids=[kernel.pid]) == {str(kernel.pid): "CHECKPOINTED"}
+
+    controller(env, "resume", processes=suspension["processes"])
+    region.set_suspended(False)
+    assert kernel.ask("verify", "intact") == "1"
+    assert region.resume_requests() == 1

@@ -177,6 +177,26 @@ def test_memory_freed_into_a_pool_is_charged_while_the_pool_keeps_it(probe, sim_
     assert program.finish() == 0
 
 
+@pytest.mark.parametrize("family", ["alloc", "managed", "vmm"])
+def test_memory_freed_into_a_pool_makes_room_for_an_allocation_no_pool_serves(probe, sim_env, make_slice, family):
+    """Issue 34 item 3: memory the program freed with cuMemFreeAsync stays its pool's reserve, charged
+    to the slice, until a synchronisation or a trim; an allocation the pool cannot serve (cuMemAlloc,
+    managed, cuMemCreate) that the cap would refuse meanwhile gets it: libvgpu.so trims the
+    process's own pools and counts again before it answers. Nothing is in use, so it fits, without an
+    out-of-memory line; past what is left then, it is refused once, as any."""
+    env, _ = make_slice(sim_env, memory_limit=256 * MIB)
+    run = probe(env, "init", "async:192M", "free:0", f"{family}:128M", "info", f"{family}:192M", "info")
+    assert run.returncode == 0, run.stderr
+    assert [run.rc(1), run.rc(2)] == [CUDA_SUCCESS, CUDA_SUCCESS]
+    assert run.rc(3) == CUDA_SUCCESS  # 192 MiB reserved by the pool + 128 MiB > 256 MiB: trimmed first
+    assert run.values(4) == [CUDA_SUCCESS, 128 * MIB, 256 * MIB]
+    assert run.rc(5) == CUDA_ERROR_OUT_OF_MEMORY  # 128 + 192 MiB: nothing left to trim
+    assert run.values(6) == [CUDA_SUCCESS, 128 * MIB, 256 * MIB]
+    oom_lines = [line for line in run.stderr.splitlines() if "out of GPU memory" in line]
+    assert len(oom_lines) == 1, run.stderr
+    assert f": {FAMILY_CALLS[family]} asked for 192.0 MiB, the slice uses 128.0 MiB" in oom_lines[0]
+
+
 def test_request_larger_than_the_cap_is_refused_without_touching_usage(probe, sim_env, make_slice):
     env, _ = make_slice(sim_env, memory_limit=GIB)
     run = probe(env, "init", "alloc:18446744073709551615", "alloc:2G", "info")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from slice_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB, wait_for
-from support import RoomProbe, nvml_reading
+from support import LineProgram, RoomProbe, nvml_reading
 
 # A context holds driver memory from its first moment: a process that created one would show.
 DEVICE = "name=room GPU,memory=16GiB,sms=100,context_memory=300MiB"
@@ -52,8 +52,8 @@ def requests_reach(region, count: int) -> None:
 
 def test_a_process_without_a_context_waits_for_room_at_its_first_context_holding_nothing(env, make_slice, room_probe):
     slice_env, region = make_slice(env)
-    region.set_suspended(True)  # lent: the process has not touched the GPU
     probe = room_probe(slice_env)
+    region.set_suspended(True)  # lent: the process has not touched the GPU (cuInit holds nothing)
 
     probe.send("ctx first")
     assert probe.said() == WAITING + HINT
@@ -78,9 +78,9 @@ def test_a_process_without_a_context_waits_for_room_at_its_first_context_holding
 
 def test_the_wait_says_its_place_in_line_once_per_process_and_again_when_it_changes(env, make_slice, room_probe):
     slice_env, region = make_slice(env)
+    probe = room_probe(slice_env)
     region.set_suspended(True)
     region.set_queue(2, 40)
-    probe = room_probe(slice_env)
 
     probe.send("ctx first")
     assert probe.said() == f"{WAITING} (2nd in line, about 40 s){HINT}"
@@ -101,8 +101,8 @@ def test_the_wait_says_its_place_in_line_once_per_process_and_again_when_it_chan
 
 def test_leaving_the_line_fails_the_wait_and_the_frameworks_retry_with_out_of_memory(env, make_slice, room_probe):
     slice_env, region = make_slice(env)
-    region.set_suspended(True)
     probe = room_probe(slice_env)
+    region.set_suspended(True)
     probe.send("ctx waiting")
     assert probe.said() == WAITING + HINT
     requests_reach(region, 1)
@@ -127,6 +127,46 @@ def test_leaving_the_line_fails_the_wait_and_the_frameworks_retry_with_out_of_me
     assert probe.wait_for("later") == str(CUDA_SUCCESS)
     assert probe.said() == BACK
     assert probe.finish() == ""
+
+
+@pytest.mark.parametrize("path", ["direct", "dlsym", "procaddr"])
+def test_an_entry_point_libvgpu_does_not_hook_waits_for_room_too_on_every_path(machine, env, make_slice, path):
+    """Issue 34 item 1: every entry point of the driver goes through libvgpu.so's gate (a
+    generated trampoline, assembly of each architecture), not only the hooked ones: while the
+    slice is suspended an unhooked call (cuDeviceGetCount) asks for room, waits saying so and
+    gives up when the user leaves the line, however the program obtained it; while the slice
+    runs it goes straight through."""
+    slice_env, region = make_slice(env)
+    program = machine.compile("room_probe")
+    probe = LineProgram(machine.command(program, f"--path={path}"), machine.environment(slice_env))
+    try:
+        assert probe.ask("count running", "running") == str(CUDA_SUCCESS)
+        region.set_suspended(True)
+        probe.send("count first")
+        assert probe.said() == WAITING + HINT
+        # qemu-user rewrites the start time in /proc/self/stat, so the region cannot tell an
+        # emulated process's slot from a reused pid's and counts none of it: host only.
+        emulated = machine.name != "host"
+        if not emulated:
+            requests_reach(region, 1)
+        assert probe.ask("ping", "pong") == "0"
+        assert "first" not in probe.lines
+        region.set_suspended(False)
+        assert probe.wait_for("first") == str(CUDA_SUCCESS)
+        assert probe.said() == BACK
+
+        region.set_suspended(True)
+        probe.send("count interrupted")
+        assert probe.said() == WAITING + HINT
+        region.leave_line()
+        assert probe.wait_for("interrupted") == str(CUDA_ERROR_OUT_OF_MEMORY)
+        assert probe.said() == INTERRUPTED
+        region.set_suspended(False)
+        assert emulated or region.resume_requests() == 2
+        assert probe.finish() == ""
+    finally:
+        if probe.process.poll() is None:
+            probe.kill()
 
 
 TAKEN_BACK = (

@@ -13,6 +13,7 @@ import json
 import os
 
 import pytest
+from support import written_with_a_pattern
 from test_idle_policy import eventually
 from test_suspend import LARGE, Cell, running_a_long_cell, slice_of, start_sliced
 from tornado.httpclient import HTTPClientError
@@ -130,6 +131,47 @@ async def test_interrupting_a_cell_that_waits_for_room_leaves_the_line_and_loses
     holder_cell.cancel()
     await jp_fetch("api", "vgpu", "slices", kernel, "resume", method="POST", body="")
     assert (await run_in_kernel(kernel, "print(kept, allocate(1 << 20))")).strip() == "state 0"
+
+
+async def test_a_cell_that_reads_a_result_back_while_suspended_waits_is_interrupted_and_reads_it_intact_after(
+    jp_fetch, jp_serverapp, vgpu_kernelspec, run_in_kernel, cuda_prelude
+):
+    """Issue 34 item 1: the most natural cell after a pause reads a result back (cuMemcpyDtoH, no
+    hook of libvgpu.so's). It waits in libvgpu.so's gate as an allocation does, not silently in the
+    driver's checkpoint lock: the cell says so, the kernel joins the line, Kernel > Interrupt ends
+    the cell, and once resumed the same read gives the bytes written before the suspend."""
+    forward_low_level_output()
+    kernel = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    written = (
+        cuda_prelude
+        + "pointer = ctypes.c_uint64()\n"
+        + "assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(4 << 30)) == 0\n"
+        + written_with_a_pattern("pointer", 1 << 20)
+        + "print(intact())"
+    )
+    assert (await run_in_kernel(kernel, written)).strip() == "True"
+    await jp_fetch("api", "vgpu", "slices", kernel, "suspend", method="POST", body="")
+    holder = await start_sliced(jp_fetch, vgpu_kernelspec, memory="12GiB", device=LARGE)
+    assert (await run_in_kernel(holder, cuda_prelude + "print(allocate(12 << 30))")).strip() == "0"
+    holder_cell = await running_a_long_cell(jp_serverapp, holder)
+
+    reading = Cell(jp_serverapp, kernel, "print(intact())")  # its first CUDA call: the read-back
+    await eventually(reading.said("waiting for room on GPU 1"), 60, "the read-back saying it waits")
+    await eventually(lambda: _queued(jp_fetch, kernel), 30, "the kernel's resume in line")
+
+    await jp_fetch("api", "kernels", kernel, "interrupt", method="POST", body="")
+    reply = await asyncio.wait_for(reading.reply, 30)
+    assert reply["content"]["status"] == "error"
+    assert "interrupted: left the line for GPU 1; the kernel stays suspended, nothing is lost" in "".join(
+        reading.output
+    )
+    after = await slice_of(jp_fetch, kernel)
+    assert (after["state"], after["host_memory_bytes"]) == ("suspended", 4 * GIB)
+
+    await jp_fetch("api", "kernels", holder, method="DELETE")
+    holder_cell.cancel()
+    await jp_fetch("api", "vgpu", "slices", kernel, "resume", method="POST", body="")
+    assert (await run_in_kernel(kernel, "print(intact())")).strip() == "True"
 
 
 async def _slice_state_is(jp_fetch, kernel_id: str, state: str) -> bool:

@@ -89,9 +89,9 @@ struct vgpu_proc_slot {
                                   below 0 when it overdrew them */
     int32_t nvml_pid;          /* the pid NVML lists this process under (the host's pid when the
                                   slice runs in a PID namespace); 0 until known */
-    uint32_t resume_requests;  /* hooked CUDA calls made while the page said `suspended`: each
-                                  asks the publisher to resume the slice (the call itself waits
-                                  in the driver until then) */
+    uint32_t resume_requests;  /* CUDA calls (hooked or gated) made while the page said
+                                  `suspended`: each asks the publisher to resume the slice (the
+                                  call itself waits in libvgpu.so until then) */
     /* cuMemAllocManaged calls that succeeded, ever: the driver cannot suspend a process that
      * holds managed memory. */
     uint64_t managed_allocations;
@@ -122,7 +122,7 @@ struct vgpu_limits_page {
     /* Limits, published as described above: 64 + 2 * 64 bytes. */
     uint64_t active_limits; /* 0 or 1: the copy readers use */
     uint32_t suspended;     /* 1 while the publisher holds the slice suspended: checkpointed by
-                               the driver, or lent before its processes used the GPU. A hooked
+                               the driver, or lent before its processes used the GPU. Every
                                CUDA call waits in libvgpu.so while it is set; 0 otherwise */
     /* The slice's place in its device's line while it waits for room, published with the
      * `queue_sequence` protocol below: */
