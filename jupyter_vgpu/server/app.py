@@ -105,6 +105,8 @@ class VGPUApp(ExtensionApp):
     _ledger_unavailable = False
     # With a broker and idle suspending on: activity reports and the broker's suspend requests.
     _room_for_others: RoomForOthers | None = None
+    # The tasks that learn what adopted kernels running a cell do (server/adopt.py), until the cell ends.
+    _learning: set[asyncio.Task[str | None]] | None = None
     _over_cap_since: dict[str, float] = {}  # noqa: RUF012 -- replaced, never mutated: kernel id -> monotonic time first seen over its cap
     description = "GPU slices for Jupyter kernels."
 
@@ -459,8 +461,14 @@ class VGPUApp(ExtensionApp):
         (server/adopt.py), before the server answers its first request (it binds its port after
         its extensions load), so that no session row is read before its kernel is back."""
         server = self._server
+        self._learning = set()
         adopt = functools.partial(
-            adopt_survivors, manager, server.kernel_manager, this_server(server.connection_url), self.log
+            adopt_survivors,
+            manager,
+            server.kernel_manager,
+            this_server(server.connection_url),
+            self.log,
+            learning=self._learning,
         )
         try:
             loop = getattr(server.io_loop, "asyncio_loop", None) or asyncio.get_event_loop()
@@ -643,6 +651,8 @@ class VGPUApp(ExtensionApp):
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+        for learner in list(self._learning or ()):
+            learner.cancel()
         _stop_anyio_worker_threads()
         _stop_anyio_worker_threads_at_exit()
 
