@@ -24,7 +24,7 @@ from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
 from jupyter_vgpu.holders import LocalHolder, PodHolder
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
-from jupyter_vgpu.holders.local import default_region_dir, private_folder
+from jupyter_vgpu.holders.local import default_region_dir, private_file, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
@@ -454,7 +454,9 @@ class VGPUApp(ExtensionApp):
             return
         root = hashlib.sha256(os.path.abspath(server.root_dir).encode()).hexdigest()[:16]
         folder = private_folder(Path(jupyter_runtime_dir()) / "vgpu")
-        sessions.database_filepath = str(folder / f"sessions-{root}.sqlite")
+        # Which notebook has which kernel: the user's alone, as everything else there (SQLite
+        # would make it with the umask's mode, 0644 for most).
+        sessions.database_filepath = str(private_file(folder / f"sessions-{root}.sqlite"))
 
     def _adopt_survivors(self, manager: SliceManager) -> None:
         """Put the kernels the last server left running into jupyter_server's kernel manager
