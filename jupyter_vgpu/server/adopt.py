@@ -54,6 +54,7 @@ async def learn_execution_state(kernels: Any, kernel_id: str, log: logging.Logge
     cell sent after it runs). Returns the state learned, None where the kernel went away first."""
     kernel = kernels.get_kernel(kernel_id)
     kernel.execution_state = UNKNOWN_STATE
+    ports = list(kernel.ports)
     client = None
     try:
         for _ in range(ASK_AGAIN):
@@ -67,9 +68,17 @@ async def learn_execution_state(kernels: Any, kernel_id: str, log: logging.Logge
             if outcome == "recorded" or (outcome == "answered" and await _recorded(kernel)):
                 return str(kernel.execution_state)
             if outcome == "restarted":
-                # Its process was replaced (Kernel > Restart) before it answered: ask the new one.
+                # Its process was replaced before it answered (it died and the restarter started
+                # it again, or Kernel > Restart): ask the new one, on its ports.
                 client.stop_channels()
                 client = None
+                if list(kernel.ports) != ports:
+                    # jupyter_server watches the new ports only after a restart through its API;
+                    # after the restarter's (new random ports) it would see nothing of the kernel.
+                    kernels.stop_watching_activity(kernel_id)
+                    kernels.start_watching_activity(kernel_id)
+                    kernel.execution_state = UNKNOWN_STATE
+                ports = list(kernel.ports)
             # Else a cell sent after ours runs (it reads busy again, rightly), or the watcher
             # missed the status: ask again, behind whatever runs.
         log.warning(

@@ -112,3 +112,46 @@ def test_a_restarted_server_reads_an_adopted_kernel_running_a_cell_busy_and_neve
         server.stop()
         if restarted is not None:
             restarted.stop()
+
+
+def test_an_adopted_kernel_that_dies_before_its_cell_ended_reads_idle_once_restarted(
+    user_env, tmp_path, cuda_prelude, reaper
+):
+    """An adopted kernel running a cell dies (here SIGKILL; the OOM killer, a crash) and the
+    server's restarter starts it again: the question asked of the dead process is lost with it,
+    and the new one is asked again (it would otherwise read busy, as unknown, until its first
+    cell: never suspended or stopped when idle)."""
+    server = Server(tmp_path, user_env)
+    restarted = None
+    pids: list[int] = []
+    try:
+        kernel_id = start_kernel(server, "2GiB")
+        pids = [server.api("GET", f"api/vgpu/slices/{kernel_id}")["pid"]]
+        start_long_cell(user_env, kernel_id, "import threading; threading.Event().wait()")
+        server.kill()
+
+        restarted = Server(tmp_path, user_env)
+        assert execution_states(restarted) == {kernel_id: "busy"}
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: reaper(pids), 30, "the adopted kernel's process ended and reaped")
+        new_pid = wait_for(
+            lambda: (
+                restarted.api("GET", f"api/vgpu/slices/{kernel_id}")["pid"] not in (None, pids[0])
+                and restarted.api("GET", f"api/vgpu/slices/{kernel_id}")["pid"]
+            ),
+            60,
+            "the restarter to start the kernel again",
+        )
+        pids.append(new_pid)
+        wait_for(lambda: execution_states(restarted) == {kernel_id: "idle"}, 60, "the restarted kernel to read idle")
+        assert slice_states(restarted) == {kernel_id: ("unused", "idle")}
+
+        restarted.api("DELETE", f"api/kernels/{kernel_id}")
+        wait_for(lambda: reaper(pids), 30, "the kernels' processes reaped")
+    finally:
+        for pid in pids:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
+        if restarted is not None:
+            restarted.stop()
