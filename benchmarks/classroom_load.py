@@ -69,8 +69,14 @@ after 60 s) reads the class's clock.
 
 Time to guarantee: seconds of the class's clock from a start or a cell within its owner's
 guarantee that needs room (every request of the other modes; a non-borrower's in the borrowing
-mode) until it runs: the watcher passes it waited (0.5 s each) and the minutes, the checkpoints'
-copies not counted.
+mode) until it runs: the minutes and the watcher passes it waited (0.5 s each), and the copies
+of the checkpoints on its GPU in the minute it ran, before it ran: the memory of the kernels
+suspended to make its room (a borrower's 8 GiB where it was taken back) and, for a cell of a
+suspended kernel, its own memory coming back, at the bandwidth an H100 moved a PyTorch kernel's
+memory in this project's own check (FIELD-NOTES, 2026-11-27: suspend 1.6-1.8 GiB/s, resume
+3.3-4.0 GiB/s; the slower ends, 1.6 and 3.3 GiB/s, are used). Copies on one GPU are counted one
+after another; those of earlier minutes are taken to be done within the minute. The same figure
+without the copies is shown beside it.
 
 The kernels are slices only, no processes: NVML shows nothing of them, so the broker's check
 before lending passes at once. After every minute: no device holds more than its memory
@@ -410,9 +416,12 @@ MODES = (
 # pass changes nothing).
 WATCH_INTERVAL_S = 0.5
 MAX_PASSES_A_MINUTE = 24
-# The stand-in checkpoint: what the simulated driver moves a second (docs/benchmarks.md, suspend
-# and resume), for the suspend and resume seconds the server records.
-CHECKPOINT_BYTES_A_SECOND = 7e9
+# The stand-in checkpoint: what a suspend and a resume move a second, as an H100 moved a 3.51 GiB
+# PyTorch kernel in this project's check (FIELD-NOTES "Suspending a CUDA process", 2026-11-27:
+# 1.6-1.8 GiB/s to host memory, 3.3-4.0 GiB/s back; the slower ends). The seconds the server
+# records, and the copies counted in the time to guarantee.
+SUSPEND_BYTES_A_SECOND = 1.6 * GIB
+RESUME_BYTES_A_SECOND = 3.3 * GIB
 
 
 class VirtualClock:
@@ -514,6 +523,8 @@ class ModeResult:
     # Seconds of the class's clock from a start or cell within its owner's guarantee that needed
     # room until it ran (still waiting at the end: its wait so far).
     guarantee_waits: list[float] = field(default_factory=list)
+    # The same, with the copies of the checkpoints on its GPU in the minute it ran, before it ran.
+    guarantee_copied: list[float] = field(default_factory=list)
     taken_back: int = 0  # borrowing kernels asked to give their room back
     start_waits: list[int] = field(default_factory=list)
     still_waiting: list[int] = field(default_factory=list)  # minutes waited so far, at the end
@@ -570,6 +581,9 @@ class ClassRun:
         self.people: list[Student] = []
         self.by_kernel: dict[str, Student] = {}
         self.pass_number = 0  # the fair pool's watcher pass within the minute
+        self.minute = 0  # the class's minute being played
+        # Seconds of checkpoint copies on each GPU in a minute: (minute, device uuid) -> seconds.
+        self.copying: Counter = Counter()
         # Suspended kernels whose resume a suspend was paired with (the swap at the host cap): while
         # one is suspended, host memory may exceed the cap by as much as it holds.
         self.paired: set[str] = set()
@@ -611,6 +625,7 @@ class ClassRun:
                 self.result.still_waiting.append(self.minutes - student.waiting.since)
                 if student.waiting.needs_room and self.within_guarantee(student):
                     self.result.guarantee_waits.append((self.minutes - student.waiting.since) * 60.0)
+                    self.result.guarantee_copied.append((self.minutes - student.waiting.since) * 60.0)
         self.result.requests, self.result.request_seconds = CountingLedger.requests, CountingLedger.seconds
         self.result.wall_seconds = time.perf_counter() - began
         return self.result
@@ -636,7 +651,10 @@ class ClassRun:
         assert waiting is not None
         self.result.waits.append(now - waiting.since)
         if waiting.needs_room and self.within_guarantee(student):
-            self.result.guarantee_waits.append((now - waiting.since) * 60.0 + self.pass_number * WATCH_INTERVAL_S)
+            waited = (now - waiting.since) * 60.0 + self.pass_number * WATCH_INTERVAL_S
+            self.result.guarantee_waits.append(waited)
+            device = self.device_of(student.kernel) if student.kernel else ""
+            self.result.guarantee_copied.append(waited + self.copying[(now, device)])
         if now > waiting.since or self.pass_number:
             self.result.waited[waiting.kind] += 1
         if now == waiting.since:
@@ -650,6 +668,14 @@ class ClassRun:
             student.ran_this_minute = True
         student.last_active = self.clock()
         student.waiting = None
+
+    def copied(self, device: str, seconds: float) -> None:
+        """A checkpoint's copy on ``device`` this minute (a suspend's or a resume's)."""
+        self.copying[(self.minute, device)] += seconds
+
+    def device_of(self, kernel_id: str) -> str:
+        allocation = self.broker.ledger.get(kernel_id)
+        return allocation.device_uuid or "" if allocation is not None else ""
 
     def within_guarantee(self, student: Student) -> bool:
         """Whether the student's requests are within their guarantee (a borrower's are not)."""
@@ -765,6 +791,7 @@ class RefusingClass(ClassRun):
             return False  # the host memory cap: it keeps running, stopped later
         student.suspended = True
         self.result.suspends += 1
+        self.copied(self.device_of(student.kernel), student.limits.memory_limit / SUSPEND_BYTES_A_SECOND)
         return True
 
     def report(self) -> None:
@@ -800,6 +827,7 @@ class RefusingClass(ClassRun):
         args = self.args
         for now in range(self.minutes):
             self.clock.set(now)
+            self.minute = now
             for student in self.people:
                 student.ran_this_minute = False
                 if student.arrives <= now:
@@ -833,6 +861,7 @@ class RefusingClass(ClassRun):
                     student.client.resume(student.kernel)
                     student.suspended = False
                     self.result.resumes += 1
+                    self.copied(self.device_of(student.kernel), student.limits.memory_limit / RESUME_BYTES_A_SECOND)
                 self.ran(student, now)
                 return
             except CapacityError as refused:
@@ -930,10 +959,10 @@ class StandInCheckpoints:
             return Suspension(())
         kernel = self.processes.student.kernel
         device = self.device_of(kernel) if kernel else ""
-        return Suspension((SuspendedProcess(self.processes.pid, device, held),), held / CHECKPOINT_BYTES_A_SECOND)
+        return Suspension((SuspendedProcess(self.processes.pid, device, held),), held / SUSPEND_BYTES_A_SECOND)
 
     def resume(self, suspension: Suspension) -> float:
-        return suspension.memory / CHECKPOINT_BYTES_A_SECOND
+        return suspension.memory / RESUME_BYTES_A_SECOND
 
 
 class CountingSuspender(Suspender):
@@ -941,10 +970,18 @@ class CountingSuspender(Suspender):
 
     lock = threading.Lock()
 
-    def __init__(self, result: ModeResult, *arguments, suspended_one: Callable[[Allocation], None], **keywords):
+    def __init__(
+        self,
+        result: ModeResult,
+        *arguments,
+        suspended_one: Callable[[Allocation], None],
+        copied: Callable[[str, float], None],
+        **keywords,
+    ):
         super().__init__(*arguments, **keywords)
         self.result = result
         self.suspended_one = suspended_one
+        self.copied = copied  # (device, seconds of copy)
 
     def suspend(self, allocation: Allocation, *, lock_timeout: float, release_wait: float = 0.0) -> Allocation:
         suspended = super().suspend(allocation, lock_timeout=lock_timeout, release_wait=release_wait)
@@ -954,6 +991,7 @@ class CountingSuspender(Suspender):
                     self.result.lent += 1
                 else:
                     self.result.suspends += 1
+                    self.copied(allocation.device_uuid or "", suspended.host_memory / SUSPEND_BYTES_A_SECOND)
                 self.suspended_one(allocation)
         return suspended
 
@@ -962,6 +1000,7 @@ class CountingSuspender(Suspender):
         if allocation.suspended:
             with self.lock:
                 self.result.resumes += 1
+                self.copied(resumed.device_uuid or "", allocation.host_memory / RESUME_BYTES_A_SECOND)
         return resumed
 
 
@@ -991,6 +1030,7 @@ class StudentServer:
             self.holder,
             controller=StandInCheckpoints(self.holder, run.device_of),
             suspended_one=run.suspended_one,
+            copied=run.copied,
         )
         # Waiting starts are served by the watcher's passes, as on a server whose retry timer
         # has not fired: one pass a WATCH_INTERVAL_S of the class's clock, not of the wall's.
@@ -1071,6 +1111,7 @@ class FairPoolClass(ClassRun):
         order = random.Random(self.args.seed)
         for now in range(self.minutes):
             self.clock.set(now)
+            self.minute = now
             for server in self.servers:
                 student = server.student
                 student.ran_this_minute = False
@@ -1179,10 +1220,6 @@ class FairPoolClass(ClassRun):
             tuple(len(server.slices.line) for server in self.servers),
         )
 
-    def device_of(self, kernel_id: str) -> str:
-        allocation = self.broker.ledger.get(kernel_id)
-        return allocation.device_uuid if allocation is not None else ""
-
 
 def play_class(mode: str, suspend_after: int, args: argparse.Namespace, plan: ClassPlan, minutes: int) -> ModeResult:
     with tempfile.TemporaryDirectory(prefix="vgpu-classroom-class-", dir=os.environ.get("TMPDIR")) as tmp:
@@ -1194,7 +1231,8 @@ def _figure(samples: Sequence[float], fraction: float | None = None) -> str:
     """A percentile (None: the largest) of minutes or seconds, as the table shows it."""
     if not samples:
         return "-"
-    return f"{percentile(samples, fraction) if fraction is not None else max(samples):g}"
+    value = percentile(samples, fraction) if fraction is not None else max(samples)
+    return f"{round(value, 1):g}"
 
 
 def class_comparison(args: argparse.Namespace) -> bool:
@@ -1237,7 +1275,11 @@ def class_comparison(args: argparse.Namespace) -> bool:
         ),
         ("still waiting at the end", lambda r: f"{len(r.still_waiting)}"),
         (
-            "time to guarantee p50 / p95 / max, s",
+            "time to guarantee p50 / p95 / max, s (copies at 1.6 / 3.3 GiB/s)",
+            lambda r: " / ".join(_figure(r.guarantee_copied, f) for f in (0.5, 0.95, None)),
+        ),
+        (
+            "&nbsp;&nbsp;the same without the copies",
             lambda r: " / ".join(_figure(r.guarantee_waits, f) for f in (0.5, 0.95, None)),
         ),
         ("borrowing kernels taken back", lambda r: f"{r.taken_back}"),

@@ -15,13 +15,18 @@ others measured restoring on a B200 (16 GB in 2.8 s, 145 GB in 17.9 s: 5.7 to 8.
 FIELD-NOTES "Suspending a CUDA process"). So these figures are the API's own overhead on top of
 that copy time (the `copy` column), not a real GPU's; framework_checks.py measures one.
 
-Then a kernel's cell after a suspend (issue 26, resume ahead of use): a `jupyter server` of its
-own (its own runtime folder, ledger, regions and simulated GPU state, at the same bandwidth)
-starts a sliced kernel holding SIZE (4 GiB; 256 MiB with --smoke), suspends it through REST, and
-times a cell from its execute_request (sent by a jupyter_client in this process) to the cell's
-first line (printed after a CUDA call), two ways, alternating: resume-on-cell (no hint: the cell's
-CUDA call resumes it) and wake-ahead (POST .../wake, the lab's "turned to it" hint, given
-HINT_LEAD seconds before the cell), and for the floor the same cell on the kernel not suspended.
+Then a kernel's cell after a suspend (issue 26, resume ahead of use; issue 34 item 7): a `jupyter
+server` of its own (its own runtime folder, ledger, regions and simulated GPU state, at the same
+bandwidth) starts a sliced kernel holding SIZE (4 GiB; 256 MiB with --smoke) and suspends it
+through REST, then, alternating:
+
+- hint to ready: POST .../wake (the lab's "turned to it" hint) and the time until the slice
+  reads running with no place in line (REST, polled every 5 ms): what a user who waits that long
+  before running a cell gets for free;
+- a cell's latency, from its execute_request (sent by a jupyter_client in this process) to the
+  cell's first line (printed after a CUDA call): with no hint (the cell's CUDA call resumes the
+  kernel), with the hint given HINT_DELAYS seconds before the cell (0: at the same moment), and
+  for the floor the same cell on the kernel not suspended.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ from jupyter_vgpu.model import use_simulator  # noqa: E402
 MIB, GIB = 1 << 20, 1 << 30
 BANDWIDTH = 7_000_000_000  # bytes per second
 DEVICE = "name=bench GPU,memory=16GiB,sms=132,context_memory=0"
-HINT_LEAD = 1.0  # seconds between the wake hint and the cell
+HINT_DELAYS = (0.0, 0.25, 0.5, 1.0)  # seconds between the wake hint and the cell
+POLL = 0.005  # seconds between two readings of the slice while waiting for it to be back
 MARKER = "first line"
 # The kernel holds SIZE and writes 1 MiB of it: a checkpoint moves an allocation once written,
 # all of it (paced at the bandwidth; the pages never written take no host memory).
@@ -136,34 +142,49 @@ def cell_after_suspend(workdir: Path, size: int, repeats: int) -> None:
             (found,) = [s for s in server.api("GET", "api/vgpu/slices") if s["kernel_id"] == kernel_id]
             return found
 
-        # "running": the same cell on the kernel not suspended, for the floor (client, server, kernel).
-        times: dict[str, list[float]] = {"resume-on-cell": [], "wake-ahead": [], "running": []}
+        def suspend() -> None:
+            suspended = server.api("POST", f"{slices}/suspend", {})
+            assert suspended["state"] == "suspended" and suspended["host_memory_bytes"] >= size, suspended
+
+        # Hint to ready: from POST .../wake until the slice reads running with no place in line.
+        ready: list[float] = []
+        for _ in range(repeats):
+            suspend()
+            hinted = time.perf_counter()
+            server.api("POST", f"{slices}/wake", {})
+            while not ((now := slice_now())["state"] == "running" and now["queue"] is None):
+                time.sleep(POLL)
+            ready.append(time.perf_counter() - hinted)
+            seconds, output = run_cell(client, FIRST_LINE)  # back whole: no wait, the pattern intact
+            assert {f"{MARKER} 0", "intact True"} <= set(output.splitlines()) and "jupyter-vgpu:" not in output, output
+
+        # A cell's latency: no hint, the hint some seconds before, and the kernel not suspended.
+        ways = ["no hint", *(f"hint {delay:g} s before" for delay in HINT_DELAYS), "not suspended"]
+        times: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(repeats):
             for way, seen in times.items():
-                if way != "running":
-                    suspended = server.api("POST", f"{slices}/suspend", {})
-                    assert suspended["state"] == "suspended" and suspended["host_memory_bytes"] >= size, suspended
-                hinted = time.monotonic()
-                if way == "wake-ahead":
+                if way != "not suspended":
+                    suspend()
+                if way.startswith("hint"):
+                    delay = float(way.split()[1])
+                    hinted = time.monotonic()
                     server.api("POST", f"{slices}/wake", {})
-                time.sleep(max(0.0, hinted + HINT_LEAD - time.monotonic()))  # the user reads the cell
-                before = slice_now()
+                    time.sleep(max(0.0, hinted + delay - time.monotonic()))  # the user reads the cell
                 seconds, output = run_cell(client, FIRST_LINE)
                 assert {f"{MARKER} 0", "intact True"} <= set(output.splitlines()), output
-                if way != "resume-on-cell":
-                    # It did not wait for the restore: back before the cell, no waiting line.
-                    assert (before["state"], before["queue"]) == ("running", None), before
-                    assert "jupyter-vgpu:" not in output, output
-                else:
-                    assert before["state"] == "suspended" and "waiting for room" in output, (before, output)
+                if way == "no hint":
+                    assert "waiting for room" in output, output  # the cell's CUDA call resumed it
                 seen.append(seconds)
+        runs = ", ".join(f"{v * 1000:.0f}" for v in ready)
         print(
-            f"\na kernel's cell after a suspend, {size / GIB:g} GiB held: execute_request to its first line,"
-            f" median of {repeats} (all runs, ms); the hint {HINT_LEAD:g} s before the cell"
+            f"\na kernel's cell after a suspend, {size / GIB:g} GiB held ({size / BANDWIDTH * 1000:.0f} ms of copy);"
+            f" median of {repeats} (all runs, ms)"
         )
+        print(f"{'hint to ready':>20} {statistics.median(ready) * 1000:>8.1f} ms   ({runs})")
+        print("execute_request to the cell's first line:")
         for way, values in times.items():
             runs = ", ".join(f"{v * 1000:.0f}" for v in values)
-            print(f"{way:>15} {statistics.median(values) * 1000:>8.1f} ms   ({runs})")
+            print(f"{way:>20} {statistics.median(values) * 1000:>8.1f} ms   ({runs})")
     finally:
         if client is not None:
             client.stop_channels()

@@ -51,6 +51,12 @@ html_static_path: list[str] = []
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
+    # The "Section Navigation" column lists the pages under the current top-level page; every
+    # page here is a top-level leaf (the index's toctrees are the top bar), so it listed nothing.
+    # With hidden toctrees not counted the theme resolves each page's own subtree and leaves the
+    # column out where it is empty, as it would an explicit `html_sidebars` entry per leaf page,
+    # and keeps it for a page that someday has pages under it.
+    "sidebar_includehidden": False,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }

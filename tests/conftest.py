@@ -358,6 +358,7 @@ SLOW_TESTS = (
     "packaging/test_install_docs.py",
     "packaging/test_wheel.py",
     "peers/test_peer_suites.py",
+    "server/test_adopted_kernel_state.py",
     "server/test_device_memory.py",
     "server/test_fuzz.py",
     "server/test_kernels_outlive_server.py::test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_them",

@@ -79,6 +79,16 @@ def private_folder(path: Path) -> Path:
     return path
 
 
+def private_file(path: Path) -> Path:
+    """``path`` made (empty, where it is not there) and closed to other users, whatever umask
+    made it or an earlier version left it. SQLite gives a database's journal and WAL files the
+    mode of the database file, so a private database stays private."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE))
+    if path.stat().st_mode & 0o077:
+        path.chmod(PRIVATE_FILE)
+    return path
+
+
 def slice_environment(region: Region, *, simulate: bool, base_env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a process in the slice: the interposer preloaded, the region named,
     only the slice's device visible, and the simulated driver on the library path if asked."""

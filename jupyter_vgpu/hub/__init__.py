@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from traitlets.config import Config
 from traitlets.config.loader import LazyConfigValue
+from traitlets.log import get_logger
 
 from jupyter_vgpu.hub.classroom import (
     Budget,
@@ -95,7 +96,9 @@ def configure(
     Merges with what ``c`` has already (services, roles, groups, scopes are added to, never
     replaced), so call it anywhere in ``jupyterhub_config.py``. ``spawner`` is ``"local"`` or
     ``"kubernetes"``; by default KubeSpawner when ``c.JupyterHub.spawner_class`` names it, else
-    local. A bad file raises :class:`ClassroomError` naming the file and the key.
+    local. A bad file raises :class:`ClassroomError` naming the file and, for every problem, the
+    key; the same sentences are logged first on the hub's log, where the hub's output starts,
+    since JupyterHub shows the error itself only as the last line of a traceback.
 
     Local spawners get: the broker service, the ``custom:vgpu:use`` and ``custom:vgpu:admin``
     scopes, the broker's role, ``custom:vgpu:use!user`` and access to the broker for every user
@@ -108,6 +111,16 @@ def configure(
     are. KubeSpawner gets ``profile_list`` (its pod's slice holds every kernel of the pod). Both
     get ``load_groups``.
     """
+    try:
+        return _configure(c, path, spawner, kernelspecs)
+    except ClassroomError as refused:
+        # The hub logs an empty line and a traceback, this sentence its very last line: say it first.
+        get_logger().error("jupyter-vgpu: the hub cannot start with this classroom file: %s", refused)
+        raise
+
+
+def _configure(c: Config, path: str | Path, spawner: str | None, kernelspecs: Iterable[str] | None) -> Classroom:
+    """:func:`configure`, its refusals raised."""
     # Checked at run time: a hub's config file is not type-checked (a bare "python3-vgpu" would
     # otherwise be taken letter by letter).
     offered = None if kernelspecs is None else [kernelspecs] if isinstance(kernelspecs, str) else list(kernelspecs)

@@ -6,16 +6,20 @@ idle policy. :func:`load_classroom` reads and checks it; everything else (the hu
 KubeSpawner profiles, the broker) reads the :class:`Classroom` it returns. Sizes and SM shares are
 parsed by :mod:`jupyter_vgpu.model`, so they accept and refuse what every other entry point does.
 
-A bad file is refused as a whole with a :class:`ClassroomError` that names the file, the key and
-what is accepted; nothing quietly guesses.
+A bad file is refused as a whole with a :class:`ClassroomError` that names the file, and for each
+problem the key and what is accepted; nothing quietly guesses. Every entry is read, so one
+refusal lists every problem of the file's entries at once; the checks across entries (user
+limits against the sizes offered, the default budgets against the node) follow once the entries
+are right.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -161,7 +165,12 @@ _GroupCheck = Callable[[str, str], None]
 
 class ClassroomError(ValueError):
     """A classroom file that is not accepted, or a size a user may not have; the message says why
-    and what is accepted."""
+    and what is accepted. ``problems``: each problem of a refused file, ``key: what is wrong``
+    (the message names the file, then lists them; one problem reads ``FILE: key: ...``)."""
+
+    def __init__(self, message: str, problems: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True)
@@ -487,15 +496,50 @@ def parse_duration(value: object) -> float:
 
 
 class _Reader:
-    """Reads one classroom file's values, raising errors that name the file and the key."""
+    """Reads one classroom file's values, raising errors that name the file and the key; where a
+    part is read with :meth:`part` (or :meth:`attempt`), its problem is kept and reading goes on,
+    so :meth:`refuse` can list every problem at once."""
 
     def __init__(self, label: str) -> None:
         self.label = label
+        self.problems: list[str] = []
 
     def error(self, key: str, message: str) -> ClassroomError:
-        return ClassroomError(f"{self.label}: {key}: {message}" if key else f"{self.label}: {message}")
+        problem = f"{key}: {message}" if key else message
+        return ClassroomError(f"{self.label}: {problem}", [problem])
+
+    def note(self, error: ClassroomError) -> None:
+        """Keep the problems of ``error`` and read on."""
+        if not isinstance(error, _AlreadySaid):
+            self.problems.extend(error.problems or [str(error)])
+
+    @contextlib.contextmanager
+    def part(self) -> Iterator[None]:
+        """Read one part of the file; a problem in it is kept, and the next part is read."""
+        try:
+            yield
+        except ClassroomError as error:
+            self.note(error)
+
+    def attempt(self, read: Callable[..., _T], *args: Any) -> _T | None:
+        """``read(*args)``, or None where it found a problem (kept)."""
+        try:
+            return read(*args)
+        except ClassroomError as error:
+            self.note(error)
+            return None
+
+    def refuse(self) -> None:
+        """Raise one ClassroomError with every problem kept so far, if any."""
+        if len(self.problems) == 1:
+            raise ClassroomError(f"{self.label}: {self.problems[0]}", self.problems)
+        if self.problems:
+            listed = "".join(f"\n  - {problem}" for problem in self.problems)
+            raise ClassroomError(f"{self.label}: {len(self.problems)} problems:{listed}", self.problems)
 
     def mapping(self, value: object, key: str, accepted: tuple[str, ...]) -> dict[str, Any]:
+        """``value``, a mapping whose keys are all ``accepted``: each unknown key is a problem
+        (kept) and left out."""
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -508,8 +552,8 @@ class _Reader:
                 )
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 where = f"{key}.{name}" if key else str(name)
-                raise self.error(where, f"unknown key{hint}; accepted: {', '.join(accepted)}")
-        return value
+                self.note(self.error(where, f"unknown key{hint}; accepted: {', '.join(accepted)}"))
+        return {name: item for name, item in value.items() if name in accepted}
 
     def text(self, value: object, key: str, what: str = "text") -> str:
         if not isinstance(value, str) or not value.strip():
@@ -521,11 +565,11 @@ class _Reader:
             return ()
         if not isinstance(value, list):
             raise self.error(key, f"must be a list of {what} like [alice, bob], not {_shown(value)}")
-        names = tuple(self.text(item, f"{key}[{index}]", f"a {what[:-1]}") for index, item in enumerate(value))
-        for index, name in enumerate(names):
-            if name in names[:index]:
-                raise self.error(f"{key}[{index}]", f"{name!r} is listed twice")
-        return names
+        read = [self.attempt(self.text, item, f"{key}[{index}]", f"a {what[:-1]}") for index, item in enumerate(value)]
+        for index, name in enumerate(read):
+            if name is not None and name in read[:index]:
+                self.note(self.error(f"{key}[{index}]", f"{name!r} is listed twice"))
+        return tuple(name for name in read if name is not None)
 
     def flag(self, value: object, key: str, default: bool) -> bool:
         if value is None:
@@ -577,32 +621,39 @@ def load_classroom(path: str | Path, *, hub_groups: Iterable[str] | None = ()) -
     top = reader.mapping(data, "", _TOP_KEYS)
     folder = Path(path).resolve().parent
 
-    gpus = _read_gpus(reader, top)
-    simulate = reader.flag(top.get("simulate"), "simulate", False)
-    broker = reader.mapping(top.get("broker"), "broker", _BROKER_KEYS)
-    port = reader.count(broker.get("port", DEFAULT_BROKER_PORT), "broker.port", 1, 65535)
-    name = reader.text(broker.get("name", DEFAULT_SERVICE_NAME), "broker.name", "a service name")
-    if not _SERVICE_NAME.match(name):
-        raise reader.error("broker.name", f"{name[:60]!r} is not a service name: lowercase letters, digits, - and _")
-    state_dir = Path(reader.text(broker.get("state_dir", DEFAULT_STATE_DIR), "broker.state_dir", "a folder"))
+    gpus = reader.attempt(lambda: _read_gpus(reader, top))
+    simulate = reader.attempt(lambda: reader.flag(top.get("simulate"), "simulate", False))
+    broker = reader.attempt(lambda: reader.mapping(top.get("broker"), "broker", _BROKER_KEYS)) or {}
+    port = reader.attempt(lambda: reader.count(broker.get("port", DEFAULT_BROKER_PORT), "broker.port", 1, 65535))
+    name = reader.attempt(lambda: _service_name(reader, broker))
+    state_dir = reader.attempt(
+        lambda: Path(reader.text(broker.get("state_dir", DEFAULT_STATE_DIR), "broker.state_dir", "a folder"))
+    )
 
-    groups = _read_groups(reader, top.get("groups"))
-    known = None if hub_groups is None else set(groups) | set(hub_groups)
+    groups = reader.attempt(lambda: _read_groups(reader, top.get("groups")))
+    known = None if hub_groups is None else set(groups or {}) | set(hub_groups)
 
     def check_group(group: str, key: str) -> None:
         if known is not None and group not in known:
             listed = ", ".join(sorted(known)) or "none"
-            raise reader.error(key, f"unknown group {group!r}; groups are those under groups: or the hub's ({listed})")
+            reader.note(
+                reader.error(key, f"unknown group {group!r}; groups are those under groups: or the hub's ({listed})")
+            )
 
-    admins = reader.names(top.get("admins"), "admins", "user names")
-    admin_groups = reader.names(top.get("admin_groups"), "admin_groups", "group names")
-    for index, group in enumerate(admin_groups):
+    admins = reader.attempt(lambda: reader.names(top.get("admins"), "admins", "user names"))
+    admin_groups = reader.attempt(lambda: reader.names(top.get("admin_groups"), "admin_groups", "group names"))
+    for index, group in enumerate(admin_groups or ()):
         check_group(group, f"admin_groups[{index}]")
 
-    limits = _read_limits(reader, top.get("limits"), check_group)
-    sizes = _read_sizes(reader, top.get("sizes"), gpus, limits, check_group)
-    idle = _read_idle(reader, top.get("idle"))
-    oversubscribe = reader.flag(top.get("oversubscribe"), "oversubscribe", False)
+    limits = reader.attempt(lambda: _read_limits(reader, top.get("limits"), check_group))
+    sizes = reader.attempt(lambda: _read_sizes(reader, top.get("sizes"), gpus, limits or Limits(), check_group))
+    idle = reader.attempt(lambda: _read_idle(reader, top.get("idle")))
+    oversubscribe = reader.attempt(lambda: reader.flag(top.get("oversubscribe"), "oversubscribe", False))
+    reader.refuse()
+    # Read without a problem, none of them is None.
+    assert gpus is not None and sizes is not None and groups is not None and limits is not None
+    assert admins is not None and admin_groups is not None and idle is not None and state_dir is not None
+    assert simulate is not None and oversubscribe is not None and name is not None and port is not None
 
     classroom = Classroom(
         path=Path(path).resolve(),
@@ -621,52 +672,87 @@ def load_classroom(path: str | Path, *, hub_groups: Iterable[str] | None = ()) -
     )
     _check_limits_cover_sizes(reader, classroom)
     if not oversubscribe:
-        _check_fits(reader, classroom)
+        with reader.part():
+            _check_fits(reader, classroom)
+    reader.refuse()
     return classroom
 
 
+def _service_name(reader: _Reader, broker: dict[str, Any]) -> str:
+    name = reader.text(broker.get("name", DEFAULT_SERVICE_NAME), "broker.name", "a service name")
+    if not _SERVICE_NAME.match(name):
+        raise reader.error("broker.name", f"{name[:60]!r} is not a service name: lowercase letters, digits, - and _")
+    return name
+
+
 def _read_gpus(reader: _Reader, top: dict[str, Any]) -> Gpus:
+    """The node's GPUs, every problem of ``gpus:`` kept; raises only where the GPU's memory, which
+    the sizes are checked against, could not be read."""
     if "gpus" not in top:
         raise reader.error("gpus", "missing: say what the node has, like gpus: {count: 2, memory: 16GiB}")
     gpus = reader.mapping(top["gpus"], "gpus", _GPU_KEYS)
     for key in ("count", "memory"):
         if key not in gpus:
-            raise reader.error(f"gpus.{key}", "missing; like gpus: {count: 2, memory: 16GiB}")
-    memory = reader.parsed(parse_size, gpus["memory"], "gpus.memory")
-    reserve = gpus.get("reserve")
-    reserve = 0 if reserve is None or reserve == 0 else reader.parsed(parse_size, reserve, "gpus.reserve")
-    if reserve >= memory:
-        raise reader.error(
-            "gpus.reserve",
-            f"{format_size(reserve)} kept free leaves nothing of a GPU's {format_size(memory)} (gpus.memory); "
-            "reserve less than the memory, or 0",
-        )
+            reader.note(reader.error(f"gpus.{key}", "missing; like gpus: {count: 2, memory: 16GiB}"))
+    count = reader.attempt(lambda: reader.count(gpus["count"], "gpus.count", 1, 64)) if "count" in gpus else None
+    memory = (
+        reader.attempt(lambda: reader.parsed(parse_size, gpus["memory"], "gpus.memory")) if "memory" in gpus else None
+    )
+    reserve = reader.attempt(lambda: _reserve(reader, gpus.get("reserve"), memory))
+    sms = reader.attempt(lambda: reader.count(gpus.get("sms", DEFAULT_SMS), "gpus.sms", 1, 1024))
     burst = gpus.get("burst_oversubscription")
     if burst is None:
         burst = 1.0
     elif isinstance(burst, bool) or not isinstance(burst, (int, float)) or not math.isfinite(burst) or burst < 1.0:
-        raise reader.error(
-            "gpus.burst_oversubscription",
-            f"must be a number of 1.0 or more (burst shares may add up to this many times 100% of each GPU), "
-            f"not {_shown(burst)}",
+        reader.note(
+            reader.error(
+                "gpus.burst_oversubscription",
+                f"must be a number of 1.0 or more (burst shares may add up to this many times 100% of each GPU), "
+                f"not {_shown(burst)}",
+            )
         )
     placement = gpus.get("placement")
     if placement is None:
         placement = "binpack"
     elif placement not in PLACEMENTS:
-        raise reader.error(
-            "gpus.placement",
-            f"must be binpack (a new slice on the fullest GPU it fits on) or spread (on the emptiest), "
-            f"not {_shown(placement)}",
+        reader.note(
+            reader.error(
+                "gpus.placement",
+                f"must be binpack (a new slice on the fullest GPU it fits on) or spread (on the emptiest), "
+                f"not {_shown(placement)}",
+            )
         )
+    if memory is None:
+        raise _already_said()
+    # Where another key of gpus: has a problem (kept, so the file is refused), the sizes are still
+    # checked against the GPU's memory: what stands in for that key is never used beyond that.
     return Gpus(
-        count=reader.count(gpus["count"], "gpus.count", 1, 64),
+        count=count or 1,
         memory=memory,
-        sms=reader.count(gpus.get("sms", DEFAULT_SMS), "gpus.sms", 1, 1024),
-        reserve=reserve,
-        burst_oversubscription=float(burst),
-        placement=placement,
+        sms=sms or DEFAULT_SMS,
+        reserve=reserve or 0,
+        burst_oversubscription=float(burst) if isinstance(burst, (int, float)) and not isinstance(burst, bool) else 1.0,
+        placement=placement if placement in PLACEMENTS else "binpack",
     )
+
+
+def _reserve(reader: _Reader, reserve: object, memory: int | None) -> int:
+    value = 0 if reserve is None or reserve == 0 else reader.parsed(parse_size, reserve, "gpus.reserve")
+    if memory is not None and value >= memory:
+        raise reader.error(
+            "gpus.reserve",
+            f"{format_size(value)} kept free leaves nothing of a GPU's {format_size(memory)} (gpus.memory); "
+            "reserve less than the memory, or 0",
+        )
+    return value
+
+
+class _AlreadySaid(ClassroomError):
+    """A part that cannot be made because of problems already kept: nothing more to say."""
+
+
+def _already_said() -> ClassroomError:
+    return _AlreadySaid("problems already kept")
 
 
 def _read_groups(reader: _Reader, value: object) -> dict[str, tuple[str, ...]]:
@@ -678,8 +764,9 @@ def _read_groups(reader: _Reader, value: object) -> dict[str, tuple[str, ...]]:
         )
     groups = {}
     for name, members in value.items():
-        group = reader.text(name, "groups", "a group name")
-        groups[group] = reader.names(members, f"groups.{group}", "user names")
+        with reader.part():
+            group = reader.text(name, "groups", "a group name")
+            groups[group] = reader.names(members, f"groups.{group}", "user names")
     return groups
 
 
@@ -698,22 +785,32 @@ def _read_limits(reader: _Reader, value: object, check_group: _GroupCheck) -> Li
         raise reader.error(
             "limits.groups", f"must map group names to limits, like staff: {{kernels: 6}}; not {_shown(raw_groups)}"
         )
+    found = len(reader.problems)
     for name, raw in (raw_groups or {}).items():
-        group = reader.text(name, "limits.groups", "a group name")
-        check_group(group, f"limits.groups.{group}")
-        entry = reader.mapping(raw, f"limits.groups.{group}", _GROUP_LIMIT_KEYS)
-        per_group[group] = GroupLimits(
-            kernels=kernels(entry, f"limits.groups.{group}.kernels"),
-            memory=memory(entry, f"limits.groups.{group}.memory"),
-            kernels_set="kernels" in entry,
-            memory_set="memory" in entry,
-        )
-    return Limits(kernels=kernels(limits, "limits.kernels"), memory=memory(limits, "limits.memory"), groups=per_group)
+        with reader.part():
+            group = reader.text(name, "limits.groups", "a group name")
+            check_group(group, f"limits.groups.{group}")
+            entry = reader.mapping(raw, f"limits.groups.{group}", _GROUP_LIMIT_KEYS)
+            group_kernels = reader.attempt(kernels, entry, f"limits.groups.{group}.kernels")
+            group_memory = reader.attempt(memory, entry, f"limits.groups.{group}.memory")
+            per_group[group] = GroupLimits(
+                kernels=group_kernels,
+                memory=group_memory,
+                kernels_set="kernels" in entry,
+                memory_set="memory" in entry,
+            )
+    everyone_kernels = reader.attempt(lambda: kernels(limits, "limits.kernels"))
+    everyone_memory = reader.attempt(lambda: memory(limits, "limits.memory"))
+    if len(reader.problems) > found:
+        raise _already_said()
+    return Limits(kernels=everyone_kernels, memory=everyone_memory, groups=per_group)
 
 
 def _read_sizes(
-    reader: _Reader, value: object, gpus: Gpus, limits: Limits, check_group: _GroupCheck
+    reader: _Reader, value: object, gpus: Gpus | None, limits: Limits, check_group: _GroupCheck
 ) -> tuple[Size, ...]:
+    """The sizes; every problem of each kept. ``gpus`` None (its own problems kept): what a size
+    is checked against on a GPU is not checked."""
     if value is None:
         raise reader.error(
             "sizes", "missing: list the GPU sizes users pick from, like - {name: small, memory: 2GiB, cores: 20}"
@@ -722,79 +819,121 @@ def _read_sizes(
         raise reader.error(
             "sizes", f"must be a list of sizes, like - {{name: small, memory: 2GiB, cores: 20}}; not {_shown(value)}"
         )
+    found = len(reader.problems)
     sizes: list[Size] = []
+    names: list[str | None] = []
     for index, raw in enumerate(value):
-        key = f"sizes[{index}]"
-        entry = reader.mapping(raw, key, _SIZE_KEYS)
-        for required in ("name", "memory", "cores"):
-            if required not in entry:
-                raise reader.error(f"{key}.{required}", "missing; a size needs name, memory and cores")
-        name = reader.text(entry["name"], f"{key}.name", "a name")
-        if not _SLUG.match(name):
-            raise reader.error(f"{key}.name", f"{name[:60]!r} is not a size name: lowercase letters, digits and -")
-        earlier = next((i for i, size in enumerate(sizes) if size.name == name), None)
-        if earlier is not None:
-            raise reader.error(f"{key}.name", f"{name!r} is also the name of sizes[{earlier}]; names must be unique")
-        memory = reader.parsed(parse_size, entry["memory"], f"{key}.memory")
-        if memory > gpus.usable_memory:
-            have = (
-                f"{format_size(gpus.usable_memory)} (gpus.memory less gpus.reserve)"
-                if gpus.reserve
-                else (f"{format_size(gpus.memory)} (gpus.memory)")
-            )
-            raise reader.error(f"{key}.memory", f"{format_size(memory)} is more than one GPU's {have}")
-        if memory < MIB:
-            raise reader.error(f"{key}.memory", f"{format_size(memory)} is less than the smallest slice, 1MiB")
-        cores = reader.parsed(parse_sm_share, entry["cores"], f"{key}.cores")
-        policy = reader.parsed(parse_policy, entry.get("policy", "hard"), f"{key}.policy")
-        groups = reader.names(entry.get("groups"), f"{key}.groups", "group names")
-        for position, group in enumerate(groups):
-            check_group(group, f"{key}.groups[{position}]")
-        default = reader.flag(entry.get("default"), f"{key}.default", False)
-        if default:
-            other = next((i for i, size in enumerate(sizes) if size.default), None)
-            if other is not None:
-                raise reader.error(f"{key}.default", f"sizes[{other}] is the default already; at most one size is")
-        kernel = reader.mapping(entry.get("kernel"), f"{key}.kernel", _KERNEL_KEYS)
-        kernel_memory, kernel_cores = _kernel_default(reader, kernel, key, memory, cores, groups, limits)
-        borrow_memory, borrow_cores = _borrow(reader, entry.get("borrow"), key, memory, cores, gpus)
-        display_name = entry.get("display_name")
-        display_name = (
-            reader.text(display_name, f"{key}.display_name")
-            if display_name is not None
-            else f"{name.replace('-', ' ').capitalize()}: {format_size(memory)}, {cores}% of a GPU"
-            + (" (burst)" if policy == "burst" else "")
-        )
-        description = entry.get("description")
-        description = (
-            reader.text(description, f"{key}.description")
-            if description is not None
-            else f"Your notebooks share {format_size(memory)} of GPU memory and {cores}% of a GPU's compute."
-            + (
-                f" Each starts with {format_size(kernel_memory)} and {kernel_cores}%."
-                if "memory" in kernel and "cores" in kernel
-                else ""
-            )
-        )
-        sizes.append(
-            Size(
-                name=name,
-                display_name=display_name,
-                description=description,
-                memory=memory,
-                cores=cores,
-                policy=policy,
-                groups=groups,
-                default=default,
-                kernel_memory=kernel_memory,
-                kernel_cores=kernel_cores,
-                kernel_memory_given="memory" in kernel,
-                kernel_cores_given="cores" in kernel,
-                borrow_memory=borrow_memory,
-                borrow_cores=borrow_cores,
-            )
-        )
+        with reader.part():
+            size = _read_size(reader, raw, f"sizes[{index}]", names, sizes, gpus, limits, check_group)
+            sizes.append(size)
+    if len(reader.problems) > found:
+        raise _already_said()
     return tuple(sizes)
+
+
+def _read_size(
+    reader: _Reader,
+    raw: object,
+    key: str,
+    names: list[str | None],
+    sizes: list[Size],
+    gpus: Gpus | None,
+    limits: Limits,
+    check_group: _GroupCheck,
+) -> Size:
+    """One size of ``sizes:`` (``names``: those of the sizes before it, this one's added)."""
+    entry = reader.mapping(raw, key, _SIZE_KEYS)
+    found = len(reader.problems)
+    for required in ("name", "memory", "cores"):
+        if required not in entry:
+            reader.note(reader.error(f"{key}.{required}", "missing; a size needs name, memory and cores"))
+    name = reader.attempt(lambda: _size_name(reader, entry, key, names)) if "name" in entry else None
+    names.append(name)
+    memory = reader.attempt(lambda: _size_memory(reader, entry, key, gpus)) if "memory" in entry else None
+    cores = (
+        reader.attempt(lambda: reader.parsed(parse_sm_share, entry["cores"], f"{key}.cores"))
+        if "cores" in entry
+        else None
+    )
+    policy = reader.attempt(lambda: reader.parsed(parse_policy, entry.get("policy", "hard"), f"{key}.policy"))
+    groups = reader.attempt(lambda: reader.names(entry.get("groups"), f"{key}.groups", "group names"))
+    for position, group in enumerate(groups or ()):
+        check_group(group, f"{key}.groups[{position}]")
+    default = reader.attempt(lambda: reader.flag(entry.get("default"), f"{key}.default", False))
+    if default:
+        other = next((i for i, size in enumerate(sizes) if size.default), None)
+        if other is not None:
+            reader.note(reader.error(f"{key}.default", f"sizes[{other}] is the default already; at most one size is"))
+    kernel = reader.attempt(lambda: reader.mapping(entry.get("kernel"), f"{key}.kernel", _KERNEL_KEYS))
+    display_name = entry.get("display_name")
+    if display_name is not None:
+        display_name = reader.attempt(lambda: reader.text(display_name, f"{key}.display_name"))
+    description = entry.get("description")
+    if description is not None:
+        description = reader.attempt(lambda: reader.text(description, f"{key}.description"))
+    if memory is None or cores is None:
+        reader.attempt(lambda: _borrow(reader, entry.get("borrow"), key, None, None, gpus))
+        raise _already_said()
+    kernel_default = None
+    if kernel is not None and groups is not None:
+        kernel_default = reader.attempt(lambda: _kernel_default(reader, kernel, key, memory, cores, groups, limits))
+    borrowed = reader.attempt(lambda: _borrow(reader, entry.get("borrow"), key, memory, cores, gpus))
+    if len(reader.problems) > found:
+        raise _already_said()
+    assert name is not None and policy is not None and groups is not None and default is not None
+    assert kernel is not None and kernel_default is not None and borrowed is not None
+    kernel_memory, kernel_cores = kernel_default
+    borrow_memory, borrow_cores = borrowed
+    return Size(
+        name=name,
+        display_name=display_name
+        if display_name is not None
+        else f"{name.replace('-', ' ').capitalize()}: {format_size(memory)}, {cores}% of a GPU"
+        + (" (burst)" if policy == "burst" else ""),
+        description=description
+        if description is not None
+        else f"Your notebooks share {format_size(memory)} of GPU memory and {cores}% of a GPU's compute."
+        + (
+            f" Each starts with {format_size(kernel_memory)} and {kernel_cores}%."
+            if "memory" in kernel and "cores" in kernel
+            else ""
+        ),
+        memory=memory,
+        cores=cores,
+        policy=policy,
+        groups=groups,
+        default=default,
+        kernel_memory=kernel_memory,
+        kernel_cores=kernel_cores,
+        kernel_memory_given="memory" in kernel,
+        kernel_cores_given="cores" in kernel,
+        borrow_memory=borrow_memory,
+        borrow_cores=borrow_cores,
+    )
+
+
+def _size_name(reader: _Reader, entry: dict[str, Any], key: str, names: list[str | None]) -> str:
+    name = reader.text(entry["name"], f"{key}.name", "a name")
+    if not _SLUG.match(name):
+        raise reader.error(f"{key}.name", f"{name[:60]!r} is not a size name: lowercase letters, digits and -")
+    earlier = next((i for i, other in enumerate(names) if other == name), None)
+    if earlier is not None:
+        raise reader.error(f"{key}.name", f"{name!r} is also the name of sizes[{earlier}]; names must be unique")
+    return name
+
+
+def _size_memory(reader: _Reader, entry: dict[str, Any], key: str, gpus: Gpus | None) -> int:
+    memory = reader.parsed(parse_size, entry["memory"], f"{key}.memory")
+    if gpus is not None and memory > gpus.usable_memory:
+        have = (
+            f"{format_size(gpus.usable_memory)} (gpus.memory less gpus.reserve)"
+            if gpus.reserve
+            else (f"{format_size(gpus.memory)} (gpus.memory)")
+        )
+        raise reader.error(f"{key}.memory", f"{format_size(memory)} is more than one GPU's {have}")
+    if memory < MIB:
+        raise reader.error(f"{key}.memory", f"{format_size(memory)} is less than the smallest slice, 1MiB")
+    return memory
 
 
 def _kernel_default(
@@ -824,9 +963,12 @@ def _kernel_default(
     return kernel_memory, kernel_cores
 
 
-def _borrow(reader: _Reader, value: object, key: str, memory: int, cores: int, gpus: Gpus) -> tuple[int, int]:
+def _borrow(
+    reader: _Reader, value: object, key: str, memory: int | None, cores: int | None, gpus: Gpus | None
+) -> tuple[int, int]:
     """How far a size may borrow above its guarantee (memory bytes, cores percent): the file's
-    ``borrow:``, checked so that guarantee and borrowing together fit on one GPU."""
+    ``borrow:``, checked so that guarantee and borrowing together fit on one GPU (where the
+    size's ``memory``, ``cores`` and ``gpus`` were read; None: not checked against them)."""
     if value is None:
         return 0, 0
     if not isinstance(value, dict) or not value:
@@ -837,25 +979,38 @@ def _borrow(reader: _Reader, value: object, key: str, memory: int, cores: int, g
         )
     entry = reader.mapping(value, f"{key}.borrow", _BORROW_KEYS)
     borrow_memory = borrow_cores = 0
+    problems = len(reader.problems)
     if entry.get("memory") is not None:
-        borrow_memory = reader.parsed(parse_size, entry["memory"], f"{key}.borrow.memory")
-        if memory + borrow_memory > gpus.usable_memory:
-            raise reader.error(
-                f"{key}.borrow.memory",
-                f"{format_size(memory)} guaranteed and {format_size(borrow_memory)} borrowed make "
-                f"{format_size(memory + borrow_memory)}, more than one GPU's {format_size(gpus.usable_memory)}"
-                + (" (gpus.memory less gpus.reserve)" if gpus.reserve else " (gpus.memory)")
-                + f"; borrow at most {format_size(max(0, gpus.usable_memory - memory))}",
-            )
+        borrow_memory = reader.attempt(lambda: _borrow_memory(reader, entry["memory"], key, memory, gpus)) or 0
     if entry.get("cores") is not None:
-        borrow_cores = reader.count(entry["cores"], f"{key}.borrow.cores", 0, 100)
-        if cores + borrow_cores > 100:
-            raise reader.error(
-                f"{key}.borrow.cores",
-                f"{cores}% guaranteed and {borrow_cores}% borrowed make {cores + borrow_cores}%, more than one GPU's "
-                f"100%; borrow at most {100 - cores}",
-            )
+        borrow_cores = reader.attempt(lambda: _borrow_cores(reader, entry["cores"], key, cores)) or 0
+    if len(reader.problems) > problems:
+        raise _already_said()
     return borrow_memory, borrow_cores
+
+
+def _borrow_memory(reader: _Reader, value: object, key: str, memory: int | None, gpus: Gpus | None) -> int:
+    borrow_memory = reader.parsed(parse_size, value, f"{key}.borrow.memory")
+    if memory is not None and gpus is not None and memory + borrow_memory > gpus.usable_memory:
+        raise reader.error(
+            f"{key}.borrow.memory",
+            f"{format_size(memory)} guaranteed and {format_size(borrow_memory)} borrowed make "
+            f"{format_size(memory + borrow_memory)}, more than one GPU's {format_size(gpus.usable_memory)}"
+            + (" (gpus.memory less gpus.reserve)" if gpus.reserve else " (gpus.memory)")
+            + f"; borrow at most {format_size(max(0, gpus.usable_memory - memory))}",
+        )
+    return borrow_memory
+
+
+def _borrow_cores(reader: _Reader, value: object, key: str, cores: int | None) -> int:
+    borrow_cores = reader.count(value, f"{key}.borrow.cores", 0, 100)
+    if cores is not None and cores + borrow_cores > 100:
+        raise reader.error(
+            f"{key}.borrow.cores",
+            f"{cores}% guaranteed and {borrow_cores}% borrowed make {cores + borrow_cores}%, more than one GPU's "
+            f"100%; borrow at most {100 - cores}",
+        )
+    return borrow_cores
 
 
 def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
@@ -864,17 +1019,29 @@ def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
     def duration(key: str) -> float | None:
         return None if idle.get(key) is None else reader.parsed(parse_duration, idle[key], f"idle.{key}")
 
+    found = len(reader.problems)
     floor = idle.get("floor_cores")
-    policy = IdlePolicy(
-        lower_after=duration("lower_after"),
-        floor_cores=DEFAULT_FLOOR_CORES if floor is None else reader.parsed(parse_sm_share, floor, "idle.floor_cores"),
-        cull_after=duration("cull_after"),
-        suspend_after=duration("suspend_after"),
-        suspend_host_memory=(
+    lower_after = reader.attempt(lambda: duration("lower_after"))
+    floor_cores = reader.attempt(
+        lambda: DEFAULT_FLOOR_CORES if floor is None else reader.parsed(parse_sm_share, floor, "idle.floor_cores")
+    )
+    cull_after = reader.attempt(lambda: duration("cull_after"))
+    suspend_after = reader.attempt(lambda: duration("suspend_after"))
+    suspend_host_memory = reader.attempt(
+        lambda: (
             None
             if idle.get("suspend_host_memory") is None
             else reader.parsed(parse_size, idle["suspend_host_memory"], "idle.suspend_host_memory")
-        ),
+        )
+    )
+    if len(reader.problems) > found or floor_cores is None:
+        raise _already_said()
+    policy = IdlePolicy(
+        lower_after=lower_after,
+        floor_cores=floor_cores,
+        cull_after=cull_after,
+        suspend_after=suspend_after,
+        suspend_host_memory=suspend_host_memory,
     )
     suspend_after, cull_after = policy.suspend_after, policy.cull_after
     if suspend_after is not None and cull_after is not None and suspend_after >= cull_after:
@@ -908,10 +1075,12 @@ def _check_limits_cover_sizes(reader: _Reader, classroom: Classroom) -> None:
             own = group is not None and group in limits.groups and limits.groups[group].memory_set
             key = f"limits.groups.{group}.memory" if own else "limits.memory"
             who = f"group {group}" if group is not None else "every user"
-            raise reader.error(
-                key,
-                f"{format_size(memory)} is less than size {size.name!r} ({format_size(size.memory)}, sizes[{index}]) "
-                f"offered to {who}; raise the limit, or take the group off the size",
+            reader.note(
+                reader.error(
+                    key,
+                    f"{format_size(memory)} is less than size {size.name!r} ({format_size(size.memory)}, "
+                    f"sizes[{index}]) offered to {who}; raise the limit, or take the group off the size",
+                )
             )
 
 

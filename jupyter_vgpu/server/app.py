@@ -24,7 +24,7 @@ from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
 
 from jupyter_vgpu.holders import LocalHolder, PodHolder
 from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
-from jupyter_vgpu.holders.local import default_region_dir, private_folder
+from jupyter_vgpu.holders.local import default_region_dir, private_file, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
 from jupyter_vgpu.ledger.remote import RemoteLedger
@@ -105,6 +105,8 @@ class VGPUApp(ExtensionApp):
     _ledger_unavailable = False
     # With a broker and idle suspending on: activity reports and the broker's suspend requests.
     _room_for_others: RoomForOthers | None = None
+    # The tasks that learn what adopted kernels running a cell do (server/adopt.py), until the cell ends.
+    _learning: set[asyncio.Task[str | None]] | None = None
     _over_cap_since: dict[str, float] = {}  # noqa: RUF012 -- replaced, never mutated: kernel id -> monotonic time first seen over its cap
     description = "GPU slices for Jupyter kernels."
 
@@ -452,15 +454,23 @@ class VGPUApp(ExtensionApp):
             return
         root = hashlib.sha256(os.path.abspath(server.root_dir).encode()).hexdigest()[:16]
         folder = private_folder(Path(jupyter_runtime_dir()) / "vgpu")
-        sessions.database_filepath = str(folder / f"sessions-{root}.sqlite")
+        # Which notebook has which kernel: the user's alone, as everything else there (SQLite
+        # would make it with the umask's mode, 0644 for most).
+        sessions.database_filepath = str(private_file(folder / f"sessions-{root}.sqlite"))
 
     def _adopt_survivors(self, manager: SliceManager) -> None:
         """Put the kernels the last server left running into jupyter_server's kernel manager
         (server/adopt.py), before the server answers its first request (it binds its port after
         its extensions load), so that no session row is read before its kernel is back."""
         server = self._server
+        self._learning = set()
         adopt = functools.partial(
-            adopt_survivors, manager, server.kernel_manager, this_server(server.connection_url), self.log
+            adopt_survivors,
+            manager,
+            server.kernel_manager,
+            this_server(server.connection_url),
+            self.log,
+            learning=self._learning,
         )
         try:
             loop = getattr(server.io_loop, "asyncio_loop", None) or asyncio.get_event_loop()
@@ -643,6 +653,8 @@ class VGPUApp(ExtensionApp):
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+        for learner in list(self._learning or ()):
+            learner.cancel()
         _stop_anyio_worker_threads()
         _stop_anyio_worker_threads_at_exit()
 

@@ -91,11 +91,17 @@ def device_model(usage: DeviceUsage) -> dict[str, Any]:
 
 
 def slice_model(
-    status: SliceStatus, session_paths: dict[str, str], place: Place | None = None, moving: str | None = None
+    status: SliceStatus,
+    session_paths: dict[str, str],
+    place: Place | None = None,
+    moving: str | None = None,
+    execution_state: str | None = None,
 ) -> dict[str, Any]:
     """A slice in the API. Memory is in bytes and says so; ``cores`` is the SM share in percent
     (HAMi's word for it); ``place``: where its request for room stands in the line, if it waits;
-    ``moving``: "suspending" or "resuming" while its memory is on its way (holders/suspender.py)."""
+    ``moving``: "suspending" or "resuming" while its memory is on its way (holders/suspender.py);
+    ``execution_state``: its kernel's, as this server's kernel manager knows it (None: not one
+    of this server's kernels)."""
     allocation, usage = status.allocation, status.usage
     return {
         "kernel_id": allocation.kernel_id,
@@ -106,6 +112,7 @@ def slice_model(
         "owner": allocation.owner,
         "holder": allocation.holder,
         "state": moving or (("lent" if allocation.lent else "suspended") if allocation.suspended else usage.state),
+        "execution_state": execution_state,
         "host_memory_bytes": allocation.host_memory,
         "message": usage.message,
         "location": usage.location,
@@ -141,7 +148,9 @@ def queue_model(place: Place | None) -> dict[str, Any] | None:
     return {"position": place.position, "eta_seconds": place.eta_seconds, "waiting_for": place.waiting_for}
 
 
-def queued_start_model(request: Request, place: Place | None, session_paths: dict[str, str]) -> dict[str, Any]:
+def queued_start_model(
+    request: Request, place: Place | None, session_paths: dict[str, str], execution_state: str | None = None
+) -> dict[str, Any]:
     """A kernel whose start waits in the line: no slice yet, only what it asked for."""
     device = request.labels.get("device")
     return {
@@ -153,6 +162,7 @@ def queued_start_model(request: Request, place: Place | None, session_paths: dic
         "owner": request.labels.get("owner", ""),
         "holder": "local",
         "state": "queued",
+        "execution_state": execution_state,
         "host_memory_bytes": 0,
         "message": f"waiting in line for room on a GPU: {request.waiting_for}" if request.waiting_for else "",
         "location": {},
@@ -271,7 +281,25 @@ class VGPUHandler(APIHandler):
         if status.allocation.holder == "local":
             with contextlib.suppress(NotSupported):
                 moving = self.slices.suspender.moving(kernel_id)
-        return slice_model(status, session_paths, self.slices.line.place(kernel_id), moving)
+        place = self.slices.line.place(kernel_id)
+        return slice_model(status, session_paths, place, moving, self.execution_state(kernel_id))
+
+    def queued_model(self, request: Request, session_paths: dict[str, str]) -> dict[str, Any]:
+        """A kernel whose start waits in the line, with its place."""
+        kernel_id = request.kernel_id
+        return queued_start_model(
+            request, self.slices.line.place(kernel_id), session_paths, self.execution_state(kernel_id)
+        )
+
+    def execution_state(self, kernel_id: str) -> str | None:
+        """The kernel's execution state as this server's kernel manager knows it (Jupyter's
+        ``idle``, ``busy``, ``starting``, ...; an adopted kernel reads ``busy`` until it said what
+        it does, server/adopt.py); None where the kernel is not this server's."""
+        kernels = self.kernel_manager
+        if kernel_id not in kernels:
+            return None
+        state = getattr(kernels.get_kernel(kernel_id), "execution_state", None)
+        return state if isinstance(state, str) else None
 
     async def session_paths(self) -> dict[str, str]:
         return await session_paths(self.session_manager)
@@ -295,10 +323,9 @@ class SlicesHandler(VGPUHandler):
         paths = await self.session_paths()
         listed = [self.model(status, paths) for status in self.slices.statuses()]
         held = {entry["kernel_id"] for entry in listed}
-        line = self.slices.line
         queued = [
-            queued_start_model(request, line.place(request.kernel_id), paths)
-            for request in line.requests()
+            self.queued_model(request, paths)
+            for request in self.slices.line.requests()
             if request.kind == "start" and request.kernel_id not in held
         ]
         self.finish(json.dumps(queued + listed))
@@ -317,7 +344,7 @@ class SliceHandler(VGPUHandler):
         except UnknownSlice as error:
             if request is None:
                 raise VGPUHTTPError(404, str(error)) from None
-            self.finish(json.dumps(queued_start_model(request, self.slices.line.place(kernel_id), paths)))
+            self.finish(json.dumps(self.queued_model(request, paths)))
             return
         self.finish(json.dumps(self.model(status, paths)))
 
@@ -511,7 +538,7 @@ class KernelsHandler(VGPUHandler):
         paths = await self.session_paths()
         request = self.slices.line.get(kernel_id)
         if request is not None and self.slices.ledger.get(kernel_id) is None:
-            slice_ = queued_start_model(request, self.slices.line.place(kernel_id), paths)
+            slice_ = self.queued_model(request, paths)
         else:
             slice_ = self.model(self.slices.status(self.slices.get(kernel_id)), paths)
         self.set_status(201)

@@ -194,7 +194,8 @@ class IdleKernels:
         last_activity = getattr(kernel, "last_activity", None)
         # "starting" stays until a client first talks to the kernel (jupyter_server learns its
         # state from the messages it relays), so a kernel started and never opened counts as idle
-        # from its start, as jupyter_server's own culler counts it.
+        # from its start, as jupyter_server's own culler counts it. A kernel a restarted server
+        # adopted reads "busy" until it said what it does (server/adopt.py): unknown is not idle.
         if state in ("restarting", "dead") or last_activity is None:
             return
         now = self.clock()

@@ -165,3 +165,21 @@ def test_a_link_to_a_missing_page_or_heading_fails_the_build(tmp_path):
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
     assert len(warnings) == 2, result.stderr[-3000:]
     assert "no-such-page" in warnings[0] + warnings[1] and "no-such-section" in warnings[0] + warnings[1]
+
+
+def test_no_page_shows_an_empty_section_navigation_column(site):
+    """pydata-sphinx-theme draws a "Section Navigation" column beside every page under a
+    top-level one; this site's pages are all top-level leaves, so the column listed nothing.
+    A page has the column on wide screens only where it lists pages (the site's pages stay in
+    the top bar, and in the small-screen menu)."""
+    empty, shown = [], []
+    for path in sorted(site.rglob("*.html")):
+        text = path.read_text()
+        name = path.relative_to(site).as_posix()
+        nav = re.search(r'aria-label="Section Navigation">(.*?)</nav>', text, re.DOTALL)
+        if nav and "<a " not in nav.group(1):
+            empty.append(name)
+        column = re.search(r'id="pst-primary-sidebar" class="([^"]*)"', text)
+        if column and "hide-on-wide" not in column.group(1) and not nav:
+            shown.append(name)
+    assert empty == [] and shown == []

@@ -299,6 +299,77 @@ def test_refused_with_the_file_and_the_key(tmp_path, change, message):
     assert message in text, text
 
 
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
+    """One refusal lists every problem of the file's entries, in the file's order, each with its
+    key, so a teacher fixes them in one go (the checks across entries follow once they are right)."""
+
+    def change(data):
+        data["gpus"]["count"] = 0
+        data["gpus"]["memroy"] = "1GiB"
+        data["broker"] = {"port": 70000}
+        data["groups"]["students"] = ["alice", "alice"]
+        data["sizes"][0]["cores"] = 120
+        data["sizes"][1]["memory"] = "40GiB"
+        data["sizes"][1]["groups"] = ["staf"]
+        data["idle"] = {"lower_after": "soon", "cull": "2h"}
+
+    with pytest.raises(ClassroomError) as caught:
+        load(tmp_path, change)
+    assert caught.value.problems == (
+        (
+            "gpus.memroy: unknown key (did you mean 'memory'?); accepted: count, memory, sms, reserve, "
+            "burst_oversubscription, placement"
+        ),
+        "gpus.count: must be a whole number from 1 to 64, not 0",
+        "broker.port: must be a whole number from 1 to 65535, not 70000",
+        "groups.students[1]: 'alice' is listed twice",
+        "sizes[0].cores: SM share '120' is not a whole percentage from 1 to 100",
+        "sizes[1].memory: 40GiB is more than one GPU's 16GiB (gpus.memory)",
+        "sizes[1].groups[0]: unknown group 'staf'; groups are those under groups: or the hub's (staff, students)",
+        (
+            "idle.cull: unknown key (did you mean 'cull_after'?); accepted: lower_after, floor_cores, suspend_after, "
+            "suspend_host_memory, cull_after"
+        ),
+        "idle.lower_after: 'soon' is not a duration like 90s, 20m, 2h or a bare number of seconds",
+    )
+    listed = "".join(f"\n  - {problem}" for problem in caught.value.problems)
+    assert str(caught.value) == f"{tmp_path / 'classroom.yaml'}: 9 problems:{listed}"
+
+
+def test_one_problem_reads_as_one_sentence(tmp_path):
+    with pytest.raises(ClassroomError) as caught:
+        load(tmp_path, setting("sizes.0.cores", 120))
+    assert caught.value.problems == ("sizes[0].cores: SM share '120' is not a whole percentage from 1 to 100",)
+    assert str(caught.value) == f"{tmp_path / 'classroom.yaml'}: {caught.value.problems[0]}"
+
+
+def test_a_hub_started_with_a_bad_file_says_every_problem_where_its_output_starts(tmp_path):
+    """JupyterHub reports an error of its config file as an empty log line and a traceback whose
+    last line is the error: the refusal is logged first, as its own line on the hub's log."""
+    write(tmp_path, {**BASE, "gpus": {"count": 0, "memory": "16GiB"}, "idle": {"cull_after": "soon"}})
+    (tmp_path / "jupyterhub_config.py").write_text(
+        "import jupyter_vgpu.hub\njupyter_vgpu.hub.configure(c, 'classroom.yaml')\n"
+    )
+    hub = subprocess.run(
+        [str(Path(sys.executable).with_name("jupyterhub")), "-f", "jupyterhub_config.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert hub.returncode != 0
+    # The hub's first log record (a record's lines after its first are indented), before its traceback.
+    first, *rest = re.split(r"\n(?=\[)", hub.stderr, maxsplit=1)[0].splitlines()
+    assert re.match(r"\[E [\d-]+ [\d:.]+ JupyterHub ", first), hub.stderr
+    assert first.endswith("jupyter-vgpu: the hub cannot start with this classroom file: classroom.yaml: 2 problems:")
+    assert "Traceback" in hub.stderr.split(first, 1)[1]
+    assert [line.strip() for line in rest] == [
+        "- gpus.count: must be a whole number from 1 to 64, not 0",
+        "- idle.cull_after: 'soon' is not a duration like 90s, 20m, 2h or a bare number of seconds",
+    ]
+
+
 def test_the_message_names_the_file_as_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, {"gpus": {"count": 1, "memory": "16GiB"}, "sizes": [{"name": "x", "memory": "40GiB", "cores": 5}]})
