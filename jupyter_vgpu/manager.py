@@ -36,6 +36,7 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
+from jupyter_vgpu.ledger.policy import waiting_for_room
 from jupyter_vgpu.line import LeftLine, Line, Request
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
 
@@ -70,9 +71,6 @@ ADOPTED_KEY = "adopted"
 # seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
 # once its user interrupted the wait.
 IN_LINE_KEY = "in_line"
-# Metadata of a slice whose user turned to its kernel (the lab's sign, POST .../wake): {"at":
-# epoch seconds}; the idle policy and room making count the kernel active from then.
-WOKEN_KEY = "woken"
 # The capacity a device lacks that suspending idle kernels there can give back, and "line": a
 # node's broker has older requests of other users' servers go first (ledger/service.py's
 # BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
@@ -91,13 +89,6 @@ def orphan_notice(allocation: Allocation) -> str | None:
             f"{allocation.kernel_id}`, or a CUDA call of its own) and reached with {reach}, where `exit` stops it"
         )
     return f"resumed after its server stopped; Jupyter does not list it again: reach it with {reach}, where `exit` stops it"
-
-
-def woken_at(allocation: Allocation) -> float:
-    """When the kernel's user last turned to it (WOKEN_KEY), 0.0 if never."""
-    woken = allocation.metadata.get(WOKEN_KEY)
-    at = woken.get("at") if isinstance(woken, dict) else None
-    return float(at) if isinstance(at, (int, float)) else 0.0
 
 
 def this_process() -> dict[str, int]:
@@ -791,20 +782,6 @@ class SliceManager(LoggingConfigurable):
         self.release_gone(allocation)
 
 
-def waiting_for_room(short: CapacityError) -> str:
-    """What a request in line waits for, from the refusal of its last attempt (and, where a
-    broker is having other users' idle kernels suspended for it, that)."""
-    if short.resource == "line":
-        return str(short)  # the broker's sentence: whose turn it is ("its turn: 2 requests ... wait ahead of it")
-    if short.resource == "memory":
-        what = f"{format_size(short.requested - short.available)} more GPU memory ({format_size(short.available)} free)"
-    elif short.resource == "sm_share":
-        what = f"{short.requested - short.available} percent more of the SMs ({short.available} percent free)"
-    else:
-        what = str(short)
-    return f"{what}; {short.making_room}" if short.making_room else what
-
-
 def _digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
@@ -817,7 +794,6 @@ __all__ = [
     "KERNEL_NAME_KEY",
     "ORPHANED_KEY",
     "SERVER_KEY",
-    "WOKEN_KEY",
     "BelowHeld",
     "RoomWanted",
     "SliceManager",
@@ -827,6 +803,4 @@ __all__ = [
     "orphan_notice",
     "served_elsewhere",
     "start_refusal",
-    "waiting_for_room",
-    "woken_at",
 ]

@@ -33,6 +33,7 @@ from jupyter_vgpu.holders.checkpoint import (
 )
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, SUSPENDED_KEY, Allocation, CapacityError, Ledger, NotSupported
+from jupyter_vgpu.ledger.policy import RESUMED_AT
 from jupyter_vgpu.model import format_size
 
 
@@ -167,7 +168,8 @@ class Suspender:
                 f"memory ({failed}); it is tried again"
             ) from failed
         self.holder.set_suspended(resumed, False)
-        return self._timed(resumed, resume=seconds)
+        # When it got its room back: room-making leaves it alone for a while (ledger/policy.py's hold).
+        return self._timed(resumed, resume=seconds, **{RESUMED_AT: time.time()})
 
     def resume_requested(self, allocation: Allocation) -> bool:
         """Whether a process of the suspended slice made a CUDA call since it was suspended."""

@@ -44,16 +44,12 @@ from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid, s
 from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.edge import Caller, Gate, Refusal
+from jupyter_vgpu.ledger.lending import Lending
 from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
-from jupyter_vgpu.ledger.service import (
-    BrokerLine,
-    Caller,
-    Gate,
-    LedgerHandler,
-    Lending,
-    Refusal,
-    ledger_handlers,
-)
+from jupyter_vgpu.ledger.policy import ROOM_HOLD_S
+from jupyter_vgpu.ledger.service import LedgerHandler, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
 NO_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
@@ -293,6 +289,8 @@ class Broker:
             make_room=True,
             # Borrowed room taken back: the kernel's calls wait in libvgpu.so from now on, and say why.
             on_take_back=self.pages.set_taken_back,
+            # A kernel that just got its room is not asked to give it up again for a while.
+            hold=ROOM_HOLD_S if classroom.idle.room_hold is None else classroom.idle.room_hold,
         )
         # One fair line across the users' servers, kept beside the ledger (a restart keeps it).
         self.line = BrokerLine(classroom.state_dir / "line.json")

@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyter_vgpu.ledger import SUSPENDED_KEY, Allocation, CapacityError, LedgerError, UnknownSlice
-from jupyter_vgpu.manager import ORPHANED_KEY, SliceManager, woken_at
+from jupyter_vgpu.ledger.policy import woken_at
+from jupyter_vgpu.manager import ORPHANED_KEY, SliceManager
 from jupyter_vgpu.model import format_size
 
 # The slice metadata the policy keeps: {"share": percent before lowering, "lowered_at": epoch

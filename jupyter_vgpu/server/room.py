@@ -27,6 +27,7 @@ from jupyter_vgpu.ledger import (
     LedgerError,
     UnknownSlice,
 )
+from jupyter_vgpu.ledger.policy import runs_no_cell
 from jupyter_vgpu.server.suspend import SuspendedKernels
 
 
@@ -36,7 +37,8 @@ def activity_of(kernel: Any) -> dict[str, Any] | None:
     last_activity = getattr(kernel, "last_activity", None)
     if state in ("restarting", "dead") or last_activity is None:
         return None
-    return {"last_activity": last_activity.timestamp(), "busy": state == "busy"}
+    # A state not known to be idle (starting, an adopted kernel not asked yet) counts as busy.
+    return {"last_activity": last_activity.timestamp(), "busy": not runs_no_cell(state)}
 
 
 class RoomForOthers:

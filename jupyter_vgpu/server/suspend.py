@@ -36,17 +36,17 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
-from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import (
-    DEVICE_ROOM,
-    IN_LINE_KEY,
-    ORPHANED_KEY,
+from jupyter_vgpu.ledger.policy import (
+    ROOM_HOLD_S,
     WOKEN_KEY,
-    RoomWanted,
-    SliceManager,
+    Idle,
+    could_make_up,
+    room_order,
+    runs_no_cell,
     waiting_for_room,
-    woken_at,
 )
+from jupyter_vgpu.line import Place, Request
+from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RoomWanted, SliceManager
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
 from jupyter_vgpu.server.sessions import session_paths
@@ -71,6 +71,7 @@ class SuspendedKernels:
         suspend_after: float = 0.0,
         lock_timeout: float = 5.0,
         host_memory_cap: int | None = None,
+        hold: float = ROOM_HOLD_S,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         sessions: Any = None,
     ):
@@ -80,6 +81,8 @@ class SuspendedKernels:
         self.suspend_after = suspend_after
         self.lock_timeout = lock_timeout
         self.host_memory_cap = host_memory_cap
+        # Seconds after a kernel got its room during which room-making leaves it alone (VGPUApp.room_hold).
+        self.hold = hold
         self.log = log or logging.getLogger(__name__)
         # What was last logged of each kernel, by topic: a wait retried at every pass of the line
         # (several a second) logs at INFO only when what it says changes, at DEBUG otherwise.
@@ -235,7 +238,7 @@ class SuspendedKernels:
         if allocations is None:
             allocations = self.slices.ledger.allocations()
         candidates = self._idle_on_device(wanted.device_uuid, allocations, exclude=wanted.exclude)
-        if wanted.short is not None and not _could_make_up(wanted.short, candidates):
+        if wanted.short is not None and not could_make_up(wanted.short, candidates):
             return False
         for candidate in candidates:
             if await self._suspend_to_make_room(candidate, wanted.for_whom) is not None and wanted.fits():
@@ -275,24 +278,21 @@ class SuspendedKernels:
     def _idle_on_device(
         self, device_uuid: str | None, allocations: list[Allocation], *, exclude: str
     ) -> list[Allocation]:
-        """This server's running kernels (on the device, where one is named) that run no cell:
-        those that have not used the GPU first (lending their room loses nothing), then the
-        others, least recently active first."""
-        idle = []
-        for candidate in allocations:
-            kernel_id = candidate.kernel_id
-            if kernel_id == exclude or candidate.suspended or device_uuid not in (None, candidate.device_uuid):
-                continue
-            if candidate.holder != "local":
-                continue
-            if kernel_id not in self.kernels or self._busy(kernel_id):
-                continue
-            last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
-            active_at = max(last_activity.timestamp() if last_activity else 0.0, woken_at(candidate))
-            # Room nobody uses goes first: a kernel that has not used the GPU is only lent.
-            holds = self.slices.status(candidate).usage.memory_used > 0
-            idle.append(((holds, active_at), candidate))
-        return [candidate for _, candidate in sorted(idle, key=lambda pair: pair[0])]
+        """This server's kernels that may make room on the device (any, where none is named), in
+        the pool's order (ledger/policy.py's ``room_order``): known to run no cell, not one that
+        got its room within ``hold`` seconds, those that have not used the GPU first (lending their
+        room loses nothing), then the others, least recently active first."""
+        return room_order(allocations, device_uuid, exclude, self._idle, now=time.time(), hold=self.hold)
+
+    def _idle(self, allocation: Allocation) -> Idle | None:
+        """What room-making knows of one of this server's kernels: None where a cell runs, its
+        state is not known (an adopted kernel not asked yet counts as busy), or it is not ours."""
+        kernel_id = allocation.kernel_id
+        if kernel_id not in self.kernels or not self._runs_no_cell(kernel_id):
+            return None
+        last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
+        holds = self.slices.status(allocation).usage.memory_used > 0
+        return Idle(last_activity.timestamp() if last_activity else 0.0, holds)
 
     def estimate(self, request: Request) -> float | None:
         """Seconds until the room ``request`` lacks on its device is made, were it first in line
@@ -328,7 +328,7 @@ class SuspendedKernels:
         # An idle kernel of ours: the room maker suspends it at the next pass, unless its last
         # try was refused (its GPU work did not drain in time: then only its timer frees it).
         rate = self.suspend_seconds_per_byte
-        idle = holder.holder == "local" and kernel_id in self.kernels and not self._busy(kernel_id)
+        idle = holder.holder == "local" and kernel_id in self.kernels and self._runs_no_cell(kernel_id)
         if idle and rate is not None and (kernel_id, "room") not in self._said:
             return rate * self.slices.status(holder).usage.memory_used
         deadline = self.stop_deadline(holder) if self.stop_deadline is not None else None
@@ -341,7 +341,12 @@ class SuspendedKernels:
             self.suspend_seconds_per_byte = float(seconds) / suspended.host_memory
 
     def _busy(self, kernel_id: str) -> bool:
+        """Whether a cell runs in the kernel (what resumes a suspended one)."""
         return getattr(self.kernels.get_kernel(kernel_id), "execution_state", "") == "busy"
+
+    def _runs_no_cell(self, kernel_id: str) -> bool:
+        """Whether the kernel is known to run no cell (what lets it make room)."""
+        return runs_no_cell(getattr(self.kernels.get_kernel(kernel_id), "execution_state", None))
 
     # -- the idle step -------------------------------------------------------------------------
 
@@ -467,17 +472,6 @@ def released_text(suspended: Allocation) -> str:
         if isinstance(released.get(source), int) and released[source] > 0
     ]
     return f"released {' and '.join(parts)}" if parts else ""
-
-
-def _could_make_up(short: CapacityError, candidates: list[Allocation]) -> bool:
-    """Whether suspending all ``candidates`` could give back what ``short`` says is missing
-    (memory in bytes, or an SM share in percent)."""
-    missing = short.requested - short.available
-    if short.resource == "memory":
-        return sum(candidate.memory_limit for candidate in candidates) >= missing
-    if short.resource == "sm_share":
-        return sum(candidate.sm_share for candidate in candidates) >= missing
-    return bool(candidates)
 
 
 def waiting_notice(allocation: Allocation, short: CapacityError, holders: list[str]) -> str:

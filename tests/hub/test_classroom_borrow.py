@@ -19,7 +19,7 @@ from jupyter_vgpu.hub.classroom import (
     server_environment,
 )
 from jupyter_vgpu.ledger import OwnerBudget
-from jupyter_vgpu.ledger.service import Caller
+from jupyter_vgpu.ledger.edge import Caller
 
 GIB = 1 << 30
 BASE = {

@@ -22,8 +22,10 @@ from jupyter_vgpu.ledger import (
     NotSupported,
 )
 from jupyter_vgpu.ledger.base import ROOM_FOR_KEY
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.lending import Lending
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import BrokerLine, Lending, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits
 
 GIB = 1 << 30

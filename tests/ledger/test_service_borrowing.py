@@ -19,8 +19,11 @@ from jupyter_vgpu.ledger import (
     EmbeddedLedger,
     OwnerBudget,
 )
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.edge import Caller, Refusal
+from jupyter_vgpu.ledger.lending import Lending
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import BrokerLine, Caller, Lending, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30
@@ -230,3 +233,4 @@ def test_in_the_nodes_line_a_request_within_its_guarantee_waits_behind_no_borrow
             client.close()
         server.stop()
         ledger.close()
+

@@ -1,0 +1,129 @@
+"""The pool's policy as a server's room-making applies it (ledger/policy.py; issue 34 items 2 and
+5): only a kernel known to run no cell makes room (an adopted kernel whose execution state the
+server has not learnt counts as busy), and a kernel that just got its room is held for
+``VGPUApp.room_hold`` seconds. SuspendedKernels over a real EmbeddedLedger and a kernel manager
+that knows each kernel's state; suspends are the ledger's decision only (no processes here)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, EmbeddedLedger
+from jupyter_vgpu.ledger.policy import RESUMED_AT, Idle, got_room_at, room_order
+from jupyter_vgpu.manager import RoomWanted
+from jupyter_vgpu.model import Device, SliceLimits
+from jupyter_vgpu.server.room import activity_of
+from jupyter_vgpu.server.suspend import SuspendedKernels
+
+GIB = 1 << 30
+GPU = Device(
+    uuid="GPU-00000000-0000-4000-8000-000000000000", index=0, name="test GPU", memory_total=8 * GIB, sm_count=100
+)
+
+
+@dataclass
+class Kernel:
+    """What room-making reads of a kernel (jupyter_server's kernel object)."""
+
+    execution_state: str
+    last_activity: datetime.datetime
+
+
+class Kernels(dict):
+    def get_kernel(self, kernel_id: str) -> Kernel:
+        return self[kernel_id]
+
+
+class Slices:
+    """The slice manager as far as room-making goes: the ledger, usage (each kernel holds 1 GiB on
+    the GPU), and a suspend that is the ledger's decision alone."""
+
+    def __init__(self, ledger: EmbeddedLedger):
+        self.ledger = ledger
+
+    def status(self, allocation):
+        return SimpleNamespace(usage=SimpleNamespace(memory_used=GIB))
+
+    def suspend(self, kernel_id: str, *, lock_timeout: float):
+        return self.ledger.suspend(kernel_id, host_memory=GIB)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = EmbeddedLedger(tmp_path / "ledger.sqlite", [GPU])
+    yield ledger
+    ledger.close()
+
+
+def room_for_four_gib(ledger: EmbeddedLedger) -> RoomWanted:
+    def fits() -> bool:
+        return ledger.devices_usage()[0].memory_free >= 4 * GIB
+
+    return RoomWanted(fits, GPU.uuid, "a new kernel")
+
+
+def an_hour_ago() -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(time.time() - 3600, datetime.timezone.utc)
+
+
+@pytest.mark.parametrize("state", ["starting", "busy", "restarting", "", "unknown"])
+def test_room_making_suspends_no_kernel_whose_execution_state_is_not_known_to_be_idle(ledger, state):
+    """A restarted server's adopted kernel that runs a cell read "starting"; it was suspended to
+    make room as if idle. Only "idle" lets a kernel make room (and its server reports any other
+    state to a broker as busy)."""
+    kernels = Kernels()
+    for kernel_id in ("a", "b"):
+        ledger.admit(kernel_id, SliceLimits(4 * GIB, 10))
+        kernels[kernel_id] = Kernel(state, an_hour_ago())
+    room = SuspendedKernels(Slices(ledger), kernels, hold=0.0)
+
+    assert asyncio.run(room.make_room(room_for_four_gib(ledger))) is False
+    assert not any(allocation.suspended for allocation in ledger.allocations())
+    assert activity_of(kernels["a"]) in (None, {"last_activity": kernels["a"].last_activity.timestamp(), "busy": True})
+
+    kernels["b"].execution_state = "idle"  # known idle: it makes the room
+    assert asyncio.run(room.make_room(room_for_four_gib(ledger))) is True
+    assert [allocation.kernel_id for allocation in ledger.allocations() if allocation.suspended] == ["b"]
+
+
+def test_a_kernel_that_just_got_its_room_is_not_suspended_for_another_within_the_hold(ledger):
+    """A kernel admitted a moment ago is left alone for VGPUApp.room_hold seconds: the request
+    waits in line meanwhile instead of taking the room back and forth (issue 34 item 2)."""
+    kernels = Kernels()
+    for kernel_id in ("a", "b"):
+        ledger.admit(kernel_id, SliceLimits(4 * GIB, 10))
+        kernels[kernel_id] = Kernel("idle", an_hour_ago())
+
+    held = SuspendedKernels(Slices(ledger), kernels, hold=600.0)
+    assert asyncio.run(held.make_room(room_for_four_gib(ledger))) is False
+    assert not any(allocation.suspended for allocation in ledger.allocations())
+
+    not_held = SuspendedKernels(Slices(ledger), kernels, hold=0.0)
+    assert asyncio.run(not_held.make_room(room_for_four_gib(ledger))) is True
+
+
+def test_the_hold_counts_from_a_kernels_last_resume_as_from_its_start():
+    now = 10_000.0
+
+    def slice_(kernel_id: str, created_at: float, resumed_at: float | None = None) -> Allocation:
+        metadata = {} if resumed_at is None else {SUSPEND_TIMINGS_KEY: {"resume": 0.1, RESUMED_AT: resumed_at}}
+        return Allocation(kernel_id, GPU.uuid, 0, 4 * GIB, 10, "hard", "", created_at, metadata)
+
+    allocations = [
+        slice_("resumed", now - 3600, resumed_at=now - 5),
+        slice_("started", now - 5),
+        slice_("old", now - 3600),
+    ]
+    assert got_room_at(allocations[0]) == now - 5
+
+    def idle(allocation: Allocation) -> Idle:
+        return Idle(last_active=now - 3600, uses_gpu=True)
+
+    assert [item.kernel_id for item in room_order(allocations, GPU.uuid, "", idle, now=now, hold=60)] == ["old"]
+    assert len(room_order(allocations, GPU.uuid, "", idle, now=now, hold=0)) == 3
