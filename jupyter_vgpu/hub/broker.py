@@ -164,16 +164,18 @@ class HubGate:
             budget = self.classroom.budget_for(chosen_options(user), groups)
         except ClassroomError as error:
             raise Refusal(403, f"{caller.name}: {error}", "Forbidden") from None
-        # A size that may borrow allows its maximum; the broker lends what is above the guarantee
-        # only from room nobody within a guarantee needs, and takes it back (Lending.take_back).
+        # Every size guarantees its memory and cores: borrowers give that room back when its
+        # student asks for it (Lending.take_back), whether or not the size may borrow itself. A
+        # size that may borrow allows its maximum; the broker lends what is above the guarantee
+        # only from room nobody within a guarantee needs.
         return OwnerBudget(
             memory=budget.max_memory,
             sm_share=budget.max_cores,
             slices=budget.kernels,
             policy=budget.policy,
             label=f"{caller.name}'s GPU size {budget.size_name!r}",
-            guaranteed_memory=budget.memory if budget.borrow_memory else None,
-            guaranteed_sm_share=budget.cores if budget.borrow_cores else None,
+            guaranteed_memory=budget.memory,
+            guaranteed_sm_share=budget.cores,
         )
 
 

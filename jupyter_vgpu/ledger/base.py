@@ -100,8 +100,9 @@ class OwnerBudget:
     strongest policy the owner may ask for (a ``burst`` budget refuses ``hard`` slices, whose
     share is a promise to the owner that others pay for). ``label`` names the budget in refusals
     (``"alice's size 'small'"``). ``guaranteed_memory`` and ``guaranteed_sm_share``: where set
-    (a classroom size that may borrow), what of ``memory`` and ``sm_share`` is guaranteed; the
-    rest is borrowed from room nobody within a guarantee needs (None: all of it is guaranteed).
+    (every classroom size), what of ``memory`` and ``sm_share`` is guaranteed: borrowers give that
+    room back when its owner asks for it; the rest, where a size may borrow, is borrowed from room
+    nobody within a guarantee needs. None (a budget with no guarantee): nothing is taken back for it.
     """
 
     memory: int | None = None

@@ -89,10 +89,20 @@ class StandInUsers:
                 guaranteed_sm_share=20,
             ),
         ),
-        ({"profile": "fixed"}, OwnerBudget(memory=2 * GIB, sm_share=20, label="bob's GPU size 'fixed'")),
+        # A size that does not borrow guarantees all it allows: borrowers give it back (issue 34 item 4).
+        (
+            {"profile": "fixed"},
+            OwnerBudget(
+                memory=2 * GIB,
+                sm_share=20,
+                label="bob's GPU size 'fixed'",
+                guaranteed_memory=2 * GIB,
+                guaranteed_sm_share=20,
+            ),
+        ),
     ],
 )
-async def test_the_brokers_gate_allows_the_maximum_and_names_the_guarantee_only_where_the_size_borrows(
+async def test_the_brokers_gate_allows_the_maximum_and_names_every_sizes_guarantee(
     tmp_path, options, budget
 ):
     gate = HubGate(load(tmp_path), auth=None, users=StandInUsers(options))

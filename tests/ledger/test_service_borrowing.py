@@ -234,3 +234,35 @@ def test_in_the_nodes_line_a_request_within_its_guarantee_waits_behind_no_borrow
         server.stop()
         ledger.close()
 
+
+class MixedSizesGate(ClassroomGate):
+    """Bob's size borrows (SIZE); alice's does not: she is guaranteed all she may hold, 4 GiB."""
+
+    async def budget(self, caller: Caller) -> OwnerBudget | None:
+        if caller.name == "alice":
+            return OwnerBudget(
+                memory=4 * GIB, sm_share=20, label="alice's size", guaranteed_memory=4 * GIB, guaranteed_sm_share=20
+            )
+        return SIZE
+
+
+def test_a_student_whose_size_does_not_borrow_takes_her_guarantee_back_from_a_borrower(service_loop, ledger_path, gpu):
+    """Issue 34 item 4: every size's guarantee is taken back from borrowers, not only a borrowing size's."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, MixedSizesGate(), lending=Lending(make_room=True)))
+    alice, bob = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob"))
+    try:
+        for kernel_id in ("b1", "b2", "b3"):  # the GPU full: bob within his 4 GiB, then borrowing 8
+            bob.admit(kernel_id, FOUR)
+            busy(bob, kernel_id, 1.0)
+        with pytest.raises(CapacityError) as refused:
+            alice.admit("a1", FOUR)
+        assert "room borrowed above a guarantee on GPU 0 is being taken back for it" in refused.value.making_room
+        assert bob.get("b3").metadata[SUSPEND_REQUESTED_KEY][TAKE_BACK_KEY] is True
+        bob.suspend("b3", host_memory=GIB)
+        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
+    finally:
+        alice.close()
+        bob.close()
+        server.stop()
+        ledger.close()
