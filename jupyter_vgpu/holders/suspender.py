@@ -138,13 +138,15 @@ class Suspender:
         is taken."""
         if not allocation.suspended:
             return allocation
+        # The room first: while the ledger refuses it (another holds it, a claimant within a
+        # guarantee, say) the slice reads suspended; "resuming" only once the memory moves back.
+        resumed = self.ledger.resume(allocation.kernel_id)
         with self._under_way(allocation.kernel_id, "resuming"):
-            return self._resume(allocation)
+            return self._restore(allocation, resumed)
 
-    def _resume(self, allocation: Allocation) -> Allocation:
+    def _restore(self, allocation: Allocation, resumed: Allocation) -> Allocation:
         state: dict[str, Any] = allocation.metadata[SUSPENDED_KEY]
         suspension = Suspension(tuple(SuspendedProcess(**process) for process in state.get("processes", [])))
-        resumed = self.ledger.resume(allocation.kernel_id)  # the room first
         try:
             seconds = self.controller.resume(suspension)
         except NoRoomToRestore as no_room:
