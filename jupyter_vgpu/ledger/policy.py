@@ -9,7 +9,7 @@ server's room-making (server/suspend.py, server/room.py) and by the node's broke
   known to run no cell, room nobody uses first (kernels that hold nothing on the GPU: lending
   their room moves nothing), then the others, longest idle first. Never the kernel that wants the
   room; never one whose execution state is not known to be idle (:func:`runs_no_cell`: an
-  adopted kernel whose state was not learnt yet counts as busy); never one that got its room
+  adopted kernel whose state was not learnt yet, or any state nobody knows, counts as busy); never one that got its room
   less than ``hold`` seconds ago (:func:`got_room_at`: its start or its last resume), so that two
   kernels do not take the room from each other back and forth.
 - **Guarantees and borrowing** (a classroom): a budget with a guarantee (every classroom size:
@@ -44,10 +44,13 @@ from jupyter_vgpu.model import SliceLimits, format_size
 # Seconds after a kernel got its room (its start was admitted, or it resumed) during which
 # room-making does not suspend it again for another request (VGPUApp.room_hold; the broker's).
 ROOM_HOLD_S = 30.0
-# The one execution state in which a kernel is known to run no cell (jupyter_server's
-# ``execution_state``); any other (busy, starting, restarting, an adopted kernel not asked yet)
-# counts as running one.
+# The execution state in which a kernel is known to run no cell (jupyter_server's
+# ``execution_state``); and "starting", which a kernel keeps until a client first talks to it,
+# where the server watched it from its start (every cell's "busy" would have reached it). Any
+# other (busy, restarting, one nobody knows; "starting" in a kernel adopted after a restart, whose
+# cell may have begun before the server watched it) counts as running a cell.
 IDLE_STATE = "idle"
+NEVER_ASKED_STATE = "starting"
 # Metadata of a slice whose user turned to its kernel (the lab's sign, POST .../wake): {"at":
 # epoch seconds}; the idle policy and room making count the kernel active from then.
 WOKEN_KEY = "woken"
@@ -57,9 +60,11 @@ RESUMED_AT = "resumed_at"
 NOT_TRIED = "its first try (at the line's next pass)"
 
 
-def runs_no_cell(execution_state: str | None) -> bool:
-    """Whether a kernel in this execution state may make room: only one known to be idle."""
-    return execution_state == IDLE_STATE
+def runs_no_cell(execution_state: str | None, *, adopted: bool = False) -> bool:
+    """Whether a kernel in this execution state is known to run no cell (and so may make room, or
+    count as idle): "idle"; or "starting" (nobody asked it anything yet) where the server watched
+    it from its start, not ``adopted`` after a restart. Any other state counts as busy."""
+    return execution_state == IDLE_STATE or (execution_state == NEVER_ASKED_STATE and not adopted)
 
 
 def woken_at(allocation: Allocation) -> float:
@@ -306,6 +311,7 @@ def waiting_for_room(short: CapacityError, own_memory: int = 0, own_share: int =
 
 __all__ = [
     "IDLE_STATE",
+    "NEVER_ASKED_STATE",
     "NOT_TRIED",
     "RESUMED_AT",
     "ROOM_HOLD_S",

@@ -42,13 +42,12 @@ from jupyter_vgpu.ledger.policy import (
     Idle,
     could_make_up,
     room_order,
-    runs_no_cell,
     waiting_for_room,
 )
 from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RoomWanted, SliceManager
 from jupyter_vgpu.model import format_size
-from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
+from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration, known_idle
 from jupyter_vgpu.server.sessions import session_paths
 
 # Where the handlers find VGPUApp.suspend_lock_timeout (seconds a process may take to finish its
@@ -288,7 +287,7 @@ class SuspendedKernels:
         """What room-making knows of one of this server's kernels: None where a cell runs, its
         state is not known (an adopted kernel not asked yet counts as busy), or it is not ours."""
         kernel_id = allocation.kernel_id
-        if kernel_id not in self.kernels or not self._runs_no_cell(kernel_id):
+        if kernel_id not in self.kernels or not known_idle(self.kernels.get_kernel(kernel_id), allocation):
             return None
         last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
         holds = self.slices.status(allocation).usage.memory_used > 0
@@ -328,7 +327,11 @@ class SuspendedKernels:
         # An idle kernel of ours: the room maker suspends it at the next pass, unless its last
         # try was refused (its GPU work did not drain in time: then only its timer frees it).
         rate = self.suspend_seconds_per_byte
-        idle = holder.holder == "local" and kernel_id in self.kernels and self._runs_no_cell(kernel_id)
+        idle = (
+            holder.holder == "local"
+            and kernel_id in self.kernels
+            and known_idle(self.kernels.get_kernel(kernel_id), holder)
+        )
         if idle and rate is not None and (kernel_id, "room") not in self._said:
             return rate * self.slices.status(holder).usage.memory_used
         deadline = self.stop_deadline(holder) if self.stop_deadline is not None else None
@@ -343,10 +346,6 @@ class SuspendedKernels:
     def _busy(self, kernel_id: str) -> bool:
         """Whether a cell runs in the kernel (what resumes a suspended one)."""
         return getattr(self.kernels.get_kernel(kernel_id), "execution_state", "") == "busy"
-
-    def _runs_no_cell(self, kernel_id: str) -> bool:
-        """Whether the kernel is known to run no cell (what lets it make room)."""
-        return runs_no_cell(getattr(self.kernels.get_kernel(kernel_id), "execution_state", None))
 
     # -- the idle step -------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import pytest
 
 from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, EmbeddedLedger
 from jupyter_vgpu.ledger.policy import RESUMED_AT, Idle, got_room_at, room_order
-from jupyter_vgpu.manager import RoomWanted
+from jupyter_vgpu.manager import ADOPTED_KEY, RoomWanted
 from jupyter_vgpu.model import Device, SliceLimits
 from jupyter_vgpu.server.room import activity_of
 from jupyter_vgpu.server.suspend import SuspendedKernels
@@ -72,24 +72,40 @@ def an_hour_ago() -> datetime.datetime:
     return datetime.datetime.fromtimestamp(time.time() - 3600, datetime.timezone.utc)
 
 
-@pytest.mark.parametrize("state", ["starting", "busy", "restarting", "", "unknown"])
-def test_room_making_suspends_no_kernel_whose_execution_state_is_not_known_to_be_idle(ledger, state):
-    """A restarted server's adopted kernel that runs a cell read "starting"; it was suspended to
-    make room as if idle. Only "idle" lets a kernel make room (and its server reports any other
-    state to a broker as busy)."""
+@pytest.mark.parametrize(("state", "adopted"), [("starting", True), ("busy", False), ("", False), ("unknown", False)])
+def test_room_making_suspends_no_kernel_whose_execution_state_is_not_known_to_be_idle(ledger, state, adopted):
+    """A restarted server's adopted kernel that ran a cell read "starting" and was suspended to
+    make room as if idle. Only a kernel known to run no cell makes room: "idle", or "starting" in
+    one this server watched from its start; it reports any other state to a broker as busy."""
     kernels = Kernels()
     for kernel_id in ("a", "b"):
         ledger.admit(kernel_id, SliceLimits(4 * GIB, 10))
         kernels[kernel_id] = Kernel(state, an_hour_ago())
+        if adopted:
+            ledger.update_metadata(kernel_id, **{ADOPTED_KEY: {"at": time.time(), "server": {}}})
     room = SuspendedKernels(Slices(ledger), kernels, hold=0.0)
 
     assert asyncio.run(room.make_room(room_for_four_gib(ledger))) is False
     assert not any(allocation.suspended for allocation in ledger.allocations())
-    assert activity_of(kernels["a"]) in (None, {"last_activity": kernels["a"].last_activity.timestamp(), "busy": True})
+    reported = activity_of(kernels["a"], ledger.get("a"))
+    assert reported == {"last_activity": kernels["a"].last_activity.timestamp(), "busy": True}
 
     kernels["b"].execution_state = "idle"  # known idle: it makes the room
     assert asyncio.run(room.make_room(room_for_four_gib(ledger))) is True
     assert [allocation.kernel_id for allocation in ledger.allocations() if allocation.suspended] == ["b"]
+
+
+def test_a_kernel_this_server_started_and_nobody_opened_makes_room_as_an_idle_one(ledger):
+    """ "starting" until a client first talks to it: every cell's "busy" would have reached the
+    server, which watched it from its start (jupyter_server's own culler counts it idle too)."""
+    ledger.admit("never-opened", SliceLimits(4 * GIB, 10))
+    ledger.admit("other", SliceLimits(4 * GIB, 10))
+    kernels = Kernels(never_opened=Kernel("starting", an_hour_ago()))
+    kernels["never-opened"] = kernels.pop("never_opened")
+    room = SuspendedKernels(Slices(ledger), kernels, hold=0.0)
+    assert asyncio.run(room.make_room(room_for_four_gib(ledger))) is True
+    assert ledger.get("never-opened").suspended
+    assert activity_of(kernels["never-opened"], ledger.get("other"))["busy"] is False
 
 
 def test_a_kernel_that_just_got_its_room_is_not_suspended_for_another_within_the_hold(ledger):
