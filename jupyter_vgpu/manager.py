@@ -27,7 +27,6 @@ from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
 from jupyter_vgpu.ledger import (
-    SUSPENDED_KEY,
     Allocation,
     CapacityError,
     DeviceUsage,
@@ -588,11 +587,10 @@ class SliceManager(LoggingConfigurable):
         holder = self.holder(allocation)
         if not isinstance(holder, LocalHolder):
             return left
-        answered = {**allocation.metadata[SUSPENDED_KEY], "resume_requests": holder.resume_requests(allocation)}
         with contextlib.suppress(UnknownSlice):
             # "left": the cell that was interrupted is not a reason to line up again (see
             # SuspendedKernels.check); its next one is.
-            self.ledger.update_metadata(kernel_id, **{SUSPENDED_KEY: answered, IN_LINE_KEY: {"left": time.time()}})
+            self.suspender.answer_requests(allocation, **{IN_LINE_KEY: {"left": time.time()}})
         holder.leave_line(allocation)
         return True
 

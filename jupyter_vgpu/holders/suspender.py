@@ -180,6 +180,16 @@ class Suspender:
             return False
         return self.holder.resume_requests(allocation) > int(state.get("resume_requests", 0))
 
+    def answer_requests(self, allocation: Allocation, **fields: Any) -> Allocation:
+        """Count the resume requests the suspended slice's processes made so far as answered (only a
+        later CUDA call asks again), with ``fields`` of metadata besides; the updated allocation."""
+        state = allocation.metadata.get(SUSPENDED_KEY)
+        answered = {
+            **(state if isinstance(state, dict) else {}),
+            "resume_requests": self.holder.resume_requests(allocation),
+        }
+        return self.ledger.update_metadata(allocation.kernel_id, **{SUSPENDED_KEY: answered}, **fields)
+
     def _timed(self, allocation: Allocation, **seconds: float) -> Allocation:
         timings = allocation.metadata.get(SUSPEND_TIMINGS_KEY)
         timings = {**(timings if isinstance(timings, dict) else {}), **seconds, "at": time.time()}

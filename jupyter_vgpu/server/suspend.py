@@ -97,23 +97,31 @@ class SuspendedKernels:
     async def check(self, allocations: list[Allocation]) -> None:
         """Put the suspended kernels that asked to resume in the line (one pass of the slice
         watcher; the line then serves them in order, with the starts)."""
-        for allocation in allocations:
-            ours = allocation.kernel_id in self.kernels
+        for listed in allocations:
+            kernel_id = listed.kernel_id
+            ours = kernel_id in self.kernels
             # A kernel kept after it outlived the last server (manager.py's ORPHANED_KEY) is not
             # this server's, and is reached through its connection file: its CUDA calls resume it.
-            if not allocation.suspended or not (ours or isinstance(allocation.metadata.get(ORPHANED_KEY), dict)):
+            if not listed.suspended or not (ours or isinstance(listed.metadata.get(ORPHANED_KEY), dict)):
                 continue
-            if allocation.kernel_id in self.slices.line:
+            if kernel_id in self.slices.line:
                 continue
-            busy = ours and self._busy(allocation.kernel_id)
-            in_line = allocation.metadata.get(IN_LINE_KEY)
-            if isinstance(in_line, dict) and "left" in in_line:
-                # Its user interrupted the wait: the cell that still ends is no reason to line up
-                # again; once the kernel is idle its next cell (or CUDA call) is.
+            busy = ours and self._busy(kernel_id)
+            if not (busy or _left_line(listed) or self.slices.suspender.resume_requested(listed)):
+                continue
+            # The watcher read the ledger before this pass: its user may have interrupted the wait
+            # since (SliceManager.leave_line), which only the slice as it is now says.
+            allocation = self.slices.ledger.get(kernel_id)
+            if allocation is None or not allocation.suspended:
+                continue
+            if _left_line(allocation):
+                # Its user interrupted the wait: nothing lines it up again while the interrupted
+                # cell still ends; once the kernel is idle, what its processes asked so far counts
+                # as answered, and its next cell (or a CUDA call after) lines it up.
                 if not busy:
                     with contextlib.suppress(UnknownSlice):
-                        self.slices.ledger.update_metadata(allocation.kernel_id, **{IN_LINE_KEY: None})
-                busy = False
+                        self.slices.suspender.answer_requests(allocation, **{IN_LINE_KEY: None})
+                continue
             if busy or self.slices.suspender.resume_requested(allocation):
                 self.join_line(allocation)
 
@@ -426,6 +434,12 @@ class SuspendedKernels:
             self.slices.ledger.update_metadata(allocation.kernel_id, **{SUSPEND_NOTICE_KEY: {"refused": why}})
         except UnknownSlice:
             pass
+
+
+def _left_line(allocation: Allocation) -> bool:
+    """Whether the suspended kernel's user interrupted its wait (IN_LINE_KEY's "left")."""
+    in_line = allocation.metadata.get(IN_LINE_KEY)
+    return isinstance(in_line, dict) and "left" in in_line
 
 
 def taken_back_notice(allocation: Allocation) -> str:

@@ -14,9 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, Allocation, EmbeddedLedger
+from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, SUSPENDED_KEY, Allocation, CapacityError, EmbeddedLedger
 from jupyter_vgpu.ledger.policy import RESUMED_AT, Idle, got_room_at, room_order
-from jupyter_vgpu.manager import ADOPTED_KEY, RoomWanted
+from jupyter_vgpu.line import Line
+from jupyter_vgpu.manager import ADOPTED_KEY, IN_LINE_KEY, RoomWanted
 from jupyter_vgpu.model import Device, SliceLimits
 from jupyter_vgpu.server.room import activity_of
 from jupyter_vgpu.server.suspend import SuspendedKernels
@@ -52,6 +53,13 @@ class Slices:
 
     def suspend(self, kernel_id: str, *, lock_timeout: float):
         return self.ledger.suspend(kernel_id, host_memory=GIB)
+
+    def get(self, kernel_id: str):
+        return self.ledger.get(kernel_id)
+
+    def resume(self, kernel_id: str):
+        """No room: a resume waits in line."""
+        raise CapacityError("no room for it yet", resource="memory", requested=4 * GIB, available=0)
 
 
 @pytest.fixture
@@ -143,3 +151,53 @@ def test_the_hold_counts_from_a_kernels_last_resume_as_from_its_start():
 
     assert [item.kernel_id for item in room_order(allocations, GPU.uuid, "", idle, now=now, hold=60)] == ["old"]
     assert len(room_order(allocations, GPU.uuid, "", idle, now=now, hold=0)) == 3
+
+
+class Requests:
+    """A suspended slice's processes' resume requests, as its region counts them, and the
+    Suspender's reading of them (holders/suspender.py: what a suspend or an interrupt answered)."""
+
+    def __init__(self, ledger: EmbeddedLedger):
+        self.ledger = ledger
+        self.count = 0
+
+    def resume_requested(self, allocation) -> bool:
+        return self.count > int(allocation.metadata[SUSPENDED_KEY].get("resume_requests", 0))
+
+    def answer_requests(self, allocation, **fields):
+        state = {**allocation.metadata[SUSPENDED_KEY], "resume_requests": self.count}
+        return self.ledger.update_metadata(allocation.kernel_id, **{SUSPENDED_KEY: state}, **fields)
+
+
+def test_an_interrupted_wait_stays_out_of_the_line_until_the_next_cell_asks(ledger):
+    """Issue 34 item 3: Interrupt took the request out of the line and it rejoined 41 ms later,
+    the status bar keeping "1st in line": the watcher's pass used the ledger as it read it before
+    the interrupt (the cell still busy, so "a cell runs" lined it up again). Nothing lines it up
+    while the interrupted cell ends, nor a call it makes meanwhile; its next cell does."""
+    ledger.admit("k", SliceLimits(4 * GIB, 10))
+    ledger.suspend("k", host_memory=GIB, details={"resume_requests": 0})
+    kernels = Kernels(k=Kernel("busy", an_hour_ago()))  # its cell waits for room
+    slices = Slices(ledger)
+    slices.line = Line()
+    slices.suspender = requests = Requests(ledger)
+    room = SuspendedKernels(slices, kernels, hold=0.0)
+
+    before_the_interrupt = ledger.allocations()  # the watcher's read at the start of its tick
+    requests.count = 1  # the waiting call asked
+    # Kernel > Interrupt (SliceManager.leave_line): out of the line, what was asked is answered.
+    requests.answer_requests(ledger.get("k"), **{IN_LINE_KEY: {"left": time.time()}})
+    asyncio.run(room.check(before_the_interrupt))
+    assert "k" not in slices.line
+
+    requests.count = 2  # the interrupted cell still ends, and calls again
+    asyncio.run(room.check(ledger.allocations()))
+    assert "k" not in slices.line
+
+    kernels["k"].execution_state = "idle"  # it ended
+    asyncio.run(room.check(ledger.allocations()))
+    asyncio.run(room.check(ledger.allocations()))
+    assert "k" not in slices.line and ledger.get("k").metadata.get(IN_LINE_KEY) is None
+
+    kernels["k"].execution_state = "busy"  # the next cell
+    asyncio.run(room.check(ledger.allocations()))
+    assert slices.line.get("k").kind == "resume"
