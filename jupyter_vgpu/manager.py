@@ -35,9 +35,10 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
-from jupyter_vgpu.ledger.policy import waiting_for_room
+from jupyter_vgpu.ledger.policy import never_fits, waiting_for_room
 from jupyter_vgpu.line import LeftLine, Line, Request
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
+from jupyter_vgpu.model.sizes import exact_size
 
 WARNINGS_KEY = "warnings"
 # Metadata of a slice whose kernel changed its own limits (the holder put them back): the last
@@ -70,6 +71,10 @@ ADOPTED_KEY = "adopted"
 # seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
 # once its user interrupted the wait.
 IN_LINE_KEY = "in_line"
+# Metadata of a slice whose growth waits in the line: {"memory": exact size, "cores": percent,
+# "policy", "since": epoch seconds it first asked}; a restarted server puts it back in its line
+# with the same place (SuspendedKernels.check -> SliceManager.rejoin_resize).
+RESIZE_WAITING_KEY = "resize_waiting"
 # The capacity a device lacks that suspending idle kernels there can give back, and "line": a
 # node's broker has older requests of other users' servers go first (ledger/service.py's
 # BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
@@ -461,12 +466,7 @@ class SliceManager(LoggingConfigurable):
                 if len(usages) == 1
                 else (f"the largest GPU here, GPU {largest.device.index}, has")
             )
-            most = format_size(largest.memory_capacity)
-            raise SliceRefused(
-                f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {where} {most} in all. "
-                f"Ask for {most} or less.",
-                kind="capacity",
-            )
+            raise SliceRefused(never_fits(limits.memory_limit, largest.memory_capacity, where), kind="capacity")
 
     async def _make_room_for(self, request: Request) -> bool:
         """Make room for the first request on its device (the line's ``make_room``): the room
@@ -489,34 +489,38 @@ class SliceManager(LoggingConfigurable):
         wanted = RoomWanted(fits, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
         return await self.room_maker(wanted)
 
-    async def resize_in_line(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
+    async def resize_in_line(
+        self, kernel_id: str, *, memory=None, cores=None, policy=None, since: float | None = None
+    ) -> Allocation:
         """:meth:`resize`, except that a growth of a running kernel that does not fit on its
         device now waits in the line (room is made for it as for a start) and happens by itself
         when room comes: the slice is returned as it is, its place in ``line.place(kernel_id)``.
-        A resize replaces the kernel's waiting one (a shrink too, which never waits); a growth
-        that can never fit on the device, or a suspended kernel's, is refused (CapacityError)."""
+        A resize replaces the kernel's waiting one (a shrink too, which never waits). A suspended
+        (or lent) kernel's growth waits the same way, for room for all of its new size (its
+        resume needs that much). A growth that can never fit on the device is refused
+        (CapacityError, in the start's one sentence)."""
         waiting = self.line.get(kernel_id)
         if waiting is not None and waiting.kind == "resize":
             self.line.leave(kernel_id, "replaced by a later resize")
 
         def attempt() -> bool:
             try:
-                self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
+                self._resize_and_forget(kernel_id, memory=memory, cores=cores, policy=policy)
                 return True
             except CapacityError as short:
                 if short.resource not in DEVICE_ROOM:
                     raise
-                request.short, request.waiting_for = short, waiting_for_room(short)
+                request.short, request.waiting_for = short, self._resize_waits_for(kernel_id, short)
                 return False
 
         async def attempt_async() -> bool:
             return attempt()
 
         try:
-            return self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
+            return self._resize_and_forget(kernel_id, memory=memory, cores=cores, policy=policy)
         except CapacityError as refusal:
             current = self.get(kernel_id)
-            if refusal.resource not in DEVICE_ROOM or current.suspended or kernel_id in self.line:
+            if refusal.resource not in DEVICE_ROOM or kernel_id in self.line:
                 raise
             short = refusal
         wanted = current.limits.changed(memory=memory, cores=cores, policy=policy)
@@ -525,28 +529,70 @@ class SliceManager(LoggingConfigurable):
         )
         if device is not None and wanted.memory_limit > device.memory_capacity:
             raise CapacityError(
-                f"{short} (GPU {device.device.index} has {format_size(device.memory_capacity)} in all: "
-                f"{format_size(wanted.memory_limit)} can never fit)",
+                never_fits(wanted.memory_limit, device.memory_capacity, f"GPU {device.device.index} has"),
                 resource="memory",
                 requested=wanted.memory_limit,
-                available=short.available,
+                available=device.memory_capacity,
             )
+        # What it asks the device for: what it grows by, or all of it for a suspended slice.
+        memory_held, share_held = (0, 0) if current.suspended else (current.memory_limit, current.sm_share)
         request = Request(
             kernel_id,
             "resize",
-            max(0, wanted.memory_limit - current.memory_limit),
-            max(0, wanted.sm_share - current.sm_share),
+            max(0, wanted.memory_limit - memory_held),
+            max(0, wanted.sm_share - share_held),
             current.device_uuid,
             attempt_async,
             policy=wanted.policy,
-            waiting_for=waiting_for_room(short),
+            waiting_for=self._resize_waits_for(kernel_id, short),
             short=short,
         )
+        if since is not None:
+            request.since = since
+        # The line is state: a restarted server finds the growth waiting, with its place.
+        waiting_for = {"memory": exact_size(wanted.memory_limit), "cores": wanted.sm_share, "policy": wanted.policy}
+        with contextlib.suppress(UnknownSlice):
+            self.ledger.update_metadata(kernel_id, **{RESIZE_WAITING_KEY: {**waiting_for, "since": request.since}})
         # As for a start: room is made at once where nobody waits for the device.
         if not self.line.waiting_for(request) and await self._make_room_for(request) and attempt():
             return self.get(kernel_id)
         self.line.join(request)
         return self.get(kernel_id)
+
+    def _resize_and_forget(self, kernel_id: str, **changes: Any) -> Allocation:
+        """:meth:`resize`, and no growth of the kernel waits any more (RESIZE_WAITING_KEY)."""
+        resized = self.resize(kernel_id, **changes)
+        if resized.metadata.get(RESIZE_WAITING_KEY) is not None:
+            resized = self.ledger.update_metadata(kernel_id, **{RESIZE_WAITING_KEY: None})
+        return resized
+
+    async def rejoin_resize(self, allocation: Allocation) -> None:
+        """Put back in the line a growth that waited when the last server stopped (RESIZE_WAITING_KEY),
+        with the place it had; it happens now where it fits."""
+        waiting = allocation.metadata.get(RESIZE_WAITING_KEY)
+        if not isinstance(waiting, dict) or allocation.kernel_id in self.line:
+            return
+        try:
+            await self.resize_in_line(
+                allocation.kernel_id,
+                memory=waiting.get("memory"),
+                cores=waiting.get("cores"),
+                policy=waiting.get("policy"),
+                since=float(waiting["since"]) if isinstance(waiting.get("since"), (int, float)) else None,
+            )
+        except (CapacityError, BelowHeld, ValueError) as error:
+            # It can no longer be had (the kernel holds more now, say): it waits no more.
+            self.log.warning("kernel %s's waiting resize is dropped: %s", allocation.kernel_id, error)
+            with contextlib.suppress(UnknownSlice):
+                self.ledger.update_metadata(allocation.kernel_id, **{RESIZE_WAITING_KEY: None})
+
+    def _resize_waits_for(self, kernel_id: str, short: CapacityError) -> str:
+        """What a waiting growth lacks, with the GPU's free figure: a running slice's refusal
+        counts its own room as available, a suspended one's does not (it holds none)."""
+        current = self.ledger.get(kernel_id)
+        if current is None or current.suspended:
+            return waiting_for_room(short)
+        return waiting_for_room(short, current.memory_limit, current.sm_share)
 
     def _device_uuid(self, device) -> str | None:
         """The UUID of the device a start asks for (an index or a UUID), None for any."""
@@ -791,6 +837,7 @@ __all__ = [
     "IN_LINE_KEY",
     "KERNEL_NAME_KEY",
     "ORPHANED_KEY",
+    "RESIZE_WAITING_KEY",
     "SERVER_KEY",
     "BelowHeld",
     "RoomWanted",

@@ -39,6 +39,7 @@ from jupyter_vgpu.ledger.base import (
     DeviceUsage,
     OwnerBudget,
 )
+from jupyter_vgpu.line import NOT_TRIED
 from jupyter_vgpu.model import SliceLimits, format_size
 
 # Seconds after a kernel got its room (its start was admitted, or it resumed) during which
@@ -56,8 +57,6 @@ NEVER_ASKED_STATE = "starting"
 WOKEN_KEY = "woken"
 # The key of SUSPEND_TIMINGS_KEY's record that says when the slice last resumed (epoch seconds).
 RESUMED_AT = "resumed_at"
-# What a request says before its first try has said what it lacks.
-NOT_TRIED = "its first try (at the line's next pass)"
 
 
 def runs_no_cell(execution_state: str | None, *, adopted: bool = False) -> bool:
@@ -287,6 +286,14 @@ def take_back_reserve(allocations: list[Allocation], excluding: str = "") -> int
     )
 
 
+def never_fits(memory: int, capacity: int, where: str) -> str:
+    """The one sentence for a start or a growth that can never fit, whatever waits: "Its 20GiB GPU
+    slice can never fit: GPU 1 has 16GiB in all. Ask for 16GiB or less." (``where``: "GPU 1 has",
+    or "the largest GPU here, GPU 1, has")."""
+    most = format_size(capacity)
+    return f"Its {format_size(memory)} GPU slice can never fit: {where} {most} in all. Ask for {most} or less."
+
+
 # -- what a request waits for -------------------------------------------------------------------
 
 
@@ -312,7 +319,6 @@ def waiting_for_room(short: CapacityError, own_memory: int = 0, own_share: int =
 __all__ = [
     "IDLE_STATE",
     "NEVER_ASKED_STATE",
-    "NOT_TRIED",
     "RESUMED_AT",
     "ROOM_HOLD_S",
     "WOKEN_KEY",
@@ -326,6 +332,7 @@ __all__ = [
     "guarantees",
     "idle_candidates",
     "is_borrowing",
+    "never_fits",
     "past_guarantee",
     "reported_idle",
     "requested_at",

@@ -45,7 +45,7 @@ from jupyter_vgpu.ledger.policy import (
     waiting_for_room,
 )
 from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RoomWanted, SliceManager
+from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RESIZE_WAITING_KEY, RoomWanted, SliceManager
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration, known_idle
 from jupyter_vgpu.server.sessions import session_paths
@@ -96,7 +96,11 @@ class SuspendedKernels:
 
     async def check(self, allocations: list[Allocation]) -> None:
         """Put the suspended kernels that asked to resume in the line (one pass of the slice
-        watcher; the line then serves them in order, with the starts)."""
+        watcher; the line then serves them in order, with the starts), and the growths that
+        waited in line when the last server stopped (RESIZE_WAITING_KEY)."""
+        for listed in allocations:
+            if listed.kernel_id in self.kernels and isinstance(listed.metadata.get(RESIZE_WAITING_KEY), dict):
+                await self.slices.rejoin_resize(listed)
         for listed in allocations:
             kernel_id = listed.kernel_id
             ours = kernel_id in self.kernels
