@@ -35,7 +35,7 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
-from jupyter_vgpu.ledger.policy import never_fits, waiting_for_room
+from jupyter_vgpu.ledger.policy import HOST_MEMORY, never_fits, waiting_for_room
 from jupyter_vgpu.line import LeftLine, Line, Request
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
 from jupyter_vgpu.model.sizes import exact_size
@@ -78,7 +78,9 @@ RESIZE_WAITING_KEY = "resize_waiting"
 # The capacity a device lacks that suspending idle kernels there can give back, and "line": a
 # node's broker has older requests of other users' servers go first (ledger/service.py's
 # BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
-DEVICE_ROOM = ("memory", "sm_share", "line")
+# "host_memory": a borrowing request the node's host memory cap leaves no room to take back
+# (ledger/policy.py's HOST_MEMORY) waits too, until a suspended kernel resumes or stops.
+DEVICE_ROOM = ("memory", "sm_share", "line", HOST_MEMORY)
 
 
 def orphan_notice(allocation: Allocation) -> str | None:

@@ -60,7 +60,8 @@ class CapacityError(Exception):
 
     ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
     ``slices`` (this server's limits), ``user_memory``, ``user_sm_share`` or ``user_slices`` (the
-    owner's budget), ``devices`` (none to place on). ``requested`` and ``available`` are in that
+    owner's budget), ``devices`` (none to place on), ``host_memory`` (a broker's host memory cap leaves
+    no room to take a borrowing slice back). ``requested`` and ``available`` are in that
     resource's unit (bytes, percent, slices). ``making_room``: where a broker is asking idle
     kernels to suspend so that it fits, a sentence that says so (else empty).
     """

@@ -32,6 +32,7 @@ from jupyter_vgpu.ledger.base import (
     UnknownSlice,
 )
 from jupyter_vgpu.ledger.policy import (
+    HOST_MEMORY,
     RoomBeingMade,
     RoomTakenBack,
     borrowed_at,
@@ -340,7 +341,7 @@ class Lending:
                 f"where suspended kernels hold {format_size(in_host)} and {format_size(reserve)} is kept for the "
                 f"borrowers' take-backs, of the {format_size(self.host_memory_cap)} they may hold "
                 f"(idle.suspend_host_memory); {format_size(free)} is free",
-                resource="memory",
+                resource=HOST_MEMORY,
                 requested=memory,
                 available=free,
             )

@@ -42,6 +42,9 @@ from jupyter_vgpu.ledger.base import (
 from jupyter_vgpu.line import NOT_TRIED
 from jupyter_vgpu.model import SliceLimits, format_size
 
+# CapacityError.resource of a borrowing request that the host memory cap leaves no room to take
+# back without a kill: it waits in line like one short of GPU room, and no suspend makes its room.
+HOST_MEMORY = "host_memory"
 # Seconds after a kernel got its room (its start was admitted, or it resumed) during which
 # room-making does not suspend it again for another request (VGPUApp.room_hold; the broker's).
 ROOM_HOLD_S = 30.0
@@ -98,6 +101,8 @@ def could_make_up(short: CapacityError, candidates: Iterable[Allocation]) -> boo
         return sum(candidate.memory_limit for candidate in candidates) >= missing
     if short.resource == "sm_share":
         return sum(candidate.sm_share for candidate in candidates) >= missing
+    if short.resource == HOST_MEMORY:
+        return False  # a suspend puts more in host memory: it makes none of that room
     return bool(candidates)
 
 
@@ -311,12 +316,19 @@ def waiting_for_room(short: CapacityError, own_memory: int = 0, own_share: int =
     elif short.resource == "sm_share":
         missing, free = short.requested - short.available, max(0, short.available - own_share)
         what = f"{missing} percent more of the SMs ({free} percent free)"
+    elif short.resource == HOST_MEMORY:
+        missing, free = short.requested - short.available, short.available
+        what = (
+            f"{format_size(missing)} more host memory to take its borrowed room back without a kill "
+            f"({format_size(free)} free under idle.suspend_host_memory)"
+        )
     else:
         what = str(short) or NOT_TRIED
     return f"{what}; {short.making_room}" if short.making_room else what
 
 
 __all__ = [
+    "HOST_MEMORY",
     "IDLE_STATE",
     "NEVER_ASKED_STATE",
     "RESUMED_AT",
