@@ -71,6 +71,9 @@ ADOPTED_KEY = "adopted"
 # seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
 # once its user interrupted the wait.
 IN_LINE_KEY = "in_line"
+# A request's label (Request.labels) saying for whom kernels suspended to make its room were
+# (their notice): a resume its user's sign asked for says so ("a kernel its user opened").
+FOR_WHOM_LABEL = "for_whom"
 # Metadata of a slice whose growth waits in the line: {"memory": exact size, "cores": percent,
 # "policy", "since": epoch seconds it first asked}; a restarted server puts it back in its line
 # with the same place (SuspendedKernels.check -> SliceManager.rejoin_resize).
@@ -484,9 +487,8 @@ class SliceManager(LoggingConfigurable):
                 if request.device_uuid in (None, usage.device.uuid)
             )
 
-        for_whom = {"start": "a new kernel", "resize": "a kernel that grows"}.get(
-            request.kind, "a kernel that ran again"
-        )
+        kinds = {"start": "a new kernel", "resize": "a kernel that grows"}
+        for_whom = request.labels.get(FOR_WHOM_LABEL) or kinds.get(request.kind, "a kernel that ran again")
         short = request.short if isinstance(request.short, CapacityError) else None
         wanted = RoomWanted(fits, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
         return await self.room_maker(wanted)
@@ -836,6 +838,7 @@ __all__ = [
     "ADOPTED_KEY",
     "BATCH_KEY",
     "CONNECTION_FILE_KEY",
+    "FOR_WHOM_LABEL",
     "IN_LINE_KEY",
     "KERNEL_NAME_KEY",
     "ORPHANED_KEY",

@@ -45,7 +45,15 @@ from jupyter_vgpu.ledger.policy import (
     waiting_for_room,
 )
 from jupyter_vgpu.line import Place, Request
-from jupyter_vgpu.manager import DEVICE_ROOM, IN_LINE_KEY, ORPHANED_KEY, RESIZE_WAITING_KEY, RoomWanted, SliceManager
+from jupyter_vgpu.manager import (
+    DEVICE_ROOM,
+    FOR_WHOM_LABEL,
+    IN_LINE_KEY,
+    ORPHANED_KEY,
+    RESIZE_WAITING_KEY,
+    RoomWanted,
+    SliceManager,
+)
 from jupyter_vgpu.model import format_size
 from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration, known_idle
 from jupyter_vgpu.server.sessions import session_paths
@@ -129,9 +137,10 @@ class SuspendedKernels:
             if busy or self.slices.suspender.resume_requested(allocation):
                 self.join_line(allocation)
 
-    def join_line(self, allocation: Allocation) -> Request:
+    def join_line(self, allocation: Allocation, *, why: str = "a kernel that ran again") -> Request:
         """Put a suspended kernel in the line to take its room back; its place (the time it first
-        asked, kept in the ledger) survives a server restart."""
+        asked, kept in the ledger) survives a server restart. ``why``: for whom the kernels
+        suspended to make its room are told they were (their notice)."""
         kernel_id = allocation.kernel_id
         existing = self.slices.line.get(kernel_id)
         if existing is not None:
@@ -173,6 +182,7 @@ class SuspendedKernels:
             attempt,
             since=since,
             policy=allocation.policy,
+            labels={FOR_WHOM_LABEL: why},
         )
         return self.slices.line.join(request)
 
@@ -183,7 +193,7 @@ class SuspendedKernels:
         it be suspended again once it has been idle that long, as any kernel. Raises UnknownSlice."""
         allocation = self.slices.ledger.update_metadata(kernel_id, **{WOKEN_KEY: {"at": time.time()}})
         if allocation.suspended and allocation.holder == "local":
-            self.join_line(allocation)
+            self.join_line(allocation, why="a kernel its user opened")
         return allocation
 
     def show_place(self, request: Request, place: Place) -> None:

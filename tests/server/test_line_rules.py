@@ -145,3 +145,27 @@ def test_a_waiting_growth_survives_a_server_restart_with_its_place(ledger_path):
         grown = ledger.get("grower")
         assert grown.memory_limit == 8 * GIB and grown.metadata.get(RESIZE_WAITING_KEY) is None
         assert "grower" not in manager.line
+
+
+def test_kernels_suspended_for_a_resume_its_user_asked_for_are_told_it_was_opened(ledger_path):
+    """Issue 34 item 3: the notice of a kernel suspended to make room for one its user opened (the
+    lab's sign) said "for a kernel that ran again"."""
+    with EmbeddedLedger(ledger_path, [GPU]) as ledger:
+        manager = manager_of(ledger)
+        manager.admit("opened", SliceLimits(2 * GIB, 20))
+        ledger.suspend("opened", host_memory=GIB, details={})
+        manager.admit("ran", SliceLimits(2 * GIB, 20))
+        ledger.suspend("ran", host_memory=GIB, details={})
+        wanted = []
+
+        async def room_maker(room) -> bool:
+            wanted.append(room.for_whom)
+            return False
+
+        manager.room_maker = room_maker
+        resumes = SuspendedKernels(manager, {"opened": object(), "ran": object()}, hold=0.0)
+        resumes.wake("opened")
+        resumes.join_line(ledger.get("ran"))
+        for kernel_id in ("opened", "ran"):
+            asyncio.run(manager.line.make_room(manager.line.get(kernel_id)))
+        assert wanted == ["a kernel its user opened", "a kernel that ran again"]
