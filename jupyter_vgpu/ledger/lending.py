@@ -38,6 +38,7 @@ from jupyter_vgpu.ledger.policy import (
     borrowed_at,
     idle_candidates,
     is_borrowing,
+    past_guarantee,
     reported_idle,
     requested_at,
     room_for,
@@ -51,6 +52,16 @@ from jupyter_vgpu.model import SliceLimits, format_size, select_device
 # The pids of a slice's processes that a device still lists (any device), each with the bytes
 # NVML says it holds there (None: NVML does not say). Read afresh at each call.
 StillHeld = Callable[[Allocation], Mapping[int, int | None]]
+
+
+@dataclass(frozen=True)
+class Room:
+    """Room a request asks a device for where it is not a whole slice (a growth: what it grows by,
+    which may be no memory or no SM share), in SliceLimits' terms."""
+
+    memory_limit: int
+    sm_share: int
+    policy: str
 
 
 class NotLent(Exception):
@@ -302,6 +313,35 @@ class Lending:
             metadata = {**(admission.metadata or {}), BORROWING_KEY: {"at": now}}
             return ledger.decide_admission(replace(admission, device=device, metadata=metadata))
 
+    def resize_within(
+        self,
+        ledger: Ledger,
+        kernel_id: str,
+        budget: OwnerBudget | None,
+        *,
+        memory_limit: int | None = None,
+        sm_share: int | None = None,
+        policy: str | None = None,
+    ) -> Allocation:
+        """Ledger.resize, where a running slice's growth may not take room held for others: room
+        the swap at the host memory cap makes for a suspended kernel's resume, from every growth;
+        room taken back for a kernel within its guarantee, from a growth past its owner's."""
+        with self._lock:
+            self._drop_lapsed_claims(self.clock())
+            current = ledger.get(kernel_id)
+            if current is not None and not current.suspended:
+                grows = Room(
+                    max(0, (memory_limit or current.memory_limit) - current.memory_limit),
+                    max(0, (sm_share or current.sm_share) - current.sm_share),
+                    policy or current.policy,
+                )
+                if grows.memory_limit or grows.sm_share:
+                    borrowing = past_guarantee(
+                        budget, ledger.allocations(), current.owner, grows.memory_limit, grows.sm_share
+                    )
+                    self._unheld_device(ledger, grows, current.device_uuid, kernel_id, borrowing=borrowing)
+            return ledger.resize(kernel_id, memory_limit=memory_limit, sm_share=sm_share, policy=policy, budget=budget)
+
     def resume_within(self, ledger: Ledger, kernel_id: str, budget: OwnerBudget | None) -> Allocation:
         """:meth:`resume`, where a resume past its owner's guarantee is admitted only into room no
         kernel within its guarantee is owed, and marked as borrowing (or no longer)."""
@@ -347,7 +387,7 @@ class Lending:
             )
 
     def _unheld_device(
-        self, ledger: Ledger, limits: SliceLimits, device: int | str | None, kernel_id: str, *, borrowing: bool
+        self, ledger: Ledger, limits: SliceLimits | Room, device: int | str | None, kernel_id: str, *, borrowing: bool
     ) -> Any:
         """The device a slice of ``limits`` may go to: ``device`` (None: where the ledger places
         it) where no room is held for another kernel, else one that has room beside what is held;

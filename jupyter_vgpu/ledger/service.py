@@ -368,7 +368,8 @@ class SliceHandler(LedgerHandler):
         budget = await self.own_budget(current)
         if any(grows) and not current.suspended:
             await self.in_turn(kernel_id, *grows, current.device_uuid, budget)
-        resized = await self.decide(self.ledger.resize, kernel_id, **body, budget=budget)
+        # A growth takes no room held for others (the swap's, a claimant's): the pool's rule, as for a start.
+        resized = await self.decide(self.lending.resize_within, self.ledger, kernel_id, budget, **body)
         self.served(kernel_id)
         self.reply(asdict(resized))
 

@@ -266,3 +266,29 @@ def test_a_student_whose_size_does_not_borrow_takes_her_guarantee_back_from_a_bo
         bob.close()
         server.stop()
         ledger.close()
+
+
+def test_a_growth_takes_no_room_held_for_a_kernel_within_its_guarantee(service_loop, ledger_path, gpu):
+    """Issue 34 item 3: a growth was granted by the ledger alone, into room taken back and held for
+    a kernel within its owner's guarantee (or freed by the swap for a resume), as no start or
+    resume may be."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=Lending(make_room=True)))
+    names = ("alice", "bob", "dave")
+    alice, bob, dave = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in names)
+    try:
+        bob.admit("b1", FOUR)  # within his guarantee
+        bob.admit("b2", FOUR)  # borrowing
+        dave.admit("d1", SliceLimits(2 * GIB, 10, "burst"))  # 2 GiB of the GPU left free
+        with pytest.raises(CapacityError):
+            alice.admit("a1", FOUR)  # b2 is asked to give its room back, held for her
+        bob.suspend("b2", host_memory=GIB)  # 6 GiB free, 4 of them alice's
+        with pytest.raises(CapacityError, match="held for a kernel within its owner's guarantee"):
+            dave.resize("d1", memory_limit=6 * GIB)  # past his guarantee: it would borrow her room
+        assert dave.get("d1").memory_limit == 2 * GIB
+        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
+    finally:
+        for client in (alice, bob, dave):
+            client.close()
+        server.stop()
+        ledger.close()
