@@ -34,7 +34,6 @@ from jupyter_vgpu.ledger.base import (
 from jupyter_vgpu.ledger.policy import (
     HOST_MEMORY,
     RoomBeingMade,
-    RoomTakenBack,
     borrowed_at,
     idle_candidates,
     is_borrowing,
@@ -445,7 +444,7 @@ class Lending:
 
     def take_back(
         self, ledger: Ledger, limits: SliceLimits, device: int | str | None, claimant: str
-    ) -> RoomTakenBack | None:
+    ) -> RoomBeingMade | None:
         """Where the borrowed room on a device (``device`` where one is named) would make room for
         ``claimant``'s slice of ``limits`` (within its owner's guarantee), ask the servers of the
         borrowing kernels there, most recent borrowing first, to suspend them even while they run
@@ -493,7 +492,8 @@ class Lending:
                     if self.on_take_back is not None:
                         self.on_take_back(asked_now, True)
                 self._claims[claimant] = Claim(uuid, limits.memory_limit, limits.sm_share, now)
-                return RoomTakenBack(usage.device.index, len(chosen) or sum(taken_back(item) for item in asked))
+                taking = len(chosen) or sum(taken_back(item) for item in asked)
+                return RoomBeingMade(usage.device.index, taking, taken_back=True)
             if usages:
                 closest = max(usages, key=lambda usage: (usage.memory_free, -usage.device.index))
                 self._claims[claimant] = Claim(closest.device.uuid, limits.memory_limit, limits.sm_share, now)

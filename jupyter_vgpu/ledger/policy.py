@@ -190,13 +190,21 @@ def idle_candidates(
 
 @dataclass(frozen=True)
 class RoomBeingMade:
-    """Idle kernels asked to suspend so that a slice that did not fit fits on a device."""
+    """Kernels on a device asked to suspend so that a slice that did not fit fits: idle ones, or
+    (``taken_back``) borrowing ones giving their room back to a kernel within its guarantee."""
 
     device_index: int
     kernels: int
+    taken_back: bool = False
 
     def __str__(self) -> str:
         many = self.kernels > 1
+        if self.taken_back:
+            return (
+                f"room borrowed above a guarantee on GPU {self.device_index} is being taken back for it "
+                f"({self.kernels} borrowing kernel{'s are' if many else ' is'} being paused; their owners' servers "
+                "do it within seconds)"
+            )
         return (
             f"{self.kernels} idle kernel{'s' if many else ''} on GPU {self.device_index} "
             f"{'are' if many else 'is'} being suspended to make room (their owners' servers do it within seconds, "
@@ -205,22 +213,6 @@ class RoomBeingMade:
 
 
 # -- guarantees and borrowing -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RoomTakenBack:
-    """Borrowing kernels asked to give their room back so that a kernel within its guarantee fits."""
-
-    device_index: int
-    kernels: int
-
-    def __str__(self) -> str:
-        many = self.kernels > 1
-        return (
-            f"room borrowed above a guarantee on GPU {self.device_index} is being taken back for it "
-            f"({self.kernels} borrowing kernel{'s are' if many else ' is'} being paused; their owners' servers do it "
-            "within seconds)"
-        )
 
 
 def guarantees(budget: OwnerBudget | None) -> bool:
@@ -336,7 +328,6 @@ __all__ = [
     "WOKEN_KEY",
     "Idle",
     "RoomBeingMade",
-    "RoomTakenBack",
     "borrowed_at",
     "could_make_up",
     "fits",

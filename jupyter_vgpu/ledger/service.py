@@ -104,7 +104,7 @@ from jupyter_vgpu.ledger.edge import (
     parse_body,
 )
 from jupyter_vgpu.ledger.lending import Lending, NotLent
-from jupyter_vgpu.ledger.policy import RoomBeingMade, RoomTakenBack, guarantees, is_borrowing, past_guarantee
+from jupyter_vgpu.ledger.policy import RoomBeingMade, guarantees, is_borrowing, past_guarantee
 from jupyter_vgpu.line import KINDS
 from jupyter_vgpu.model import SliceLimits, SliceValueError, select_device
 
@@ -244,7 +244,7 @@ class LedgerHandler(web.RequestHandler):
             allocations = await self.decide(self.ledger.allocations)
             if is_borrowing(budget, [item for item in allocations if item.kernel_id != exclude], owner, limits):
                 return refusal
-        room: RoomBeingMade | RoomTakenBack | None
+        room: RoomBeingMade | None
         room = await self.decide(self.lending.request_room, self.ledger, limits, device, exclude, swap_only=swap_only)
         if room is None and guarantees(budget) and not swap_only:
             room = await self.decide(self.lending.take_back, self.ledger, limits, device, claimant or exclude)
