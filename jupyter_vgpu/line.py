@@ -12,7 +12,7 @@ through the line in order:
   idles, the room it took comes back to them at the next pass that makes room. It is never given
   room-making of its own, so nobody is overtaken for ever.
 
-The same rule orders a node's broker's line across users' servers (ledger/service.py's
+The same rule orders a node's broker's line across users' servers (ledger/broker_line.py's
 ``BrokerLine`` calls :func:`may_go_before`), so that the order holds across servers too.
 
 The line knows nothing of kernels, ledgers or holders: each request brings its own ``attempt``

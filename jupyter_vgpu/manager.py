@@ -79,7 +79,7 @@ FOR_WHOM_LABEL = "for_whom"
 # with the same place (SuspendedKernels.check -> SliceManager.rejoin_resize).
 RESIZE_WAITING_KEY = "resize_waiting"
 # The capacity a device lacks that suspending idle kernels there can give back, and "line": a
-# node's broker has older requests of other users' servers go first (ledger/service.py's
+# node's broker has older requests of other users' servers go first (ledger/broker_line.py's
 # BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
 # "host_memory": a borrowing request the node's host memory cap leaves no room to take back
 # (ledger/policy.py's HOST_MEMORY) waits too, until a suspended kernel resumes or stops.

@@ -115,7 +115,7 @@ def chosen_options(user: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class HubGate:
-    """Callers and budgets as the hub says (the :class:`~jupyter_vgpu.ledger.service.Gate` of the broker)."""
+    """Callers and budgets as the hub says (the :class:`~jupyter_vgpu.ledger.edge.Gate` of the broker)."""
 
     def __init__(self, classroom: Classroom, auth: HubAuth, users: HubUsers):
         self.classroom = classroom
