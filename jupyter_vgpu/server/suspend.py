@@ -262,6 +262,8 @@ class SuspendedKernels:
         if wanted.short is not None and not could_make_up(wanted.short, candidates):
             return False
         for candidate in candidates:
+            if self._idle(candidate) is None:
+                continue  # a cell began in it while others were suspended: never one that runs a cell
             if await self._suspend_to_make_room(candidate, wanted.for_whom) is not None and wanted.fits():
                 return True
         return False

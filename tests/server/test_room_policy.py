@@ -201,3 +201,24 @@ def test_an_interrupted_wait_stays_out_of_the_line_until_the_next_cell_asks(ledg
     kernels["k"].execution_state = "busy"  # the next cell
     asyncio.run(room.check(ledger.allocations()))
     assert slices.line.get("k").kind == "resume"
+
+
+def test_a_kernel_that_begins_a_cell_while_room_is_being_made_is_not_suspended(ledger):
+    """The candidates are chosen before the first suspend, which takes seconds: one that began a
+    cell meanwhile runs it (issue 34 item 2: never suspend a kernel running a cell to make room)."""
+    kernels = Kernels()
+    for kernel_id in ("a", "b"):
+        ledger.admit(kernel_id, SliceLimits(4 * GIB, 10))
+        kernels[kernel_id] = Kernel("idle", an_hour_ago())
+
+    class CellBeginsMeanwhile(Slices):
+        def suspend(self, kernel_id: str, *, lock_timeout: float):
+            kernels["b" if kernel_id == "a" else "a"].execution_state = "busy"
+            return super().suspend(kernel_id, lock_timeout=lock_timeout)
+
+    def room_for_all_eight() -> RoomWanted:
+        return RoomWanted(lambda: ledger.devices_usage()[0].memory_free >= 8 * GIB, GPU.uuid, "a new kernel")
+
+    room = SuspendedKernels(CellBeginsMeanwhile(ledger), kernels, hold=0.0)
+    assert asyncio.run(room.make_room(room_for_all_eight())) is False
+    assert [allocation.kernel_id for allocation in ledger.allocations() if allocation.suspended] == ["a"]
