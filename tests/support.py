@@ -438,7 +438,9 @@ class JupyterProcess:
                     f"--IdentityProvider.token={token}",
                     *options,
                 ],
-                env={**env, "PYTHONFAULTHANDLER": "1"},
+                # No room hold (VGPUApp.room_hold), as vgpu_server_config: kernels a test started a
+                # moment ago make room at once; a test of the hold sets the variable itself.
+                env={"JUPYTER_VGPU_ROOM_HOLD": "0", **env, "PYTHONFAULTHANDLER": "1"},
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
             )

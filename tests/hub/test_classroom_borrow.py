@@ -102,9 +102,7 @@ class StandInUsers:
         ),
     ],
 )
-async def test_the_brokers_gate_allows_the_maximum_and_names_every_sizes_guarantee(
-    tmp_path, options, budget
-):
+async def test_the_brokers_gate_allows_the_maximum_and_names_every_sizes_guarantee(tmp_path, options, budget):
     gate = HubGate(load(tmp_path), auth=None, users=StandInUsers(options))
     assert await gate.budget(Caller("bob")) == budget
 
