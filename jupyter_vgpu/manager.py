@@ -35,7 +35,7 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
-from jupyter_vgpu.ledger.policy import HOST_MEMORY, never_fits, waiting_for_room
+from jupyter_vgpu.ledger.policy import HOST_MEMORY, fits, never_fits, waiting_for_room
 from jupyter_vgpu.line import LeftLine, Line, Request
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
 from jupyter_vgpu.model.sizes import exact_size
@@ -479,10 +479,10 @@ class SliceManager(LoggingConfigurable):
         if self.room_maker is None:
             return False
 
-        def fits() -> bool:
+        def room_there() -> bool:
             # A resize's request is what it grows by, which may be no SM share at all.
             return any(
-                usage.memory_free >= request.memory and usage.share_free(request.policy) >= request.sm_share
+                fits(usage, request.memory, request.sm_share, request.policy)
                 for usage in self.ledger.devices_usage()
                 if request.device_uuid in (None, usage.device.uuid)
             )
@@ -490,7 +490,7 @@ class SliceManager(LoggingConfigurable):
         kinds = {"start": "a new kernel", "resize": "a kernel that grows"}
         for_whom = request.labels.get(FOR_WHOM_LABEL) or kinds.get(request.kind, "a kernel that ran again")
         short = request.short if isinstance(request.short, CapacityError) else None
-        wanted = RoomWanted(fits, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
+        wanted = RoomWanted(room_there, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
         return await self.room_maker(wanted)
 
     async def resize_in_line(

@@ -9,9 +9,9 @@ server's room-making (server/suspend.py, server/room.py) and by the node's broke
   known to run no cell, room nobody uses first (kernels that hold nothing on the GPU: lending
   their room moves nothing), then the others, longest idle first. Never the kernel that wants the
   room; never one whose execution state is not known to be idle (:func:`runs_no_cell`: an
-  adopted kernel whose state was not learnt yet, or any state nobody knows, counts as busy); never one that got its room
-  less than ``hold`` seconds ago (:func:`got_room_at`: its start or its last resume), so that two
-  kernels do not take the room from each other back and forth.
+  adopted kernel whose state was not learnt yet, or any state nobody knows, counts as busy);
+  never one that got its room less than ``hold`` seconds ago (:func:`got_room_at`: its start or
+  its last resume), so that two kernels do not take the room from each other back and forth.
 - **Guarantees and borrowing** (a classroom): a budget with a guarantee (every classroom size:
   its ``memory`` and ``cores``) is owed that much; a slice that takes its owner past it borrows
   (:func:`past_guarantee`) and may be taken back, even mid-cell, most recent borrower first
