@@ -596,6 +596,7 @@ class ClassRun:
             # The broker's room-making reads the class's clock (its suspend requests time out after
             # 60 s of it); everything else of the broker is as `jupyter vgpu broker` runs it.
             broker.lending.clock = self.clock
+            broker.lending.hold = 0.0  # admissions are stamped with the wall's clock, not the class's
             publish = broker.lending.on_take_back
 
             def taken_back(allocation: Allocation, asked: bool) -> None:
@@ -1041,6 +1042,9 @@ class StudentServer:
             self.kernels,
             suspend_after=suspend_after,
             host_memory_cap=classroom.idle.suspend_host_memory,
+            # No hold: the class runs on a virtual clock, while the ledger stamps admissions with
+            # the wall's (a hold would read every kernel as just started).
+            hold=0.0,
             log=log,
         )
         self.slices.room_maker = self.suspended.make_room

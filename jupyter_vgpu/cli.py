@@ -647,7 +647,8 @@ def live_kernel(allocation) -> str:
     from jupyter_vgpu.manager import ADOPTED_KEY, CONNECTION_FILE_KEY, ORPHANED_KEY, served_elsewhere
 
     metadata = allocation.metadata
-    state = "suspended" if allocation.suspended else "running"
+    # Lent: suspended with nothing moved (it had not used the GPU), as every view says it.
+    state = "lent" if allocation.lent else "suspended" if allocation.suspended else "running"
     what = (
         f"{allocation.kernel_id[:8]} ({metadata.get('kernelspec') or 'a kernel'}, {state}, "
         f"{format_size(allocation.memory_limit)} slice on GPU {allocation.device_index})"

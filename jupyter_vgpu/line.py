@@ -12,7 +12,7 @@ through the line in order:
   idles, the room it took comes back to them at the next pass that makes room. It is never given
   room-making of its own, so nobody is overtaken for ever.
 
-The same rule orders a node's broker's line across users' servers (ledger/service.py's
+The same rule orders a node's broker's line across users' servers (ledger/broker_line.py's
 ``BrokerLine`` calls :func:`may_go_before`), so that the order holds across servers too.
 
 A request the cluster's scheduler places (a kernel pod: ``placed_by_cluster``) has its place in
@@ -37,6 +37,8 @@ from typing import Any
 # What a request may be: a kernel start, a suspended (or lent) kernel taking its room back, or a
 # running kernel's slice growing (its ``memory`` and ``sm_share`` are then what it grows by).
 KINDS = ("start", "resume", "resize")
+# What a request waits for before its first try has said what it lacks (never empty).
+NOT_TRIED = "its first try, at the line's next pass"
 
 
 class LeftLine(Exception):
@@ -59,7 +61,7 @@ class Request:
     # The last attempt's refusal (what is short where), for the room maker.
     short: Any = None
     # What the last attempt said is missing (a CapacityError or SliceRefused's text), for views.
-    waiting_for: str = ""
+    waiting_for: str = NOT_TRIED
     # What views show of a start that has no slice yet: kernelspec, owner.
     labels: dict[str, Any] = field(default_factory=dict)
     # Set for a start, whose provisioner awaits it; resumes are served by the watcher.
@@ -296,7 +298,7 @@ class Line:
 
     def _place_of(self, request: Request) -> Place:
         ahead = [other for other in self.requests() if other.since < request.since and other.covers(request)]
-        return Place(len(ahead) + 1, self._eta(ahead + [request]), request.waiting_for)
+        return Place(len(ahead) + 1, self._eta(ahead + [request]), request.waiting_for or NOT_TRIED)
 
     def _eta(self, requests: list[Request]) -> float | None:
         """The seconds until the last of ``requests`` (those ahead, then the one asking) is served:
@@ -328,4 +330,4 @@ class Line:
                     self.published(request, place)
 
 
-__all__ = ["KINDS", "LeftLine", "Line", "Place", "Request", "may_go_before"]
+__all__ = ["KINDS", "NOT_TRIED", "LeftLine", "Line", "Place", "Request", "may_go_before"]

@@ -28,7 +28,6 @@ from jupyter_vgpu.holders.pod import PodHolder
 from jupyter_vgpu.holders.region import process_start_time
 from jupyter_vgpu.holders.suspender import Suspender
 from jupyter_vgpu.ledger import (
-    SUSPENDED_KEY,
     Allocation,
     CapacityError,
     DeviceUsage,
@@ -37,8 +36,10 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
+from jupyter_vgpu.ledger.policy import HOST_MEMORY, fits, never_fits, waiting_for_room
 from jupyter_vgpu.line import LeftLine, Line, Request
 from jupyter_vgpu.model import SliceLimits, decide_limits, format_size, select_device
+from jupyter_vgpu.model.sizes import exact_size
 
 WARNINGS_KEY = "warnings"
 # Metadata of a slice whose kernel changed its own limits (the holder put them back): the last
@@ -71,13 +72,19 @@ ADOPTED_KEY = "adopted"
 # seconds it first asked}, its place in line across server restarts; {"left": epoch seconds}
 # once its user interrupted the wait.
 IN_LINE_KEY = "in_line"
-# Metadata of a slice whose user turned to its kernel (the lab's sign, POST .../wake): {"at":
-# epoch seconds}; the idle policy and room making count the kernel active from then.
-WOKEN_KEY = "woken"
+# A request's label (Request.labels) saying for whom kernels suspended to make its room were
+# (their notice): a resume its user's sign asked for says so ("a kernel its user opened").
+FOR_WHOM_LABEL = "for_whom"
+# Metadata of a slice whose growth waits in the line: {"memory": exact size, "cores": percent,
+# "policy", "since": epoch seconds it first asked}; a restarted server puts it back in its line
+# with the same place (SuspendedKernels.check -> SliceManager.rejoin_resize).
+RESIZE_WAITING_KEY = "resize_waiting"
 # The capacity a device lacks that suspending idle kernels there can give back, and "line": a
-# node's broker has older requests of other users' servers go first (ledger/service.py's
+# node's broker has older requests of other users' servers go first (ledger/broker_line.py's
 # BrokerLine). A request refused for any of them waits in the line; for anything else it is refused.
-DEVICE_ROOM = ("memory", "sm_share", "line")
+# "host_memory": a borrowing request the node's host memory cap leaves no room to take back
+# (ledger/policy.py's HOST_MEMORY) waits too, until a suspended kernel resumes or stops.
+DEVICE_ROOM = ("memory", "sm_share", "line", HOST_MEMORY)
 
 
 def orphan_notice(allocation: Allocation) -> str | None:
@@ -92,13 +99,6 @@ def orphan_notice(allocation: Allocation) -> str | None:
             f"{allocation.kernel_id}`, or a CUDA call of its own) and reached with {reach}, where `exit` stops it"
         )
     return f"resumed after its server stopped; Jupyter does not list it again: reach it with {reach}, where `exit` stops it"
-
-
-def woken_at(allocation: Allocation) -> float:
-    """When the kernel's user last turned to it (WOKEN_KEY), 0.0 if never."""
-    woken = allocation.metadata.get(WOKEN_KEY)
-    at = woken.get("at") if isinstance(woken, dict) else None
-    return float(at) if isinstance(at, (int, float)) else 0.0
 
 
 def this_process() -> dict[str, int]:
@@ -472,12 +472,7 @@ class SliceManager(LoggingConfigurable):
                 if len(usages) == 1
                 else (f"the largest GPU here, GPU {largest.device.index}, has")
             )
-            most = format_size(largest.memory_capacity)
-            raise SliceRefused(
-                f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {where} {most} in all. "
-                f"Ask for {most} or less.",
-                kind="capacity",
-            )
+            raise SliceRefused(never_fits(limits.memory_limit, largest.memory_capacity, where), kind="capacity")
 
     async def _make_room_for(self, request: Request) -> bool:
         """Make room for the first request on its device (the line's ``make_room``): the room
@@ -485,49 +480,52 @@ class SliceManager(LoggingConfigurable):
         if self.room_maker is None:
             return False
 
-        def fits() -> bool:
+        def room_there() -> bool:
             # A resize's request is what it grows by, which may be no SM share at all.
             return any(
-                usage.memory_free >= request.memory and usage.share_free(request.policy) >= request.sm_share
+                fits(usage, request.memory, request.sm_share, request.policy)
                 for usage in self.ledger.devices_usage()
                 if request.device_uuid in (None, usage.device.uuid)
             )
 
-        for_whom = {"start": "a new kernel", "resize": "a kernel that grows"}.get(
-            request.kind, "a kernel that ran again"
-        )
+        kinds = {"start": "a new kernel", "resize": "a kernel that grows"}
+        for_whom = request.labels.get(FOR_WHOM_LABEL) or kinds.get(request.kind, "a kernel that ran again")
         short = request.short if isinstance(request.short, CapacityError) else None
-        wanted = RoomWanted(fits, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
+        wanted = RoomWanted(room_there, request.device_uuid, for_whom, exclude=request.kernel_id, short=short)
         return await self.room_maker(wanted)
 
-    async def resize_in_line(self, kernel_id: str, *, memory=None, cores=None, policy=None) -> Allocation:
+    async def resize_in_line(
+        self, kernel_id: str, *, memory=None, cores=None, policy=None, since: float | None = None
+    ) -> Allocation:
         """:meth:`resize`, except that a growth of a running kernel that does not fit on its
         device now waits in the line (room is made for it as for a start) and happens by itself
         when room comes: the slice is returned as it is, its place in ``line.place(kernel_id)``.
-        A resize replaces the kernel's waiting one (a shrink too, which never waits); a growth
-        that can never fit on the device, or a suspended kernel's, is refused (CapacityError)."""
+        A resize replaces the kernel's waiting one (a shrink too, which never waits). A suspended
+        (or lent) kernel's growth waits the same way, for room for all of its new size (its
+        resume needs that much). A growth that can never fit on the device is refused
+        (CapacityError, in the start's one sentence)."""
         waiting = self.line.get(kernel_id)
         if waiting is not None and waiting.kind == "resize":
             self.line.leave(kernel_id, "replaced by a later resize")
 
         def attempt() -> bool:
             try:
-                self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
+                self._resize_and_forget(kernel_id, memory=memory, cores=cores, policy=policy)
                 return True
             except CapacityError as short:
                 if short.resource not in DEVICE_ROOM:
                     raise
-                request.short, request.waiting_for = short, waiting_for_room(short)
+                request.short, request.waiting_for = short, self._resize_waits_for(kernel_id, short)
                 return False
 
         async def attempt_async() -> bool:
             return attempt()
 
         try:
-            return self.resize(kernel_id, memory=memory, cores=cores, policy=policy)
+            return self._resize_and_forget(kernel_id, memory=memory, cores=cores, policy=policy)
         except CapacityError as refusal:
             current = self.get(kernel_id)
-            if refusal.resource not in DEVICE_ROOM or current.suspended or kernel_id in self.line:
+            if refusal.resource not in DEVICE_ROOM or kernel_id in self.line:
                 raise
             short = refusal
         wanted = current.limits.changed(memory=memory, cores=cores, policy=policy)
@@ -536,28 +534,70 @@ class SliceManager(LoggingConfigurable):
         )
         if device is not None and wanted.memory_limit > device.memory_capacity:
             raise CapacityError(
-                f"{short} (GPU {device.device.index} has {format_size(device.memory_capacity)} in all: "
-                f"{format_size(wanted.memory_limit)} can never fit)",
+                never_fits(wanted.memory_limit, device.memory_capacity, f"GPU {device.device.index} has"),
                 resource="memory",
                 requested=wanted.memory_limit,
-                available=short.available,
+                available=device.memory_capacity,
             )
+        # What it asks the device for: what it grows by, or all of it for a suspended slice.
+        memory_held, share_held = (0, 0) if current.suspended else (current.memory_limit, current.sm_share)
         request = Request(
             kernel_id,
             "resize",
-            max(0, wanted.memory_limit - current.memory_limit),
-            max(0, wanted.sm_share - current.sm_share),
+            max(0, wanted.memory_limit - memory_held),
+            max(0, wanted.sm_share - share_held),
             current.device_uuid,
             attempt_async,
             policy=wanted.policy,
-            waiting_for=waiting_for_room(short),
+            waiting_for=self._resize_waits_for(kernel_id, short),
             short=short,
         )
+        if since is not None:
+            request.since = since
+        # The line is state: a restarted server finds the growth waiting, with its place.
+        waiting_for = {"memory": exact_size(wanted.memory_limit), "cores": wanted.sm_share, "policy": wanted.policy}
+        with contextlib.suppress(UnknownSlice):
+            self.ledger.update_metadata(kernel_id, **{RESIZE_WAITING_KEY: {**waiting_for, "since": request.since}})
         # As for a start: room is made at once where nobody waits for the device.
         if not self.line.waiting_for(request) and await self._make_room_for(request) and attempt():
             return self.get(kernel_id)
         self.line.join(request)
         return self.get(kernel_id)
+
+    def _resize_and_forget(self, kernel_id: str, **changes: Any) -> Allocation:
+        """:meth:`resize`, and no growth of the kernel waits any more (RESIZE_WAITING_KEY)."""
+        resized = self.resize(kernel_id, **changes)
+        if resized.metadata.get(RESIZE_WAITING_KEY) is not None:
+            resized = self.ledger.update_metadata(kernel_id, **{RESIZE_WAITING_KEY: None})
+        return resized
+
+    async def rejoin_resize(self, allocation: Allocation) -> None:
+        """Put back in the line a growth that waited when the last server stopped (RESIZE_WAITING_KEY),
+        with the place it had; it happens now where it fits."""
+        waiting = allocation.metadata.get(RESIZE_WAITING_KEY)
+        if not isinstance(waiting, dict) or allocation.kernel_id in self.line:
+            return
+        try:
+            await self.resize_in_line(
+                allocation.kernel_id,
+                memory=waiting.get("memory"),
+                cores=waiting.get("cores"),
+                policy=waiting.get("policy"),
+                since=float(waiting["since"]) if isinstance(waiting.get("since"), (int, float)) else None,
+            )
+        except (CapacityError, BelowHeld, ValueError) as error:
+            # It can no longer be had (the kernel holds more now, say): it waits no more.
+            self.log.warning("kernel %s's waiting resize is dropped: %s", allocation.kernel_id, error)
+            with contextlib.suppress(UnknownSlice):
+                self.ledger.update_metadata(allocation.kernel_id, **{RESIZE_WAITING_KEY: None})
+
+    def _resize_waits_for(self, kernel_id: str, short: CapacityError) -> str:
+        """What a waiting growth lacks, with the GPU's free figure: a running slice's refusal
+        counts its own room as available, a suspended one's does not (it holds none)."""
+        current = self.ledger.get(kernel_id)
+        if current is None or current.suspended:
+            return waiting_for_room(short)
+        return waiting_for_room(short, current.memory_limit, current.sm_share)
 
     def _device_uuid(self, device) -> str | None:
         """The UUID of the device a start asks for (an index or a UUID), None for any."""
@@ -598,11 +638,10 @@ class SliceManager(LoggingConfigurable):
         holder = self.holder(allocation)
         if not isinstance(holder, LocalHolder):
             return left
-        answered = {**allocation.metadata[SUSPENDED_KEY], "resume_requests": holder.resume_requests(allocation)}
         with contextlib.suppress(UnknownSlice):
             # "left": the cell that was interrupted is not a reason to line up again (see
             # SuspendedKernels.check); its next one is.
-            self.ledger.update_metadata(kernel_id, **{SUSPENDED_KEY: answered, IN_LINE_KEY: {"left": time.time()}})
+            self.suspender.answer_requests(allocation, **{IN_LINE_KEY: {"left": time.time()}})
         holder.leave_line(allocation)
         return True
 
@@ -803,20 +842,6 @@ class SliceManager(LoggingConfigurable):
         self.release_gone(allocation)
 
 
-def waiting_for_room(short: CapacityError) -> str:
-    """What a request in line waits for, from the refusal of its last attempt (and, where a
-    broker is having other users' idle kernels suspended for it, that)."""
-    if short.resource == "line":
-        return str(short)  # the broker's sentence: whose turn it is ("its turn: 2 requests ... wait ahead of it")
-    if short.resource == "memory":
-        what = f"{format_size(short.requested - short.available)} more GPU memory ({format_size(short.available)} free)"
-    elif short.resource == "sm_share":
-        what = f"{short.requested - short.available} percent more of the SMs ({short.available} percent free)"
-    else:
-        what = str(short)
-    return f"{what}; {short.making_room}" if short.making_room else what
-
-
 def _digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
@@ -825,11 +850,12 @@ __all__ = [
     "ADOPTED_KEY",
     "BATCH_KEY",
     "CONNECTION_FILE_KEY",
+    "FOR_WHOM_LABEL",
     "IN_LINE_KEY",
     "KERNEL_NAME_KEY",
     "ORPHANED_KEY",
+    "RESIZE_WAITING_KEY",
     "SERVER_KEY",
-    "WOKEN_KEY",
     "BelowHeld",
     "RoomWanted",
     "SliceManager",
@@ -839,6 +865,4 @@ __all__ = [
     "orphan_notice",
     "served_elsewhere",
     "start_refusal",
-    "waiting_for_room",
-    "woken_at",
 ]

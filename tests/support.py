@@ -50,13 +50,16 @@ def write_vgpu_kernelspec(folder: Path, display_name: str, config: dict[str, str
 def vgpu_server_config(tmp_path: Path, **vgpu_app) -> dict:
     """A test server's config with jupyter_vgpu enabled: its ledger and regions under `tmp_path`,
     default slices of 2GiB and 40% hard (not the built-in 4GiB, so a test can tell the server's
-    default was used), and `vgpu_app` on top."""
+    default was used), no room hold, and `vgpu_app` on top."""
     defaults = {
         "ledger_path": str(tmp_path / "ledger.sqlite"),
         "region_dir": str(tmp_path / "regions"),
         "default_memory": "2GiB",
         "default_cores": 40,
         "default_policy": "hard",
+        # Kernels a test started a moment ago make room at once; tests/server/test_room_policy.py
+        # sets the hold it tests.
+        "room_hold": 0.0,
     }
     return {"ServerApp": {"jpserver_extensions": {"jupyter_vgpu": True}}, "VGPUApp": defaults | vgpu_app}
 
@@ -443,7 +446,9 @@ class JupyterProcess:
                     f"--IdentityProvider.token={token}",
                     *options,
                 ],
-                env={**env, "PYTHONFAULTHANDLER": "1"},
+                # No room hold (VGPUApp.room_hold), as vgpu_server_config: kernels a test started a
+                # moment ago make room at once; a test of the hold sets the variable itself.
+                env={"JUPYTER_VGPU_ROOM_HOLD": "0", **env, "PYTHONFAULTHANDLER": "1"},
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
             )

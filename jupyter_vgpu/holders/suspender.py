@@ -33,6 +33,7 @@ from jupyter_vgpu.holders.checkpoint import (
 )
 from jupyter_vgpu.holders.local import LocalHolder
 from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, SUSPENDED_KEY, Allocation, CapacityError, Ledger, NotSupported
+from jupyter_vgpu.ledger.policy import RESUMED_AT
 from jupyter_vgpu.model import format_size
 
 
@@ -137,13 +138,15 @@ class Suspender:
         is taken."""
         if not allocation.suspended:
             return allocation
+        # The room first: while the ledger refuses it (another holds it, a claimant within a
+        # guarantee, say) the slice reads suspended; "resuming" only once the memory moves back.
+        resumed = self.ledger.resume(allocation.kernel_id)
         with self._under_way(allocation.kernel_id, "resuming"):
-            return self._resume(allocation)
+            return self._restore(allocation, resumed)
 
-    def _resume(self, allocation: Allocation) -> Allocation:
+    def _restore(self, allocation: Allocation, resumed: Allocation) -> Allocation:
         state: dict[str, Any] = allocation.metadata[SUSPENDED_KEY]
         suspension = Suspension(tuple(SuspendedProcess(**process) for process in state.get("processes", [])))
-        resumed = self.ledger.resume(allocation.kernel_id)  # the room first
         try:
             seconds = self.controller.resume(suspension)
         except NoRoomToRestore as no_room:
@@ -167,7 +170,8 @@ class Suspender:
                 f"memory ({failed}); it is tried again"
             ) from failed
         self.holder.set_suspended(resumed, False)
-        return self._timed(resumed, resume=seconds)
+        # When it got its room back: room-making leaves it alone for a while (ledger/policy.py's hold).
+        return self._timed(resumed, resume=seconds, **{RESUMED_AT: time.time()})
 
     def resume_requested(self, allocation: Allocation) -> bool:
         """Whether a process of the suspended slice made a CUDA call since it was suspended."""
@@ -175,6 +179,16 @@ class Suspender:
         if not isinstance(state, dict):
             return False
         return self.holder.resume_requests(allocation) > int(state.get("resume_requests", 0))
+
+    def answer_requests(self, allocation: Allocation, **fields: Any) -> Allocation:
+        """Count the resume requests the suspended slice's processes made so far as answered (only a
+        later CUDA call asks again), with ``fields`` of metadata besides; the updated allocation."""
+        state = allocation.metadata.get(SUSPENDED_KEY)
+        answered = {
+            **(state if isinstance(state, dict) else {}),
+            "resume_requests": self.holder.resume_requests(allocation),
+        }
+        return self.ledger.update_metadata(allocation.kernel_id, **{SUSPENDED_KEY: answered}, **fields)
 
     def _timed(self, allocation: Allocation, **seconds: float) -> Allocation:
         timings = allocation.metadata.get(SUSPEND_TIMINGS_KEY)

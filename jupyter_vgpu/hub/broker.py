@@ -44,16 +44,12 @@ from jupyter_vgpu.holders.device_memory import DeviceMemoryReader, kernel_pid, s
 from jupyter_vgpu.holders.pages import PagePublisher
 from jupyter_vgpu.hub.classroom import Classroom, ClassroomError, load_classroom
 from jupyter_vgpu.ledger import Allocation, DeviceUsage, EmbeddedLedger, Ledger, LedgerError, OwnerBudget
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.edge import Caller, Gate, Refusal
+from jupyter_vgpu.ledger.lending import Lending
 from jupyter_vgpu.ledger.metrics import add_device_gauges, add_suspend_gauges
-from jupyter_vgpu.ledger.service import (
-    BrokerLine,
-    Caller,
-    Gate,
-    LedgerHandler,
-    Lending,
-    Refusal,
-    ledger_handlers,
-)
+from jupyter_vgpu.ledger.policy import ROOM_HOLD_S
+from jupyter_vgpu.ledger.service import LedgerHandler, ledger_handlers
 from jupyter_vgpu.model import DeviceError, format_size, list_devices, use_simulator
 
 NO_GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
@@ -119,7 +115,7 @@ def chosen_options(user: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class HubGate:
-    """Callers and budgets as the hub says (the :class:`~jupyter_vgpu.ledger.service.Gate` of the broker)."""
+    """Callers and budgets as the hub says (the :class:`~jupyter_vgpu.ledger.edge.Gate` of the broker)."""
 
     def __init__(self, classroom: Classroom, auth: HubAuth, users: HubUsers):
         self.classroom = classroom
@@ -168,16 +164,18 @@ class HubGate:
             budget = self.classroom.budget_for(chosen_options(user), groups)
         except ClassroomError as error:
             raise Refusal(403, f"{caller.name}: {error}", "Forbidden") from None
-        # A size that may borrow allows its maximum; the broker lends what is above the guarantee
-        # only from room nobody within a guarantee needs, and takes it back (Lending.take_back).
+        # Every size guarantees its memory and cores: borrowers give that room back when its
+        # student asks for it (Lending.take_back), whether or not the size may borrow itself. A
+        # size that may borrow allows its maximum; the broker lends what is above the guarantee
+        # only from room nobody within a guarantee needs.
         return OwnerBudget(
             memory=budget.max_memory,
             sm_share=budget.max_cores,
             slices=budget.kernels,
             policy=budget.policy,
             label=f"{caller.name}'s GPU size {budget.size_name!r}",
-            guaranteed_memory=budget.memory if budget.borrow_memory else None,
-            guaranteed_sm_share=budget.cores if budget.borrow_cores else None,
+            guaranteed_memory=budget.memory,
+            guaranteed_sm_share=budget.cores,
         )
 
 
@@ -293,6 +291,8 @@ class Broker:
             make_room=True,
             # Borrowed room taken back: the kernel's calls wait in libvgpu.so from now on, and say why.
             on_take_back=self.pages.set_taken_back,
+            # A kernel that just got its room is not asked to give it up again for a while.
+            hold=ROOM_HOLD_S if classroom.idle.room_hold is None else classroom.idle.room_hold,
         )
         # One fair line across the users' servers, kept beside the ledger (a restart keeps it).
         self.line = BrokerLine(classroom.state_dir / "line.json")

@@ -74,7 +74,7 @@ _KERNEL_KEYS = ("memory", "cores")
 _BORROW_KEYS = ("memory", "cores")
 _LIMIT_KEYS = ("kernels", "memory", "groups")
 _GROUP_LIMIT_KEYS = ("kernels", "memory")
-_IDLE_KEYS = ("lower_after", "floor_cores", "suspend_after", "suspend_host_memory", "cull_after")
+_IDLE_KEYS = ("lower_after", "floor_cores", "suspend_after", "suspend_host_memory", "cull_after", "room_hold")
 
 # Where each table of keys above stands in the file, and what each key means. The docs' reference
 # of the classroom file (docs/reference/classroom-file.md) is made from these two at build time,
@@ -156,6 +156,8 @@ KEY_HELP: dict[str, str] = {
     "idle.suspend_host_memory": "The host memory the node's suspended kernels may hold together. Default: half "
     "the node's RAM. Needs `suspend_after`.",
     "idle.cull_after": "An idle kernel is stopped after this long, freeing its GPU memory.",
+    "idle.room_hold": "How long after a kernel got its GPU room (started, or resumed) making room for another "
+    "request leaves it alone (0: no hold). Default 30s. Borrowed room is taken back regardless.",
 }
 
 
@@ -308,6 +310,9 @@ class IdlePolicy:
     cull_after: float | None = None
     suspend_after: float | None = None
     suspend_host_memory: int | None = None
+    # Seconds after a kernel got its room during which room-making leaves it alone (the broker's
+    # and each server's; None: the pool's default, ledger/policy.py's ROOM_HOLD_S).
+    room_hold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -1034,6 +1039,8 @@ def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
             else reader.parsed(parse_size, idle["suspend_host_memory"], "idle.suspend_host_memory")
         )
     )
+    hold = idle.get("room_hold")
+    room_hold = reader.attempt(lambda: 0.0 if hold in (0, "0", "0s") else duration("room_hold"))
     if len(reader.problems) > found or floor_cores is None:
         raise _already_said()
     policy = IdlePolicy(
@@ -1042,6 +1049,7 @@ def _read_idle(reader: _Reader, value: object) -> IdlePolicy:
         cull_after=cull_after,
         suspend_after=suspend_after,
         suspend_host_memory=suspend_host_memory,
+        room_hold=room_hold,
     )
     suspend_after, cull_after = policy.suspend_after, policy.cull_after
     if suspend_after is not None and cull_after is not None and suspend_after >= cull_after:
@@ -1143,6 +1151,7 @@ ENV_IDLE_FLOOR_CORES = "JUPYTER_VGPU_IDLE_FLOOR_CORES"
 ENV_IDLE_CULL_AFTER = "JUPYTER_VGPU_IDLE_CULL_AFTER"
 ENV_IDLE_SUSPEND_AFTER = "JUPYTER_VGPU_IDLE_SUSPEND_AFTER"
 ENV_SUSPEND_HOST_MEMORY = "JUPYTER_VGPU_SUSPEND_HOST_MEMORY"
+ENV_ROOM_HOLD = "JUPYTER_VGPU_ROOM_HOLD"
 ENV_SIM_DEVICES = "VGPU_SIM_DEVICES"
 SERVER_ENVIRONMENT = (
     ENV_BROKER_URL,
@@ -1160,6 +1169,7 @@ SERVER_ENVIRONMENT = (
     ENV_IDLE_CULL_AFTER,
     ENV_IDLE_SUSPEND_AFTER,
     ENV_SUSPEND_HOST_MEMORY,
+    ENV_ROOM_HOLD,
 )
 
 
@@ -1212,4 +1222,6 @@ def size_environment(classroom: Classroom, size: Size, budget: Budget, *, broker
         # server checks its own against it too (without it, it would take half the node's RAM).
         if classroom.idle.suspend_host_memory is not None:
             environment[ENV_SUSPEND_HOST_MEMORY] = exact_size(classroom.idle.suspend_host_memory)
+    if classroom.idle.room_hold is not None:
+        environment[ENV_ROOM_HOLD] = repr(classroom.idle.room_hold)
     return environment

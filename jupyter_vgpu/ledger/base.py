@@ -60,7 +60,8 @@ class CapacityError(Exception):
 
     ``resource`` names what ran out: ``memory`` or ``sm_share`` (on a device), ``server_memory`` or
     ``slices`` (this server's limits), ``user_memory``, ``user_sm_share`` or ``user_slices`` (the
-    owner's budget), ``devices`` (none to place on). ``requested`` and ``available`` are in that
+    owner's budget), ``devices`` (none to place on), ``host_memory`` (a broker's host memory cap leaves
+    no room to take a borrowing slice back). ``requested`` and ``available`` are in that
     resource's unit (bytes, percent, slices). ``making_room``: where a broker is asking idle
     kernels to suspend so that it fits, a sentence that says so (else empty).
     """
@@ -100,8 +101,9 @@ class OwnerBudget:
     strongest policy the owner may ask for (a ``burst`` budget refuses ``hard`` slices, whose
     share is a promise to the owner that others pay for). ``label`` names the budget in refusals
     (``"alice's size 'small'"``). ``guaranteed_memory`` and ``guaranteed_sm_share``: where set
-    (a classroom size that may borrow), what of ``memory`` and ``sm_share`` is guaranteed; the
-    rest is borrowed from room nobody within a guarantee needs (None: all of it is guaranteed).
+    (every classroom size), what of ``memory`` and ``sm_share`` is guaranteed: borrowers give that
+    room back when its owner asks for it; the rest, where a size may borrow, is borrowed from room
+    nobody within a guarantee needs. None (a budget with no guarantee): nothing is taken back for it.
     """
 
     memory: int | None = None

@@ -27,6 +27,7 @@ from jupyter_vgpu.holders.device_memory import DeviceMemoryReader
 from jupyter_vgpu.holders.local import default_region_dir, private_file, private_folder
 from jupyter_vgpu.holders.pod import PodScope
 from jupyter_vgpu.ledger import EmbeddedLedger, Ledger, LedgerError
+from jupyter_vgpu.ledger.policy import ROOM_HOLD_S
 from jupyter_vgpu.ledger.remote import RemoteLedger
 from jupyter_vgpu.manager import ADOPTED_KEY, SliceManager, SliceStatus
 from jupyter_vgpu.model import (
@@ -93,6 +94,7 @@ ENVIRONMENT_TRAITS = (
     "idle_suspend_after",
     "suspend_host_memory",
     "kernel_survival",
+    "room_hold",
 )
 
 
@@ -268,6 +270,15 @@ class VGPUApp(ExtensionApp):
         "MultiKernelManager.use_pending_kernels) while a start that does not fit waits in the line for its GPU "
         "room: JupyterLab opens the notebook and its kernel shows as starting, with its place in line, until it "
         "has room. False: POST /api/kernels and /api/sessions answer only once the kernel has started.",
+    )
+    room_hold = Float(
+        ROOM_HOLD_S,
+        config=True,
+        help="Seconds after a kernel got its GPU room (its start was admitted, or it resumed) during which "
+        "making room for another start, resume or resize does not suspend or lend it again, so that two kernels "
+        "do not take the room from each other back and forth; a request that only such kernels could make room "
+        "for waits in line meanwhile. A classroom's borrowed room is taken back regardless. 0: no hold. A hub sets it "
+        "through $JUPYTER_VGPU_ROOM_HOLD (the classroom's idle.room_hold).",
     )
     room_wait = Float(
         30.0,
@@ -513,6 +524,7 @@ class VGPUApp(ExtensionApp):
             suspend_after=self.idle_suspend_after,
             lock_timeout=self.suspend_lock_timeout,
             host_memory_cap=parse_size(cap) if cap not in ("", "0") else _half_the_ram(),
+            hold=self.room_hold,
             log=self.log,
             sessions=self._server.session_manager,
         )

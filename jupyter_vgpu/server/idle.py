@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyter_vgpu.ledger import SUSPENDED_KEY, Allocation, CapacityError, LedgerError, UnknownSlice
-from jupyter_vgpu.manager import ORPHANED_KEY, SliceManager, woken_at
+from jupyter_vgpu.ledger.policy import runs_no_cell, woken_at
+from jupyter_vgpu.manager import ADOPTED_KEY, ORPHANED_KEY, SliceManager
 from jupyter_vgpu.model import format_size
 
 # The slice metadata the policy keeps: {"share": percent before lowering, "lowered_at": epoch
@@ -34,6 +35,14 @@ SUSPEND_NOTICE_KEY = "suspend_notice"
 IDLE_SETTING = "jupyter_vgpu_idle_kernels"
 KEEP_NOTICES_FOR = 24 * 3600.0
 MAX_NOTICES = 1000
+
+
+def known_idle(kernel: Any, allocation: Allocation) -> bool:
+    """Whether one of this server's kernels is known to run no cell, by the pool's rule
+    (ledger/policy.py's ``runs_no_cell``): a kernel adopted after a restart that still reads
+    "starting" may run a cell that began before this server watched it, and counts as busy."""
+    adopted = isinstance(allocation.metadata.get(ADOPTED_KEY), dict)
+    return runs_no_cell(getattr(kernel, "execution_state", None), adopted=adopted)
 
 
 def idle_notice(allocation: Allocation) -> str | None:
@@ -195,13 +204,14 @@ class IdleKernels:
         # "starting" stays until a client first talks to the kernel (jupyter_server learns its
         # state from the messages it relays), so a kernel started and never opened counts as idle
         # from its start, as jupyter_server's own culler counts it. A kernel a restarted server
-        # adopted reads "busy" until it said what it does (server/adopt.py): unknown is not idle.
+        # adopted reads "busy" until it said what it does (server/adopt.py), and no state nobody
+        # knows counts as idle (the pool's rule: known_idle).
         if state in ("restarting", "dead") or last_activity is None:
             return
         now = self.clock()
         # A kernel its user turned to (the lab's sign, POST .../wake) counts as active from then.
         active_at = max(last_activity.timestamp(), woken_at(allocation))
-        busy = state == "busy"
+        busy = not known_idle(kernel, allocation)
         idle_for = 0.0 if busy else now - active_at
         if allocation.suspended:
             # Its memory is in host memory; server/suspend.py resumes it when it runs again.

@@ -27,16 +27,18 @@ from jupyter_vgpu.ledger import (
     LedgerError,
     UnknownSlice,
 )
+from jupyter_vgpu.server.idle import known_idle
 from jupyter_vgpu.server.suspend import SuspendedKernels
 
 
-def activity_of(kernel: Any) -> dict[str, Any] | None:
-    """What the broker is told of a kernel's activity; None while it starts again or is dead."""
+def activity_of(kernel: Any, allocation: Allocation) -> dict[str, Any] | None:
+    """What the broker is told of a kernel's activity; None while it starts again or is dead. A
+    kernel not known to run no cell (the pool's rule, server/idle.py's known_idle) is busy."""
     state = getattr(kernel, "execution_state", "")
     last_activity = getattr(kernel, "last_activity", None)
     if state in ("restarting", "dead") or last_activity is None:
         return None
-    return {"last_activity": last_activity.timestamp(), "busy": state == "busy"}
+    return {"last_activity": last_activity.timestamp(), "busy": not known_idle(kernel, allocation)}
 
 
 class RoomForOthers:
@@ -54,7 +56,7 @@ class RoomForOthers:
             kernel_id = allocation.kernel_id
             if allocation.suspended or allocation.holder != "local" or kernel_id not in kernels:
                 continue
-            activity = activity_of(kernels.get_kernel(kernel_id))
+            activity = activity_of(kernels.get_kernel(kernel_id), allocation)
             if activity is None:
                 continue
             # Whether its processes hold anything on the GPU: one that holds nothing is only lent

@@ -36,19 +36,26 @@ from jupyter_vgpu.ledger import (
     NotSupported,
     UnknownSlice,
 )
+from jupyter_vgpu.ledger.policy import (
+    ROOM_HOLD_S,
+    WOKEN_KEY,
+    Idle,
+    could_make_up,
+    room_order,
+    waiting_for_room,
+)
 from jupyter_vgpu.line import Place, Request
 from jupyter_vgpu.manager import (
     DEVICE_ROOM,
+    FOR_WHOM_LABEL,
     IN_LINE_KEY,
     ORPHANED_KEY,
-    WOKEN_KEY,
+    RESIZE_WAITING_KEY,
     RoomWanted,
     SliceManager,
-    waiting_for_room,
-    woken_at,
 )
 from jupyter_vgpu.model import format_size
-from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration
+from jupyter_vgpu.server.idle import SUSPEND_NOTICE_KEY, format_duration, known_idle
 from jupyter_vgpu.server.sessions import session_paths
 
 # Where the handlers find VGPUApp.suspend_lock_timeout (seconds a process may take to finish its
@@ -71,6 +78,7 @@ class SuspendedKernels:
         suspend_after: float = 0.0,
         lock_timeout: float = 5.0,
         host_memory_cap: int | None = None,
+        hold: float = ROOM_HOLD_S,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         sessions: Any = None,
     ):
@@ -80,6 +88,8 @@ class SuspendedKernels:
         self.suspend_after = suspend_after
         self.lock_timeout = lock_timeout
         self.host_memory_cap = host_memory_cap
+        # Seconds after a kernel got its room during which room-making leaves it alone (VGPUApp.room_hold).
+        self.hold = hold
         self.log = log or logging.getLogger(__name__)
         # What was last logged of each kernel, by topic: a wait retried at every pass of the line
         # (several a second) logs at INFO only when what it says changes, at DEBUG otherwise.
@@ -94,30 +104,43 @@ class SuspendedKernels:
 
     async def check(self, allocations: list[Allocation]) -> None:
         """Put the suspended kernels that asked to resume in the line (one pass of the slice
-        watcher; the line then serves them in order, with the starts)."""
-        for allocation in allocations:
-            ours = allocation.kernel_id in self.kernels
+        watcher; the line then serves them in order, with the starts), and the growths that
+        waited in line when the last server stopped (RESIZE_WAITING_KEY)."""
+        for listed in allocations:
+            if listed.kernel_id in self.kernels and isinstance(listed.metadata.get(RESIZE_WAITING_KEY), dict):
+                await self.slices.rejoin_resize(listed)
+        for listed in allocations:
+            kernel_id = listed.kernel_id
+            ours = kernel_id in self.kernels
             # A kernel kept after it outlived the last server (manager.py's ORPHANED_KEY) is not
             # this server's, and is reached through its connection file: its CUDA calls resume it.
-            if not allocation.suspended or not (ours or isinstance(allocation.metadata.get(ORPHANED_KEY), dict)):
+            if not listed.suspended or not (ours or isinstance(listed.metadata.get(ORPHANED_KEY), dict)):
                 continue
-            if allocation.kernel_id in self.slices.line:
+            if kernel_id in self.slices.line:
                 continue
-            busy = ours and self._busy(allocation.kernel_id)
-            in_line = allocation.metadata.get(IN_LINE_KEY)
-            if isinstance(in_line, dict) and "left" in in_line:
-                # Its user interrupted the wait: the cell that still ends is no reason to line up
-                # again; once the kernel is idle its next cell (or CUDA call) is.
+            busy = ours and self._busy(kernel_id)
+            if not (busy or _left_line(listed) or self.slices.suspender.resume_requested(listed)):
+                continue
+            # The watcher read the ledger before this pass: its user may have interrupted the wait
+            # since (SliceManager.leave_line), which only the slice as it is now says.
+            allocation = self.slices.ledger.get(kernel_id)
+            if allocation is None or not allocation.suspended:
+                continue
+            if _left_line(allocation):
+                # Its user interrupted the wait: nothing lines it up again while the interrupted
+                # cell still ends; once the kernel is idle, what its processes asked so far counts
+                # as answered, and its next cell (or a CUDA call after) lines it up.
                 if not busy:
                     with contextlib.suppress(UnknownSlice):
-                        self.slices.ledger.update_metadata(allocation.kernel_id, **{IN_LINE_KEY: None})
-                busy = False
+                        self.slices.suspender.answer_requests(allocation, **{IN_LINE_KEY: None})
+                continue
             if busy or self.slices.suspender.resume_requested(allocation):
                 self.join_line(allocation)
 
-    def join_line(self, allocation: Allocation) -> Request:
+    def join_line(self, allocation: Allocation, *, why: str = "a kernel that ran again") -> Request:
         """Put a suspended kernel in the line to take its room back; its place (the time it first
-        asked, kept in the ledger) survives a server restart."""
+        asked, kept in the ledger) survives a server restart. ``why``: for whom the kernels
+        suspended to make its room are told they were (their notice)."""
         kernel_id = allocation.kernel_id
         existing = self.slices.line.get(kernel_id)
         if existing is not None:
@@ -159,6 +182,7 @@ class SuspendedKernels:
             attempt,
             since=since,
             policy=allocation.policy,
+            labels={FOR_WHOM_LABEL: why},
         )
         return self.slices.line.join(request)
 
@@ -169,7 +193,7 @@ class SuspendedKernels:
         it be suspended again once it has been idle that long, as any kernel. Raises UnknownSlice."""
         allocation = self.slices.ledger.update_metadata(kernel_id, **{WOKEN_KEY: {"at": time.time()}})
         if allocation.suspended and allocation.holder == "local":
-            self.join_line(allocation)
+            self.join_line(allocation, why="a kernel its user opened")
         return allocation
 
     def show_place(self, request: Request, place: Place) -> None:
@@ -235,9 +259,11 @@ class SuspendedKernels:
         if allocations is None:
             allocations = self.slices.ledger.allocations()
         candidates = self._idle_on_device(wanted.device_uuid, allocations, exclude=wanted.exclude)
-        if wanted.short is not None and not _could_make_up(wanted.short, candidates):
+        if wanted.short is not None and not could_make_up(wanted.short, candidates):
             return False
         for candidate in candidates:
+            if self._idle(candidate) is None:
+                continue  # a cell began in it while others were suspended: never one that runs a cell
             if await self._suspend_to_make_room(candidate, wanted.for_whom) is not None and wanted.fits():
                 return True
         return False
@@ -275,24 +301,21 @@ class SuspendedKernels:
     def _idle_on_device(
         self, device_uuid: str | None, allocations: list[Allocation], *, exclude: str
     ) -> list[Allocation]:
-        """This server's running kernels (on the device, where one is named) that run no cell:
-        those that have not used the GPU first (lending their room loses nothing), then the
-        others, least recently active first."""
-        idle = []
-        for candidate in allocations:
-            kernel_id = candidate.kernel_id
-            if kernel_id == exclude or candidate.suspended or device_uuid not in (None, candidate.device_uuid):
-                continue
-            if candidate.holder != "local":
-                continue
-            if kernel_id not in self.kernels or self._busy(kernel_id):
-                continue
-            last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
-            active_at = max(last_activity.timestamp() if last_activity else 0.0, woken_at(candidate))
-            # Room nobody uses goes first: a kernel that has not used the GPU is only lent.
-            holds = self.slices.status(candidate).usage.memory_used > 0
-            idle.append(((holds, active_at), candidate))
-        return [candidate for _, candidate in sorted(idle, key=lambda pair: pair[0])]
+        """This server's kernels that may make room on the device (any, where none is named), in
+        the pool's order (ledger/policy.py's ``room_order``): known to run no cell, not one that
+        got its room within ``hold`` seconds, those that have not used the GPU first (lending their
+        room loses nothing), then the others, least recently active first."""
+        return room_order(allocations, device_uuid, exclude, self._idle, now=time.time(), hold=self.hold)
+
+    def _idle(self, allocation: Allocation) -> Idle | None:
+        """What room-making knows of one of this server's kernels: None where a cell runs, its
+        state is not known (an adopted kernel not asked yet counts as busy), or it is not ours."""
+        kernel_id = allocation.kernel_id
+        if kernel_id not in self.kernels or not known_idle(self.kernels.get_kernel(kernel_id), allocation):
+            return None
+        last_activity = getattr(self.kernels.get_kernel(kernel_id), "last_activity", None)
+        holds = self.slices.status(allocation).usage.memory_used > 0
+        return Idle(last_activity.timestamp() if last_activity else 0.0, holds)
 
     def estimate(self, request: Request) -> float | None:
         """Seconds until the room ``request`` lacks on its device is made, were it first in line
@@ -328,7 +351,11 @@ class SuspendedKernels:
         # An idle kernel of ours: the room maker suspends it at the next pass, unless its last
         # try was refused (its GPU work did not drain in time: then only its timer frees it).
         rate = self.suspend_seconds_per_byte
-        idle = holder.holder == "local" and kernel_id in self.kernels and not self._busy(kernel_id)
+        idle = (
+            holder.holder == "local"
+            and kernel_id in self.kernels
+            and known_idle(self.kernels.get_kernel(kernel_id), holder)
+        )
         if idle and rate is not None and (kernel_id, "room") not in self._said:
             return rate * self.slices.status(holder).usage.memory_used
         deadline = self.stop_deadline(holder) if self.stop_deadline is not None else None
@@ -341,6 +368,7 @@ class SuspendedKernels:
             self.suspend_seconds_per_byte = float(seconds) / suspended.host_memory
 
     def _busy(self, kernel_id: str) -> bool:
+        """Whether a cell runs in the kernel (what resumes a suspended one)."""
         return getattr(self.kernels.get_kernel(kernel_id), "execution_state", "") == "busy"
 
     # -- the idle step -------------------------------------------------------------------------
@@ -424,6 +452,12 @@ class SuspendedKernels:
             pass
 
 
+def _left_line(allocation: Allocation) -> bool:
+    """Whether the suspended kernel's user interrupted its wait (IN_LINE_KEY's "left")."""
+    in_line = allocation.metadata.get(IN_LINE_KEY)
+    return isinstance(in_line, dict) and "left" in in_line
+
+
 def taken_back_notice(allocation: Allocation) -> str:
     """What a borrower is told when its borrowed room is taken back (the same words libvgpu.so
     writes in the cell's output)."""
@@ -467,17 +501,6 @@ def released_text(suspended: Allocation) -> str:
         if isinstance(released.get(source), int) and released[source] > 0
     ]
     return f"released {' and '.join(parts)}" if parts else ""
-
-
-def _could_make_up(short: CapacityError, candidates: list[Allocation]) -> bool:
-    """Whether suspending all ``candidates`` could give back what ``short`` says is missing
-    (memory in bytes, or an SM share in percent)."""
-    missing = short.requested - short.available
-    if short.resource == "memory":
-        return sum(candidate.memory_limit for candidate in candidates) >= missing
-    if short.resource == "sm_share":
-        return sum(candidate.sm_share for candidate in candidates) >= missing
-    return bool(candidates)
 
 
 def waiting_notice(allocation: Allocation, short: CapacityError, holders: list[str]) -> str:

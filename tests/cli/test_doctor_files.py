@@ -171,3 +171,18 @@ def test_doctor_names_live_kernels_and_never_advises_deleting_a_ledger_that_hold
         result.stdout
     )
     assert "delete the ledger if no server uses it" not in result.stdout
+
+
+def test_doctor_calls_a_lent_kernel_lent_and_a_suspended_one_suspended(vgpu, runtime):
+    """Issue 34 item 3: a kernel whose room is lent (suspended with nothing moved: it had not used
+    the GPU) read "suspended", as every view but doctor says "lent"."""
+    ledger = runtime / "vgpu" / "ledger.sqlite"
+    device = Device("GPU-00000000-0000-4000-8000-000000000000", 0, "jupyter-vgpu test GPU", 16 * GIB, 100)
+    alive = {"pid": os.getpid(), "pid_start_time": process_start_time(os.getpid())}  # stands for a kernel
+    with EmbeddedLedger(ledger, [device]) as opened:
+        for kernel_id, moved in (("lent-kernel", 0), ("moved-kernel", GIB)):
+            opened.admit(kernel_id, SliceLimits(GIB, 20), metadata={"provisioner_info": alive, "adopted": {}})
+            opened.suspend(kernel_id, host_memory=moved, details={"lent": not moved})
+    result = vgpu("doctor", "--simulate")
+    assert "live kernel: lent-ker (a kernel, lent, 1GiB slice on GPU 0)" in result.stdout, result.stdout
+    assert "live kernel: moved-ke (a kernel, suspended, 1GiB slice on GPU 0)" in result.stdout, result.stdout

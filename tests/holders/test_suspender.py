@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_vgpu.holders.checkpoint import CheckpointError, Suspendability, SuspendedProcess, Suspension
 from jupyter_vgpu.holders.suspender import Suspender
-from jupyter_vgpu.ledger import EmbeddedLedger
+from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger
 from jupyter_vgpu.model import Device, SliceLimits
 
 GIB = 1 << 30
@@ -133,3 +133,56 @@ def test_a_restore_that_fails_rolls_back_to_suspended_and_can_be_tried_again(tmp
         assert not resumed.suspended and not holder.suspended and controller.restores == 2
         (usage,) = ledger.devices_usage()
         assert usage.memory_free == 14 * GIB
+
+
+class Restore(Controller):
+    """Suspends and restores at once; `during_restore` runs while the memory moves back."""
+
+    def __init__(self, during_restore):
+        super().__init__(lambda: None)
+        self.during_restore = during_restore
+
+    def resume(self, suspension: Suspension) -> float:
+        self.during_restore()
+        return 0.1
+
+
+class WatchedLedger:
+    """The ledger, telling `asked` what the suspender says of the slice while a resume is decided."""
+
+    def __init__(self, ledger: EmbeddedLedger, asked):
+        self.ledger, self.asked = ledger, asked
+
+    def resume(self, kernel_id: str):
+        self.asked()
+        return self.ledger.resume(kernel_id)
+
+    def __getattr__(self, name: str):
+        return getattr(self.ledger, name)
+
+
+def test_a_resume_reads_resuming_only_while_its_memory_moves_not_while_it_waits_for_room(tmp_path):
+    """Issue 34 items 3 and 4: a borrower taken back, whose resume is refused while the claimant
+    holds the room, read `resuming` for the moment of each refused try; a listing says `resuming`
+    only once the room is its own and the memory moves back."""
+    seen: list[tuple[str, str | None]] = []
+    holder = Holder()
+    with EmbeddedLedger(tmp_path / "ledger.sqlite", [GPU]) as ledger:
+        suspender: Suspender
+
+        def deciding() -> None:
+            seen.append(("deciding", suspender.moving("k")))
+
+        def restoring() -> None:
+            seen.append(("restoring", suspender.moving("k")))
+
+        suspender = Suspender(WatchedLedger(ledger, deciding), holder, controller=Restore(restoring))
+        suspended = suspender.suspend(ledger.admit("k", SliceLimits(2 * GIB, 30)), lock_timeout=5)
+        ledger.admit("claimant", SliceLimits(16 * GIB, 30))  # holds the room
+        with pytest.raises(CapacityError):
+            suspender.resume(suspended)
+        assert seen == [("deciding", None)]
+        ledger.release("claimant")
+        assert not suspender.resume(ledger.get("k")).suspended
+        assert seen[1:] == [("deciding", None), ("restoring", "resuming")]
+        assert suspender.moving("k") is None

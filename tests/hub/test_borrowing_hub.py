@@ -32,7 +32,8 @@ sizes:
     default: true
     kernel: {memory: 1GiB, cores: 20}
     borrow: {memory: 2GiB, cores: 30}
-idle: {suspend_after: 1h, suspend_host_memory: 8GiB}
+# room_hold 0: kernels started a moment ago make room at once (the hold has its own tests)
+idle: {suspend_after: 1h, suspend_host_memory: 8GiB, room_hold: 0}
 """
 # The simulated GPU's shared state is this hub's own, so no other test's simulated device is touched.
 OWN_SIMULATED_GPU = """

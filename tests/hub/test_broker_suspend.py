@@ -47,7 +47,8 @@ broker: {state_dir: broker-state}
 sizes:
   - {name: small, memory: 768MiB, cores: 40, policy: burst, default: true, kernel: {memory: 768MiB, cores: 40}}
 oversubscribe: true
-idle: {suspend_after: 10m, suspend_host_memory: 2GiB}
+# room_hold 0: kernels started a moment ago make room at once (the hold has its own tests)
+idle: {suspend_after: 10m, suspend_host_memory: 2GiB, room_hold: 0}
 """
 SLICE = SliceLimits(768 * MIB, 40, "burst")
 

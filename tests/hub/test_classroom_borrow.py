@@ -19,7 +19,7 @@ from jupyter_vgpu.hub.classroom import (
     server_environment,
 )
 from jupyter_vgpu.ledger import OwnerBudget
-from jupyter_vgpu.ledger.service import Caller
+from jupyter_vgpu.ledger.edge import Caller
 
 GIB = 1 << 30
 BASE = {
@@ -89,12 +89,20 @@ class StandInUsers:
                 guaranteed_sm_share=20,
             ),
         ),
-        ({"profile": "fixed"}, OwnerBudget(memory=2 * GIB, sm_share=20, label="bob's GPU size 'fixed'")),
+        # A size that does not borrow guarantees all it allows: borrowers give it back (issue 34 item 4).
+        (
+            {"profile": "fixed"},
+            OwnerBudget(
+                memory=2 * GIB,
+                sm_share=20,
+                label="bob's GPU size 'fixed'",
+                guaranteed_memory=2 * GIB,
+                guaranteed_sm_share=20,
+            ),
+        ),
     ],
 )
-async def test_the_brokers_gate_allows_the_maximum_and_names_the_guarantee_only_where_the_size_borrows(
-    tmp_path, options, budget
-):
+async def test_the_brokers_gate_allows_the_maximum_and_names_every_sizes_guarantee(tmp_path, options, budget):
     gate = HubGate(load(tmp_path), auth=None, users=StandInUsers(options))
     assert await gate.budget(Caller("bob")) == budget
 

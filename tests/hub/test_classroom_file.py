@@ -155,6 +155,23 @@ def test_suspend_settings(tmp_path):
     assert (only.suspend_after, only.suspend_host_memory, only.cull_after) == (600.0, None, None)
 
 
+def test_room_hold_reaches_the_broker_and_every_server(tmp_path):
+    """idle.room_hold: how long a kernel that just got its room is left alone by room-making (the
+    broker's and each server's, VGPUApp.room_hold); 0 turns the hold off; left out, the pool's default."""
+    from jupyter_vgpu.server.app import VGPUApp, environment_variable
+
+    assert load(tmp_path).idle.room_hold is None
+    assert "JUPYTER_VGPU_ROOM_HOLD" not in server_environment(load(tmp_path), None, ["students"])
+    for value, seconds in (("2m", 120.0), (0, 0.0), ("0s", 0.0)):
+        classroom = load(tmp_path, lambda d, value=value: d.update(idle={"room_hold": value}))
+        assert classroom.idle.room_hold == seconds
+        environment = server_environment(classroom, None, ["students"])
+        assert (
+            VGPUApp.class_traits()["room_hold"].from_string(environment[environment_variable("room_hold")]) == seconds
+        )
+    assert "JUPYTER_VGPU_ROOM_HOLD" in SERVER_ENVIRONMENT
+
+
 def setting(path: str, value):
     """A change that sets one dotted key (``sizes.1.memory``) of the base file."""
 

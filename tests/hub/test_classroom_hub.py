@@ -345,7 +345,8 @@ sizes:
   - {name: small, memory: 3GiB, cores: 40, policy: burst, default: true, kernel: {memory: 3GiB, cores: 40}}
 limits: {kernels: 1}
 oversubscribe: true
-idle: {suspend_after: 1h, suspend_host_memory: 8GiB}
+# room_hold 0: kernels started a moment ago make room at once (the hold has its own tests)
+idle: {suspend_after: 1h, suspend_host_memory: 8GiB, room_hold: 0}
 """
 HOLD_512_MIB = CUDA_PRELUDE + "\nheld = allocate(512 << 20)\nprint(held)\n"
 

@@ -14,8 +14,10 @@ from test_service_borrowing import Clock
 from test_service_callers import StandInGate
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.edge import Caller
 from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
-from jupyter_vgpu.ledger.service import BrokerLine, Caller, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30

@@ -22,8 +22,11 @@ from jupyter_vgpu.ledger import (
     NotSupported,
 )
 from jupyter_vgpu.ledger.base import ROOM_FOR_KEY
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.lending import Lending
+from jupyter_vgpu.ledger.policy import waiting_for_room
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import BrokerLine, Lending, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits
 
 GIB = 1 << 30
@@ -185,6 +188,11 @@ def test_a_borrower_borrows_only_where_host_memory_could_take_its_room_back(clas
     with pytest.raises(CapacityError, match="borrows only room that can be taken back without a kill") as refused:
         bob.admit("b2", FOUR)
     assert "suspended kernels hold 8GiB" in str(refused.value) and refused.value.available == 0
+    # Issue 34 item 4: host memory is what is short, and what it waits for says so (not "GPU memory").
+    assert refused.value.resource == "host_memory"
+    assert waiting_for_room(refused.value) == (
+        "4GiB more host memory to take its borrowed room back without a kill (0B free under idle.suspend_host_memory)"
+    )
     alice.release("a2")  # stopped: 4 GiB of host memory frees, and with it the room to take a borrower back
     assert BORROWING_KEY in bob.admit("b2", FOUR).metadata
     assert in_host(ledger) == 4 * GIB

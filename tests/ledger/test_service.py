@@ -21,8 +21,9 @@ from support import http_request
 from tornado import web
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError
+from jupyter_vgpu.ledger.edge import MAX_BODY_BYTES
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import MAX_BODY_BYTES, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30

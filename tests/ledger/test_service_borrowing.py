@@ -19,8 +19,11 @@ from jupyter_vgpu.ledger import (
     EmbeddedLedger,
     OwnerBudget,
 )
+from jupyter_vgpu.ledger.broker_line import BrokerLine
+from jupyter_vgpu.ledger.edge import Caller, Refusal
+from jupyter_vgpu.ledger.lending import Lending
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import BrokerLine, Caller, Lending, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30
@@ -227,6 +230,65 @@ def test_in_the_nodes_line_a_request_within_its_guarantee_waits_behind_no_borrow
         assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
     finally:
         for client in (*clients.values(), alice):
+            client.close()
+        server.stop()
+        ledger.close()
+
+
+class MixedSizesGate(ClassroomGate):
+    """Bob's size borrows (SIZE); alice's does not: she is guaranteed all she may hold, 4 GiB."""
+
+    async def budget(self, caller: Caller) -> OwnerBudget | None:
+        if caller.name == "alice":
+            return OwnerBudget(
+                memory=4 * GIB, sm_share=20, label="alice's size", guaranteed_memory=4 * GIB, guaranteed_sm_share=20
+            )
+        return SIZE
+
+
+def test_a_student_whose_size_does_not_borrow_takes_her_guarantee_back_from_a_borrower(service_loop, ledger_path, gpu):
+    """Issue 34 item 4: every size's guarantee is taken back from borrowers, not only a borrowing size's."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, MixedSizesGate(), lending=Lending(make_room=True)))
+    alice, bob = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in ("alice", "bob"))
+    try:
+        for kernel_id in ("b1", "b2", "b3"):  # the GPU full: bob within his 4 GiB, then borrowing 8
+            bob.admit(kernel_id, FOUR)
+            busy(bob, kernel_id, 1.0)
+        with pytest.raises(CapacityError) as refused:
+            alice.admit("a1", FOUR)
+        assert "room borrowed above a guarantee on GPU 0 is being taken back for it" in refused.value.making_room
+        assert bob.get("b3").metadata[SUSPEND_REQUESTED_KEY][TAKE_BACK_KEY] is True
+        bob.suspend("b3", host_memory=GIB)
+        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
+    finally:
+        alice.close()
+        bob.close()
+        server.stop()
+        ledger.close()
+
+
+def test_a_growth_takes_no_room_held_for_a_kernel_within_its_guarantee(service_loop, ledger_path, gpu):
+    """Issue 34 item 3: a growth was granted by the ledger alone, into room taken back and held for
+    a kernel within its owner's guarantee (or freed by the swap for a resume), as no start or
+    resume may be."""
+    ledger = EmbeddedLedger(ledger_path, [gpu(0, 12)])
+    server = service_loop.serve(ledger_handlers(PREFIX, ledger, ClassroomGate(), lending=Lending(make_room=True)))
+    names = ("alice", "bob", "dave")
+    alice, bob, dave = (RemoteLedger(server.url + PREFIX, f"{name}-token", timeout=30) for name in names)
+    try:
+        bob.admit("b1", FOUR)  # within his guarantee
+        bob.admit("b2", FOUR)  # borrowing
+        dave.admit("d1", SliceLimits(2 * GIB, 10, "burst"))  # 2 GiB of the GPU left free
+        with pytest.raises(CapacityError):
+            alice.admit("a1", FOUR)  # b2 is asked to give its room back, held for her
+        bob.suspend("b2", host_memory=GIB)  # 6 GiB free, 4 of them alice's
+        with pytest.raises(CapacityError, match="held for a kernel within its owner's guarantee"):
+            dave.resize("d1", memory_limit=6 * GIB)  # past his guarantee: it would borrow her room
+        assert dave.get("d1").memory_limit == 2 * GIB
+        assert alice.admit("a1", FOUR).metadata.get(BORROWING_KEY) is None
+    finally:
+        for client in (alice, bob, dave):
             client.close()
         server.stop()
         ledger.close()

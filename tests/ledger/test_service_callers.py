@@ -20,8 +20,9 @@ from support import http_request
 from tornado import httputil
 
 from jupyter_vgpu.ledger import CapacityError, EmbeddedLedger, LedgerError, OwnerBudget
+from jupyter_vgpu.ledger.edge import Caller, Refusal
 from jupyter_vgpu.ledger.remote import RemoteLedger, SliceForbidden
-from jupyter_vgpu.ledger.service import Caller, Refusal, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits, SliceValueError
 
 GIB = 1 << 30

@@ -19,8 +19,9 @@ from jupyter_vgpu.ledger import (
     EmbeddedLedger,
     NotSupported,
 )
+from jupyter_vgpu.ledger.lending import Lending
 from jupyter_vgpu.ledger.remote import RemoteLedger
-from jupyter_vgpu.ledger.service import Lending, ledger_handlers
+from jupyter_vgpu.ledger.service import ledger_handlers
 from jupyter_vgpu.model import SliceLimits
 
 GIB = 1 << 30
