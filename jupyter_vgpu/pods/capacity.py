@@ -15,6 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_vgpu.model import SliceLimits, format_size
+from jupyter_vgpu.pods.manifest import MEMORY_UNITS, PodSettings
+
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 
 
@@ -79,3 +82,23 @@ def largest_room(
         if best is None or candidate.units > best.units:
             best = candidate
     return best
+
+
+def never_fits(nodes: list[dict[str, Any]], settings: PodSettings, limits: SliceLimits) -> str | None:
+    """The sentence that refuses a slice no node of ``nodes`` could ever grant (its sizes, and
+    what to ask for instead), or None where one could, or where no node says (nodes may come)."""
+    unit = MEMORY_UNITS[settings.memory_resource_unit]
+    room = largest_room(nodes, settings.memory_resource, settings.node_selector)
+    asked = settings.granted(limits).memory_limit // unit
+    if room is None or asked <= room.units:
+        return None
+    where = (
+        f"the largest GPU in the cluster (on node {room.node}) has"
+        if room.per_gpu
+        else f"the node with the most, {room.node}, has"
+    )
+    most = format_size(room.units * unit)
+    return (
+        f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {where} {most} of "
+        f"{settings.memory_resource}. Ask for {most} or less."
+    )

@@ -40,12 +40,11 @@ from jupyter_vgpu.holders.pod import GRANT_KEY, POD_KEY, PodHolder
 from jupyter_vgpu.line import LeftLine, Request
 from jupyter_vgpu.manager import SliceManager, SliceRefused
 from jupyter_vgpu.model import DEFAULT_LIMITS, SliceLimits, decide_limits
-from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP, format_size
-from jupyter_vgpu.pods.capacity import largest_room
+from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
+from jupyter_vgpu.pods.capacity import never_fits
 from jupyter_vgpu.pods.cluster import Cluster, ClusterError, Forbidden, default_namespace
 from jupyter_vgpu.pods.manifest import (
     CONNECTION_FILE,
-    MEMORY_UNITS,
     PORT_NAMES,
     REDACTED,
     KernelPod,
@@ -448,22 +447,9 @@ class VGPUPodProvisioner(ServerLinked, KernelProvisionerBase):
                     "jupyter_vgpu: starts that can never fit wait in line instead of being refused: %s", error
                 )
             return
-        unit = MEMORY_UNITS[settings.memory_resource_unit]
-        room = largest_room(nodes, settings.memory_resource, settings.node_selector)
-        asked = settings.granted(limits).memory_limit // unit
-        if room is None or asked <= room.units:
-            return
-        where = (
-            f"the largest GPU in the cluster (on node {room.node}) has"
-            if room.per_gpu
-            else f"the node with the most, {room.node}, has"
-        )
-        most = format_size(room.units * unit)
-        raise SliceRefused(
-            f"Its {format_size(limits.memory_limit)} GPU slice can never fit: {where} {most} of "
-            f"{settings.memory_resource}. Ask for {most} or less.",
-            kind="capacity",
-        )
+        refusal = never_fits(nodes, settings, limits)
+        if refusal is not None:
+            raise SliceRefused(refusal, kind="capacity")
 
     async def _read_state(self, cluster: Cluster, kernel: KernelPod, namespace: str) -> PodState:
         """The pod's state now (its events read only where the status alone does not say why it waits)."""
