@@ -7,9 +7,11 @@ Used by the adoption test (tests/pods/test_adoption.py) and by benchmarks/pod_st
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -27,10 +29,12 @@ def write_pod_server_config(
     ports: list[int],
     node_selector: dict[str, str] | None = None,
     memory: str = "1GiB",
+    cores: int = 20,
     **provisioner,
 ) -> None:
     """The server's config (only pod kernels, its ledger in ``folder``) and a pod kernelspec
-    ``KERNEL`` of ``memory``; ``provisioner`` adds VGPUPodProvisioner settings."""
+    ``KERNEL`` of ``memory`` and ``cores`` (percent of a GPU's SMs: the scheduler counts them
+    too, 100 per GPU); ``provisioner`` adds VGPUPodProvisioner settings."""
     config = folder / "config"
     config.mkdir(parents=True, exist_ok=True)
     (config / "jupyter_server_config.json").write_text(
@@ -67,7 +71,10 @@ def write_pod_server_config(
                 "language": "python",
                 "interrupt_mode": "message",
                 "metadata": {
-                    "kernel_provisioner": {"provisioner_name": "vgpu-pod-provisioner", "config": {"memory": memory}}
+                    "kernel_provisioner": {
+                        "provisioner_name": "vgpu-pod-provisioner",
+                        "config": {"memory": memory, "cores": str(cores)},
+                    }
                 },
             }
         )
@@ -88,6 +95,16 @@ def pod_server_env(folder: Path, kubeconfig: Path) -> dict[str, str]:
         JUPYTER_RUNTIME_DIR=str(folder / "runtime"),
     )
     return env
+
+
+@functools.cache
+def _client_loop() -> asyncio.AbstractEventLoop:
+    """One event loop, in a thread of its own, for every websocket of this process: tornado keeps
+    its connections' state per loop, and a loop made and closed per cell (asyncio.run) left the
+    connections of earlier loops counted, until new ones timed out before reaching the server."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True, name="websocket-clients").start()
+    return loop
 
 
 class PodServer(JupyterProcess):
@@ -160,4 +177,4 @@ class PodServer(JupyterProcess):
                 socket.close()
             return "".join(printed)
 
-        return asyncio.run(run())
+        return asyncio.run_coroutine_threadsafe(run(), _client_loop()).result()
