@@ -9,6 +9,7 @@ before a suspend (host bytes and seconds with and without); and a bf16 matmul lo
     python benchmarks/framework_checks.py --simulate   # the simulated GPU: the driver-API clients
     python benchmarks/framework_checks.py --smoke      # as CI runs it: --simulate
     python benchmarks/framework_checks.py --prepare    # here: the wheels a GPU machine needs
+    python benchmarks/framework_checks.py --only 'read back while suspended'   # one check (issue 34)
 
 The GPU machines have the frameworks but not this project's dependencies, and fetch nothing:
 `--prepare` builds this project's wheel and downloads its dependencies for their Python (3.12,
@@ -685,9 +686,9 @@ def read_back_row(simulate: bool) -> tuple[str, str, str]:
             after = answer(60.0)
             intact = bool(after.get("intact"))
             facts.append(f"read after the resume: bytes {'intact' if intact else 'CHANGED or no answer'}")
-        child.stdin.close()
-        out, _ = child.communicate(timeout=60)
-        LOG.append(f"$ read-back check\n{out}\n--- stderr\n{''.join(said)}\n")
+        child.stdin.close()  # the child ends; its stderr is read by the thread above
+        child.wait(timeout=60)
+        LOG.append(f"$ read-back check\n--- stderr\n{''.join(said)}\n")
         return name, "pass" if waited and asked and ended and intact else "FAIL", "; ".join(facts)
     except (CheckpointError, RegionError, subprocess.TimeoutExpired, json.JSONDecodeError, OSError) as error:
         return name, "FAIL", "; ".join([*facts, f"{type(error).__name__}: {error}"])[-600:]
@@ -789,6 +790,7 @@ def prepare(wheels: Path) -> None:
         f"  python3 -m pip install -q --no-index --find-links {relative} jupyter-vgpu && "
         "python3 benchmarks/framework_checks.py --log framework_checks.log"
     )
+    print("(one check alone: add --only 'read back while suspended', or any part of a check's name)")
     print("with jupyter_vgpu/_native (python native/build.py) carried along, or built there by the same command.")
 
 
@@ -801,6 +803,11 @@ def main() -> None:
         "--check-timeout", type=float, default=CHECK_TIMEOUT, help="seconds one child program may run (a FAIL past it)"
     )
     parser.add_argument("--log", type=Path, help="write every child program's command, output and errors here")
+    parser.add_argument(
+        "--only",
+        metavar="TEXT",
+        help="run only the checks whose name contains TEXT (case-insensitive), e.g. 'read back while suspended'",
+    )
     args = parser.parse_args()
     if args.prepare:
         prepare(WHEELS)
@@ -837,6 +844,10 @@ def main() -> None:
         ("release", lambda: release_row(simulate)),
         ("matmul", lambda: matmul_row(simulate, warm_up=3.0, seconds=10.0)),
     ]
+    if args.only:
+        row_makers = [(name, make) for name, make in row_makers if args.only.lower() in name.lower()]
+        if not row_makers:
+            parser.error(f"no check's name contains {args.only!r}")
     rows = []
     for name, make_row in row_makers:
         try:

@@ -93,6 +93,12 @@ export interface ISliceModel {
   owner: string;
   holder: SliceHolder;
   state: SliceState;
+  /**
+   * What the slice's kernel is doing, as Jupyter says it: 'idle', 'busy' (a cell runs; a kernel a
+   * restarted server adopted reads 'busy' until it said what it does), 'starting', ...; null where
+   * the kernel is not the server's own (absent from an older server).
+   */
+  execution_state?: string | null;
   /** Bytes of the kernel's GPU memory in host memory while it is suspended; 0 (or absent, from an older server) otherwise. */
   host_memory_bytes?: number;
   /** The state in a sentence where there is more to say (a pod's), else ''. */
