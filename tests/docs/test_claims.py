@@ -69,9 +69,15 @@ def test_the_docs_never_say_a_start_that_does_not_fit_fails():
 
 def every_driver_call_waits_in_libvgpu_so() -> bool:
     """Whether libvgpu.so holds back the calls it does not otherwise change too (a copy, a
-    memset, a synchronize): until then such a call of a suspended kernel waits in the driver."""
+    memset, a synchronize): hooked, or behind its gate (every driver entry point but those
+    hooks.def marks VGPU_CUDA_UNGATED); otherwise such a call of a suspended kernel waits in the
+    driver."""
     hooks = (ROOT / "native" / "interposer" / "hooks.def").read_text()
-    return all(f"({name})" in hooks for name in ("cuMemcpyDtoH_v2", "cuMemsetD8_v2", "cuCtxSynchronize"))
+    gated = "VGPU_CUDA_UNGATED(symbol)" in hooks
+    return all(
+        f"VGPU_CUDA_HOOK({name})" in hooks or (gated and f"VGPU_CUDA_UNGATED({name})" not in hooks)
+        for name in ("cuMemcpyDtoH_v2", "cuMemsetD8_v2", "cuCtxSynchronize")
+    )
 
 
 def test_the_docs_say_a_kernels_cuda_calls_wait_in_libvgpu_so_only_where_all_of_them_do():
