@@ -41,6 +41,7 @@ from jupyter_vgpu.ledger.policy import (
     WOKEN_KEY,
     Idle,
     could_make_up,
+    got_room_at,
     room_order,
     waiting_for_room,
 )
@@ -357,7 +358,9 @@ class SuspendedKernels:
             and known_idle(self.kernels.get_kernel(kernel_id), holder)
         )
         if idle and rate is not None and (kernel_id, "room") not in self._said:
-            return rate * self.slices.status(holder).usage.memory_used
+            # Not before the pool's hold on it ends (it got its room a moment ago).
+            held_for = max(0.0, got_room_at(holder) + self.hold - now) if self.hold > 0 else 0.0
+            return held_for + rate * self.slices.status(holder).usage.memory_used
         deadline = self.stop_deadline(holder) if self.stop_deadline is not None else None
         return None if deadline is None else max(0.0, deadline - now)
 

@@ -345,7 +345,7 @@ const scenarios = {
     const sidebarDevice = await page.locator('#jupyter-vgpu-sidebar .jp-vgpu-Device').first().innerText();
 
     const invalid = await resizeFromSidebar(page, kernelId, 'lots', 'is not a size like');
-    const tooBig = await resizeFromSidebar(page, kernelId, '100GiB', 'cannot grow');
+    const tooBig = await resizeFromSidebar(page, kernelId, '100GiB', 'can never fit');
     const granted = await resizeFromSidebar(page, kernelId, '2GiB', 'Resized.');
     await row.locator('[data-bar="memory"]', { hasText: 'Memory 0.3 / 2.0 GiB' }).waitFor();
     const total = await runCell(page, 1, 'total');

@@ -35,7 +35,7 @@ def test_sliced_notebook_shows_usage_resizes_from_the_sidebar_and_reports_oom(la
         "text": "memory size 'lots' is not a size like 512MiB, 4GiB, 4G or a bare number of MiB",
         "refused": True,
     }
-    assert seen["tooBig"]["refused"] and "cannot grow to 100GiB" in seen["tooBig"]["text"]
+    assert seen["tooBig"]["refused"] and "Its 100GiB GPU slice can never fit" in seen["tooBig"]["text"]
     assert seen["granted"] == {"text": "Resized.", "refused": False}
     assert f"total {2 * GIB}" in seen["total"]
     assert "jupyter-vgpu: out of GPU memory in this slice" in seen["oom"]

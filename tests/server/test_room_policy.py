@@ -16,7 +16,7 @@ import pytest
 
 from jupyter_vgpu.ledger import SUSPEND_TIMINGS_KEY, SUSPENDED_KEY, Allocation, CapacityError, EmbeddedLedger
 from jupyter_vgpu.ledger.policy import RESUMED_AT, Idle, got_room_at, room_order
-from jupyter_vgpu.line import Line
+from jupyter_vgpu.line import Line, Request
 from jupyter_vgpu.manager import ADOPTED_KEY, IN_LINE_KEY, RoomWanted
 from jupyter_vgpu.model import Device, SliceLimits
 from jupyter_vgpu.server.room import activity_of
@@ -222,3 +222,20 @@ def test_a_kernel_that_begins_a_cell_while_room_is_being_made_is_not_suspended(l
     room = SuspendedKernels(CellBeginsMeanwhile(ledger), kernels, hold=0.0)
     assert asyncio.run(room.make_room(room_for_all_eight())) is False
     assert [allocation.kernel_id for allocation in ledger.allocations() if allocation.suspended] == ["a"]
+
+
+def test_the_estimate_counts_the_hold_on_a_kernel_that_just_got_its_room(ledger, monkeypatch):
+    """A request whose room only a kernel admitted a moment ago can make waits for the hold to end
+    first: the estimate says so (it said the suspend's time alone)."""
+    admitted = ledger.admit("fresh", SliceLimits(8 * GIB, 10)).created_at
+    monkeypatch.setattr(time, "time", lambda: admitted + 100)  # the server's clock, 100 s after
+    kernels = Kernels(fresh=Kernel("idle", an_hour_ago()))
+    short = CapacityError("no room", resource="memory", requested=4 * GIB, available=0)
+    request = Request("new", "start", 4 * GIB, 10, GPU.uuid, None, short=short)  # type: ignore[arg-type]
+
+    estimates = {}
+    for hold in (0.0, 600.0):
+        room = SuspendedKernels(Slices(ledger), kernels, hold=hold)
+        room.suspend_seconds_per_byte = 1 / GIB  # 1 s for the GiB it holds
+        estimates[hold] = room.estimate(request)
+    assert estimates == {0.0: 1.0, 600.0: 501.0}  # the hold's remaining 500 s, then the suspend
