@@ -34,6 +34,21 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name([*parts, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _builder(subject: x509.Name, issuer: x509.Name, key, *, ca: bool) -> x509.CertificateBuilder:
+    """A certificate of ``subject`` for ``key``'s public half, valid from a few minutes ago."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALID_FOR)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+
+
 @dataclass(frozen=True)
 class KeyPair:
     cert: Path
@@ -47,17 +62,9 @@ class CertificateAuthority:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
         subject = _name("jupyter-vgpu-test-ca")
         self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALID_FOR)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            _builder(subject, subject, self._key, ca=True)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -89,23 +96,10 @@ class CertificateAuthority:
         """A certificate for a client (``organizations`` are its groups) or, with server names or
         addresses, for a server; written as ``NAME.crt`` and ``NAME.key``."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
         serving = bool(server_names or server_ips)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name, organizations))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALID_FOR)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if serving else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
+        builder = _builder(_name(common_name, organizations), self._cert.subject, key, ca=False).add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if serving else ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
         )
         if serving:
             alternatives = [x509.DNSName(item) for item in server_names] + [

@@ -73,13 +73,6 @@ class Component:
     process: subprocess.Popen
     log: Path
 
-    def audit_events(self, user: str) -> list[dict]:
-        """The audit log's events of ``user`` (a ServiceAccount's full name), oldest first."""
-        if not self.audit_log.is_file():
-            return []
-        events = (json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip())
-        return [event for event in events if event.get("user", {}).get("username") == user]
-
     def check(self) -> None:
         if self.process.poll() is not None:
             tail = self.log.read_text(errors="replace")[-3000:]

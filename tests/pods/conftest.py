@@ -9,6 +9,7 @@ select that node, so that tests never see each other's pods or room.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -20,6 +21,15 @@ POD_KERNEL = "vgpu-pod-test"
 OWNER = "ada"
 POD_SIM_DEVICES = "name=Sim Pod GPU,memory=8GiB,sms=100,context_memory=0"
 NODE_GPU_MIB = 8192
+
+
+async def until(condition, what: str, timeout: float = 60.0):
+    """Await ``condition()`` (a coroutine function) until it is truthy; its value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := await condition()):
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not within {timeout} s"
+        await asyncio.sleep(0.05)
+    return value
 
 
 @pytest.fixture

@@ -11,20 +11,12 @@ import asyncio
 import json
 import re
 
+from conftest import until
 from openapi_check import check_reply
 from support import folder_processes, wait_for
 
 GIB, MIB = 1 << 30, 1 << 20
 CUDA_ERROR_OUT_OF_MEMORY = 2
-
-
-async def until(condition, what: str, timeout: float = 30.0):
-    """Await ``condition()`` (a coroutine function) until it is truthy; fail after ``timeout`` s."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := await condition()):
-        assert asyncio.get_running_loop().time() < deadline, f"{what} not within {timeout} s"
-        await asyncio.sleep(0.05)
-    return value
 
 
 async def test_a_pod_kernel_runs_code_reports_usage_and_obeys_a_live_resize(

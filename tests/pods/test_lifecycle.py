@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import tornado.httpclient
-from conftest import NODE_GPU_MIB, OWNER
+from conftest import NODE_GPU_MIB, OWNER, until
 from support import folder_processes, wait_for
 
 from jupyter_vgpu.pods.manifest import KERNEL_LABEL, MANAGED_BY, OWNER_LABEL
@@ -32,15 +32,6 @@ async def refused_start(jp_fetch, kernelspec, **fields) -> tuple[int, str]:
 
 async def slices(jp_fetch) -> list[dict]:
     return json.loads((await jp_fetch("api", "vgpu", "slices")).body)
-
-
-async def until(condition, what: str, timeout: float = 60.0):
-    """Await ``condition()`` (a coroutine function) until it is truthy; its value."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := await condition()):
-        assert asyncio.get_running_loop().time() < deadline, f"{what} not within {timeout} s"
-        await asyncio.sleep(0.05)
-    return value
 
 
 def occupy(kube, node: str, mib: int, name: str = "occupant") -> str:
