@@ -7,7 +7,6 @@ against api.yaml."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 

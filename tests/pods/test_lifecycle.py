@@ -6,7 +6,6 @@ once; restart; a pod deleted from outside; a resize past the grant."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 
