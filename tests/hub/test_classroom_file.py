@@ -345,7 +345,7 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
         "sizes[1].groups[0]: unknown group 'staf'; groups are those under groups: or the hub's (staff, students)",
         (
             "idle.cull: unknown key (did you mean 'cull_after'?); accepted: lower_after, floor_cores, suspend_after, "
-            "suspend_host_memory, cull_after"
+            "suspend_host_memory, cull_after, room_hold"
         ),
         "idle.lower_after: 'soon' is not a duration like 90s, 20m, 2h or a bare number of seconds",
     )
