@@ -30,7 +30,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -103,7 +103,6 @@ class RunningPod:
     stopping_since: float | None = None
     grace: float = 30.0
     reported_end: bool = False
-    mounts: dict[str, Path] = field(default_factory=dict)
 
 
 class NodeAgent(threading.Thread):
@@ -331,9 +330,7 @@ class NodeAgent(threading.Thread):
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         grace = float(spec.get("terminationGracePeriodSeconds", 30))
-        self.pods[key] = RunningPod(
-            metadata["name"], namespace, metadata["uid"], address, process, folder, grace=grace, mounts=mounts
-        )
+        self.pods[key] = RunningPod(metadata["name"], namespace, metadata["uid"], address, process, folder, grace=grace)
         started = now()
         status = {
             "phase": "Running",
