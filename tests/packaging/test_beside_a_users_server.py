@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cluster.build import cache_folder
 from private_machine import PLACES
 from support import CUDA_PRELUDE, JUPYTER, JupyterProcess, kernel_client, wait_for
 
@@ -45,6 +46,9 @@ def user(tmp_path_factory):
         if name not in PLACES and name not in ("VGPU_SIM_STATE", "LD_PRELOAD", "VGPU_REGION", "PYTEST_CURRENT_TEST")
     }
     environment.update(HOME=str(folder / "home"), XDG_RUNTIME_DIR=str(folder / "runtime"), VGPU_SIM_DEVICES=USERS_GPU)
+    # The control plane README's install block built, where it built it (under the real home):
+    # a user who ran that block has it, whatever home their server runs under.
+    environment["JUPYTER_VGPU_CLUSTER_CACHE"] = str(cache_folder().parent)
     (folder / "runtime").mkdir(mode=0o700)
     server = JupyterProcess(
         environment,
