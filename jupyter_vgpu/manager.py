@@ -391,12 +391,23 @@ class SliceManager(LoggingConfigurable):
     release_wait: float = 2.0
 
     async def admit_in_line(
-        self, kernel_id: str, limits: SliceLimits, *, owner: str = "", device=None, metadata=None
+        self,
+        kernel_id: str,
+        limits: SliceLimits,
+        *,
+        owner: str = "",
+        device=None,
+        metadata=None,
+        since: float | None = None,
+        queued: Callable[[float], None] | None = None,
     ) -> Allocation:
         """:meth:`admit`, except that a start that does not fit on a device now waits in the line
         until it does (room is made for it there: see :meth:`_make_room_for`), instead of being
         refused. Only a start that can never fit (more memory than its devices have, past the
-        server's or its owner's limits) is refused at once. Cancelling the wait leaves the line."""
+        server's or its owner's limits) is refused at once. Cancelling the wait leaves the line.
+
+        ``since``: the time the start first asked (a start a restarted server starts again keeps
+        its place); ``queued``: called with that time when the start takes its place in line."""
         try:
             return self.admit(kernel_id, limits, owner=owner, device=device, metadata=metadata)
         except SliceRefused as refusal:
@@ -431,10 +442,14 @@ class SliceManager(LoggingConfigurable):
             short=short,
             labels={**(metadata or {}), "owner": owner},
         )
+        if since is not None:
+            request.since = since
         # Nobody waits for this device: room is made for it now, so that a start beside idle
         # kernels is answered started, not queued; otherwise it takes its place behind the others.
         if not self.line.waiting_for(request) and await self._make_room_for(request) and attempt():
             return self.get(kernel_id)
+        if queued is not None:
+            queued(request.since)
         try:
             await self.line.wait(request)
         except LeftLine as left:

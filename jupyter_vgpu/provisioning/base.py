@@ -33,8 +33,13 @@ class ServerLinked:
         return None
 
     def slice_manager(self) -> SliceManager | None:
+        manager: SliceManager | None = self._server_setting(MANAGER_SETTING)
+        return manager
+
+    def _server_setting(self, name: str) -> Any:
+        """One of the server's web application settings; None without a server."""
         web_app = getattr(self._server_app(), "web_app", None)
-        return web_app.settings.get(MANAGER_SETTING) if web_app is not None else None
+        return web_app.settings.get(name) if web_app is not None else None
 
 
 def slice_owner() -> str:

@@ -27,7 +27,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from jupyter_vgpu.model import (
     select_device,
     use_simulator,
 )
-from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP
+from jupyter_vgpu.model.sizes import SIZE_HELP, SM_SHARE_HELP, exact_size
 from jupyter_vgpu.provisioning.base import (
     ADOPT_ARGUMENT,
     HUB_TOKEN_VARIABLES,
@@ -73,6 +73,7 @@ from jupyter_vgpu.provisioning.base import (
     slice_owner,
 )
 from jupyter_vgpu.provisioning.batch_refusal import say_refusals_in_one_line
+from jupyter_vgpu.provisioning.waiting import SINCE_ARGUMENT, WAITING_STARTS_SETTING
 
 PROVISIONER_NAME = "vgpu-provisioner"
 # Loads the %vgpu magic in IPython kernels. extra_extensions, not extensions, so that the
@@ -200,6 +201,7 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
         if adoption and not self._adoption_done:
             return await self._adopt(adoption, kwargs)
         requested = kwargs.pop("vgpu_slice", None) or {}
+        since = kwargs.pop(SINCE_ARGUMENT, None)
         size = {key: requested.get(key) for key in ("memory", "cores", "policy")}
         manager = self.slice_manager()
         try:
@@ -214,10 +216,18 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
                 limits = manager.decide_limits(size, _size_of(chosen))
                 device = requested.get("device") or chosen.get("device") or None
                 metadata = {"kernelspec": getattr(self.kernel_spec, "display_name", "")}
-                # A start that does not fit waits in the line, where room is made for it.
-                await manager.admit_in_line(
-                    self.kernel_id, limits, owner=slice_owner(), device=device, metadata=metadata
-                )
+                # A start that does not fit waits in the line, where room is made for it; written
+                # down while it waits, for a restarted server to start it again in its place.
+                with self._written_down_while_waiting(limits, device, kwargs) as queued:
+                    await manager.admit_in_line(
+                        self.kernel_id,
+                        limits,
+                        owner=slice_owner(),
+                        device=device,
+                        metadata=metadata,
+                        since=since,
+                        queued=queued,
+                    )
         except SliceRefused as refusal:
             forget_refused_start(self)
             if manager is None:  # a batch run: one line on its terminal, not two tracebacks
@@ -245,6 +255,39 @@ class VGPUProvisioner(ServerLinked, LocalProvisioner):
             kwargs["env"][SURVIVAL_VARIABLE] = f"{manager.kernel_survival:g}"
         kwargs["cmd"] = with_vgpu_magic(kwargs["cmd"])
         return kwargs
+
+    @contextlib.contextmanager
+    def _written_down_while_waiting(
+        self, limits: SliceLimits, device: Any, kwargs: dict[str, Any]
+    ) -> Iterator[Callable[[float], None] | None]:
+        """The ``queued`` callback that writes this start down among the server's waiting starts
+        (provisioning/waiting.py; None where the server keeps none), crossed out again when the
+        start leaves the line, however it does."""
+        store = self._server_setting(WAITING_STARTS_SETTING)
+        server = self._server_app()
+        if store is None or server is None:
+            yield None
+            return
+        # Where the kernel starts, as the API path jupyter_server would be given again.
+        cwd = kwargs.get("cwd") or server.root_dir
+        relative = os.path.relpath(cwd, server.root_dir)
+        path = "" if relative == "." or relative.startswith("..") else relative
+        size = {"memory": exact_size(limits.memory_limit), "cores": limits.sm_share, "policy": limits.policy}
+        if device not in (None, ""):
+            size["device"] = device
+        kernel_name = getattr(self.parent, "kernel_name", "")
+        written = False
+
+        def queued(since: float) -> None:
+            nonlocal written
+            store.add(self.kernel_id, kernel_name=kernel_name, path=path, size=size, since=since)
+            written = True
+
+        try:
+            yield queued
+        finally:
+            if written:
+                store.remove(self.kernel_id)
 
     async def _adopt(self, adoption: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Take over a kernel that a previous server started and that outlived it: nothing is

@@ -23,6 +23,7 @@ from typing import Any
 
 from jupyter_vgpu.manager import KERNEL_NAME_KEY, SliceManager, this_process
 from jupyter_vgpu.provisioning.base import ADOPT_ARGUMENT
+from jupyter_vgpu.provisioning.waiting import SINCE_ARGUMENT, WaitingStarts
 
 
 def this_server(url: str) -> dict[str, Any]:
@@ -189,4 +190,33 @@ async def adopt_survivors(
     return adopted
 
 
-__all__ = ["UNKNOWN_STATE", "adopt_survivors", "learn_execution_state", "this_server"]
+async def start_waiting_starts_again(store: WaitingStarts, kernels: Any, log: logging.Logger) -> list[str]:
+    """Start again, oldest first, each start the last server left waiting in its line
+    (provisioning/waiting.py): the same kernel id, kernelspec, folder and size, and the time it
+    first asked, so that its notebook's session keeps its kernel and the start its place. Each
+    answers once it waits in line again or runs; the kernel ids started again."""
+    started = []
+    for kernel_id, entry in store.left_by_a_gone_server().items():
+        if kernel_id in kernels:
+            continue
+        try:
+            await kernels.start_kernel(
+                kernel_id=kernel_id,
+                kernel_name=entry["kernel_name"],
+                path=entry["path"] or None,
+                vgpu_slice=entry["size"],
+                **{SINCE_ARGUMENT: entry["since"]},
+            )
+        except Exception as error:  # noqa: BLE001 -- whatever failed is said; the other starts go on
+            log.warning(
+                "jupyter_vgpu: kernel %s waited in line when the last server ended; it was not started again: %s",
+                kernel_id,
+                error,
+            )
+            continue
+        log.info("jupyter_vgpu: kernel %s waited in line when the last server ended; it waits again in its place", kernel_id)
+        started.append(kernel_id)
+    return started
+
+
+__all__ = ["UNKNOWN_STATE", "adopt_survivors", "learn_execution_state", "start_waiting_starts_again", "this_server"]

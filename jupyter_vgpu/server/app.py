@@ -46,7 +46,8 @@ from jupyter_vgpu.model import (
 from jupyter_vgpu.pods.cluster import default_namespace
 from jupyter_vgpu.provisioning.base import HUB_TOKEN_VARIABLES, MANAGER_SETTING
 from jupyter_vgpu.provisioning.pod import POD_PROVISIONER_NAME, VGPUPodProvisioner, default_owner, new_server_instance
-from jupyter_vgpu.server.adopt import adopt_survivors, this_server
+from jupyter_vgpu.provisioning.waiting import WAITING_STARTS_SETTING, WaitingStarts
+from jupyter_vgpu.server.adopt import adopt_survivors, start_waiting_starts_again, this_server
 from jupyter_vgpu.server.errors import StartRefusalLog, VGPUHTTPError, refusal_for_http
 from jupyter_vgpu.server.handlers import HANDLERS
 from jupyter_vgpu.server.idle import IDLE_SETTING, IdleKernels
@@ -439,6 +440,9 @@ class VGPUApp(ExtensionApp):
         except LedgerError as error:
             self.log.warning("jupyter_vgpu: slices of kernels of the last server not reconciled: %s", error)
         self.settings[MANAGER_SETTING] = manager
+        if isinstance(ledger, EmbeddedLedger) and manager.kernel_survival > 0:
+            # Starts waiting in line outlive the server as its kernels do (provisioning/waiting.py).
+            self.settings[WAITING_STARTS_SETTING] = WaitingStarts(ledger.path.with_name("waiting-starts.json"))
         self.settings[SUSPEND_LOCK_TIMEOUT_SETTING] = self.suspend_lock_timeout
         self._start_idle_policy(manager, self._start_suspending(manager))
         self._adopt_survivors(manager)
@@ -475,14 +479,20 @@ class VGPUApp(ExtensionApp):
         its extensions load), so that no session row is read before its kernel is back."""
         server = self._server
         self._learning = set()
-        adopt = functools.partial(
-            adopt_survivors,
-            manager,
-            server.kernel_manager,
-            this_server(server.connection_url),
-            self.log,
-            learning=self._learning,
-        )
+        waiting: WaitingStarts | None = self.settings.get(WAITING_STARTS_SETTING)
+
+        async def adopt() -> None:
+            await adopt_survivors(
+                manager,
+                server.kernel_manager,
+                this_server(server.connection_url),
+                self.log,
+                learning=self._learning,
+            )
+            # After the kernels that run: a start waits for the room they hold, not the reverse.
+            if waiting is not None:
+                await start_waiting_starts_again(waiting, server.kernel_manager, self.log)
+
         try:
             loop = getattr(server.io_loop, "asyncio_loop", None) or asyncio.get_event_loop()
             if loop.is_running():  # a server started inside a running loop (pytest-jupyter's)

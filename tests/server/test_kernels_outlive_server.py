@@ -282,3 +282,61 @@ def test_a_second_server_on_the_same_ledger_neither_adopts_nor_stops_the_first_o
         if second is not None:
             second.stop()
         first.stop()
+
+
+def test_starts_waiting_in_line_outlive_their_server_sigkill_in_their_places(user_env, tmp_path, cuda_prelude, reaper):
+    """Two notebooks' starts wait in line behind a kernel that runs a cell; the server is killed
+    (SIGKILL). The restarted server starts them again before its first answer: the same kernel
+    ids, their sessions kept, first and second in line as before, ahead of a start made after the
+    restart; once the cell ends, they start by themselves and run cells through the websocket."""
+    server = Server(tmp_path, user_env)
+    restarted = None
+    try:
+        holder = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB", "path": "holder.ipynb"})
+        holder_kernel = holder["kernel_id"]
+        wait_for(lambda: started(server, holder_kernel), 60, "the 12 GiB kernel started")
+        run_code(user_env, holder_kernel, cuda_prelude + "assert allocate(8 << 30) == 0")
+        # Its next cell runs while the server dies: it waits for a file (never suspended mid-cell).
+        flag = tmp_path / "go"
+        cell = BlockingKernelClient(connection_file=str(connection_file(user_env, holder_kernel)))
+        cell.load_connection_file()
+        cell.start_channels()
+        try:
+            sent = cell.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.01)")
+            while not (
+                (message := cell.get_iopub_msg(timeout=60))["msg_type"] == "execute_input"
+                and message["parent_header"]["msg_id"] == sent
+            ):
+                pass
+        finally:
+            cell.stop_channels()
+        # 4 GiB are free: two 8 GiB starts wait, in the order they asked.
+        first = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB", "path": "first.ipynb"})
+        second = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB", "path": "second.ipynb"})
+        waiting = [first["kernel_id"], second["kernel_id"]]
+        assert [(item["state"], item["queue"]["position"]) for item in (first, second)] == [("queued", 1), ("queued", 2)]
+        before = sessions(server)
+
+        server.kill()
+        restarted = Server(tmp_path, user_env)
+        # Before its first answer: every kernel back with its session, the starts in their places.
+        assert sorted(kernel["id"] for kernel in restarted.api("GET", "api/kernels")) == sorted([holder_kernel, *waiting])
+        assert sessions(restarted) == before
+        later = restarted.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB"})
+        places = {
+            item["kernel_id"]: item["queue"]["position"]
+            for item in restarted.api("GET", "api/vgpu/slices")
+            if item["state"] == "queued"
+        }
+        assert places == {waiting[0]: 1, waiting[1]: 2, later["kernel_id"]: 3}
+        assert "waited in line when the last server ended; it waits again in its place" in restarted.log_text()
+
+        # The cell ends: the kernel that held the room idles, is suspended, and the first start
+        # goes ahead by itself; its notebook's kernel runs cells as any.
+        flag.touch()
+        wait_for(lambda: started(restarted, waiting[0]), 120, "the first waiting start to start by itself")
+        assert execute_over_websocket(restarted, waiting[0], "print(6 * 7)").strip() == "42"
+    finally:
+        server.stop()
+        if restarted is not None:
+            restarted.stop()
