@@ -3,7 +3,7 @@
 Build it as CI does (README's test block): ``python -m sphinx -W --keep-going -n -b html docs docs/_build/html``.
 The reference pages are generated from the code at build time: the options from the traitlets
 (autodoc-traits), the REST API from jupyter_vgpu/server/api.yaml (sphinxcontrib-openapi), the CLI
-from its own ``--help`` and the classroom file's keys from jupyter_vgpu/hub/classroom.py
+from its own ``--help`` and the classroom file's keys from jupyter_vgpu/hub/classroom/keys.py
 (docs/_ext/vgpu_docs.py), so none of them can drift from what the code does.
 """
 

@@ -4,7 +4,7 @@ reference cannot drift from it:
 - ``vgpu-cli``: every ``jupyter vgpu`` command (found in the CLI's own subcommand tables) with
   the output of its own ``--help``, run as a user runs it;
 - ``vgpu-classroom-keys``: every key the classroom file accepts, from the tables that
-  jupyter_vgpu/hub/classroom.py validates the file with, and their help next to them there;
+  jupyter_vgpu/hub/classroom/keys.py keeps for the file's reader, and their help next to them there;
 - ``vgpu-api-description``: api.yaml's own ``info.description`` (units, errors, paths), which
   sphinxcontrib-openapi leaves out.
 
@@ -100,7 +100,7 @@ class ClassroomKeys(SphinxDirective):
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        classroom = importlib.import_module("jupyter_vgpu.hub.classroom")
+        classroom = importlib.import_module("jupyter_vgpu.hub.classroom.keys")
 
         sections: dict[str, tuple[str, ...]] = classroom.KEY_SECTIONS
         helps: dict[str, str] = classroom.KEY_HELP
@@ -108,7 +108,7 @@ class ClassroomKeys(SphinxDirective):
         covered = {name for name in tables if any(getattr(classroom, name) is keys for keys in sections.values())}
         for name in sorted(tables - covered):
             log.warning(
-                "classroom.py's %s is in no KEY_SECTIONS entry: its keys are not documented",
+                "classroom/keys.py's %s is in no KEY_SECTIONS entry: its keys are not documented",
                 name,
                 location=self.get_location(),
             )
@@ -123,7 +123,7 @@ class ClassroomKeys(SphinxDirective):
                 help_text = helps.get(path)
                 if not help_text:
                     log.warning(
-                        "classroom file key %s has no help in classroom.py's KEY_HELP",
+                        "classroom file key %s has no help in classroom/keys.py's KEY_HELP",
                         path,
                         location=self.get_location(),
                     )
@@ -132,7 +132,7 @@ class ClassroomKeys(SphinxDirective):
             name = f"classroom-{section or 'top'}"
             part = nodes.section(ids=[nodes.make_id(name)], names=[nodes.fully_normalize_name(name)])
             part += nodes.title(title, "", nodes.literal(title, title) if section else nodes.Text(title))
-            self.state.nested_parse(StringList(lines, "classroom.py"), self.content_offset, part)
+            self.state.nested_parse(StringList(lines, "classroom/keys.py"), self.content_offset, part)
             self.state.document.note_implicit_target(part, part)
             parts.append(part)
         for path in sorted(set(helps) - documented):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from jupyter_vgpu.cli import BrokerApp
-from jupyter_vgpu.hub import classroom
+from jupyter_vgpu.hub.classroom import keys as classroom_keys
 from jupyter_vgpu.provisioning.local import VGPUProvisioner
 from jupyter_vgpu.provisioning.pod import VGPUPodProvisioner
 from jupyter_vgpu.server.app import VGPUApp
@@ -142,11 +142,11 @@ def test_the_rest_reference_shows_every_path_and_method_of_api_yaml(site):
 
 def test_the_classroom_reference_lists_every_key_the_reader_accepts_with_its_help(site):
     text = words("".join(page(site, "reference/classroom-file.html").text))
-    tables = [value for name, value in vars(classroom).items() if re.fullmatch(r"_[A-Z_]+_KEYS", name)]
-    assert all(any(table is keys for keys in classroom.KEY_SECTIONS.values()) for table in tables)
-    for section, keys in classroom.KEY_SECTIONS.items():
+    tables = [value for name, value in vars(classroom_keys).items() if re.fullmatch(r"_[A-Z_]+_KEYS", name)]
+    assert tables and all(any(table is keys for keys in classroom_keys.KEY_SECTIONS.values()) for table in tables)
+    for section, keys in classroom_keys.KEY_SECTIONS.items():
         for key in keys:
-            help_text = classroom.KEY_HELP[f"{section}.{key}" if section else key]
+            help_text = classroom_keys.KEY_HELP[f"{section}.{key}" if section else key]
             assert f"{key} {words(help_text)}" in text, (section, key)
 
 
