@@ -63,14 +63,9 @@ class WaitingStarts:
         """The starts of servers that no longer run (to start again), oldest first; each is
         crossed out (a start that fails now is not tried again by the next server)."""
         with self._changing() as starts:
-            left = {
-                kernel_id: entry
-                for kernel_id, entry in starts.items()
-                if not _server_runs(entry.get("server")) and _well_formed(entry)
-            }
-            for kernel_id in [kernel_id for kernel_id, entry in starts.items() if not _server_runs(entry.get("server"))]:
-                del starts[kernel_id]
-        return dict(sorted(left.items(), key=lambda item: item[1]["since"]))
+            gone = [kernel_id for kernel_id, entry in starts.items() if not _server_runs(entry)]
+            left = {kernel_id: starts.pop(kernel_id) for kernel_id in gone}
+        return dict(sorted(((k, e) for k, e in left.items() if _well_formed(e)), key=lambda item: item[1]["since"]))
 
     @contextlib.contextmanager
     def _changing(self) -> Iterator[dict[str, dict[str, Any]]]:
@@ -100,7 +95,9 @@ class WaitingStarts:
         return starts if isinstance(starts, dict) else {}
 
 
-def _server_runs(server: Any) -> bool:
+def _server_runs(entry: Any) -> bool:
+    """Whether the server that wrote ``entry`` down still runs (this one included)."""
+    server = entry.get("server") if isinstance(entry, dict) else None
     if not isinstance(server, dict):
         return False
     pid, start_time = server.get("pid"), server.get("pid_start_time")

@@ -214,7 +214,9 @@ async def start_waiting_starts_again(store: WaitingStarts, kernels: Any, log: lo
                 error,
             )
             continue
-        log.info("jupyter_vgpu: kernel %s waited in line when the last server ended; it waits again in its place", kernel_id)
+        log.info(
+            "jupyter_vgpu: kernel %s waited in line when the last server ended; it waits again in its place", kernel_id
+        )
         started.append(kernel_id)
     return started
 

@@ -478,7 +478,8 @@ class VGPUApp(ExtensionApp):
         (server/adopt.py), before the server answers its first request (it binds its port after
         its extensions load), so that no session row is read before its kernel is back."""
         server = self._server
-        self._learning = set()
+        learning: set[asyncio.Task[str | None]] = set()
+        self._learning = learning
         waiting: WaitingStarts | None = self.settings.get(WAITING_STARTS_SETTING)
 
         async def adopt() -> None:
@@ -487,10 +488,14 @@ class VGPUApp(ExtensionApp):
                 server.kernel_manager,
                 this_server(server.connection_url),
                 self.log,
-                learning=self._learning,
+                learning=learning,
             )
             # After the kernels that run: a start waits for the room they hold, not the reverse.
             if waiting is not None:
+                # Its provisioner finds the slice manager in the web application's settings,
+                # which jupyter_server fills from this extension's only once this method has
+                # returned: a start now would find none and run as a kernel without a server.
+                server.web_app.settings.update(self.settings)
                 await start_waiting_starts_again(waiting, server.kernel_manager, self.log)
 
         try:

@@ -292,8 +292,10 @@ def test_starts_waiting_in_line_outlive_their_server_sigkill_in_their_places(use
     server = Server(tmp_path, user_env)
     restarted = None
     try:
-        holder = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB", "path": "holder.ipynb"})
-        holder_kernel = holder["kernel_id"]
+        holder = server.api(
+            "POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "12GiB", "path": "holder.ipynb"}
+        )
+        holder_kernel = holder["kernel"]["id"]
         wait_for(lambda: started(server, holder_kernel), 60, "the 12 GiB kernel started")
         run_code(user_env, holder_kernel, cuda_prelude + "assert allocate(8 << 30) == 0")
         # Its next cell runs while the server dies: it waits for a file (never suspended mid-cell).
@@ -313,14 +315,19 @@ def test_starts_waiting_in_line_outlive_their_server_sigkill_in_their_places(use
         # 4 GiB are free: two 8 GiB starts wait, in the order they asked.
         first = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB", "path": "first.ipynb"})
         second = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB", "path": "second.ipynb"})
-        waiting = [first["kernel_id"], second["kernel_id"]]
-        assert [(item["state"], item["queue"]["position"]) for item in (first, second)] == [("queued", 1), ("queued", 2)]
+        waiting = [first["kernel"]["id"], second["kernel"]["id"]]
+        assert [(item["slice"]["state"], item["slice"]["queue"]["position"]) for item in (first, second)] == [
+            ("queued", 1),
+            ("queued", 2),
+        ]
         before = sessions(server)
 
         server.kill()
         restarted = Server(tmp_path, user_env)
         # Before its first answer: every kernel back with its session, the starts in their places.
-        assert sorted(kernel["id"] for kernel in restarted.api("GET", "api/kernels")) == sorted([holder_kernel, *waiting])
+        assert sorted(kernel["id"] for kernel in restarted.api("GET", "api/kernels")) == sorted(
+            [holder_kernel, *waiting]
+        )
         assert sessions(restarted) == before
         later = restarted.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB"})
         places = {
@@ -328,8 +335,8 @@ def test_starts_waiting_in_line_outlive_their_server_sigkill_in_their_places(use
             for item in restarted.api("GET", "api/vgpu/slices")
             if item["state"] == "queued"
         }
-        assert places == {waiting[0]: 1, waiting[1]: 2, later["kernel_id"]: 3}
-        assert "waited in line when the last server ended; it waits again in its place" in restarted.log_text()
+        assert places == {waiting[0]: 1, waiting[1]: 2, later["kernel"]["id"]: 3}
+        assert "waited in line when the last server ended; it waits again in its place" in restarted.log.read_text()
 
         # The cell ends: the kernel that held the room idles, is suspended, and the first start
         # goes ahead by itself; its notebook's kernel runs cells as any.
