@@ -60,6 +60,23 @@ def kernel_pid(server: Server, kernel_id: str) -> int:
     return server.api("GET", f"api/vgpu/slices/{kernel_id}")["pid"]
 
 
+def running_a_cell_until(env: dict[str, str], kernel_id: str, flag, then: str = "") -> None:
+    """Sends the kernel a cell that waits for the file ``flag``, then runs ``then``; returns once
+    the kernel says it runs that cell."""
+    cell = BlockingKernelClient(connection_file=str(connection_file(env, kernel_id)))
+    cell.load_connection_file()
+    cell.start_channels()
+    try:
+        sent = cell.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.01)\n{then}")
+        while not (
+            (message := cell.get_iopub_msg(timeout=60))["msg_type"] == "execute_input"
+            and message["parent_header"]["msg_id"] == sent
+        ):
+            pass  # until the kernel says it runs that cell
+    finally:
+        cell.stop_channels()
+
+
 def execute_over_websocket(server: Server, kernel_id: str, code: str, timeout: float = 60) -> str:
     """Runs ``code`` in the kernel as JupyterLab does: through the server's websocket
     (``/api/kernels/{id}/channels``, jupyter_server's JSON messages); its stream output."""
@@ -121,18 +138,7 @@ def test_kernels_outlive_their_servers_sigkill_and_the_restarted_server_adopts_t
         run_code(user_env, busy_kernel, "y = 'still here'")
         # Its next cell still runs when the server dies: it waits for a file, then sets z.
         flag = tmp_path / "go"
-        cell = BlockingKernelClient(connection_file=str(connection_file(user_env, busy_kernel)))
-        cell.load_connection_file()
-        cell.start_channels()
-        try:
-            sent = cell.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.01)\nz = 1")
-            while not (
-                (message := cell.get_iopub_msg(timeout=60))["msg_type"] == "execute_input"
-                and message["parent_header"]["msg_id"] == sent
-            ):
-                pass  # until the kernel says it runs that cell
-        finally:
-            cell.stop_channels()
+        running_a_cell_until(user_env, busy_kernel, flag, then="z = 1")
         # A notebook on a kernel that is not sliced (ipykernel's own kernelspec).
         plain = server.api(
             "POST",
@@ -300,18 +306,7 @@ def test_starts_waiting_in_line_outlive_their_server_sigkill_in_their_places(use
         run_code(user_env, holder_kernel, cuda_prelude + "assert allocate(8 << 30) == 0")
         # Its next cell runs while the server dies: it waits for a file (never suspended mid-cell).
         flag = tmp_path / "go"
-        cell = BlockingKernelClient(connection_file=str(connection_file(user_env, holder_kernel)))
-        cell.load_connection_file()
-        cell.start_channels()
-        try:
-            sent = cell.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.01)")
-            while not (
-                (message := cell.get_iopub_msg(timeout=60))["msg_type"] == "execute_input"
-                and message["parent_header"]["msg_id"] == sent
-            ):
-                pass
-        finally:
-            cell.stop_channels()
+        running_a_cell_until(user_env, holder_kernel, flag)
         # 4 GiB are free: two 8 GiB starts wait, in the order they asked.
         first = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB", "path": "first.ipynb"})
         second = server.api("POST", "api/vgpu/kernels", {"name": KERNEL_NAME, "memory": "8GiB", "path": "second.ipynb"})
