@@ -400,9 +400,9 @@ def test_share_holds_in_a_pid_namespace_where_nvml_shows_host_pids(programs, dev
     Measured over the fifth second: on a loaded machine (CI's two cores running other suites
     beside it) the controller has been seen to hold such a slice back completely for about 2 s
     soon after it started (launches stopped, 2.2 s of throttling, NVML reading nothing in the
-    third second), which no run of the same test outside a PID namespace showed. That start-up
-    stall is not explained yet (docs/limits.md); this test is about the share once the pid is
-    known."""
+    third second), which no run of the same test outside a PID namespace showed: a cost learned
+    while NVML showed the slice at 0, repaid once the pid is known (docs/limits.md). This test is
+    about the share once the pid is known."""
     load_program, monitor = programs
     share = 30
     host_proc = tmp_path / "host-proc"
